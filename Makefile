@@ -1,0 +1,53 @@
+# Quickstart: `make run` serves the gateway, `make test` runs the whole suite.
+# Each sets up what it needs: the virtualenv, the install, Redis and PostgreSQL.
+PY      ?= python3
+VENV    := .venv
+BIN     := $(VENV)/bin
+STAMP   := $(VENV)/.installed
+DEV_TOKEN ?= dev-admin-token
+
+export GATEWAY_DATABASE_URL ?= postgresql://postgres@127.0.0.1:5432/flashsale
+export GATEWAY_REDIS_URL ?= redis://127.0.0.1:6379/0
+
+.PHONY: run test lint typecheck pytest services bench locust chaos audit clean
+
+$(STAMP): pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q -U pip
+	$(BIN)/pip install -q -e '.[dev,bench]'
+	touch $(STAMP)
+
+services:
+	@bash scripts/services.sh
+
+run: $(STAMP) services
+	@echo "admin token: $(DEV_TOKEN)  (Authorization: Bearer $(DEV_TOKEN))"
+	$(BIN)/flashsale-gateway migrate
+	GATEWAY_ADMIN_TOKEN=$(DEV_TOKEN) $(BIN)/flashsale-gateway serve --demo
+
+lint: $(STAMP)
+	$(BIN)/ruff check gateway tests loadtests
+	$(BIN)/ruff format --check gateway tests loadtests
+
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
+pytest: $(STAMP) services
+	$(BIN)/pytest -q -p no:cacheprovider
+
+test: lint typecheck pytest
+
+chaos: $(STAMP) services
+	$(BIN)/pytest -q -p no:cacheprovider tests/chaos
+
+audit: $(STAMP) services
+	$(BIN)/flashsale-gateway audit $(if $(SKU),--sku $(SKU))
+
+bench: $(STAMP) services
+	$(BIN)/python -m loadtests.bench
+
+locust: $(STAMP) services
+	$(BIN)/python -m loadtests.locust_run
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache loadtests/results

@@ -1,0 +1,1 @@
+"""An asyncio flash-sale gateway that never sells more than there is."""

@@ -1,0 +1,100 @@
+"""The command line: ``flashsale-gateway [serve|migrate] [--flags]``.
+
+``serve`` (the default) runs the gateway on uvloop without an access log;
+``migrate`` creates the database if needed and applies the migrations.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from collections.abc import Sequence
+
+import asyncpg
+import structlog
+import uvloop
+from aiohttp import web
+
+from gateway import logs, settings
+from gateway.app import create_app
+from gateway.database import ensure_database, migrate
+from gateway.keys import ADMIN, SERVICE, SETTINGS
+
+log = structlog.get_logger(__name__)
+
+DEMO_SKU, DEMO_STOCK = "demo", 100
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The CLI: one flag per setting, plus the subcommand."""
+    parser = argparse.ArgumentParser(prog="flashsale-gateway", description=__doc__)
+    parser.add_argument("command", nargs="?", default="serve", choices=["serve", "migrate"])
+    parser.add_argument(
+        "--demo",
+        action="store_true",
+        help=f"create sku {DEMO_SKU!r} with stock {DEMO_STOCK} if it does not exist",
+    )
+    settings.add_arguments(parser)
+    return parser
+
+
+async def run_migrate(config: settings.Settings) -> None:
+    """Create the database if missing and apply every migration."""
+    created = await ensure_database(config.database_url)
+    con = await asyncpg.connect(config.database_url)
+    try:
+        applied = await migrate(con)
+    finally:
+        await con.close()
+    print(f"database ready (created: {created}; migrations applied: {applied or 'none'})")
+
+
+def serve(config: settings.Settings, *, demo: bool) -> None:
+    """Run the gateway until SIGINT or SIGTERM."""
+    app = create_app(config)
+    if demo:
+        app.on_startup.append(_create_demo_sku)
+    log.info("serving", host=config.host, port=config.port)
+    web.run_app(
+        app,
+        host=config.host,
+        port=config.port,
+        access_log=None,
+        print=None,
+        loop=uvloop.new_event_loop(),
+        shutdown_timeout=config.drain_s,
+    )
+
+
+async def _create_demo_sku(app: web.Application) -> None:
+    settings_ = app[SETTINGS]
+    if await app[SERVICE].orders.stock(DEMO_SKU) is None:
+        await app[ADMIN].put_sku(DEMO_SKU, DEMO_STOCK, 1)
+    body = f'{{"sku": "{DEMO_SKU}", "user_id": "alice"}}'
+    print(
+        f"demo sku {DEMO_SKU!r} ready; try:\n  curl -X POST "
+        f"http://{settings_.host}:{settings_.port}/v1/purchase -d '{body}'",
+        flush=True,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``python -m gateway`` and ``flashsale-gateway``."""
+    parser = build_parser()
+    try:
+        config = settings.from_args(argv, parser)
+    except settings.SettingsError as exc:
+        print(f"flashsale-gateway: {exc}", file=sys.stderr)
+        return 2
+    args = parser.parse_args(argv)
+    logs.configure(config.log_level)
+    if args.command == "migrate":
+        asyncio.run(run_migrate(config))
+        return 0
+    serve(config, demo=args.demo)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

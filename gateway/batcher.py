@@ -1,0 +1,127 @@
+"""Per-sku batching of reserved purchases into one database flush.
+
+Purchases that survived the Redis reservation wait here until their sku's
+batch reaches ``batch_max`` or its oldest entry has waited ``batch_wait``.
+One flush per sku runs at a time in this process; the next batch fills behind
+it. Closing stops new submissions and drains what is queued.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+
+from gateway.domain import Purchase, Result
+from gateway.errors import Unavailable
+
+# Flushes one sku's batch; returns one result or exception per purchase, in order.
+FlushFn = Callable[[str, Sequence[Purchase]], Awaitable[Sequence[Result | BaseException]]]
+
+
+@dataclass(slots=True)
+class _Lane:
+    """One sku's queue and its flusher task."""
+
+    sku: str
+    entries: list[tuple[Purchase, asyncio.Future[Result]]] = field(default_factory=list)
+    first_at: float = 0.0
+    arrived: asyncio.Event = field(default_factory=asyncio.Event)
+    full: asyncio.Event = field(default_factory=asyncio.Event)
+    task: asyncio.Task[None] | None = None
+
+
+class Batcher:
+    """Collects reserved purchases per sku and flushes them in batches."""
+
+    def __init__(
+        self, flush: FlushFn, *, batch_max: int, batch_wait_s: float, queue_max: int
+    ) -> None:
+        self._flush = flush
+        self._max = batch_max
+        self._wait = batch_wait_s
+        self._queue_max = queue_max
+        self._lanes: dict[str, _Lane] = {}
+        self._depth = 0
+        self._closed = False
+
+    @property
+    def depth(self) -> int:
+        """Purchases queued or being flushed, across all skus."""
+        return self._depth
+
+    @property
+    def full(self) -> bool:
+        """Whether a new purchase should be shed instead of reserved."""
+        return self._closed or self._depth >= self._queue_max
+
+    async def submit(self, purchase: Purchase) -> Result:
+        """Queue a reserved purchase and wait for its flush's result.
+
+        Raises :class:`Unavailable` once closing has begun, or with the flush's
+        own error. Cancelling the wait does not withdraw the purchase: it is
+        reserved, so it is flushed and settled regardless.
+        """
+        if self._closed:
+            raise Unavailable("shutting down")
+        lane = self._lanes.get(purchase.sku)
+        if lane is None:
+            lane = self._lanes[purchase.sku] = _Lane(purchase.sku)
+            lane.task = asyncio.create_task(self._run(lane), name=f"flush:{purchase.sku}")
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Result] = loop.create_future()
+        if not lane.entries:
+            lane.first_at = loop.time()
+            lane.arrived.set()
+        lane.entries.append((purchase, future))
+        self._depth += 1
+        if len(lane.entries) >= self._max:
+            lane.full.set()
+        return await future
+
+    async def close(self) -> None:
+        """Refuse new purchases, flush every queued one, and stop the flushers."""
+        self._closed = True
+        for lane in self._lanes.values():
+            lane.arrived.set()
+            lane.full.set()
+        tasks = [lane.task for lane in self._lanes.values() if lane.task is not None]
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _run(self, lane: _Lane) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            if not lane.entries:
+                if self._closed:
+                    return
+                lane.arrived.clear()
+                await lane.arrived.wait()
+                continue
+            remaining = self._wait - (loop.time() - lane.first_at)
+            if len(lane.entries) < self._max and remaining > 0 and not self._closed:
+                lane.full.clear()
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(remaining):
+                        await lane.full.wait()
+            batch = lane.entries[: self._max]
+            del lane.entries[: self._max]
+            lane.first_at = loop.time()
+            await self._flush_batch(lane.sku, batch)
+
+    async def _flush_batch(
+        self, sku: str, batch: list[tuple[Purchase, asyncio.Future[Result]]]
+    ) -> None:
+        try:
+            results = await self._flush(sku, [p for p, _ in batch])
+        except Exception as exc:  # the flush answers every purchase, whatever failed
+            results = [exc] * len(batch)
+        finally:
+            self._depth -= len(batch)
+        for (_, future), result in zip(batch, results, strict=True):
+            if future.done():
+                continue
+            if isinstance(result, BaseException):
+                future.set_exception(result)
+            else:
+                future.set_result(result)

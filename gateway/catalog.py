@@ -1,0 +1,50 @@
+"""What the gateway knows of each sku before reserving: existence and limit.
+
+Cached in-process because every purchase needs it; a sku change announced on
+pub/sub drops the entry. Unknown skus are remembered briefly so a storm of
+requests for a sku that does not exist costs one query per interval.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from gateway.domain import SkuInfo
+from gateway.errors import UnknownSku
+from gateway.orders import Orders
+
+UNKNOWN_TTL_S = 1.0
+
+
+class Catalog:
+    """A cache of :class:`SkuInfo` in front of the database."""
+
+    def __init__(self, orders: Orders) -> None:
+        self._orders = orders
+        self._known: dict[str, SkuInfo] = {}
+        self._unknown: dict[str, float] = {}
+
+    async def get(self, sku: str) -> SkuInfo:
+        """The sku's info; raises :class:`UnknownSku` when it does not exist."""
+        info = self._known.get(sku)
+        if info is not None:
+            return info
+        now = asyncio.get_running_loop().time()
+        if self._unknown.get(sku, 0.0) > now:
+            raise UnknownSku(f"no sku {sku!r}")
+        found = await self._orders.sku_info(sku)
+        if found is None:
+            self._unknown[sku] = now + UNKNOWN_TTL_S
+            raise UnknownSku(f"no sku {sku!r}")
+        self._known[sku] = found
+        return found
+
+    def forget(self, sku: str) -> None:
+        """Drop what is cached of a sku (it was created or changed)."""
+        self._known.pop(sku, None)
+        self._unknown.pop(sku, None)
+
+    def forget_all(self) -> None:
+        """Drop everything (the change feed was interrupted)."""
+        self._known.clear()
+        self._unknown.clear()

@@ -1,0 +1,90 @@
+"""The PostgreSQL connection pool and the schema migrations in ``sql/``.
+
+Migrations are the files ``sql/NNN_name.sql``, applied in order, each once,
+inside one transaction with the version recorded in ``schema_migrations``.
+Several gateways may start at the same moment against one database, so the
+whole step runs under a transaction-scoped advisory lock.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+import asyncpg
+
+from gateway.settings import Settings
+
+SQL_DIR = Path(__file__).resolve().parent.parent / "sql"
+
+# Any fixed number: every gateway takes the same lock before migrating.
+MIGRATION_LOCK_KEY = 0x666C617368  # "flash"
+
+CREATE_MIGRATIONS_TABLE = """
+CREATE TABLE IF NOT EXISTS schema_migrations (
+    version     text PRIMARY KEY,
+    applied_at  timestamptz NOT NULL DEFAULT now()
+)
+"""
+TAKE_MIGRATION_LOCK = "SELECT pg_advisory_xact_lock($1)"
+APPLIED_VERSIONS = "SELECT version FROM schema_migrations"
+RECORD_VERSION = "INSERT INTO schema_migrations (version) VALUES ($1)"
+
+Pool = asyncpg.Pool
+# A connection of its own or one borrowed from a pool.
+Connection = asyncpg.Connection | asyncpg.pool.PoolConnectionProxy
+
+
+def migration_files(sql_dir: Path = SQL_DIR) -> list[Path]:
+    """The migration files in the order they apply."""
+    return sorted(sql_dir.glob("[0-9][0-9][0-9]_*.sql"))
+
+
+async def migrate(con: Connection, sql_dir: Path = SQL_DIR) -> list[str]:
+    """Apply every migration not yet recorded; returns the versions applied now."""
+    applied_now: list[str] = []
+    async with con.transaction():
+        await con.execute(TAKE_MIGRATION_LOCK, MIGRATION_LOCK_KEY)
+        await con.execute(CREATE_MIGRATIONS_TABLE)
+        done = {r["version"] for r in await con.fetch(APPLIED_VERSIONS)}
+        for path in migration_files(sql_dir):
+            if path.stem in done:
+                continue
+            await con.execute(path.read_text())
+            await con.execute(RECORD_VERSION, path.stem)
+            applied_now.append(path.stem)
+    return applied_now
+
+
+async def ensure_database(database_url: str) -> bool:
+    """Create the database named in ``database_url`` if it does not exist.
+
+    Connects to the server's ``postgres`` database to do so. Returns whether it
+    created one.
+    """
+    parts = urlsplit(database_url)
+    name = parts.path.lstrip("/")
+    admin = urlunsplit(parts._replace(path="/postgres"))
+    con = await asyncpg.connect(admin)
+    try:
+        exists = await con.fetchval("SELECT 1 FROM pg_database WHERE datname = $1", name)
+        if exists:
+            return False
+        quoted = '"' + name.replace('"', '""') + '"'
+        await con.execute(f"CREATE DATABASE {quoted}")
+        return True
+    finally:
+        await con.close()
+
+
+async def create_pool(settings: Settings) -> Pool:
+    """A bounded pool: requests beyond its size queue for a connection."""
+    pool = await asyncpg.create_pool(
+        settings.database_url,
+        min_size=2,
+        max_size=settings.db_pool_size,
+        command_timeout=10,
+        timeout=5,
+    )
+    assert pool is not None
+    return pool

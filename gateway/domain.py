@@ -1,0 +1,78 @@
+"""Pure domain types: purchases, orders and their outcomes. No I/O here."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+
+class Outcome(StrEnum):
+    """What a purchase ended as; the value is the ``status`` the client sees."""
+
+    CONFIRMED = "confirmed"
+    SOLD_OUT = "sold_out"
+    DUPLICATE = "duplicate"
+    IN_PROGRESS = "in_progress"
+
+
+@dataclass(frozen=True, slots=True)
+class Purchase:
+    """A validated purchase request."""
+
+    sku: str
+    user_id: str
+    qty: int
+    request_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Order:
+    """A committed order row."""
+
+    order_id: str
+    request_id: str
+    sku: str
+    user_id: str
+    qty: int
+
+    def as_json(self) -> dict[str, str | int]:
+        """The order as the API shows it."""
+        return {
+            "order_id": self.order_id,
+            "request_id": self.request_id,
+            "sku": self.sku,
+            "user_id": self.user_id,
+            "qty": self.qty,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Result:
+    """A purchase's outcome, with its order when confirmed."""
+
+    outcome: Outcome
+    order: Order | None = None
+
+
+SOLD_OUT = Result(Outcome.SOLD_OUT)
+DUPLICATE = Result(Outcome.DUPLICATE)
+IN_PROGRESS = Result(Outcome.IN_PROGRESS)
+
+
+@dataclass(frozen=True, slots=True)
+class SkuInfo:
+    """What the gateway needs to know of a sku before reserving it."""
+
+    sku: str
+    per_user_limit: int
+
+
+@dataclass(frozen=True, slots=True)
+class StockReport:
+    """Where a sku's stock stands, for the admin API and the audit."""
+
+    sku: str
+    db_stock: int
+    redis_stock: int | None
+    pending: int
+    sold: int

@@ -1,0 +1,80 @@
+"""The gateway's errors: one hierarchy, each with its HTTP status and code.
+
+Adapters turn driver errors into these; one middleware turns these into JSON
+responses. Purchase outcomes such as ``sold_out`` are not errors: they are
+:class:`gateway.domain.Outcome` values.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+
+class GatewayError(Exception):
+    """Base of every error the gateway answers with a 4xx or 5xx."""
+
+    status: int = 500
+    code: str = "internal"
+
+    def __init__(self, detail: str | None = None, headers: Mapping[str, str] | None = None):
+        super().__init__(detail or self.code)
+        self.detail = detail
+        self.headers = dict(headers or {})
+
+
+class InvalidRequest(GatewayError):
+    """The request body or parameters are malformed."""
+
+    status = 400
+    code = "invalid_request"
+
+
+class Unauthorized(GatewayError):
+    """The admin bearer token is missing or wrong."""
+
+    status = 401
+    code = "unauthorized"
+
+
+class Forbidden(GatewayError):
+    """Admin routes are switched off (no admin token configured)."""
+
+    status = 403
+    code = "forbidden"
+
+
+class NotFound(GatewayError):
+    """No such route or record."""
+
+    status = 404
+    code = "not_found"
+
+
+class UnknownSku(NotFound):
+    """The sku does not exist in the inventory."""
+
+    code = "unknown_sku"
+
+
+class MethodNotAllowed(GatewayError):
+    """The route exists but not with this method."""
+
+    status = 405
+    code = "method_not_allowed"
+
+
+class TooLarge(GatewayError):
+    """The request body is over the size limit."""
+
+    status = 413
+    code = "too_large"
+
+
+class Unavailable(GatewayError):
+    """Redis or PostgreSQL could not confirm; whatever was reserved was given back."""
+
+    status = 503
+    code = "unavailable"
+
+    def __init__(self, detail: str | None = None, retry_after: int = 1):
+        super().__init__(detail, {"Retry-After": str(retry_after)})

@@ -1,0 +1,203 @@
+"""The Redis adapter: the only caller of the stock scripts in ``lua/``.
+
+Every key of a sku carries the ``{sku}`` hash tag, so one script touches one
+cluster slot. Driver errors become :class:`gateway.errors.Unavailable` here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from redis.asyncio import BlockingConnectionPool, Redis
+from redis.exceptions import RedisError
+
+from gateway.domain import Order, Purchase
+from gateway.errors import Unavailable
+from gateway.scripts import Script, read_script
+from gateway.settings import Settings
+
+ReplyKind = Literal["ok", "confirmed", "in_progress", "missing", "duplicate", "sold_out"]
+Verdict = Literal["C", "R", "S", "D"]
+
+
+@dataclass(frozen=True, slots=True)
+class SkuKeys:
+    """The Redis keys of one sku (the argument order of the stock scripts)."""
+
+    stock: str
+    buyers: str
+    pending: str
+    done: str
+
+    @classmethod
+    def of(cls, prefix: str, sku: str) -> SkuKeys:
+        """The keys of ``sku`` under ``prefix``, all in the ``{sku}`` slot."""
+        base = f"{prefix}:{{{sku}}}"
+        return cls(f"{base}:stock", f"{base}:buyers", f"{base}:pending", f"{base}:done")
+
+    def all(self) -> tuple[str, str, str, str]:
+        """The four keys in script order."""
+        return (self.stock, self.buyers, self.pending, self.done)
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """What reserve.lua answered."""
+
+    kind: ReplyKind
+    order: Order | None = None
+    settled: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Settlement:
+    """One reservation's verdict, as settle.lua takes it."""
+
+    request_id: str
+    verdict: Verdict
+    user_id: str
+    qty: int
+    order_id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Pending:
+    """One entry of the pending ledger."""
+
+    request_id: str
+    user_id: str
+    qty: int
+    reserved_at_ms: int
+
+
+_SIMPLE_KINDS: tuple[ReplyKind, ...] = ("ok", "in_progress", "missing", "duplicate")
+_SIMPLE: dict[str, Reply] = {kind: Reply(kind) for kind in _SIMPLE_KINDS}
+_SOLD_OUT = Reply("sold_out")
+_SOLD_OUT_SETTLED = Reply("sold_out", settled=True)
+
+
+def create_redis(settings: Settings) -> Redis:
+    """A client whose pool blocks (up to 5 s) rather than fail when exhausted."""
+    pool = BlockingConnectionPool.from_url(
+        settings.redis_url,
+        max_connections=settings.redis_pool_size,
+        timeout=5,
+        socket_connect_timeout=2,
+        socket_timeout=5,
+        decode_responses=True,
+    )
+    return Redis(connection_pool=pool)
+
+
+class Inventory:
+    """Reservations, settlement and stock counters of every sku in Redis."""
+
+    def __init__(
+        self, redis: Redis, settings: Settings, on_noscript: Callable[[str], None] | None = None
+    ) -> None:
+        self.redis = redis
+        self._prefix = settings.key_prefix
+        self._channel = settings.channel
+        self._keys: dict[str, SkuKeys] = {}
+        self._reserve = read_script("reserve")
+        self._settle = read_script("settle")
+        self._load_stock = read_script("load_stock")
+        for script in self.scripts:
+            script.on_reload = on_noscript
+
+    @property
+    def scripts(self) -> tuple[Script, ...]:
+        """The scripts this adapter calls."""
+        return (self._reserve, self._settle, self._load_stock)
+
+    def keys(self, sku: str) -> SkuKeys:
+        """The (cached) keys of a sku."""
+        keys = self._keys.get(sku)
+        if keys is None:
+            keys = self._keys[sku] = SkuKeys.of(self._prefix, sku)
+        return keys
+
+    async def load_scripts(self) -> None:
+        """SCRIPT LOAD every script; a syntax error raises here, at start-up."""
+        for script in self.scripts:
+            await script.load(self.redis)
+
+    async def reserve(self, purchase: Purchase, now_ms: int) -> Reply:
+        """Reserve stock for one purchase (reserve.lua)."""
+        args = (purchase.request_id, purchase.user_id, purchase.qty, now_ms)
+        raw = await self._call(self._reserve, self.keys(purchase.sku).all(), args)
+        kind = raw[0]
+        if kind == "sold_out":
+            return _SOLD_OUT_SETTLED if int(raw[1]) == 1 else _SOLD_OUT
+        if kind == "confirmed":
+            order = Order(raw[1], purchase.request_id, purchase.sku, raw[2], int(raw[3]))
+            return Reply("confirmed", order)
+        return _SIMPLE[kind]
+
+    async def settle(
+        self, sku: str, settlements: Iterable[Settlement], db_stock_after: int | None
+    ) -> int:
+        """Apply a batch's verdicts (settle.lua); returns stock left, -1 if missing."""
+        args: list[str | int] = [
+            self._channel,
+            sku,
+            -1 if db_stock_after is None else db_stock_after,
+        ]
+        for s in settlements:
+            args += (s.request_id, s.verdict, s.user_id, s.qty, s.order_id)
+        return int(await self._call(self._settle, self.keys(sku).all(), args))
+
+    async def load_stock(self, sku: str, db_stock: int, *, reset: bool) -> int:
+        """Set Redis stock from database stock minus the ledger (load_stock.lua).
+
+        With ``reset`` false only a missing key is set. Returns the stock now.
+        """
+        keys = self.keys(sku)
+        args = ("reset" if reset else "reload", db_stock, self._channel, sku)
+        raw = await self._call(self._load_stock, (keys.stock, keys.pending), args)
+        return int(raw[1])
+
+    async def available(self, sku: str) -> int | None:
+        """Unreserved stock in Redis, or None when the key is missing."""
+        raw = await self._guard(self.redis.get(self.keys(sku).stock))
+        return None if raw is None else int(raw)
+
+    async def pending(self, sku: str) -> list[Pending]:
+        """The ledger of a sku: reservations not yet settled."""
+        raw: dict[str, str] = await self._guard(self.redis.hgetall(self.keys(sku).pending))
+        entries = []
+        for rid, value in raw.items():
+            user, qty, at = value.split("|")
+            entries.append(Pending(rid, user, int(qty), int(at)))
+        return entries
+
+    async def confirmed(self, sku: str) -> dict[str, Order]:
+        """Orders Redis knows as confirmed, by request id."""
+        raw: dict[str, str] = await self._guard(self.redis.hgetall(self.keys(sku).done))
+        orders = {}
+        for rid, value in raw.items():
+            order_id, user, qty = value.split("|")
+            orders[rid] = Order(order_id, rid, sku, user, int(qty))
+        return orders
+
+    async def ping(self) -> bool:
+        """Whether Redis answers."""
+        try:
+            return bool(await self.redis.ping())
+        except RedisError:
+            return False
+
+    async def _call(self, script: Script, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        try:
+            return await script(self.redis, keys, args)
+        except RedisError as exc:
+            raise Unavailable(f"redis: {type(exc).__name__}") from exc
+
+    @staticmethod
+    async def _guard(awaitable: Any) -> Any:
+        try:
+            return await awaitable
+        except RedisError as exc:
+            raise Unavailable(f"redis: {type(exc).__name__}") from exc

@@ -1,0 +1,55 @@
+"""One middleware maps every error to a JSON body with a stable code."""
+
+from __future__ import annotations
+
+import orjson
+import structlog
+from aiohttp import web
+from aiohttp.typedefs import Handler
+
+from gateway.errors import GatewayError, MethodNotAllowed, NotFound, TooLarge
+
+log = structlog.get_logger(__name__)
+
+JSON = "application/json"
+_INTERNAL = orjson.dumps({"error": "internal"})
+
+
+def error_body(error: GatewayError) -> web.Response:
+    """The JSON response of a gateway error."""
+    body: dict[str, str] = {"error": error.code}
+    if error.detail is not None and error.detail != error.code:
+        body["detail"] = error.detail
+    return web.Response(
+        body=orjson.dumps(body), status=error.status, content_type=JSON, headers=error.headers
+    )
+
+
+def _from_http(exc: web.HTTPException) -> GatewayError:
+    if isinstance(exc, web.HTTPRequestEntityTooLarge):
+        return TooLarge("body over 4096 bytes")
+    if isinstance(exc, web.HTTPMethodNotAllowed):
+        return MethodNotAllowed(f"{exc.method} is not allowed here")
+    if isinstance(exc, web.HTTPNotFound):
+        return NotFound("no such route")
+    error = GatewayError(exc.reason)
+    error.status, error.code = exc.status, exc.reason.lower().replace(" ", "_")
+    return error
+
+
+@web.middleware
+async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Answer every failure as JSON; nothing escapes as an HTML page or a bare 500."""
+    try:
+        return await handler(request)
+    except GatewayError as exc:
+        if exc.status >= 500:
+            log.warning("request_failed", path=request.path, error=exc.code, cause=str(exc))
+        return error_body(exc)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        return error_body(_from_http(exc))
+    except Exception:
+        log.exception("unhandled", path=request.path)
+        return web.Response(body=_INTERNAL, status=500, content_type=JSON)

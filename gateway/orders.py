@@ -1,0 +1,248 @@
+"""The PostgreSQL adapter: inventory rows, orders and stock movements.
+
+Every statement lives here as a named constant. Every statement that takes
+stock carries its ``stock >=`` guard (``tests/unit/test_sql_guard.py`` scans
+for it), so the database refuses an oversell whatever Redis or a lock said.
+Driver errors become :class:`gateway.errors.Unavailable` here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import asyncpg
+
+from gateway.database import Connection
+from gateway.domain import DUPLICATE, SOLD_OUT, Order, Outcome, Purchase, Result, SkuInfo
+from gateway.errors import Unavailable
+
+# Serializes writers of one sku, so the conflict check and the grant below see
+# every committed order; the guarded UPDATE stays the floor all the same.
+LOCK_INVENTORY_ROW = "SELECT stock, fence FROM inventory WHERE sku = $1 FOR UPDATE"
+CONFLICTING_ORDERS = """
+SELECT order_id::text, request_id, sku, user_id, qty FROM orders
+WHERE request_id = ANY($1::text[]) OR (sku = $2 AND user_id = ANY($3::text[]))
+"""
+INSERT_ORDERS = """
+INSERT INTO orders (request_id, sku, user_id, qty)
+SELECT r, $4, u, q FROM unnest($1::text[], $2::text[], $3::int[]) AS t(r, u, q)
+ON CONFLICT DO NOTHING
+RETURNING order_id::text, request_id
+"""
+# The floor against overselling: applies only while enough stock remains, and
+# only for a holder whose fencing token is not older than the last writer's.
+TAKE_STOCK = """
+UPDATE inventory SET stock = stock - $2, fence = COALESCE($3, fence), updated_at = now()
+WHERE sku = $1 AND stock >= $2 AND ($3::bigint IS NULL OR fence <= $3)
+RETURNING stock
+"""
+SKU_INFO = "SELECT per_user_limit FROM inventory WHERE sku = $1"
+SKU_STOCK = "SELECT stock FROM inventory WHERE sku = $1"
+ALL_SKUS = "SELECT sku FROM inventory ORDER BY sku"
+ORDER_BY_REQUEST = """
+SELECT order_id::text, request_id, sku, user_id, qty FROM orders WHERE request_id = $1
+"""
+ORDERS_BY_REQUESTS = """
+SELECT order_id::text, request_id, sku, user_id, qty FROM orders
+WHERE request_id = ANY($1::text[])
+"""
+UNITS_SOLD = "SELECT COALESCE(SUM(qty), 0) FROM orders WHERE sku = $1"
+PUT_SKU = """
+INSERT INTO inventory (sku, stock, per_user_limit) VALUES ($1, $2, $3)
+ON CONFLICT (sku) DO UPDATE SET stock = EXCLUDED.stock,
+    per_user_limit = EXCLUDED.per_user_limit, updated_at = now()
+"""
+RESTOCK = """
+UPDATE inventory SET stock = stock + $2, updated_at = now() WHERE sku = $1 RETURNING stock
+"""
+RECORD_MOVEMENT = """
+INSERT INTO stock_movements (sku, delta, reason, stock_after) VALUES ($1, $2, $3, $4)
+"""
+
+DB_ERRORS = (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError)
+
+
+class FencedOut(Exception):
+    """The flush's fencing token is older than the row's: its lock expired."""
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """The database's verdict on one purchase of a batch."""
+
+    result: Result
+    # How Redis settles the reservation: see lua/settle.lua.
+    verdict: str
+
+
+@dataclass(frozen=True, slots=True)
+class BatchDecision:
+    """What one committed flush decided, by request id."""
+
+    decisions: dict[str, Decision]
+    # Database stock after the batch when it found too little stock, else None.
+    short_stock_after: int | None
+
+
+def _order(row: asyncpg.Record) -> Order:
+    return Order(row["order_id"], row["request_id"], row["sku"], row["user_id"], row["qty"])
+
+
+def _decide(
+    sku: str, batch: Sequence[Purchase], stock: int, existing: Sequence[Order]
+) -> tuple[dict[str, Decision], list[Purchase]]:
+    """Grant what fits, in arrival order; the rest is replay, duplicate or sold out."""
+    by_request = {o.request_id: o for o in existing}
+    buyers = {o.user_id for o in existing if o.sku == sku}
+    decisions: dict[str, Decision] = {}
+    granted: list[Purchase] = []
+    for p in batch:
+        if p.request_id in decisions:
+            continue
+        prior = by_request.get(p.request_id)
+        if prior is not None:
+            # A replay Redis forgot: the first outcome stands. Its reservation
+            # is settled as confirmed only if it is this very order.
+            same = prior.sku == sku and prior.user_id == p.user_id
+            decisions[p.request_id] = Decision(
+                Result(Outcome.CONFIRMED, prior), "C" if same else "R"
+            )
+        elif p.user_id in buyers:
+            decisions[p.request_id] = Decision(DUPLICATE, "D")
+        elif p.qty <= stock:
+            stock -= p.qty
+            buyers.add(p.user_id)
+            granted.append(p)
+        else:
+            decisions[p.request_id] = Decision(SOLD_OUT, "S")
+    return decisions, granted
+
+
+class Orders:
+    """Reads and writes of inventory rows and orders."""
+
+    def __init__(self, pool: asyncpg.Pool) -> None:
+        self.pool = pool
+
+    async def commit_batch(
+        self, sku: str, batch: Sequence[Purchase], fence: int | None
+    ) -> BatchDecision:
+        """Insert a batch's orders and take their stock in one transaction.
+
+        Raises :class:`FencedOut` when ``fence`` is older than the row's, and
+        :class:`Unavailable` when PostgreSQL fails; either way nothing commits.
+        """
+        try:
+            async with self.pool.acquire() as con, con.transaction():
+                return await self._commit(con, sku, batch, fence)
+        except DB_ERRORS as exc:
+            raise Unavailable(f"postgres: {type(exc).__name__}") from exc
+
+    async def _commit(
+        self, con: Connection, sku: str, batch: Sequence[Purchase], fence: int | None
+    ) -> BatchDecision:
+        row = await con.fetchrow(LOCK_INVENTORY_ROW, sku)
+        if row is None:
+            return BatchDecision({p.request_id: Decision(SOLD_OUT, "S") for p in batch}, 0)
+        if fence is not None and row["fence"] > fence:
+            raise FencedOut(sku)
+        rids = [p.request_id for p in batch]
+        users = [p.user_id for p in batch]
+        existing = [_order(r) for r in await con.fetch(CONFLICTING_ORDERS, rids, sku, users)]
+        decisions, granted = _decide(sku, batch, row["stock"], existing)
+        stock_after = row["stock"]
+        if granted:
+            total = sum(p.qty for p in granted)
+            inserted = await con.fetch(
+                INSERT_ORDERS,
+                [p.request_id for p in granted],
+                [p.user_id for p in granted],
+                [p.qty for p in granted],
+                sku,
+            )
+            order_ids = {r["request_id"]: r["order_id"] for r in inserted}
+            if len(order_ids) != len(granted):
+                # Under the row lock no other writer can insert; if one did,
+                # roll the whole batch back rather than guess.
+                raise Unavailable("postgres: concurrent order insert")
+            stock_after = await con.fetchval(TAKE_STOCK, sku, total, fence)
+            if stock_after is None:
+                raise FencedOut(sku)
+            for p in granted:
+                order = Order(order_ids[p.request_id], p.request_id, sku, p.user_id, p.qty)
+                decisions[p.request_id] = Decision(Result(Outcome.CONFIRMED, order), "C")
+        short = any(d.verdict == "S" for d in decisions.values())
+        return BatchDecision(decisions, stock_after if short else None)
+
+    async def sku_info(self, sku: str) -> SkuInfo | None:
+        """The sku's per-user limit, or None when it does not exist."""
+        limit = await self._fetchval(SKU_INFO, sku)
+        return None if limit is None else SkuInfo(sku, limit)
+
+    async def stock(self, sku: str) -> int | None:
+        """Database stock of a sku, or None when it does not exist."""
+        value: int | None = await self._fetchval(SKU_STOCK, sku)
+        return value
+
+    async def skus(self) -> list[str]:
+        """Every sku in the inventory."""
+        try:
+            return [r["sku"] for r in await self.pool.fetch(ALL_SKUS)]
+        except DB_ERRORS as exc:
+            raise Unavailable(f"postgres: {type(exc).__name__}") from exc
+
+    async def units_sold(self, sku: str) -> int:
+        """Units in committed orders of a sku."""
+        value: int = await self._fetchval(UNITS_SOLD, sku)
+        return value
+
+    async def order(self, request_id: str) -> Order | None:
+        """The order made by a request id, if any."""
+        found = await self.orders([request_id])
+        return found.get(request_id)
+
+    async def orders(self, request_ids: Sequence[str]) -> dict[str, Order]:
+        """The orders made by these request ids, by request id."""
+        try:
+            rows = await self.pool.fetch(ORDERS_BY_REQUESTS, list(request_ids))
+        except DB_ERRORS as exc:
+            raise Unavailable(f"postgres: {type(exc).__name__}") from exc
+        return {r["request_id"]: _order(r) for r in rows}
+
+    async def put_sku(self, sku: str, stock: int, per_user_limit: int) -> int:
+        """Create a sku or reset its stock, recording the movement; returns the stock."""
+        try:
+            async with self.pool.acquire() as con, con.transaction():
+                old = await con.fetchrow(LOCK_INVENTORY_ROW, sku)
+                await con.execute(PUT_SKU, sku, stock, per_user_limit)
+                delta = stock - (old["stock"] if old is not None else 0)
+                await con.execute(RECORD_MOVEMENT, sku, delta, "set", stock)
+                return stock
+        except DB_ERRORS as exc:
+            raise Unavailable(f"postgres: {type(exc).__name__}") from exc
+
+    async def restock(self, sku: str, delta: int) -> int | None:
+        """Add stock, recording the movement; returns the new stock, None if no sku."""
+        try:
+            async with self.pool.acquire() as con, con.transaction():
+                after: int | None = await con.fetchval(RESTOCK, sku, delta)
+                if after is not None:
+                    await con.execute(RECORD_MOVEMENT, sku, delta, "restock", after)
+                return after
+        except DB_ERRORS as exc:
+            raise Unavailable(f"postgres: {type(exc).__name__}") from exc
+
+    async def ping(self) -> bool:
+        """Whether PostgreSQL answers."""
+        try:
+            return bool(await self.pool.fetchval("SELECT 1", timeout=2))
+        except DB_ERRORS:
+            return False
+
+    async def _fetchval(self, sql: str, *args: object) -> Any:
+        try:
+            return await self.pool.fetchval(sql, *args)
+        except DB_ERRORS as exc:
+            raise Unavailable(f"postgres: {type(exc).__name__}") from exc

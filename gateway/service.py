@@ -1,0 +1,216 @@
+"""The purchase use case: sold-out check, reservation, batching, flush, settle.
+
+A request walks: the in-process sold-out mark, then ``reserve.lua`` in Redis,
+then the batcher, whose flush commits the batch in PostgreSQL under the sku's
+lock and settles the reservations in Redis. Every failure before the commit
+gives the reservation back; nothing confirmed is ever undone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+from contextlib import AbstractAsyncContextManager
+from typing import Any, Protocol
+
+import structlog
+
+from gateway.batcher import Batcher
+from gateway.catalog import Catalog
+from gateway.domain import DUPLICATE, IN_PROGRESS, SOLD_OUT, Outcome, Purchase, Result
+from gateway.errors import InvalidRequest, Unavailable
+from gateway.inventory import Inventory, Settlement
+from gateway.orders import BatchDecision, FencedOut, Orders
+from gateway.soldout import SoldOut
+
+log = structlog.get_logger(__name__)
+
+_SETTLED_REPLIES = {"duplicate": DUPLICATE, "in_progress": IN_PROGRESS}
+
+# A flush fenced out or whose lock was lost is retried this many times under a
+# fresh acquisition before its purchases are answered 503 and released.
+FLUSH_ATTEMPTS = 3
+
+
+class FlushLock(Protocol):
+    """The lock a flush holds while it writes its sku's row (see gateway.lock)."""
+
+    @property
+    def fence(self) -> int:
+        """The fencing token of the current holding."""
+
+    def __call__(self, wait: float | None = None) -> AbstractAsyncContextManager[Any]:
+        """Hold the lock for an ``async with`` block, waiting at most ``wait`` seconds."""
+
+
+class FlushObserver(Protocol):
+    """What the metrics want to know of flushes."""
+
+    def flushed(self, size: int, seconds: float) -> None: ...
+    def flush_failed(self, reason: str) -> None: ...
+    def fenced_out(self) -> None: ...
+
+
+class PurchaseService:
+    """Runs purchases and flushes their batches."""
+
+    def __init__(
+        self,
+        *,
+        inventory: Inventory,
+        orders: Orders,
+        catalog: Catalog,
+        soldout: SoldOut,
+        lock_for: Callable[[str], FlushLock] | None,
+        lock_wait_s: float,
+        batch_max: int,
+        batch_wait_s: float,
+        queue_max: int,
+        observer: FlushObserver | None = None,
+    ) -> None:
+        self.inventory = inventory
+        self.orders = orders
+        self.catalog = catalog
+        self.soldout = soldout
+        self.lock_for = lock_for
+        self.lock_wait = lock_wait_s
+        self._observer = observer
+        self._reloads: dict[str, asyncio.Future[None]] = {}
+        self.batcher = Batcher(
+            self.flush, batch_max=batch_max, batch_wait_s=batch_wait_s, queue_max=queue_max
+        )
+
+    async def purchase(self, purchase: Purchase) -> Result:
+        """Decide one purchase; raises a :class:`GatewayError` for 4xx/503 answers."""
+        info = await self.catalog.get(purchase.sku)
+        if purchase.qty > info.per_user_limit:
+            raise InvalidRequest(f"qty exceeds the per-user limit of {info.per_user_limit}")
+        confirmed = self.soldout.lookup(purchase.sku)
+        if confirmed is not None:
+            order = confirmed.get(purchase.request_id)
+            return SOLD_OUT if order is None else Result(Outcome.CONFIRMED, order)
+        if self.batcher.full:
+            raise Unavailable("gateway busy or shutting down")
+        generation = self.soldout.generation(purchase.sku)
+        reply = await self.inventory.reserve(purchase, _now_ms())
+        if reply.kind == "missing":
+            await self._reload(purchase.sku)
+            reply = await self.inventory.reserve(purchase, _now_ms())
+        if reply.kind == "ok":
+            return await self.batcher.submit(purchase)
+        if reply.kind == "confirmed":
+            return Result(Outcome.CONFIRMED, reply.order)
+        if reply.kind == "sold_out":
+            if reply.settled:
+                orders = await self.inventory.confirmed(purchase.sku)
+                self.soldout.mark(purchase.sku, generation, orders)
+            return SOLD_OUT
+        result = _SETTLED_REPLIES.get(reply.kind)
+        if result is None:
+            raise Unavailable("stock not loaded")
+        return result
+
+    async def flush(self, sku: str, batch: Sequence[Purchase]) -> list[Result | BaseException]:
+        """Commit a batch and settle its reservations; one result per purchase."""
+        started = time.perf_counter()
+        failure: Unavailable = Unavailable("flush failed")
+        for _ in range(FLUSH_ATTEMPTS):
+            try:
+                decision = await self._flush_once(sku, batch)
+            except FencedOut:
+                self._note("fenced_out")
+                failure = Unavailable("fenced out")
+                continue
+            except Exception as exc:
+                reason = _reason(exc)
+                if reason == "lock_lost":
+                    failure = Unavailable("lock lost")
+                    continue
+                failure = exc if isinstance(exc, Unavailable) else Unavailable(reason)
+                break
+            if self._observer is not None:
+                self._observer.flushed(len(batch), time.perf_counter() - started)
+            return [decision.decisions[p.request_id].result for p in batch]
+        self._note(_reason(failure))
+        log.warning("flush_failed", sku=sku, size=len(batch), cause=str(failure))
+        await self._give_back(sku, batch)
+        return [failure] * len(batch)
+
+    async def _flush_once(self, sku: str, batch: Sequence[Purchase]) -> BatchDecision:
+        if self.lock_for is None:
+            decision = await self.orders.commit_batch(sku, batch, None)
+            await self._settle(sku, batch, decision)
+            return decision
+        lock = self.lock_for(sku)
+        async with lock(wait=self.lock_wait):
+            decision = await self.orders.commit_batch(sku, batch, lock.fence)
+            # Settled under the lock, so the ledger and the database stock it
+            # compares come from one moment.
+            await self._settle(sku, batch, decision)
+            return decision
+
+    async def _settle(self, sku: str, batch: Sequence[Purchase], decision: BatchDecision) -> None:
+        settlements = []
+        for p in batch:
+            d = decision.decisions[p.request_id]
+            order_id = d.result.order.order_id if d.result.order is not None else ""
+            settlements.append(
+                Settlement(p.request_id, d.verdict, p.user_id, p.qty, order_id)  # type: ignore[arg-type]
+            )
+        try:
+            await self.inventory.settle(sku, settlements, decision.short_stock_after)
+        except Unavailable as exc:
+            # Committed all the same: the reconciler settles the ledger later.
+            log.warning("settle_failed", sku=sku, size=len(batch), cause=str(exc))
+
+    async def _give_back(self, sku: str, batch: Sequence[Purchase]) -> None:
+        released = [Settlement(p.request_id, "R", p.user_id, p.qty) for p in batch]
+        try:
+            await self.inventory.settle(sku, released, None)
+        except Unavailable as exc:
+            log.warning("give_back_failed", sku=sku, size=len(batch), cause=str(exc))
+
+    async def _reload(self, sku: str) -> None:
+        """Load a sku's missing stock key from the database, once for all waiters."""
+        pending = self._reloads.get(sku)
+        if pending is None:
+            pending = asyncio.ensure_future(self._load(sku))
+            self._reloads[sku] = pending
+            pending.add_done_callback(lambda _: self._reloads.pop(sku, None))
+        await asyncio.shield(pending)
+
+    async def _load(self, sku: str) -> None:
+        stock = await self.orders.stock(sku)
+        if stock is None:
+            raise Unavailable("sku vanished")
+        await self.inventory.load_stock(sku, stock, reset=False)
+        log.warning("stock_reloaded", sku=sku, stock=stock)
+
+    def _note(self, reason: str) -> None:
+        if self._observer is None:
+            return
+        if reason == "fenced_out":
+            self._observer.fenced_out()
+        else:
+            self._observer.flush_failed(reason)
+
+    async def close(self) -> None:
+        """Stop taking purchases and drain every queued batch."""
+        await self.batcher.close()
+
+
+def _reason(exc: BaseException) -> str:
+    """A short label of why a flush failed, for logs and metrics."""
+    name = type(exc).__name__
+    if name == "LockLost":
+        return "lock_lost"
+    if name in ("LockTimeout", "LockError", "LockNotOwned"):
+        return "lock_unavailable"
+    if isinstance(exc, Unavailable):
+        return "redis" if str(exc).startswith("redis") else "postgres"
+    return "error"
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)

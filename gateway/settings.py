@@ -1,0 +1,161 @@
+"""Settings: one frozen object, read from the environment and CLI flags.
+
+This is the only module that reads ``os.environ``. Every setting is an
+environment variable ``GATEWAY_<NAME>`` and a CLI flag ``--<name>``; the flag
+wins. A bad value raises :class:`SettingsError` naming the setting, which the
+CLI prints as one line before it exits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, fields
+from typing import Any
+from urllib.parse import urlsplit
+
+
+class SettingsError(ValueError):
+    """A setting has a value the gateway cannot run with."""
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """Everything the gateway is configured by; passed in explicitly."""
+
+    host: str = "127.0.0.1"
+    port: int = 8080
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    database_url: str = "postgresql://postgres@127.0.0.1:5432/flashsale"
+    key_prefix: str = "fs"
+    admin_token: str | None = None
+    batch_max: int = 256
+    batch_wait_ms: float = 2.0
+    reservation_timeout_s: float = 30.0
+    flush_lock: str = "redis"
+    lock_lease_s: float = 10.0
+    queue_max: int = 10_000
+    redis_pool_size: int = 64
+    db_pool_size: int = 8
+    drain_s: float = 10.0
+    reconcile_interval_s: float = 5.0
+    log_level: str = "info"
+
+    @property
+    def channel(self) -> str:
+        """The pub/sub channel on which sku changes are announced."""
+        return f"{self.key_prefix}:events"
+
+
+def _int(low: int) -> Callable[[str], int]:
+    def parse(raw: str) -> int:
+        value = int(raw)
+        if value < low:
+            raise ValueError(f"must be >= {low}")
+        return value
+
+    return parse
+
+
+def _float(low: float) -> Callable[[str], float]:
+    def parse(raw: str) -> float:
+        value = float(raw)
+        if not value >= low:  # also rejects nan
+            raise ValueError(f"must be >= {low}")
+        return value
+
+    return parse
+
+
+def _choice(*options: str) -> Callable[[str], str]:
+    def parse(raw: str) -> str:
+        if raw not in options:
+            raise ValueError(f"must be one of {', '.join(options)}")
+        return raw
+
+    return parse
+
+
+def _url(*schemes: str) -> Callable[[str], str]:
+    def parse(raw: str) -> str:
+        if urlsplit(raw).scheme not in schemes:
+            raise ValueError(f"must be a URL with scheme {' or '.join(schemes)}")
+        return raw
+
+    return parse
+
+
+def _text(raw: str) -> str:
+    if not raw or any(c.isspace() for c in raw):
+        raise ValueError("must be non-empty without spaces")
+    return raw
+
+
+_PARSERS: Mapping[str, Callable[[str], Any]] = {
+    "host": _text,
+    "port": _int(0),
+    "redis_url": _url("redis", "rediss", "unix"),
+    "database_url": _url("postgres", "postgresql"),
+    "key_prefix": _text,
+    "admin_token": _text,
+    "batch_max": _int(1),
+    "batch_wait_ms": _float(0.0),
+    "reservation_timeout_s": _float(0.1),
+    "flush_lock": _choice("redis", "postgres", "none"),
+    "lock_lease_s": _float(0.05),
+    "queue_max": _int(1),
+    "redis_pool_size": _int(1),
+    "db_pool_size": _int(2),
+    "drain_s": _float(0.0),
+    "reconcile_interval_s": _float(0.05),
+    "log_level": _choice("debug", "info", "warning", "error"),
+}
+
+
+def env_name(field: str) -> str:
+    """The environment variable of a setting: ``batch_max`` -> ``GATEWAY_BATCH_MAX``."""
+    return f"GATEWAY_{field.upper()}"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add one ``--flag`` per setting to a CLI parser (values parsed later)."""
+    for f in fields(Settings):
+        parser.add_argument(
+            f"--{f.name.replace('_', '-')}",
+            dest=f.name,
+            default=None,
+            metavar="VALUE",
+            help=f"overrides {env_name(f.name)} (default: {f.default})",
+        )
+
+
+def load(
+    environ: Mapping[str, str] | None = None, overrides: Mapping[str, str | None] | None = None
+) -> Settings:
+    """Build :class:`Settings` from environment variables and CLI overrides.
+
+    Raises :class:`SettingsError` with a one-line message naming the setting.
+    """
+    environ = os.environ if environ is None else environ
+    overrides = overrides or {}
+    values: dict[str, Any] = {}
+    for f in fields(Settings):
+        raw = overrides.get(f.name)
+        source = f"--{f.name.replace('_', '-')}"
+        if raw is None:
+            raw = environ.get(env_name(f.name))
+            source = env_name(f.name)
+        if raw is None:
+            continue
+        try:
+            values[f.name] = _PARSERS[f.name](raw)
+        except ValueError as exc:
+            raise SettingsError(f"{source}={raw!r}: {exc}") from None
+    return Settings(**values)
+
+
+def from_args(argv: Sequence[str] | None, parser: argparse.ArgumentParser) -> Settings:
+    """Parse CLI flags with ``parser`` and merge them over the environment."""
+    namespace = parser.parse_args(argv)
+    return load(overrides={f.name: getattr(namespace, f.name, None) for f in fields(Settings)})

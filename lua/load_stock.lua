@@ -1,0 +1,28 @@
+-- load_stock.lua: set a sku's Redis stock from the database's.
+--
+-- KEYS[1] stock, KEYS[2] pending (as in reserve.lua)
+-- ARGV[1] mode: "reload" sets stock only when the key is missing (Redis lost
+--         it); "reset" always sets it (an admin changed the database stock)
+-- ARGV[2] database stock, ARGV[3] pub/sub channel, ARGV[4] sku
+--
+-- Stock becomes database stock minus what the ledger still holds, since those
+-- reservations will take their units from the database when they flush.
+-- "reload" never overwrites an existing counter: doing so while orders are in
+-- flight over-admits. Publishes "meta:<sku>" after a reset and "avail:<sku>"
+-- after a reload that found stock, so every gateway drops its sold-out mark.
+-- Returns {changed (0 or 1), stock}.
+if ARGV[1] == "reload" and redis.call("EXISTS", KEYS[1]) == 1 then
+  return {0, tonumber(redis.call("GET", KEYS[1]))}
+end
+local pending = 0
+for _, entry in ipairs(redis.call("HVALS", KEYS[2])) do
+  pending = pending + tonumber(string.match(entry, "^[^|]*|([^|]*)|"))
+end
+local stock = math.max(tonumber(ARGV[2]) - pending, 0)
+redis.call("SET", KEYS[1], stock)
+if ARGV[1] == "reset" then
+  redis.call("PUBLISH", ARGV[3], "meta:" .. ARGV[4])
+elseif stock > 0 then
+  redis.call("PUBLISH", ARGV[3], "avail:" .. ARGV[4])
+end
+return {1, stock}

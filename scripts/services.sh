@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Makes sure a Redis on 127.0.0.1:6379 and a PostgreSQL on 127.0.0.1:5432 answer.
+# Uses the ones already listening; otherwise starts private ones from installed
+# binaries (data under $RUN_DIR); otherwise, as root on Debian, installs them.
+set -euo pipefail
+RUN_DIR=${RUN_DIR:-/tmp/flashsale-services}
+mkdir -p "$RUN_DIR"
+
+listening() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+wait_port() {
+  for _ in $(seq 1 100); do listening "$1" && return 0; sleep 0.1; done
+  echo "services: nothing answers on 127.0.0.1:$1" >&2; return 1
+}
+
+apt_install() {
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    DEBIAN_FRONTEND=noninteractive apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
+  else
+    echo "services: please install $* (Debian: apt-get install $*)" >&2; exit 1
+  fi
+}
+
+pg_bindir() {
+  if command -v pg_ctl >/dev/null; then dirname "$(command -v pg_ctl)"; return; fi
+  ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1
+}
+
+ensure_redis() {
+  listening 6379 && return 0
+  command -v redis-server >/dev/null || apt_install redis-server
+  redis-server --daemonize yes --bind 127.0.0.1 --port 6379 --save "" --appendonly no \
+    --dir "$RUN_DIR" --logfile "$RUN_DIR/redis.log"
+  wait_port 6379
+}
+
+ensure_postgres() {
+  listening 5432 && return 0
+  [ -n "$(pg_bindir)" ] || apt_install postgresql
+  local bin; bin=$(pg_bindir)
+  local data="$RUN_DIR/pg"
+  local as=()
+  if [ "$(id -u)" = 0 ]; then
+    # initdb and pg_ctl refuse to run as root.
+    as=(runuser -u postgres --)
+    chown postgres "$RUN_DIR"
+  fi
+  if [ ! -f "$data/PG_VERSION" ]; then
+    "${as[@]}" "$bin/initdb" -D "$data" -U postgres --auth=trust >/dev/null
+  fi
+  "${as[@]}" "$bin/pg_ctl" -D "$data" -l "$RUN_DIR/pg.log" -w \
+    -o "-p 5432 -k $RUN_DIR -c listen_addresses=127.0.0.1" start >/dev/null
+  wait_port 5432
+}
+
+ensure_redis
+ensure_postgres
