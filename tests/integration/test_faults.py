@@ -1,0 +1,172 @@
+"""Failures on the purchase path: lost scripts, lost keys, Redis ahead of the
+database, PostgreSQL unreachable, and two gateways on one Redis and database."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import asyncpg
+import pytest
+from redis.asyncio import Redis
+
+from gateway.inventory import SkuKeys
+from tests.conftest import ADMIN_HEADERS, PG_ADMIN_URL, _pg_url, put_sku
+from tests.integration.test_purchase import buy, db_state, redis_state
+
+
+async def sale(
+    client: Any, sku: str, users: range | list[str], tag: str
+) -> collections.Counter[Any]:
+    """Every user buys once at the same time; counts statuses and outcomes."""
+    names = [f"u{u}" if isinstance(u, int) else u for u in users]
+    results = await asyncio.gather(*(buy(client, sku, n, f"{tag}-{n}") for n in names))
+    counts: collections.Counter[Any] = collections.Counter()
+    for status, body in results:
+        counts[status] += 1
+        counts[body.get("status") or body.get("error")] += 1
+    return counts
+
+
+class TestScriptsAndKeys:
+    """Redis forgetting scripts or keys never oversells nor loses stock."""
+
+    async def test_noscript_after_script_flush_reloads(
+        self, start_gateway: Any, sku: str, redis: Redis
+    ) -> None:
+        """After SCRIPT FLUSH the next purchase reloads the script and succeeds."""
+        client = await start_gateway()
+        await put_sku(client, sku, 3)
+        assert (await buy(client, sku, "a"))[0] == 201
+        await redis.script_flush()
+        assert (await buy(client, sku, "b"))[0] == 201
+        assert (await buy(client, sku, "c"))[0] == 201
+
+    async def test_keys_deleted_mid_sale(
+        self, start_gateway: Any, sku: str, redis: Redis, key_prefix: str, database_url: str
+    ) -> None:
+        """Deleting the sku's keys while 300 users buy 100 units: no oversell, no
+        duplicate user, and a second wave sells exactly what is left."""
+        client = await start_gateway()
+        await put_sku(client, sku, 100)
+        keys = SkuKeys.of(key_prefix, sku).all()
+
+        async def vandal() -> None:
+            for _ in range(5):
+                await asyncio.sleep(0.01)
+                await redis.delete(*keys)
+
+        first, _ = await asyncio.gather(sale(client, sku, range(300), "w1"), vandal())
+        assert not [s for s in first if isinstance(s, int) and s >= 500], first
+        stock, orders, users = await db_state(database_url, sku)
+        assert orders == users == first["confirmed"] <= 100
+        assert stock == 100 - orders
+        second = await sale(client, sku, range(300, 600), "w2")
+        stock, orders, users = await db_state(database_url, sku)
+        assert (stock, orders, users) == (0, 100, 100), (first, second)
+        assert await redis_state(redis, key_prefix, sku) == (0, 0)
+
+    async def test_redis_stock_above_database_is_split(
+        self, start_gateway: Any, sku: str, redis: Redis, key_prefix: str, database_url: str
+    ) -> None:
+        """Redis raised by hand to 50 over a database stock of 5: 5 confirmed,
+        45 sold_out, and Redis brought back down to the database's count."""
+        client = await start_gateway()
+        await put_sku(client, sku, 5)
+        await redis.set(SkuKeys.of(key_prefix, sku).stock, 50)
+        counts = await sale(client, sku, range(50), "split")
+        assert (counts["confirmed"], counts["sold_out"]) == (5, 45), counts
+        assert await db_state(database_url, sku) == (0, 5, 5)
+        assert await redis_state(redis, key_prefix, sku) == (0, 0)
+
+
+@pytest.fixture
+async def outage(database_url: str) -> AsyncIterator[Any]:
+    """Switches the test database off and on for every client, superusers too."""
+    name = database_url.rsplit("/", 1)[1]
+    admin = await asyncpg.connect(PG_ADMIN_URL)
+
+    async def set_reachable(reachable: bool) -> None:
+        await admin.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS {str(reachable).lower()}')
+        if not reachable:
+            await admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1", name
+            )
+
+    try:
+        yield set_reachable
+    finally:
+        await set_reachable(True)
+        await admin.close()
+
+
+class TestPostgresDown:
+    """PostgreSQL unreachable: 503 with Retry-After and the reservation given back."""
+
+    async def test_unreachable_database_answers_503_and_gives_stock_back(
+        self,
+        start_gateway: Any,
+        sku: str,
+        redis: Redis,
+        key_prefix: str,
+        outage: Any,
+        database_url: str,
+    ) -> None:
+        """While the database refuses connections purchases get 503; Redis stock
+        and the buyers are restored, so after recovery the same users can buy."""
+        client = await start_gateway()
+        await put_sku(client, sku, 10)
+        await outage(False)
+        results = await asyncio.gather(*(buy(client, sku, f"u{i}", f"r{i}") for i in range(5)))
+        assert {status for status, _ in results} == {503}
+        assert all(
+            body == {"error": "unavailable", "detail": body["detail"]} for _, body in results
+        )
+        resp = await client.post("/v1/purchase", json={"sku": sku, "user_id": "x"})
+        assert resp.headers.get("Retry-After")
+        assert await redis_state(redis, key_prefix, sku) == (10, 0)
+        ready = await client.get("/readyz")
+        assert ready.status == 503
+        await outage(True)
+        results = await asyncio.gather(*(buy(client, sku, f"u{i}", f"r{i}") for i in range(5)))
+        assert {status for status, _ in results} == {201}
+        assert await db_state(database_url, sku) == (5, 5, 5)
+
+
+class TestTwoInstances:
+    """Two gateways on one fresh database and one Redis, started at the same moment."""
+
+    async def test_started_together_share_the_sale(
+        self, start_gateway: Any, sku: str, redis: Redis, key_prefix: str
+    ) -> None:
+        """Both apply migrations safely (advisory lock) and together sell exactly
+        the stock, each user once, whichever instance they hit."""
+        name = f"flashsale_two_{uuid.uuid4().hex[:8]}"
+        admin = await asyncpg.connect(PG_ADMIN_URL)
+        await admin.execute(f'CREATE DATABASE "{name}"')
+        try:
+            url = _pg_url(name)
+            a, b = await asyncio.gather(
+                start_gateway(database_url=url), start_gateway(database_url=url)
+            )
+            await put_sku(a, sku, 50)
+            calls = [buy((a, b)[i % 2], sku, f"u{i // 2}", f"r{i}") for i in range(400)]
+            results = await asyncio.gather(*calls)
+            outcomes = collections.Counter(body.get("status") for _, body in results)
+            assert outcomes["confirmed"] == 50, outcomes
+            assert outcomes["sold_out"] + outcomes["duplicate"] == 350
+            assert await db_state(url, sku) == (0, 50, 50)
+            con = await asyncpg.connect(url)
+            versions = await con.fetch("SELECT version FROM schema_migrations")
+            await con.close()
+            assert [r["version"] for r in versions] == ["001_schema"]
+            report = await (await b.get(f"/admin/skus/{sku}", headers=ADMIN_HEADERS)).json()
+            assert report == {"db_stock": 0, "redis_stock": 0, "pending": 0, "sold": 50}
+        finally:
+            for client in (a, b):
+                await client.close()
+            await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            await admin.close()

@@ -1,0 +1,158 @@
+"""The purchase path end to end through the HTTP app, on real Redis and PostgreSQL."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+from typing import Any
+
+import asyncpg
+from aiohttp import web
+from aiohttp.test_utils import TestClient
+from redis.asyncio import Redis
+
+from gateway.inventory import SkuKeys
+from gateway.keys import SERVICE
+from tests.conftest import ADMIN_HEADERS, put_sku
+
+Client = TestClient[web.Request, web.Application]
+
+
+async def buy(
+    client: Client, sku: str, user: str, rid: str | None = None, qty: int = 1
+) -> tuple[int, dict[str, Any]]:
+    body: dict[str, Any] = {"sku": sku, "user_id": user, "qty": qty}
+    if rid is not None:
+        body["request_id"] = rid
+    resp = await client.post("/v1/purchase", json=body)
+    return resp.status, await resp.json()
+
+
+async def db_state(database_url: str, sku: str) -> tuple[int, int, int]:
+    """(stock, orders, distinct users) of a sku in PostgreSQL."""
+    con = await asyncpg.connect(database_url)
+    try:
+        stock = await con.fetchval("SELECT stock FROM inventory WHERE sku = $1", sku)
+        row = await con.fetchrow(
+            "SELECT count(*) AS n, count(DISTINCT user_id) AS users FROM orders WHERE sku = $1", sku
+        )
+        return stock, row["n"], row["users"]
+    finally:
+        await con.close()
+
+
+async def redis_state(redis: Redis, prefix: str, sku: str) -> tuple[int | None, int]:
+    """(stock, pending ledger size) of a sku in Redis."""
+    keys = SkuKeys.of(prefix, sku)
+    raw = await redis.get(keys.stock)
+    return (None if raw is None else int(raw)), await redis.hlen(keys.pending)
+
+
+class TestSale:
+    """A storm of purchases sells exactly the stock, to distinct users."""
+
+    async def test_two_thousand_purchases_by_a_thousand_users_sell_exactly_one_hundred(
+        self, start_gateway: Any, sku: str, database_url: str, redis: Redis, key_prefix: str
+    ) -> None:
+        """Each of 1,000 users buys twice at once: 100 confirmed, the rest sold_out
+        or duplicate, database and Redis both at zero, the ledger empty."""
+        client = await start_gateway()
+        await put_sku(client, sku, 100)
+        calls = [buy(client, sku, f"user{i}", f"r{i}-{n}") for n in range(2) for i in range(1000)]
+        results = await asyncio.gather(*calls)
+        statuses = collections.Counter(status for status, _ in results)
+        outcomes = collections.Counter(body.get("status") for _, body in results)
+        assert not [s for s in statuses if s >= 500], statuses
+        assert outcomes["confirmed"] == 100
+        assert outcomes["sold_out"] + outcomes["duplicate"] == 1900
+        confirmed_users = [b["user_id"] for _, b in results if b.get("status") == "confirmed"]
+        assert len(set(confirmed_users)) == 100
+        assert await db_state(database_url, sku) == (0, 100, 100)
+        assert await redis_state(redis, key_prefix, sku) == (0, 0)
+
+    async def test_last_unit_and_the_unit_after_it(self, start_gateway: Any, sku: str) -> None:
+        """With one unit left the next buyer gets it and the one after is sold out."""
+        client = await start_gateway()
+        await put_sku(client, sku, 1)
+        assert (await buy(client, sku, "first"))[0] == 201
+        assert await buy(client, sku, "second") == (409, {"status": "sold_out"})
+
+
+class TestIdempotency:
+    """The same request id always gets its first outcome and never a second order."""
+
+    async def test_replay_of_a_confirmed_request_after_sold_out_returns_its_order(
+        self, start_gateway: Any, sku: str, database_url: str
+    ) -> None:
+        """After the sku sold out (answered in-process), a replay of a confirmed
+        request id still returns 201 with the same order_id."""
+        client = await start_gateway()
+        await put_sku(client, sku, 2)
+        status, first = await buy(client, sku, "alice", "req-alice")
+        assert status == 201
+        assert (await buy(client, sku, "bob"))[0] == 201
+        assert (await buy(client, sku, "carol"))[1] == {"status": "sold_out"}
+        assert client.app[SERVICE].soldout.lookup(sku) is not None  # answered in-process now
+        status, again = await buy(client, sku, "alice", "req-alice")
+        assert (status, again) == (201, first)
+        assert (await db_state(database_url, sku))[1] == 2
+
+    async def test_idempotency_key_header_is_the_request_id(
+        self, start_gateway: Any, sku: str
+    ) -> None:
+        """Without request_id in the body the Idempotency-Key header identifies it."""
+        client = await start_gateway()
+        await put_sku(client, sku, 5)
+        body = {"sku": sku, "user_id": "dave"}
+        headers = {"Idempotency-Key": "key-1"}
+        first = await (await client.post("/v1/purchase", json=body, headers=headers)).json()
+        second = await (await client.post("/v1/purchase", json=body, headers=headers)).json()
+        assert first["request_id"] == "key-1"
+        assert second == first
+
+    async def test_same_user_with_a_new_request_id_is_a_duplicate(
+        self, start_gateway: Any, sku: str
+    ) -> None:
+        """One order per user and sku: a second request id of the same user is refused."""
+        client = await start_gateway()
+        await put_sku(client, sku, 5)
+        assert (await buy(client, sku, "erin", "e1"))[0] == 201
+        assert await buy(client, sku, "erin", "e2") == (409, {"status": "duplicate"})
+
+    async def test_order_lookup(self, start_gateway: Any, sku: str) -> None:
+        """GET /v1/orders/{request_id} returns the order, or 404."""
+        client = await start_gateway()
+        await put_sku(client, sku, 5)
+        _, order = await buy(client, sku, "finn", "f1")
+        resp = await client.get("/v1/orders/f1")
+        assert resp.status == 200
+        assert await resp.json() == {k: v for k, v in order.items() if k != "status"}
+        resp = await client.get("/v1/orders/nope")
+        assert resp.status == 404
+        assert (await resp.json())["error"] == "not_found"
+
+
+class TestPerUserLimit:
+    """qty may go up to the sku's per_user_limit and no further."""
+
+    async def test_limit(self, start_gateway: Any, sku: str) -> None:
+        """qty over the limit is a 400; qty at the limit is one order of that qty."""
+        client = await start_gateway()
+        await put_sku(client, sku, 10, limit=3)
+        status, body = await buy(client, sku, "gina", qty=4)
+        assert status == 400
+        assert body["error"] == "invalid_request"
+        assert "limit" in body["detail"]
+        status, body = await buy(client, sku, "gina", qty=3)
+        assert (status, body["qty"]) == (201, 3)
+        resp = await client.get(f"/admin/skus/{sku}", headers=ADMIN_HEADERS)
+        assert await resp.json() == {"db_stock": 7, "redis_stock": 7, "pending": 0, "sold": 3}
+
+    async def test_bigger_qty_than_remaining_is_sold_out_and_smaller_still_sells(
+        self, start_gateway: Any, sku: str
+    ) -> None:
+        """With 2 left, a request for 3 is sold out but one for 2 succeeds."""
+        client = await start_gateway()
+        await put_sku(client, sku, 2, limit=3)
+        assert (await buy(client, sku, "hank", qty=3))[1] == {"status": "sold_out"}
+        assert (await buy(client, sku, "ivan", qty=2))[0] == 201

@@ -1,0 +1,97 @@
+"""The batcher: batches by size or wait, one flush per sku at a time, drains on close.
+
+The flush here is a recording function: these tests check batching, not stock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+import pytest
+
+from gateway.batcher import Batcher
+from gateway.domain import SOLD_OUT, Purchase, Result
+from gateway.errors import Unavailable
+
+
+def purchase(i: int, sku: str = "s") -> Purchase:
+    return Purchase(sku=sku, user_id=f"u{i}", qty=1, request_id=f"r{i}")
+
+
+class Recorder:
+    """A flush that records its batches and how many ran at once per sku."""
+
+    def __init__(self, delay: float = 0.0) -> None:
+        self.batches: list[list[str]] = []
+        self.running: dict[str, int] = {}
+        self.most_at_once = 0
+        self.delay = delay
+
+    async def __call__(self, sku: str, batch: Sequence[Purchase]) -> list[Result | BaseException]:
+        self.running[sku] = self.running.get(sku, 0) + 1
+        self.most_at_once = max(self.most_at_once, self.running[sku])
+        self.batches.append([p.request_id for p in batch])
+        await asyncio.sleep(self.delay)
+        self.running[sku] -= 1
+        return [SOLD_OUT] * len(batch)
+
+
+async def test_full_batches_flush_at_batch_max() -> None:
+    """Ten purchases with batch_max 4 and a long wait flush as 4, 4 and then 2."""
+    flush = Recorder()
+    batcher = Batcher(flush, batch_max=4, batch_wait_s=0.05, queue_max=100)
+    results = await asyncio.gather(*(batcher.submit(purchase(i)) for i in range(10)))
+    assert results == [SOLD_OUT] * 10
+    assert [len(b) for b in flush.batches] == [4, 4, 2]
+    assert [r for b in flush.batches for r in b] == [f"r{i}" for i in range(10)]
+    await batcher.close()
+
+
+async def test_one_flush_per_sku_at_a_time_and_next_fills_behind() -> None:
+    """While a flush runs the next batch fills; no two flushes of a sku overlap."""
+    flush = Recorder(delay=0.02)
+    batcher = Batcher(flush, batch_max=3, batch_wait_s=0, queue_max=100)
+    await asyncio.gather(*(batcher.submit(purchase(i)) for i in range(9)))
+    assert flush.most_at_once == 1
+    assert sum(len(b) for b in flush.batches) == 9
+    await batcher.close()
+
+
+async def test_flush_errors_reach_every_waiter() -> None:
+    """A failing flush answers each of its purchases with the error."""
+
+    async def failing(sku: str, batch: Sequence[Purchase]) -> list[Result | BaseException]:
+        raise Unavailable("postgres down")
+
+    batcher = Batcher(failing, batch_max=10, batch_wait_s=0, queue_max=100)
+    results = await asyncio.gather(
+        *(batcher.submit(purchase(i)) for i in range(3)), return_exceptions=True
+    )
+    assert all(isinstance(r, Unavailable) for r in results)
+    assert batcher.depth == 0
+    await batcher.close()
+
+
+async def test_close_drains_and_then_refuses() -> None:
+    """close() flushes what is queued; afterwards submissions are refused and full is set."""
+    flush = Recorder()
+    batcher = Batcher(flush, batch_max=100, batch_wait_s=10, queue_max=100)
+    waiting = [asyncio.create_task(batcher.submit(purchase(i))) for i in range(5)]
+    await asyncio.sleep(0)
+    await batcher.close()
+    assert [t.result() for t in waiting] == [SOLD_OUT] * 5
+    assert batcher.full
+    with pytest.raises(Unavailable):
+        await batcher.submit(purchase(99))
+
+
+async def test_queue_bound_reports_full() -> None:
+    """At queue_max queued purchases the batcher reports full (the caller sheds)."""
+    flush = Recorder()
+    batcher = Batcher(flush, batch_max=100, batch_wait_s=10, queue_max=3)
+    waiting = [asyncio.create_task(batcher.submit(purchase(i))) for i in range(3)]
+    await asyncio.sleep(0)
+    assert batcher.full
+    await batcher.close()
+    await asyncio.gather(*waiting)

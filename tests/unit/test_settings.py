@@ -1,0 +1,73 @@
+"""Settings: defaults, environment, flags, and one-line errors naming the setting."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from gateway.settings import Settings, SettingsError, load
+
+
+def test_defaults() -> None:
+    """Without environment the documented defaults apply."""
+    s = load({})
+    assert (s.host, s.port, s.key_prefix, s.batch_max, s.batch_wait_ms) == (
+        "127.0.0.1",
+        8080,
+        "fs",
+        256,
+        2.0,
+    )
+    assert s.admin_token is None
+    assert s.flush_lock == "redis"
+
+
+def test_environment_and_flags() -> None:
+    """Environment variables set values; a flag wins over the environment."""
+    s = load({"GATEWAY_BATCH_MAX": "64", "GATEWAY_PORT": "9000"}, {"port": "9100"})
+    assert (s.batch_max, s.port) == (64, 9100)
+
+
+@pytest.mark.parametrize(
+    ("env", "named"),
+    [
+        ({"GATEWAY_BATCH_MAX": "zero"}, "GATEWAY_BATCH_MAX"),
+        ({"GATEWAY_BATCH_MAX": "0"}, "GATEWAY_BATCH_MAX"),
+        ({"GATEWAY_BATCH_WAIT_MS": "nan"}, "GATEWAY_BATCH_WAIT_MS"),
+        ({"GATEWAY_REDIS_URL": "http://x"}, "GATEWAY_REDIS_URL"),
+        ({"GATEWAY_DATABASE_URL": "mysql://x"}, "GATEWAY_DATABASE_URL"),
+        ({"GATEWAY_FLUSH_LOCK": "zookeeper"}, "GATEWAY_FLUSH_LOCK"),
+        ({"GATEWAY_ADMIN_TOKEN": ""}, "GATEWAY_ADMIN_TOKEN"),
+    ],
+)
+def test_bad_values_name_the_setting(env: dict[str, str], named: str) -> None:
+    """A bad value raises one line that names the setting and the value."""
+    with pytest.raises(SettingsError) as info:
+        load(env)
+    message = str(info.value)
+    assert message.startswith(named)
+    assert "\n" not in message
+
+
+def test_cli_fails_at_start_with_one_line() -> None:
+    """The CLI prints the error on one line and exits 2 without serving."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "gateway", "--batch-max", "lots"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1
+    assert "--batch-max" in lines[0]
+
+
+def test_settings_are_frozen() -> None:
+    """Settings cannot change after start."""
+    s = Settings()
+    with pytest.raises(AttributeError):
+        s.port = 1  # type: ignore[misc]

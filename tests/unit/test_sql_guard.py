@@ -1,0 +1,61 @@
+"""Every statement that takes stock carries its guard.
+
+Scans the SQL in ``gateway/`` (string constants, via the AST) and ``sql/``
+(statements split on ``;``) for anything that lowers ``stock`` and fails when
+such a statement lacks a ``stock >=`` or ``stock >`` condition. The scan is
+shown to catch a planted unguarded statement, so it can fail.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+TAKES_STOCK = re.compile(r"\bstock\s*=\s*stock\s*-|\bstock\s*=\s*\$\d+\s*-|-=\s*stock", re.I)
+GUARD = re.compile(r"\bwhere\b.*\bstock\s*>=?\s*", re.I | re.S)
+
+
+def statements(root: Path) -> list[tuple[str, str]]:
+    """(where, text) of every SQL statement in ``root/gateway`` and ``root/sql``."""
+    found: list[tuple[str, str]] = []
+    for path in sorted((root / "gateway").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                found.append((f"{path.relative_to(root)}:{node.lineno}", node.value))
+    for path in sorted((root / "sql").glob("*.sql")):
+        for i, text in enumerate(path.read_text().split(";")):
+            found.append((f"{path.relative_to(root)}#{i}", text))
+    return found
+
+
+def unguarded(root: Path) -> list[str]:
+    """Where a statement lowers stock without a stock guard."""
+    return [
+        where
+        for where, text in statements(root)
+        if TAKES_STOCK.search(text) and not GUARD.search(text)
+    ]
+
+
+def test_every_stock_decrement_in_the_tree_is_guarded() -> None:
+    """The gateway's SQL lowers stock only under ``stock >=`` / ``stock >``."""
+    takers = [w for w, text in statements(ROOT) if TAKES_STOCK.search(text)]
+    assert takers, "the scan found no statement that takes stock: it is looking in the wrong place"
+    assert unguarded(ROOT) == []
+
+
+def test_the_scan_catches_a_planted_unguarded_statement(tmp_path: Path) -> None:
+    """An UPDATE without its guard, in Python or in a migration, is reported."""
+    (tmp_path / "gateway").mkdir()
+    (tmp_path / "sql").mkdir()
+    (tmp_path / "gateway" / "bad.py").write_text(
+        'GOOD = "UPDATE inventory SET stock = stock - $2 WHERE sku = $1 AND stock >= $2"\n'
+        'BAD = "UPDATE inventory SET stock = stock - $2 WHERE sku = $1"\n'
+    )
+    (tmp_path / "sql" / "900_bad.sql").write_text(
+        "UPDATE inventory SET stock = stock - 1 WHERE sku = 'x';\n"
+        "UPDATE inventory SET stock = stock - 1 WHERE sku = 'y' AND stock > 0;\n"
+    )
+    assert unguarded(tmp_path) == ["gateway/bad.py:2", "sql/900_bad.sql#0"]
