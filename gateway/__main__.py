@@ -1,7 +1,8 @@
-"""The command line: ``flashsale-gateway [serve|migrate] [--flags]``.
+"""The command line: ``flashsale-gateway [serve|migrate|audit] [--flags]``.
 
 ``serve`` (the default) runs the gateway on uvloop without an access log;
-``migrate`` creates the database if needed and applies the migrations.
+``migrate`` creates the database if needed and applies the migrations;
+``audit`` checks the books of every sku (or ``--sku``), see gateway.audit.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import structlog
 import uvloop
 from aiohttp import web
 
-from gateway import logs, settings
+from gateway import audit, logs, settings
 from gateway.app import create_app
 from gateway.database import ensure_database, migrate
 from gateway.keys import ADMIN, SERVICE, SETTINGS
@@ -29,12 +30,15 @@ DEMO_SKU, DEMO_STOCK = "demo", 100
 def build_parser() -> argparse.ArgumentParser:
     """The CLI: one flag per setting, plus the subcommand."""
     parser = argparse.ArgumentParser(prog="flashsale-gateway", description=__doc__)
-    parser.add_argument("command", nargs="?", default="serve", choices=["serve", "migrate"])
+    parser.add_argument(
+        "command", nargs="?", default="serve", choices=["serve", "migrate", "audit"]
+    )
     parser.add_argument(
         "--demo",
         action="store_true",
         help=f"create sku {DEMO_SKU!r} with stock {DEMO_STOCK} if it does not exist",
     )
+    parser.add_argument("--sku", help="audit: only this sku (default: every sku)")
     settings.add_arguments(parser)
     return parser
 
@@ -89,6 +93,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     args = parser.parse_args(argv)
     logs.configure(config.log_level)
+    if args.command == "audit":
+        return audit.run(config, args.sku)
     if args.command == "migrate":
         asyncio.run(run_migrate(config))
         return 0

@@ -2,7 +2,8 @@
 
 ``create_app(settings)`` builds an application whose resources start in order
 (Redis, PostgreSQL with migrations, the purchase service with its scripts and
-change feed) and stop in reverse; the service's cleanup drains every batch.
+change feed) and stop in reverse. On shutdown the service drains first: new
+purchases get 503 and ``/readyz`` turns 503 at once, queued batches finish.
 """
 
 from __future__ import annotations
@@ -19,8 +20,9 @@ from gateway.catalog import Catalog
 from gateway.database import create_pool, migrate
 from gateway.events import ChangeFeed
 from gateway.inventory import Inventory, create_redis
-from gateway.keys import ADMIN, ORDERS, REDIS, SERVICE, SETTINGS, STATE, AppState
-from gateway.middlewares import errors
+from gateway.keys import ADMIN, METRICS, ORDERS, REDIS, SERVICE, SETTINGS
+from gateway.metrics import Metrics
+from gateway.middlewares import errors, measure
 from gateway.orders import Orders
 from gateway.payloads import MAX_BODY
 from gateway.service import PurchaseService
@@ -52,9 +54,9 @@ async def database_ctx(app: web.Application) -> AsyncIterator[None]:
 
 async def service_ctx(app: web.Application) -> AsyncIterator[None]:
     """The purchase service: scripts loaded, change feed subscribed; drained on stop."""
-    settings = app[SETTINGS]
+    settings, metrics = app[SETTINGS], app[METRICS]
     redis, orders = app[REDIS], app[ORDERS]
-    inventory = Inventory(redis, settings)
+    inventory = Inventory(redis, settings, on_noscript=metrics.noscript_reload)
     await inventory.load_scripts()
     catalog, soldout = Catalog(orders), SoldOut()
     service = PurchaseService(
@@ -67,17 +69,24 @@ async def service_ctx(app: web.Application) -> AsyncIterator[None]:
         batch_max=settings.batch_max,
         batch_wait_s=settings.batch_wait_ms / 1000,
         queue_max=settings.queue_max,
+        observer=metrics,
     )
+    metrics.watch_queue(lambda: service.batcher.depth)
     feed = ChangeFeed(redis, settings.channel, soldout, catalog)
     feed_task = asyncio.create_task(feed.run(), name="change-feed")
     app[SERVICE] = service
     app[ADMIN] = StockAdmin(service)
     yield
-    app[STATE].draining = True
     await service.close()
     feed_task.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await feed_task
+
+
+async def start_draining(app: web.Application) -> None:
+    """First step of shutdown: refuse new purchases, report not ready."""
+    if SERVICE in app:
+        app[SERVICE].draining = True
 
 
 def flush_locks(settings: Settings, redis: object, pool: object) -> None:
@@ -87,9 +96,12 @@ def flush_locks(settings: Settings, redis: object, pool: object) -> None:
 
 def create_app(settings: Settings) -> web.Application:
     """Build the gateway application for ``settings``."""
-    app = web.Application(middlewares=[errors], client_max_size=MAX_BODY)
+    metrics = Metrics()
+    middlewares = [measure(metrics), errors] if settings.metrics else [errors]
+    app = web.Application(middlewares=middlewares, client_max_size=MAX_BODY)
     app[SETTINGS] = settings
-    app[STATE] = AppState()
+    app[METRICS] = metrics
     app.cleanup_ctx.extend([redis_ctx, database_ctx, service_ctx])
-    app.add_routes(views.routes())
+    app.on_shutdown.append(start_draining)
+    app.add_routes(views.routes(with_metrics=settings.metrics))
     return app

@@ -2,27 +2,20 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from aiohttp import web
 from redis.asyncio import Redis
 
 from gateway.admin import StockAdmin
+from gateway.metrics import Metrics
 from gateway.orders import Orders
 from gateway.service import PurchaseService
 from gateway.settings import Settings
 
-
-@dataclass(slots=True)
-class AppState:
-    """Mutable run state of one application."""
-
-    draining: bool = False
-
-
 SETTINGS = web.AppKey("settings", Settings)
-STATE = web.AppKey("state", AppState)
+METRICS = web.AppKey("metrics", Metrics)
 REDIS = web.AppKey("redis", Redis)
 ORDERS = web.AppKey("orders", Orders)
 SERVICE = web.AppKey("service", PurchaseService)
 ADMIN = web.AppKey("admin", StockAdmin)
+# A purchase response carries its outcome to the metrics middleware.
+OUTCOME = web.ResponseKey("outcome", str)

@@ -1,13 +1,17 @@
-"""One middleware maps every error to a JSON body with a stable code."""
+"""Middlewares: errors become JSON bodies with a stable code; metrics time requests."""
 
 from __future__ import annotations
+
+import time
 
 import orjson
 import structlog
 from aiohttp import web
-from aiohttp.typedefs import Handler
+from aiohttp.typedefs import Handler, Middleware
 
 from gateway.errors import GatewayError, MethodNotAllowed, NotFound, TooLarge
+from gateway.keys import OUTCOME
+from gateway.metrics import Metrics
 
 log = structlog.get_logger(__name__)
 
@@ -53,3 +57,32 @@ async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     except Exception:
         log.exception("unhandled", path=request.path)
         return web.Response(body=_INTERNAL, status=500, content_type=JSON)
+
+
+def _outcome(resp: web.StreamResponse) -> str:
+    tagged = resp.get(OUTCOME)
+    if tagged is not None:
+        return str(tagged)
+    status = resp.status
+    if status == 503:
+        return "unavailable"
+    if status in (401, 403):
+        return "unauthorized"
+    if status >= 400:
+        return "invalid"
+    return "ok"
+
+
+def measure(metrics: Metrics) -> Middleware:
+    """A middleware recording latency by route and outcome (outermost)."""
+
+    @web.middleware
+    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        started = time.perf_counter()
+        resp = await handler(request)
+        resource = request.match_info.route.resource
+        route = resource.canonical if resource is not None else "unmatched"
+        metrics.request(route, _outcome(resp), time.perf_counter() - started)
+        return resp
+
+    return middleware

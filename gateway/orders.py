@@ -61,7 +61,14 @@ RECORD_MOVEMENT = """
 INSERT INTO stock_movements (sku, delta, reason, stock_after) VALUES ($1, $2, $3, $4)
 """
 
-DB_ERRORS = (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError)
+DB_ERRORS = (
+    asyncpg.PostgresError,
+    asyncpg.InterfaceError,
+    # Raised by the driver when a broken connection is reused mid-protocol.
+    asyncpg.InternalClientError,
+    OSError,
+    TimeoutError,
+)
 
 
 class FencedOut(Exception):

@@ -21,12 +21,13 @@ from gateway.catalog import Catalog
 from gateway.domain import DUPLICATE, IN_PROGRESS, SOLD_OUT, Outcome, Purchase, Result
 from gateway.errors import InvalidRequest, Unavailable
 from gateway.inventory import Inventory, Settlement
+from gateway.lock.errors import LockError, LockLost
 from gateway.orders import BatchDecision, FencedOut, Orders
 from gateway.soldout import SoldOut
 
 log = structlog.get_logger(__name__)
 
-_SETTLED_REPLIES = {"duplicate": DUPLICATE, "in_progress": IN_PROGRESS}
+_ANSWERS = {"sold_out": SOLD_OUT, "duplicate": DUPLICATE, "in_progress": IN_PROGRESS}
 
 # A flush fenced out or whose lock was lost is retried this many times under a
 # fresh acquisition before its purchases are answered 503 and released.
@@ -44,12 +45,14 @@ class FlushLock(Protocol):
         """Hold the lock for an ``async with`` block, waiting at most ``wait`` seconds."""
 
 
-class FlushObserver(Protocol):
-    """What the metrics want to know of flushes."""
+class ServiceObserver(Protocol):
+    """What the metrics want to know of the service (see gateway.metrics)."""
 
     def flushed(self, size: int, seconds: float) -> None: ...
     def flush_failed(self, reason: str) -> None: ...
     def fenced_out(self) -> None: ...
+    def stock_reloaded(self) -> None: ...
+    def shed_one(self) -> None: ...
 
 
 class PurchaseService:
@@ -67,7 +70,7 @@ class PurchaseService:
         batch_max: int,
         batch_wait_s: float,
         queue_max: int,
-        observer: FlushObserver | None = None,
+        observer: ServiceObserver | None = None,
     ) -> None:
         self.inventory = inventory
         self.orders = orders
@@ -77,6 +80,8 @@ class PurchaseService:
         self.lock_wait = lock_wait_s
         self._observer = observer
         self._reloads: dict[str, asyncio.Future[None]] = {}
+        # Set when shutdown begins: new purchases get 503, queued ones finish.
+        self.draining = False
         self.batcher = Batcher(
             self.flush, batch_max=batch_max, batch_wait_s=batch_wait_s, queue_max=queue_max
         )
@@ -90,8 +95,7 @@ class PurchaseService:
         if confirmed is not None:
             order = confirmed.get(purchase.request_id)
             return SOLD_OUT if order is None else Result(Outcome.CONFIRMED, order)
-        if self.batcher.full:
-            raise Unavailable("gateway busy or shutting down")
+        self._admit()
         generation = self.soldout.generation(purchase.sku)
         reply = await self.inventory.reserve(purchase, _now_ms())
         if reply.kind == "missing":
@@ -99,17 +103,24 @@ class PurchaseService:
             reply = await self.inventory.reserve(purchase, _now_ms())
         if reply.kind == "ok":
             return await self.batcher.submit(purchase)
+        if reply.kind == "sold_out" and reply.settled:
+            orders = await self.inventory.confirmed(purchase.sku)
+            self.soldout.mark(purchase.sku, generation, orders)
         if reply.kind == "confirmed":
             return Result(Outcome.CONFIRMED, reply.order)
-        if reply.kind == "sold_out":
-            if reply.settled:
-                orders = await self.inventory.confirmed(purchase.sku)
-                self.soldout.mark(purchase.sku, generation, orders)
-            return SOLD_OUT
-        result = _SETTLED_REPLIES.get(reply.kind)
+        result = _ANSWERS.get(reply.kind)
         if result is None:
             raise Unavailable("stock not loaded")
         return result
+
+    def _admit(self) -> None:
+        """Refuse a purchase before reserving when draining or the queue is full."""
+        if self.draining:
+            raise Unavailable("shutting down")
+        if self.batcher.full:
+            if self._observer is not None:
+                self._observer.shed_one()
+            raise Unavailable("gateway busy")
 
     async def flush(self, sku: str, batch: Sequence[Purchase]) -> list[Result | BaseException]:
         """Commit a batch and settle its reservations; one result per purchase."""
@@ -185,6 +196,8 @@ class PurchaseService:
         if stock is None:
             raise Unavailable("sku vanished")
         await self.inventory.load_stock(sku, stock, reset=False)
+        if self._observer is not None:
+            self._observer.stock_reloaded()
         log.warning("stock_reloaded", sku=sku, stock=stock)
 
     def _note(self, reason: str) -> None:
@@ -197,15 +210,15 @@ class PurchaseService:
 
     async def close(self) -> None:
         """Stop taking purchases and drain every queued batch."""
+        self.draining = True
         await self.batcher.close()
 
 
 def _reason(exc: BaseException) -> str:
     """A short label of why a flush failed, for logs and metrics."""
-    name = type(exc).__name__
-    if name == "LockLost":
+    if isinstance(exc, LockLost):
         return "lock_lost"
-    if name in ("LockTimeout", "LockError", "LockNotOwned"):
+    if isinstance(exc, LockError):
         return "lock_unavailable"
     if isinstance(exc, Unavailable):
         return "redis" if str(exc).startswith("redis") else "postgres"

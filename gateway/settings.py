@@ -41,6 +41,7 @@ class Settings:
     drain_s: float = 10.0
     reconcile_interval_s: float = 5.0
     log_level: str = "info"
+    metrics: bool = True
 
     @property
     def channel(self) -> str:
@@ -86,6 +87,15 @@ def _url(*schemes: str) -> Callable[[str], str]:
     return parse
 
 
+def _bool(raw: str) -> bool:
+    lowered = raw.lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise ValueError("must be true or false")
+
+
 def _text(raw: str) -> str:
     if not raw or any(c.isspace() for c in raw):
         raise ValueError("must be non-empty without spaces")
@@ -110,6 +120,7 @@ _PARSERS: Mapping[str, Callable[[str], Any]] = {
     "drain_s": _float(0.0),
     "reconcile_interval_s": _float(0.05),
     "log_level": _choice("debug", "info", "warning", "error"),
+    "metrics": _bool,
 }
 
 

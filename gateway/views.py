@@ -6,13 +6,15 @@ import hmac
 from typing import Any
 
 import orjson
+import structlog
 from aiohttp import web
 
 from gateway import payloads
 from gateway.admin import StockAdmin
 from gateway.domain import Outcome, Result
 from gateway.errors import Forbidden, NotFound, TooLarge, Unauthorized
-from gateway.keys import ADMIN, ORDERS, SERVICE, SETTINGS, STATE
+from gateway.keys import ADMIN, METRICS, ORDERS, OUTCOME, SERVICE, SETTINGS
+from gateway.metrics import CONTENT_TYPE
 
 JSON = "application/json"
 _SOLD_OUT = orjson.dumps({"status": "sold_out"})
@@ -35,22 +37,26 @@ async def read_body(request: web.Request) -> bytes:
 
 
 def purchase_response(result: Result) -> web.Response:
-    """The HTTP answer of a purchase outcome."""
+    """The HTTP answer of a purchase outcome, tagged with it for the metrics."""
     if result.outcome is Outcome.CONFIRMED and result.order is not None:
-        return json_response({"status": "confirmed", **result.order.as_json()}, status=201)
-    if result.outcome is Outcome.SOLD_OUT:
-        return web.Response(body=_SOLD_OUT, status=409, content_type=JSON)
-    if result.outcome is Outcome.DUPLICATE:
-        return web.Response(body=_DUPLICATE, status=409, content_type=JSON)
-    return web.Response(
-        body=_IN_PROGRESS, status=409, content_type=JSON, headers={"Retry-After": "1"}
-    )
+        resp = json_response({"status": "confirmed", **result.order.as_json()}, status=201)
+    elif result.outcome is Outcome.SOLD_OUT:
+        resp = web.Response(body=_SOLD_OUT, status=409, content_type=JSON)
+    elif result.outcome is Outcome.DUPLICATE:
+        resp = web.Response(body=_DUPLICATE, status=409, content_type=JSON)
+    else:
+        resp = web.Response(
+            body=_IN_PROGRESS, status=409, content_type=JSON, headers={"Retry-After": "1"}
+        )
+    resp[OUTCOME] = result.outcome.value
+    return resp
 
 
 async def purchase(request: web.Request) -> web.Response:
     """POST /v1/purchase."""
     body = await read_body(request)
     p = payloads.purchase(body, request.headers.get("Idempotency-Key"))
+    structlog.contextvars.bind_contextvars(request_id=p.request_id, sku=p.sku)
     return purchase_response(await request.app[SERVICE].purchase(p))
 
 
@@ -125,15 +131,20 @@ async def healthz(request: web.Request) -> web.Response:
 async def readyz(request: web.Request) -> web.Response:
     """GET /readyz: 200 while Redis and PostgreSQL answer and we are not draining."""
     service = request.app[SERVICE]
-    state = request.app[STATE]
     redis_ok = await service.inventory.ping()
     db_ok = await service.orders.ping()
-    ready = redis_ok and db_ok and not state.draining
-    body = {"ready": ready, "redis": redis_ok, "postgres": db_ok, "draining": state.draining}
+    ready = redis_ok and db_ok and not service.draining
+    body = {"ready": ready, "redis": redis_ok, "postgres": db_ok, "draining": service.draining}
     return json_response(body, status=200 if ready else 503)
 
 
-def routes() -> list[web.RouteDef]:
+async def metrics(request: web.Request) -> web.Response:
+    """GET /metrics: Prometheus text exposition."""
+    body = request.app[METRICS].render()
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
+
+
+def routes(with_metrics: bool) -> list[web.RouteDef]:
     """Every route of the API."""
     return [
         web.post("/v1/purchase", purchase),
@@ -144,4 +155,5 @@ def routes() -> list[web.RouteDef]:
         web.get("/admin/skus/{sku}", sku_report),
         web.get("/healthz", healthz),
         web.get("/readyz", readyz),
+        *([web.get("/metrics", metrics)] if with_metrics else []),
     ]

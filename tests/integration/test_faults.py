@@ -60,7 +60,8 @@ class TestScriptsAndKeys:
                 await redis.delete(*keys)
 
         first, _ = await asyncio.gather(sale(client, sku, range(300), "w1"), vandal())
-        assert not [s for s in first if isinstance(s, int) and s >= 500], first
+        # A key lost again between the reload and the retry is a 503, never a 500.
+        assert not [s for s in first if isinstance(s, int) and s >= 500 and s != 503], first
         stock, orders, users = await db_state(database_url, sku)
         assert orders == users == first["confirmed"] <= 100
         assert stock == 100 - orders

@@ -1,0 +1,176 @@
+"""Prometheus metrics: the three health signals of a flash sale and the rest.
+
+The three signals are lock wait time, locks lost before release, and the
+deduction failure rate (purchase outcomes and flush failures by reason).
+Each application gets its own registry, so several apps can share a process
+(tests do). Label children used on the hot path are bound once, up front.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+OUTCOMES = ("confirmed", "sold_out", "duplicate", "in_progress", "invalid", "unavailable")
+LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+class Metrics:
+    """Every metric of one gateway; implements the service and lock observers."""
+
+    def __init__(self) -> None:
+        self.registry = r = CollectorRegistry(auto_describe=True)
+        self.purchases = Counter(
+            "flashsale_purchases", "Purchase requests by outcome.", ["outcome"], registry=r
+        )
+        self._outcome = {o: self.purchases.labels(o) for o in OUTCOMES}
+        self.flush_failures = Counter(
+            "flashsale_flush_failures", "Flushes that failed, by reason.", ["reason"], registry=r
+        )
+        self.request_duration = Histogram(
+            "flashsale_request_duration_seconds",
+            "Request latency by route and outcome.",
+            ["route", "outcome"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self._latency: dict[tuple[str, str], Histogram] = {}
+        self.batch_size = Histogram(
+            "flashsale_batch_size", "Purchases per flush.", buckets=BATCH_BUCKETS, registry=r
+        )
+        self.flush_duration = Histogram(
+            "flashsale_flush_duration_seconds",
+            "Time to commit and settle one batch.",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.lock_wait = Histogram(
+            "flashsale_lock_wait_seconds",
+            "Wait to acquire a flush lock.",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.lock_acquisitions = Counter(
+            "flashsale_lock_acquisitions",
+            "Lock acquisitions, by whether they had to wait.",
+            ["contended"],
+            registry=r,
+        )
+        self.lock_timeouts = Counter(
+            "flashsale_lock_timeouts", "Lock acquisitions that gave up waiting.", registry=r
+        )
+        self.lock_renewals = Counter(
+            "flashsale_lock_renewals", "Lease renewals by the watchdog.", registry=r
+        )
+        self.lock_renewal_failures = Counter(
+            "flashsale_lock_renewal_failures", "Renewal attempts that failed.", registry=r
+        )
+        self.locks_lost = Counter(
+            "flashsale_locks_lost", "Locks whose lease ran out while held.", registry=r
+        )
+        self.fenced = Counter(
+            "flashsale_fenced_out", "Flushes rejected for a stale fencing token.", registry=r
+        )
+        self.pending = Gauge(
+            "flashsale_reservations_pending",
+            "Units reserved in Redis, not yet settled.",
+            ["sku"],
+            registry=r,
+        )
+        self.drift = Gauge(
+            "flashsale_stock_drift",
+            "Database stock minus Redis stock and pending units.",
+            ["sku"],
+            registry=r,
+        )
+        self.reloads = Counter(
+            "flashsale_stock_reloads", "Stock keys reloaded from the database.", registry=r
+        )
+        self.noscript = Counter(
+            "flashsale_noscript_reloads", "Scripts reloaded after NOSCRIPT.", ["script"], registry=r
+        )
+        self.queue_depth = Gauge(
+            "flashsale_queue_depth", "Purchases queued for or in a flush.", registry=r
+        )
+        self.shed = Counter(
+            "flashsale_shed", "Purchases refused with 503 because the queue was full.", registry=r
+        )
+
+    def render(self) -> bytes:
+        """The exposition text of every metric."""
+        return generate_latest(self.registry)
+
+    def watch_queue(self, depth: Callable[[], int]) -> None:
+        """Read the queue depth at scrape time."""
+        self.queue_depth.set_function(lambda: float(depth()))
+
+    # Requests.
+    def request(self, route: str, outcome: str, seconds: float) -> None:
+        """One request answered; purchases also count by outcome."""
+        child = self._latency.get((route, outcome))
+        if child is None:
+            child = self._latency[(route, outcome)] = self.request_duration.labels(route, outcome)
+        child.observe(seconds)
+        if route == "/v1/purchase":
+            counter = self._outcome.get(outcome)
+            if counter is not None:
+                counter.inc()
+
+    # The service's observer.
+    def flushed(self, size: int, seconds: float) -> None:
+        """A batch committed and settled."""
+        self.batch_size.observe(size)
+        self.flush_duration.observe(seconds)
+
+    def flush_failed(self, reason: str) -> None:
+        """A batch failed and was given back."""
+        self.flush_failures.labels(reason).inc()
+
+    def stock_reloaded(self) -> None:
+        """A missing stock key was loaded from the database."""
+        self.reloads.inc()
+
+    def shed_one(self) -> None:
+        """A purchase was refused because the queue was full."""
+        self.shed.inc()
+
+    def noscript_reload(self, script: str) -> None:
+        """Redis had forgotten a script."""
+        self.noscript.labels(script).inc()
+
+    def sku_state(self, sku: str, pending: int, drift: int) -> None:
+        """What the reconciler found for a sku."""
+        self.pending.labels(sku).set(pending)
+        self.drift.labels(sku).set(drift)
+
+    # The lock's observer (gateway.lock.LockMetrics).
+    def acquired(self, wait_s: float, contended: bool) -> None:
+        """A first acquisition after ``wait_s`` seconds."""
+        self.lock_wait.observe(wait_s)
+        self.lock_acquisitions.labels("true" if contended else "false").inc()
+
+    def released(self, held_s: float) -> None:
+        """A normal release (held time is not exported)."""
+
+    def timed_out(self) -> None:
+        """An acquisition gave up."""
+        self.lock_timeouts.inc()
+
+    def renewed(self) -> None:
+        """The watchdog renewed a lease."""
+        self.lock_renewals.inc()
+
+    def renewal_failed(self) -> None:
+        """One renewal attempt failed."""
+        self.lock_renewal_failures.inc()
+
+    def lost(self) -> None:
+        """A lock was lost while held."""
+        self.locks_lost.inc()
+
+    def fenced_out(self) -> None:
+        """A flush was fenced out."""
+        self.fenced.inc()
