@@ -10,22 +10,25 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 from aiohttp import web
+from redis.asyncio import Redis
 
 from gateway import views
 from gateway.admin import StockAdmin
 from gateway.catalog import Catalog
-from gateway.database import create_pool, migrate
+from gateway.database import Pool, create_pool, migrate
 from gateway.events import ChangeFeed
 from gateway.inventory import Inventory, create_redis
-from gateway.keys import ADMIN, METRICS, ORDERS, REDIS, SERVICE, SETTINGS
+from gateway.keys import ADMIN, METRICS, ORDERS, RECONCILER, REDIS, SERVICE, SETTINGS
+from gateway.lock import LockSubscriber, PgAdvisoryLock, RedisLock, load_lock_scripts
 from gateway.metrics import Metrics
 from gateway.middlewares import errors, measure
 from gateway.orders import Orders
 from gateway.payloads import MAX_BODY
-from gateway.service import PurchaseService
+from gateway.reconciler import Reconciler
+from gateway.service import FlushLock, PurchaseService
 from gateway.settings import Settings
 from gateway.soldout import SoldOut
 
@@ -58,13 +61,15 @@ async def service_ctx(app: web.Application) -> AsyncIterator[None]:
     redis, orders = app[REDIS], app[ORDERS]
     inventory = Inventory(redis, settings, on_noscript=metrics.noscript_reload)
     await inventory.load_scripts()
+    await load_lock_scripts(redis)
+    subscriber = LockSubscriber(redis, client_name=f"{settings.key_prefix}-lock-sub")
     catalog, soldout = Catalog(orders), SoldOut()
     service = PurchaseService(
         inventory=inventory,
         orders=orders,
         catalog=catalog,
         soldout=soldout,
-        lock_for=flush_locks(settings, redis, orders.pool),
+        lock_for=flush_locks(settings, redis, orders.pool, subscriber, metrics),
         lock_wait_s=settings.lock_lease_s,
         batch_max=settings.batch_max,
         batch_wait_s=settings.batch_wait_ms / 1000,
@@ -72,15 +77,27 @@ async def service_ctx(app: web.Application) -> AsyncIterator[None]:
         observer=metrics,
     )
     metrics.watch_queue(lambda: service.batcher.depth)
+    reconciler = Reconciler(
+        service,
+        timeout_s=settings.reservation_timeout_s,
+        interval_s=settings.reconcile_interval_s,
+        publish=metrics.sku_state,
+    )
     feed = ChangeFeed(redis, settings.channel, soldout, catalog)
-    feed_task = asyncio.create_task(feed.run(), name="change-feed")
+    tasks = [
+        asyncio.create_task(feed.run(), name="change-feed"),
+        asyncio.create_task(reconciler.run(), name="reconciler"),
+    ]
     app[SERVICE] = service
     app[ADMIN] = StockAdmin(service)
+    app[RECONCILER] = reconciler
     yield
     await service.close()
-    feed_task.cancel()
+    await subscriber.aclose()
+    for task in tasks:
+        task.cancel()
     with contextlib.suppress(asyncio.CancelledError):
-        await feed_task
+        await asyncio.gather(*tasks)
 
 
 async def start_draining(app: web.Application) -> None:
@@ -89,9 +106,32 @@ async def start_draining(app: web.Application) -> None:
         app[SERVICE].draining = True
 
 
-def flush_locks(settings: Settings, redis: object, pool: object) -> None:
-    """Placeholder until gateway.lock lands."""
-    return None
+def flush_locks(
+    settings: Settings, redis: Redis, pool: Pool, subscriber: LockSubscriber, metrics: Metrics
+) -> Callable[[str], FlushLock] | None:
+    """One flush lock object per sku (``GATEWAY_FLUSH_LOCK``), or None for no lock."""
+    if settings.flush_lock == "none":
+        return None
+    locks: dict[str, FlushLock] = {}
+
+    def lock_for(sku: str) -> FlushLock:
+        lock = locks.get(sku)
+        if lock is None:
+            name = f"{settings.key_prefix}:{{{sku}}}:lock"
+            if settings.flush_lock == "redis":
+                lock = RedisLock(
+                    redis,
+                    name,
+                    lease=settings.lock_lease_s,
+                    metrics=metrics,
+                    subscriber=subscriber,
+                )
+            else:
+                lock = PgAdvisoryLock(pool, name, lease=settings.lock_lease_s, metrics=metrics)
+            locks[sku] = lock
+        return lock
+
+    return lock_for
 
 
 def create_app(settings: Settings) -> web.Application:

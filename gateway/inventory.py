@@ -78,6 +78,14 @@ _SOLD_OUT = Reply("sold_out")
 _SOLD_OUT_SETTLED = Reply("sold_out", settled=True)
 
 
+def _ledger(raw: dict[str, str]) -> list[Pending]:
+    entries = []
+    for rid, value in raw.items():
+        user, qty, at = value.split("|")
+        entries.append(Pending(rid, user, int(qty), int(at)))
+    return entries
+
+
 def create_redis(settings: Settings) -> Redis:
     """A client whose pool blocks (up to 5 s) rather than fail when exhausted."""
     pool = BlockingConnectionPool.from_url(
@@ -167,11 +175,16 @@ class Inventory:
     async def pending(self, sku: str) -> list[Pending]:
         """The ledger of a sku: reservations not yet settled."""
         raw: dict[str, str] = await self._guard(self.redis.hgetall(self.keys(sku).pending))
-        entries = []
-        for rid, value in raw.items():
-            user, qty, at = value.split("|")
-            entries.append(Pending(rid, user, int(qty), int(at)))
-        return entries
+        return _ledger(raw)
+
+    async def snapshot(self, sku: str) -> tuple[int | None, list[Pending]]:
+        """Stock and ledger read in one MULTI, so no reservation falls between them."""
+        keys = self.keys(sku)
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.get(keys.stock)
+        pipe.hgetall(keys.pending)
+        stock, ledger = await self._guard(pipe.execute())
+        return (None if stock is None else int(stock)), _ledger(ledger)
 
     async def confirmed(self, sku: str) -> dict[str, Order]:
         """Orders Redis knows as confirmed, by request id."""

@@ -8,6 +8,7 @@ from redis.asyncio import Redis
 from gateway.admin import StockAdmin
 from gateway.metrics import Metrics
 from gateway.orders import Orders
+from gateway.reconciler import Reconciler
 from gateway.service import PurchaseService
 from gateway.settings import Settings
 
@@ -17,5 +18,6 @@ REDIS = web.AppKey("redis", Redis)
 ORDERS = web.AppKey("orders", Orders)
 SERVICE = web.AppKey("service", PurchaseService)
 ADMIN = web.AppKey("admin", StockAdmin)
+RECONCILER = web.AppKey("reconciler", Reconciler)
 # A purchase response carries its outcome to the metrics middleware.
 OUTCOME = web.ResponseKey("outcome", str)

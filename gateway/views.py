@@ -13,7 +13,7 @@ from gateway import payloads
 from gateway.admin import StockAdmin
 from gateway.domain import Outcome, Result
 from gateway.errors import Forbidden, NotFound, TooLarge, Unauthorized
-from gateway.keys import ADMIN, METRICS, ORDERS, OUTCOME, SERVICE, SETTINGS
+from gateway.keys import ADMIN, METRICS, ORDERS, OUTCOME, RECONCILER, SERVICE, SETTINGS
 from gateway.metrics import CONTENT_TYPE
 
 JSON = "application/json"
@@ -123,6 +123,13 @@ async def sku_report(request: web.Request) -> web.Response:
     )
 
 
+async def reconcile(request: web.Request) -> web.Response:
+    """POST /admin/reconcile: run a reconciliation pass now; what it did per sku."""
+    _admin(request)
+    done = await request.app[RECONCILER].reconcile_all()
+    return json_response({sku: r.as_json() for sku, r in done.items()})
+
+
 async def healthz(request: web.Request) -> web.Response:
     """GET /healthz: the process answers."""
     return json_response({"status": "ok"})
@@ -153,6 +160,7 @@ def routes(with_metrics: bool) -> list[web.RouteDef]:
         web.put("/admin/skus/{sku}", put_sku),
         web.post("/admin/skus/{sku}/restock", restock),
         web.get("/admin/skus/{sku}", sku_report),
+        web.post("/admin/reconcile", reconcile),
         web.get("/healthz", healthz),
         web.get("/readyz", readyz),
         *([web.get("/metrics", metrics)] if with_metrics else []),

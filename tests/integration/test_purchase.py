@@ -23,7 +23,8 @@ async def buy(
 ) -> tuple[int, dict[str, Any]]:
     body: dict[str, Any] = {"sku": sku, "user_id": user, "qty": qty}
     if rid is not None:
-        body["request_id"] = rid
+        # Request ids are unique across skus; the sku keeps tests apart.
+        body["request_id"] = f"{sku}.{rid}"
     resp = await client.post("/v1/purchase", json=body)
     return resp.status, await resp.json()
 
@@ -104,10 +105,10 @@ class TestIdempotency:
         client = await start_gateway()
         await put_sku(client, sku, 5)
         body = {"sku": sku, "user_id": "dave"}
-        headers = {"Idempotency-Key": "key-1"}
+        headers = {"Idempotency-Key": f"{sku}.key-1"}
         first = await (await client.post("/v1/purchase", json=body, headers=headers)).json()
         second = await (await client.post("/v1/purchase", json=body, headers=headers)).json()
-        assert first["request_id"] == "key-1"
+        assert first["request_id"] == f"{sku}.key-1"
         assert second == first
 
     async def test_same_user_with_a_new_request_id_is_a_duplicate(
@@ -124,7 +125,7 @@ class TestIdempotency:
         client = await start_gateway()
         await put_sku(client, sku, 5)
         _, order = await buy(client, sku, "finn", "f1")
-        resp = await client.get("/v1/orders/f1")
+        resp = await client.get(f"/v1/orders/{sku}.f1")
         assert resp.status == 200
         assert await resp.json() == {k: v for k, v in order.items() if k != "status"}
         resp = await client.get("/v1/orders/nope")
