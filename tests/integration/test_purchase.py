@@ -7,6 +7,7 @@ import collections
 from typing import Any
 
 import asyncpg
+import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient
 from redis.asyncio import Redis
@@ -52,12 +53,20 @@ async def redis_state(redis: Redis, prefix: str, sku: str) -> tuple[int | None, 
 class TestSale:
     """A storm of purchases sells exactly the stock, to distinct users."""
 
+    @pytest.mark.parametrize("flush_lock", ["redis", "postgres", "none"])
     async def test_two_thousand_purchases_by_a_thousand_users_sell_exactly_one_hundred(
-        self, start_gateway: Any, sku: str, database_url: str, redis: Redis, key_prefix: str
+        self,
+        start_gateway: Any,
+        sku: str,
+        database_url: str,
+        redis: Redis,
+        key_prefix: str,
+        flush_lock: str,
     ) -> None:
         """Each of 1,000 users buys twice at once: 100 confirmed, the rest sold_out
-        or duplicate, database and Redis both at zero, the ledger empty."""
-        client = await start_gateway()
+        or duplicate, database and Redis both at zero, the ledger empty; with each
+        flush lock backend and with none."""
+        client = await start_gateway(flush_lock=flush_lock)
         await put_sku(client, sku, 100)
         calls = [buy(client, sku, f"user{i}", f"r{i}-{n}") for n in range(2) for i in range(1000)]
         results = await asyncio.gather(*calls)
@@ -157,3 +166,44 @@ class TestPerUserLimit:
         await put_sku(client, sku, 2, limit=3)
         assert (await buy(client, sku, "hank", qty=3))[1] == {"status": "sold_out"}
         assert (await buy(client, sku, "ivan", qty=2))[0] == 201
+
+
+class TestFencing:
+    """A flush fenced out is retried under a fresh acquisition: applied once, not lost."""
+
+    async def test_fenced_out_flush_is_retried_with_a_new_token(
+        self, start_gateway: Any, sku: str, database_url: str, redis: Redis, key_prefix: str
+    ) -> None:
+        """The row carries a token one ahead of the next one the lock hands out: the
+        first attempt is rejected by PostgreSQL, the retry's newer token passes."""
+        client = await start_gateway(flush_lock="redis")
+        await put_sku(client, sku, 5)
+        assert (await buy(client, sku, "warmup"))[0] == 201
+        issued = int(await redis.get(f"{key_prefix}:{{{sku}}}:lock:fence"))
+        con = await asyncpg.connect(database_url)
+        try:
+            await con.execute("UPDATE inventory SET fence = $2 WHERE sku = $1", sku, issued + 2)
+        finally:
+            await con.close()
+        status, body = await buy(client, sku, "fenced", "f1")
+        assert (status, body["status"]) == (201, "confirmed")
+        assert await db_state(database_url, sku) == (3, 2, 2)
+        metrics = await (await client.get("/metrics")).text()
+        assert "flashsale_fenced_out_total 1.0" in metrics
+
+    async def test_a_stale_token_never_writes(
+        self, start_gateway: Any, sku: str, database_url: str, redis: Redis, key_prefix: str
+    ) -> None:
+        """When every retry is still behind the row's token the purchase gets 503 and
+        its reservation is given back: nothing applied, nothing lost."""
+        client = await start_gateway(flush_lock="redis")
+        await put_sku(client, sku, 5)
+        con = await asyncpg.connect(database_url)
+        try:
+            await con.execute("UPDATE inventory SET fence = 1000000 WHERE sku = $1", sku)
+        finally:
+            await con.close()
+        status, body = await buy(client, sku, "stale", "s1")
+        assert (status, body["error"]) == (503, "unavailable")
+        assert await db_state(database_url, sku) == (5, 0, 0)
+        assert await redis_state(redis, key_prefix, sku) == (5, 0)
