@@ -49,10 +49,13 @@ SELECT order_id::text, request_id, sku, user_id, qty FROM orders
 WHERE request_id = ANY($1::text[])
 """
 UNITS_SOLD = "SELECT COALESCE(SUM(qty), 0) FROM orders WHERE sku = $1"
-PUT_SKU = """
-INSERT INTO inventory (sku, stock, per_user_limit) VALUES ($1, $2, $3)
-ON CONFLICT (sku) DO UPDATE SET stock = EXCLUDED.stock,
-    per_user_limit = EXCLUDED.per_user_limit, updated_at = now()
+# A new sku starts empty, so two concurrent creations both see the row (and
+# wait for its lock) and each records only its own difference.
+CREATE_SKU = """
+INSERT INTO inventory (sku, stock, per_user_limit) VALUES ($1, 0, $2) ON CONFLICT (sku) DO NOTHING
+"""
+SET_SKU = """
+UPDATE inventory SET stock = $2, per_user_limit = $3, updated_at = now() WHERE sku = $1
 """
 RESTOCK = """
 UPDATE inventory SET stock = stock + $2, updated_at = now() WHERE sku = $1 RETURNING stock
@@ -222,10 +225,11 @@ class Orders:
         """Create a sku or reset its stock, recording the movement; returns the stock."""
         try:
             async with self.pool.acquire() as con, con.transaction():
+                await con.execute(CREATE_SKU, sku, per_user_limit)
                 old = await con.fetchrow(LOCK_INVENTORY_ROW, sku)
-                await con.execute(PUT_SKU, sku, stock, per_user_limit)
-                delta = stock - (old["stock"] if old is not None else 0)
-                await con.execute(RECORD_MOVEMENT, sku, delta, "set", stock)
+                assert old is not None  # created above; skus are never deleted
+                await con.execute(SET_SKU, sku, stock, per_user_limit)
+                await con.execute(RECORD_MOVEMENT, sku, stock - old["stock"], "set", stock)
                 return stock
         except DB_ERRORS as exc:
             raise Unavailable(f"postgres: {type(exc).__name__}") from exc

@@ -1,0 +1,331 @@
+"""The stock audit on real Redis and PostgreSQL: a healthy sale passes, planted
+corruption fails with the right verdict and exit code, in-process and as the
+``flashsale-gateway audit`` command."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import uuid
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import pytest
+from redis.asyncio import Redis
+
+from gateway.audit import SkuAudit, Verdict, audit, render
+from gateway.database import migrate
+from gateway.errors import UnknownSku
+from gateway.inventory import SkuKeys
+from gateway.settings import Settings
+from tests.conftest import ADMIN_HEADERS, PG_ADMIN_URL, _pg_url, put_sku
+from tests.integration.test_purchase import buy
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+async def run_cli(settings: Settings, *args: str) -> tuple[int, str, str]:
+    """Run ``python -m gateway audit ARGS`` on the stores of ``settings``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")}
+    env |= {
+        "GATEWAY_DATABASE_URL": settings.database_url,
+        "GATEWAY_REDIS_URL": settings.redis_url,
+        "GATEWAY_KEY_PREFIX": settings.key_prefix,
+    }
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "gateway",
+        "audit",
+        *args,
+        env=env,
+        cwd=ROOT,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), timeout=60)
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
+async def sql(database_url: str, statement: str, *args: object) -> None:
+    """Run one statement on its own connection, as an operator would by hand."""
+    con = await asyncpg.connect(database_url)
+    try:
+        await con.execute(statement, *args)
+    finally:
+        await con.close()
+
+
+@pytest.fixture
+async def tampered(database_url: str, sku: str) -> AsyncIterator[str]:
+    """The test's sku, removed from the session database afterwards, so planted
+    corruption never reaches another test's audit of every sku."""
+    yield sku
+    con = await asyncpg.connect(database_url)
+    try:
+        async with con.transaction():
+            for table in ("orders", "stock_movements", "inventory"):
+                await con.execute(f"DELETE FROM {table} WHERE sku = $1", sku)
+    finally:
+        await con.close()
+
+
+async def healthy_sale(client: Any, sku: str) -> None:
+    """Set 5, sell 3, restock 2, reset to 3, sell 1: 2 left, 4 sold, 6 provided."""
+    await put_sku(client, sku, 5)
+    for user in ("a", "b", "c"):
+        assert (await buy(client, sku, user))[0] == 201
+    resp = await client.post(f"/admin/skus/{sku}/restock", json={"delta": 2}, headers=ADMIN_HEADERS)
+    assert resp.status == 200, await resp.text()
+    await put_sku(client, sku, 3)
+    assert (await buy(client, sku, "d"))[0] == 201
+
+
+class TestHealthySale:
+    """Books kept by the gateway itself balance, whatever the admin did."""
+
+    async def test_sale_with_restock_and_reset_is_ok(
+        self, start_gateway: Any, make_settings: Callable[..., Settings], sku: str
+    ) -> None:
+        """After purchases, a restock and a reset the row balances: provided is
+        the sum of movements (5 + 2 + (3 - 4)), db stock = provided - sold, Redis
+        agrees, and the command exits 0 printing the row as ok."""
+        client = await start_gateway()
+        await healthy_sale(client, sku)
+        settings = make_settings()
+
+        assert await audit(settings, sku) == [
+            SkuAudit(
+                sku=sku,
+                provided=6,
+                db_stock=2,
+                orders=4,
+                sold=4,
+                users=4,
+                duplicate_users=0,
+                redis_stock=2,
+                pending=0,
+            )
+        ]
+        code, out, err = await run_cli(settings, "--sku", sku)
+        assert (code, err) == (0, "")
+        header, row = out.splitlines()
+        assert header.split() == [
+            "sku",
+            "provided",
+            "db_stock",
+            "orders",
+            "sold",
+            "users",
+            "redis_stock",
+            "pending",
+            "drift",
+            "verdict",
+        ]
+        assert row.split() == [sku, "6", "2", "4", "4", "4", "2", "0", "0", "ok"]
+
+    async def test_every_sku_is_audited_without_sku(
+        self, start_gateway: Any, make_settings: Callable[..., Settings], sku: str
+    ) -> None:
+        """Without a sku every inventory row is audited, in sku order."""
+        client = await start_gateway()
+        await put_sku(client, f"{sku}-2", 1)
+        await put_sku(client, f"{sku}-1", 1)
+        rows = await audit(make_settings())
+        skus = [row.sku for row in rows]
+        assert skus == sorted(skus)
+        assert {f"{sku}-1", f"{sku}-2"} <= set(skus)
+
+    async def test_missing_redis_stock_is_no_drift(
+        self,
+        start_gateway: Any,
+        make_settings: Callable[..., Settings],
+        sku: str,
+        redis: Redis,
+        key_prefix: str,
+    ) -> None:
+        """With the stock key gone (it reloads on demand) Redis stock and drift
+        show '-' and the row stays ok."""
+        client = await start_gateway()
+        await put_sku(client, sku, 3)
+        await redis.delete(SkuKeys.of(key_prefix, sku).stock)
+        [row] = await audit(make_settings(), sku)
+        assert (row.redis_stock, row.drift, row.verdict) == (None, None, Verdict.OK)
+        assert render([row]).splitlines()[1].split()[6:] == ["-", "0", "-", "ok"]
+
+
+class TestCorruptedBooks:
+    """Orders or stock changed behind the gateway's back fail the audit."""
+
+    async def test_orders_planted_by_hand_are_an_oversell(
+        self,
+        start_gateway: Any,
+        make_settings: Callable[..., Settings],
+        tampered: str,
+        database_url: str,
+    ) -> None:
+        """Four orders inserted by hand on a sku of 3 with 2 sold: 6 sold of 3
+        provided is OVERSOLD and UNBALANCED, and the command exits 1."""
+        sku = tampered
+        client = await start_gateway()
+        await put_sku(client, sku, 3)
+        for user in ("a", "b"):
+            assert (await buy(client, sku, user))[0] == 201
+        for n in range(4):
+            await sql(
+                database_url,
+                "INSERT INTO orders (request_id, sku, user_id, qty) VALUES ($1, $2, $3, 1)",
+                f"planted-{uuid.uuid4().hex}",
+                sku,
+                f"ghost{n}",
+            )
+        settings = make_settings()
+
+        [row] = await audit(settings, sku)
+        assert (row.provided, row.sold, row.db_stock, row.drift) == (3, 6, 1, 0)
+        assert row.findings == (Verdict.OVERSOLD, Verdict.UNBALANCED)
+        assert row.failed
+        code, out, _ = await run_cli(settings, "--sku", sku)
+        assert code == 1
+        assert out.splitlines()[1].split()[-1] == "OVERSOLD,UNBALANCED"
+
+    async def test_stock_raised_by_hand_is_unbalanced(
+        self,
+        start_gateway: Any,
+        make_settings: Callable[..., Settings],
+        tampered: str,
+        database_url: str,
+    ) -> None:
+        """Stock raised with a bare UPDATE (no movement) is UNBALANCED, and
+        DRIFT since Redis never heard of it; not an oversell. Exit 1."""
+        sku = tampered
+        client = await start_gateway()
+        await put_sku(client, sku, 3)
+        assert (await buy(client, sku, "a"))[0] == 201
+        await sql(database_url, "UPDATE inventory SET stock = stock + 5 WHERE sku = $1", sku)
+        settings = make_settings()
+
+        [row] = await audit(settings, sku)
+        assert (row.provided, row.sold, row.db_stock, row.drift) == (3, 1, 7, 5)
+        assert row.findings == (Verdict.UNBALANCED, Verdict.DRIFT)
+        assert (await run_cli(settings, "--sku", sku))[0] == 1
+
+    async def test_negative_redis_stock_fails(
+        self,
+        start_gateway: Any,
+        make_settings: Callable[..., Settings],
+        sku: str,
+        redis: Redis,
+        key_prefix: str,
+    ) -> None:
+        """A Redis stock below zero is NEGATIVE_STOCK, a failure (exit 1)."""
+        client = await start_gateway()
+        await put_sku(client, sku, 3)
+        await redis.set(SkuKeys.of(key_prefix, sku).stock, -2)
+        settings = make_settings()
+        [row] = await audit(settings, sku)
+        assert row.findings == (Verdict.NEGATIVE_STOCK, Verdict.DRIFT)
+        assert (await run_cli(settings, "--sku", sku))[0] == 1
+
+    async def test_drift_alone_is_a_warning(
+        self,
+        start_gateway: Any,
+        make_settings: Callable[..., Settings],
+        sku: str,
+        redis: Redis,
+        key_prefix: str,
+    ) -> None:
+        """A ledger entry the database does not account for counts as pending and
+        makes drift negative: DRIFT is printed, yet the command exits 0."""
+        client = await start_gateway()
+        await put_sku(client, sku, 3)
+        await redis.hset(SkuKeys.of(key_prefix, sku).pending, "stray", "ghost|2|0")
+        settings = make_settings()
+        [row] = await audit(settings, sku)
+        assert (row.redis_stock, row.pending, row.drift) == (3, 2, -2)
+        assert (row.findings, row.failed) == ((Verdict.DRIFT,), False)
+        code, out, _ = await run_cli(settings, "--sku", sku)
+        assert code == 0
+        assert out.splitlines()[1].split()[-2:] == ["-2", "DRIFT"]
+
+
+class TestDuplicateUser:
+    """A user with two orders of one sku is caught even without the constraint."""
+
+    async def test_two_orders_of_one_user_without_the_unique_constraint(
+        self, make_settings: Callable[..., Settings]
+    ) -> None:
+        """In a throwaway database whose UNIQUE (sku, user_id) was dropped, two
+        orders of one user balance the books yet are DUPLICATE_USER (exit 1)."""
+        name = f"flashsale_audit_{uuid.uuid4().hex[:8]}"
+        await sql(PG_ADMIN_URL, f'CREATE DATABASE "{name}"')
+        try:
+            url = _pg_url(name)
+            con = await asyncpg.connect(url)
+            try:
+                await migrate(con)
+                constraint = await con.fetchval(
+                    "SELECT conname FROM pg_constraint WHERE conrelid = 'orders'::regclass"
+                    " AND contype = 'u' AND cardinality(conkey) = 2"
+                )
+                await con.execute(f'ALTER TABLE orders DROP CONSTRAINT "{constraint}"')
+                await con.execute("INSERT INTO inventory (sku, stock) VALUES ('dup', 0)")
+                await con.execute(
+                    "INSERT INTO stock_movements (sku, delta, reason, stock_after)"
+                    " VALUES ('dup', 2, 'set', 2)"
+                )
+                await con.execute(
+                    "INSERT INTO orders (request_id, sku, user_id, qty)"
+                    " VALUES ('r1', 'dup', 'u1', 1), ('r2', 'dup', 'u1', 1)"
+                )
+            finally:
+                await con.close()
+            settings = make_settings(database_url=url)
+
+            [row] = await audit(settings)
+            assert (row.orders, row.users, row.duplicate_users) == (2, 1, 1)
+            assert row.findings == (Verdict.DUPLICATE_USER,)
+            assert (await run_cli(settings))[0] == 1
+        finally:
+            await sql(PG_ADMIN_URL, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+class TestUsage:
+    """An unknown sku or an unreachable store is exit 2 with a one-line error."""
+
+    async def test_unknown_sku(self, make_settings: Callable[..., Settings], sku: str) -> None:
+        """A sku not in the inventory raises UnknownSku; the command exits 2."""
+        settings = make_settings()
+        with pytest.raises(UnknownSku):
+            await audit(settings, sku)
+        code, out, err = await run_cli(settings, "--sku", sku)
+        assert (code, out) == (2, "")
+        assert err == f"flashsale-gateway audit: no sku {sku!r}\n"
+
+    @pytest.mark.parametrize(
+        ("store", "url"),
+        [
+            ("redis", "redis://127.0.0.1:1/0"),
+            ("postgres", "postgresql://postgres@127.0.0.1:1/flashsale"),
+        ],
+    )
+    async def test_unreachable_store(
+        self,
+        start_gateway: Any,
+        make_settings: Callable[..., Settings],
+        sku: str,
+        store: str,
+        url: str,
+    ) -> None:
+        """Nothing listening on the store's port: exit 2, one line naming the store."""
+        client = await start_gateway()
+        await put_sku(client, sku, 1)
+        field = "redis_url" if store == "redis" else "database_url"
+        code, out, err = await run_cli(make_settings(**{field: url}), "--sku", sku)
+        assert (code, out) == (2, "")
+        assert err.startswith(f"flashsale-gateway audit: {store}: ")
+        assert err.count("\n") == 1
