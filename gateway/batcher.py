@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -68,7 +69,10 @@ class Batcher:
         lane = self._lanes.get(purchase.sku)
         if lane is None:
             lane = self._lanes[purchase.sku] = _Lane(purchase.sku)
-            lane.task = asyncio.create_task(self._run(lane), name=f"flush:{purchase.sku}")
+            # A fresh context: the flusher must not carry the first request's log bindings.
+            lane.task = asyncio.create_task(
+                self._run(lane), name=f"flush:{purchase.sku}", context=contextvars.Context()
+            )
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Result] = loop.create_future()
         if not lane.entries:

@@ -15,7 +15,7 @@ from redis.exceptions import RedisError
 
 from gateway.domain import Order, Purchase
 from gateway.errors import Unavailable
-from gateway.scripts import Script, read_script
+from gateway.scripts import AutoPipeline, Script, read_script
 from gateway.settings import Settings
 
 ReplyKind = Literal["ok", "confirmed", "in_progress", "missing", "duplicate", "sold_out"]
@@ -114,6 +114,8 @@ class Inventory:
         self._load_stock = read_script("load_stock")
         for script in self.scripts:
             script.on_reload = on_noscript
+        # The one call made per purchase goes out coalesced.
+        self._reserve_pipelined = AutoPipeline(redis, self._reserve)
 
     @property
     def scripts(self) -> tuple[Script, ...]:
@@ -135,7 +137,10 @@ class Inventory:
     async def reserve(self, purchase: Purchase, now_ms: int) -> Reply:
         """Reserve stock for one purchase (reserve.lua)."""
         args = (purchase.request_id, purchase.user_id, purchase.qty, now_ms)
-        raw = await self._call(self._reserve, self.keys(purchase.sku).all(), args)
+        try:
+            raw = await self._reserve_pipelined(self.keys(purchase.sku).all(), args)
+        except RedisError as exc:
+            raise Unavailable(f"redis: {type(exc).__name__}") from exc
         kind = raw[0]
         if kind == "sold_out":
             return _SOLD_OUT_SETTLED if int(raw[1]) == 1 else _SOLD_OUT

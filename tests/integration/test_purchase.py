@@ -179,7 +179,10 @@ class TestFencing:
         client = await start_gateway(flush_lock="redis")
         await put_sku(client, sku, 5)
         assert (await buy(client, sku, "warmup"))[0] == 201
-        issued = int(await redis.get(f"{key_prefix}:{{{sku}}}:lock:fence"))
+        # Tokens follow a counter never behind Redis's clock (in microseconds):
+        # put the counter far ahead of the clock so the next two are known.
+        issued = 2**52  # ahead of the clock, and exact in Lua's doubles
+        await redis.set(f"{key_prefix}:{{{sku}}}:lock:fence", issued)
         con = await asyncpg.connect(database_url)
         try:
             await con.execute("UPDATE inventory SET fence = $2 WHERE sku = $1", sku, issued + 2)
@@ -200,7 +203,7 @@ class TestFencing:
         await put_sku(client, sku, 5)
         con = await asyncpg.connect(database_url)
         try:
-            await con.execute("UPDATE inventory SET fence = 1000000 WHERE sku = $1", sku)
+            await con.execute("UPDATE inventory SET fence = $2 WHERE sku = $1", sku, 2**62)
         finally:
             await con.close()
         status, body = await buy(client, sku, "stale", "s1")
