@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from redis.asyncio import BlockingConnectionPool, Redis
+from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
 from redis.exceptions import RedisError
 
 from gateway.domain import Order, Purchase
@@ -86,15 +87,37 @@ def _ledger(raw: dict[str, str]) -> list[Pending]:
     return entries
 
 
+class _SentinelBlockingPool(SentinelConnectionPool, BlockingConnectionPool):
+    """Connections to the primary the Sentinels name, from a pool that blocks when empty."""
+
+
+_CONNECTION: dict[str, Any] = {
+    "socket_connect_timeout": 2,
+    "socket_timeout": 5,
+    "decode_responses": True,
+}
+
+
 def create_redis(settings: Settings) -> Redis:
-    """A client whose pool blocks (up to 5 s) rather than fail when exhausted."""
+    """A client whose pool blocks (up to 5 s) rather than fail when exhausted.
+
+    With ``GATEWAY_REDIS_SENTINELS`` the client follows the primary the Sentinels
+    name, so a failover moves it to the promoted replica.
+    """
+    if settings.sentinel_addresses:
+        sentinel = Sentinel(  # type: ignore[no-untyped-call]
+            settings.sentinel_addresses, socket_connect_timeout=2, socket_timeout=2
+        )
+        client: Redis = sentinel.master_for(
+            settings.redis_sentinel_master,
+            connection_pool_class=_SentinelBlockingPool,
+            max_connections=settings.redis_pool_size,
+            timeout=5,
+            **_CONNECTION,
+        )
+        return client
     pool = BlockingConnectionPool.from_url(
-        settings.redis_url,
-        max_connections=settings.redis_pool_size,
-        timeout=5,
-        socket_connect_timeout=2,
-        socket_timeout=5,
-        decode_responses=True,
+        settings.redis_url, max_connections=settings.redis_pool_size, timeout=5, **_CONNECTION
     )
     return Redis(connection_pool=pool)
 

@@ -27,6 +27,9 @@ class Settings:
     host: str = "127.0.0.1"
     port: int = 8080
     redis_url: str = "redis://127.0.0.1:6379/0"
+    # "host:port,host:port": connect to the primary that these Sentinels name.
+    redis_sentinels: str | None = None
+    redis_sentinel_master: str = "flashsale"
     database_url: str = "postgresql://postgres@127.0.0.1:5432/flashsale"
     key_prefix: str = "fs"
     admin_token: str | None = None
@@ -42,6 +45,14 @@ class Settings:
     reconcile_interval_s: float = 5.0
     log_level: str = "info"
     metrics: bool = True
+
+    @property
+    def sentinel_addresses(self) -> list[tuple[str, int]]:
+        """The Sentinels as (host, port) pairs; empty when not using Sentinel."""
+        if not self.redis_sentinels:
+            return []
+        pairs = (part.strip().rpartition(":") for part in self.redis_sentinels.split(","))
+        return [(host, int(port)) for host, _, port in pairs]
 
     @property
     def channel(self) -> str:
@@ -96,6 +107,14 @@ def _bool(raw: str) -> bool:
     raise ValueError("must be true or false")
 
 
+def _addresses(raw: str) -> str:
+    for part in raw.split(","):
+        host, _, port = part.strip().rpartition(":")
+        if not host or not port.isdigit():
+            raise ValueError("must be host:port[,host:port...]")
+    return raw
+
+
 def _text(raw: str) -> str:
     if not raw or any(c.isspace() for c in raw):
         raise ValueError("must be non-empty without spaces")
@@ -107,6 +126,8 @@ _PARSERS: Mapping[str, Callable[[str], Any]] = {
     "port": _int(0),
     "redis_url": _url("redis", "rediss", "unix"),
     "database_url": _url("postgres", "postgresql"),
+    "redis_sentinels": _addresses,
+    "redis_sentinel_master": _text,
     "key_prefix": _text,
     "admin_token": _text,
     "batch_max": _int(1),

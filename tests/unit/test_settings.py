@@ -71,3 +71,12 @@ def test_settings_are_frozen() -> None:
     s = Settings()
     with pytest.raises(AttributeError):
         s.port = 1  # type: ignore[misc]
+
+
+def test_sentinels() -> None:
+    """GATEWAY_REDIS_SENTINELS is a list of host:port; a malformed one is refused."""
+    s = load({"GATEWAY_REDIS_SENTINELS": "127.0.0.1:26379, localhost:26380"})
+    assert s.sentinel_addresses == [("127.0.0.1", 26379), ("localhost", 26380)]
+    assert load({}).sentinel_addresses == []
+    with pytest.raises(SettingsError, match="GATEWAY_REDIS_SENTINELS"):
+        load({"GATEWAY_REDIS_SENTINELS": "nohost"})
