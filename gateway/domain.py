@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import uuid
+from dataclasses import dataclass, replace
 from enum import StrEnum
 
 
@@ -17,12 +18,18 @@ class Outcome(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class Purchase:
-    """A validated purchase request."""
+    """A validated purchase request; ``request_id`` is empty until one is generated."""
 
     sku: str
     user_id: str
     qty: int
     request_id: str
+
+    def identified(self) -> Purchase:
+        """This purchase with a request id, generated if the client gave none."""
+        if self.request_id:
+            return self
+        return replace(self, request_id=uuid.uuid4().hex)
 
 
 @dataclass(frozen=True, slots=True)

@@ -95,6 +95,8 @@ class PurchaseService:
         if confirmed is not None:
             order = confirmed.get(purchase.request_id)
             return SOLD_OUT if order is None else Result(Outcome.CONFIRMED, order)
+        purchase = purchase.identified()
+        structlog.contextvars.bind_contextvars(request_id=purchase.request_id, sku=purchase.sku)
         self._admit()
         generation = self.soldout.generation(purchase.sku)
         reply = await self.inventory.reserve(purchase, _now_ms())

@@ -6,7 +6,6 @@ import hmac
 from typing import Any
 
 import orjson
-import structlog
 from aiohttp import web
 
 from gateway import payloads
@@ -56,7 +55,6 @@ async def purchase(request: web.Request) -> web.Response:
     """POST /v1/purchase."""
     body = await read_body(request)
     p = payloads.purchase(body, request.headers.get("Idempotency-Key"))
-    structlog.contextvars.bind_contextvars(request_id=p.request_id, sku=p.sku)
     return purchase_response(await request.app[SERVICE].purchase(p))
 
 
