@@ -13,16 +13,11 @@ import sys
 from collections.abc import Sequence
 
 import asyncpg
-import structlog
-import uvloop
 from aiohttp import web
 
-from gateway import audit, logs, settings
-from gateway.app import create_app
+from gateway import audit, logs, server, settings
 from gateway.database import ensure_database, migrate
 from gateway.keys import ADMIN, SERVICE, SETTINGS
-
-log = structlog.get_logger(__name__)
 
 DEMO_SKU, DEMO_STOCK = "demo", 100
 
@@ -54,23 +49,6 @@ async def run_migrate(config: settings.Settings) -> None:
     print(f"database ready (created: {created}; migrations applied: {applied or 'none'})")
 
 
-def serve(config: settings.Settings, *, demo: bool) -> None:
-    """Run the gateway until SIGINT or SIGTERM."""
-    app = create_app(config)
-    if demo:
-        app.on_startup.append(_create_demo_sku)
-    log.info("serving", host=config.host, port=config.port)
-    web.run_app(
-        app,
-        host=config.host,
-        port=config.port,
-        access_log=None,
-        print=None,
-        loop=uvloop.new_event_loop(),
-        shutdown_timeout=config.drain_s,
-    )
-
-
 async def _create_demo_sku(app: web.Application) -> None:
     settings_ = app[SETTINGS]
     if await app[SERVICE].orders.stock(DEMO_SKU) is None:
@@ -98,7 +76,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "migrate":
         asyncio.run(run_migrate(config))
         return 0
-    serve(config, demo=args.demo)
+    server.serve(config, _create_demo_sku if args.demo else None)
     return 0
 
 

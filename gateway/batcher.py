@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 from gateway.domain import Purchase, Result
-from gateway.errors import Unavailable
+from gateway.errors import ShuttingDown
 
 # Flushes one sku's batch; returns one result or exception per purchase, in order.
 FlushFn = Callable[[str, Sequence[Purchase]], Awaitable[Sequence[Result | BaseException]]]
@@ -60,12 +60,12 @@ class Batcher:
     async def submit(self, purchase: Purchase) -> Result:
         """Queue a reserved purchase and wait for its flush's result.
 
-        Raises :class:`Unavailable` once closing has begun, or with the flush's
+        Raises :class:`ShuttingDown` once closing has begun, or with the flush's
         own error. Cancelling the wait does not withdraw the purchase: it is
         reserved, so it is flushed and settled regardless.
         """
         if self._closed:
-            raise Unavailable("shutting down")
+            raise ShuttingDown()
         lane = self._lanes.get(purchase.sku)
         if lane is None:
             lane = self._lanes[purchase.sku] = _Lane(purchase.sku)

@@ -15,6 +15,8 @@ class GatewayError(Exception):
 
     status: int = 500
     code: str = "internal"
+    # Close the connection after answering, so the client reconnects elsewhere.
+    close_connection: bool = False
 
     def __init__(self, detail: str | None = None, headers: Mapping[str, str] | None = None):
         super().__init__(detail or self.code)
@@ -78,3 +80,12 @@ class Unavailable(GatewayError):
 
     def __init__(self, detail: str | None = None, retry_after: int = 1):
         super().__init__(detail, {"Retry-After": str(retry_after)})
+
+
+class ShuttingDown(Unavailable):
+    """This instance is draining: try another one."""
+
+    close_connection = True
+
+    def __init__(self) -> None:
+        super().__init__("shutting down")

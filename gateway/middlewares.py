@@ -24,9 +24,12 @@ def error_body(error: GatewayError) -> web.Response:
     body: dict[str, str] = {"error": error.code}
     if error.detail is not None and error.detail != error.code:
         body["detail"] = error.detail
-    return web.Response(
+    resp = web.Response(
         body=orjson.dumps(body), status=error.status, content_type=JSON, headers=error.headers
     )
+    if error.close_connection:
+        resp.force_close()
+    return resp
 
 
 def _from_http(exc: web.HTTPException) -> GatewayError:

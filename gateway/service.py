@@ -19,7 +19,7 @@ import structlog
 from gateway.batcher import Batcher
 from gateway.catalog import Catalog
 from gateway.domain import DUPLICATE, IN_PROGRESS, SOLD_OUT, Outcome, Purchase, Result
-from gateway.errors import InvalidRequest, Unavailable
+from gateway.errors import InvalidRequest, ShuttingDown, Unavailable
 from gateway.inventory import Inventory, Settlement
 from gateway.lock.errors import LockError, LockLost
 from gateway.orders import BatchDecision, FencedOut, Orders
@@ -118,7 +118,7 @@ class PurchaseService:
     def _admit(self) -> None:
         """Refuse a purchase before reserving when draining or the queue is full."""
         if self.draining:
-            raise Unavailable("shutting down")
+            raise ShuttingDown()
         if self.batcher.full:
             if self._observer is not None:
                 self._observer.shed_one()
