@@ -9,6 +9,7 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
+import aiohttp
 import asyncpg
 import pytest
 from redis.asyncio import Redis
@@ -171,3 +172,31 @@ class TestTwoInstances:
                 await client.close()
             await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
             await admin.close()
+
+
+class TestBounds:
+    """A burst beyond every pool queues or is shed; it never fails for want of connections."""
+
+    async def test_thousand_concurrent_requests_on_tiny_pools(
+        self, start_gateway: Any, sku: str, database_url: str
+    ) -> None:
+        """1,000 purchases at once through 4 Redis and 2 PostgreSQL connections and a
+        queue of 200: every answer is 201, 409 or 503 with Retry-After, none a 500,
+        and exactly the stock is sold."""
+        client = await start_gateway(redis_pool_size=4, db_pool_size=2, queue_max=200)
+        await put_sku(client, sku, 300)
+        url = client.make_url("/v1/purchase")
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
+
+            async def one(i: int) -> tuple[int, str | None]:
+                body = {"sku": sku, "user_id": f"b{i}", "request_id": f"{sku}.b{i}"}
+                async with http.post(url, json=body) as resp:
+                    await resp.read()
+                    return resp.status, resp.headers.get("Retry-After")
+
+            answers = await asyncio.gather(*(one(i) for i in range(1000)))
+        statuses = collections.Counter(status for status, _ in answers)
+        assert set(statuses) <= {201, 409, 503}, statuses
+        assert all(retry for status, retry in answers if status == 503)
+        stock, orders, _ = await db_state(database_url, sku)
+        assert orders == statuses[201] and stock == 300 - orders
