@@ -76,8 +76,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "migrate":
         asyncio.run(run_migrate(config))
         return 0
-    server.serve(config, _create_demo_sku if args.demo else None)
-    return 0
+    argv = sys.argv[1:] if argv is None else list(argv)
+    return server.serve(config, argv, _create_demo_sku if args.demo else None)
 
 
 if __name__ == "__main__":

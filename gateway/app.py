@@ -32,6 +32,8 @@ from gateway.service import FlushLock, PurchaseService
 from gateway.settings import Settings
 from gateway.soldout import SoldOut
 
+QUEUE_SAMPLE_S = 0.5
+
 
 async def redis_ctx(app: web.Application) -> AsyncIterator[None]:
     """The Redis client and its bounded pool."""
@@ -76,7 +78,6 @@ async def service_ctx(app: web.Application) -> AsyncIterator[None]:
         queue_max=settings.queue_max,
         observer=metrics,
     )
-    metrics.watch_queue(lambda: service.batcher.depth)
     reconciler = Reconciler(
         service,
         timeout_s=settings.reservation_timeout_s,
@@ -87,6 +88,7 @@ async def service_ctx(app: web.Application) -> AsyncIterator[None]:
     tasks = [
         asyncio.create_task(feed.run(), name="change-feed"),
         asyncio.create_task(reconciler.run(), name="reconciler"),
+        asyncio.create_task(_sample_queue(service, metrics), name="queue-sampler"),
     ]
     app[SERVICE] = service
     app[ADMIN] = StockAdmin(service)
@@ -98,6 +100,12 @@ async def service_ctx(app: web.Application) -> AsyncIterator[None]:
         task.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await asyncio.gather(*tasks)
+
+
+async def _sample_queue(service: PurchaseService, metrics: Metrics) -> None:
+    while True:
+        metrics.sample_queue(service.batcher.depth)
+        await asyncio.sleep(QUEUE_SAMPLE_S)
 
 
 async def start_draining(app: web.Application) -> None:
@@ -136,7 +144,7 @@ def flush_locks(
 
 def create_app(settings: Settings) -> web.Application:
     """Build the gateway application for ``settings``."""
-    metrics = Metrics()
+    metrics = Metrics(settings.multiproc_dir)
     middlewares = [measure(metrics), errors] if settings.metrics else [errors]
     app = web.Application(middlewares=middlewares, client_max_size=MAX_BODY)
     app[SETTINGS] = settings

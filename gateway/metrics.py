@@ -8,9 +8,8 @@ Each application gets its own registry, so several apps can share a process
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.multiprocess import MultiProcessCollector
 
 OUTCOMES = ("confirmed", "sold_out", "duplicate", "in_progress", "invalid", "unavailable")
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
@@ -21,7 +20,10 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 class Metrics:
     """Every metric of one gateway; implements the service and lock observers."""
 
-    def __init__(self) -> None:
+    def __init__(self, multiproc_dir: str | None = None) -> None:
+        # With several workers every value lives in files under multiproc_dir
+        # (prometheus-client's multiprocess mode) and a scrape adds them up.
+        self._multiproc_dir = multiproc_dir
         self.registry = r = CollectorRegistry(auto_describe=True)
         self.purchases = Counter(
             "flashsale_purchases", "Purchase requests by outcome.", ["outcome"], registry=r
@@ -93,19 +95,26 @@ class Metrics:
             "flashsale_noscript_reloads", "Scripts reloaded after NOSCRIPT.", ["script"], registry=r
         )
         self.queue_depth = Gauge(
-            "flashsale_queue_depth", "Purchases queued for or in a flush.", registry=r
+            "flashsale_queue_depth",
+            "Purchases queued for or in a flush.",
+            registry=r,
+            multiprocess_mode="livesum",
         )
         self.shed = Counter(
             "flashsale_shed", "Purchases refused with 503 because the queue was full.", registry=r
         )
 
     def render(self) -> bytes:
-        """The exposition text of every metric."""
-        return generate_latest(self.registry)
+        """The exposition text of every metric (of every worker, with several)."""
+        if self._multiproc_dir is None:
+            return generate_latest(self.registry)
+        merged = CollectorRegistry()
+        MultiProcessCollector(merged, path=self._multiproc_dir)  # type: ignore[no-untyped-call]
+        return generate_latest(merged)
 
-    def watch_queue(self, depth: Callable[[], int]) -> None:
-        """Read the queue depth at scrape time."""
-        self.queue_depth.set_function(lambda: float(depth()))
+    def sample_queue(self, depth: int) -> None:
+        """Record the current queue depth (sampled, not set on the hot path)."""
+        self.queue_depth.set(depth)
 
     # Requests.
     def request(self, route: str, outcome: str, seconds: float) -> None:

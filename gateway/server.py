@@ -11,16 +11,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import signal
-from collections.abc import Awaitable, Callable
+import subprocess
+import sys
+import tempfile
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 
 import structlog
 import uvloop
 from aiohttp import web
+from prometheus_client.multiprocess import mark_process_dead
 
 from gateway.app import create_app
 from gateway.keys import SERVICE
-from gateway.settings import Settings
+from gateway.settings import Settings, worker_environment
 
 log = structlog.get_logger(__name__)
 
@@ -55,18 +60,67 @@ async def run(settings: Settings, on_startup: StartupHook | None = None) -> None
 
 
 async def _stop_signal() -> None:
+    # The handlers stay installed through the drain, so a second SIGTERM does
+    # not kill the process halfway through settling its batches.
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    try:
-        await stop.wait()
-    finally:
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.remove_signal_handler(sig)
+    await stop.wait()
 
 
-def serve(settings: Settings, on_startup: StartupHook | None = None) -> None:
-    """Run the gateway on uvloop until SIGTERM or SIGINT."""
+def serve(settings: Settings, argv: Sequence[str], on_startup: StartupHook | None = None) -> int:
+    """Run the gateway on uvloop until SIGTERM or SIGINT; the exit status.
+
+    With ``GATEWAY_WORKERS`` > 1 this process only supervises that many worker
+    processes (``argv`` again, one worker each) that share the port.
+    """
+    if settings.workers > 1:
+        return supervise(settings.workers, argv)
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         runner.run(run(settings, on_startup))
+    return 0
+
+
+def supervise(workers: int, argv: Sequence[str]) -> int:
+    """Run ``workers`` gateway processes, pass stop signals on, return the worst status.
+
+    If a worker dies on its own the others are stopped too: a half-sized gateway
+    behind a load balancer is better replaced than left limping.
+    """
+    with tempfile.TemporaryDirectory(prefix="flashsale-metrics-") as metrics_dir:
+        env = worker_environment(metrics_dir)
+        command = [sys.executable, "-m", "gateway", *argv, "--workers", "1"]
+        procs = [subprocess.Popen(command, env=env) for _ in range(workers)]
+        stopping = False
+
+        def stop(signum: int, _frame: object) -> None:
+            nonlocal stopping
+            if stopping:
+                return
+            stopping = True
+            for proc in procs:
+                if proc.returncode is None:
+                    proc.send_signal(signum)
+
+        signal.signal(signal.SIGTERM, stop)
+        signal.signal(signal.SIGINT, stop)
+        status = 0
+        for finished in _reap(procs):
+            mark_process_dead(finished.pid, metrics_dir)  # type: ignore[no-untyped-call]
+            status = max(status, abs(finished.returncode or 0))
+            stop(signal.SIGTERM, None)
+        return status
+
+
+def _reap(procs: list[subprocess.Popen[bytes]]) -> Iterator[subprocess.Popen[bytes]]:
+    """Yield each worker as it exits."""
+    alive = list(procs)
+    while alive:
+        pid, status = os.wait()
+        for proc in alive:
+            if proc.pid == pid:
+                # Reaped here, so Popen cannot learn the status itself.
+                proc.returncode = os.waitstatus_to_exitcode(status)
+                alive.remove(proc)
+                yield proc

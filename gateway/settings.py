@@ -45,6 +45,11 @@ class Settings:
     reconcile_interval_s: float = 5.0
     log_level: str = "info"
     metrics: bool = True
+    # Worker processes sharing the port (SO_REUSEPORT), supervised by one parent.
+    workers: int = 1
+    # Set for workers by their supervisor (PROMETHEUS_MULTIPROC_DIR): where
+    # prometheus-client keeps the values every worker's /metrics adds up.
+    multiproc_dir: str | None = None
 
     @property
     def sentinel_addresses(self) -> list[tuple[str, int]]:
@@ -142,12 +147,18 @@ _PARSERS: Mapping[str, Callable[[str], Any]] = {
     "reconcile_interval_s": _float(0.05),
     "log_level": _choice("debug", "info", "warning", "error"),
     "metrics": _bool,
+    "workers": _int(1),
+    "multiproc_dir": _text,
 }
+
+
+# Settings whose variable is another library's, not ours.
+_FOREIGN = {"multiproc_dir": "PROMETHEUS_MULTIPROC_DIR"}
 
 
 def env_name(field: str) -> str:
     """The environment variable of a setting: ``batch_max`` -> ``GATEWAY_BATCH_MAX``."""
-    return f"GATEWAY_{field.upper()}"
+    return _FOREIGN.get(field, f"GATEWAY_{field.upper()}")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -191,3 +202,8 @@ def from_args(argv: Sequence[str] | None, parser: argparse.ArgumentParser) -> Se
     """Parse CLI flags with ``parser`` and merge them over the environment."""
     namespace = parser.parse_args(argv)
     return load(overrides={f.name: getattr(namespace, f.name, None) for f in fields(Settings)})
+
+
+def worker_environment(multiproc_dir: str) -> dict[str, str]:
+    """The environment of a worker process: ours, one worker, shared metric files."""
+    return {**os.environ, env_name("workers"): "1", env_name("multiproc_dir"): multiproc_dir}

@@ -6,6 +6,7 @@ import asyncio
 import signal
 import time
 
+import aiohttp
 import asyncpg
 from redis.asyncio import Redis
 
@@ -128,3 +129,41 @@ class TestCrashRecovery:
                 sku,
             )
             assert [r.verdict for r in rows] == ["ok"], rows
+
+
+class TestWorkers:
+    """GATEWAY_WORKERS=2: two processes share the port and one scrape sums them."""
+
+    async def test_metrics_sum_across_workers_and_stop_cleanly(
+        self, database_url: str, key_prefix: str, redis: Redis, sku: str
+    ) -> None:
+        """Twenty purchases spread over both workers (separate connections) show as
+        twenty confirmed in every scrape, whichever worker answers it; SIGTERM to the
+        supervisor stops both and exits 0."""
+        async with GatewayCluster(
+            1,
+            redis_url=REDIS_URL,
+            database_url=database_url,
+            key_prefix=key_prefix,
+            settings={"workers": 2},
+        ) as cluster:
+            await cluster.put_sku(sku, 50)
+            url = cluster.urls[0]
+            for i in range(20):
+                # A fresh connection each time, so the kernel spreads them over workers.
+                async with aiohttp.ClientSession() as http:
+                    body = {"sku": sku, "user_id": f"w{i}"}
+                    async with http.post(f"{url}/v1/purchase", json=body) as resp:
+                        assert resp.status == 201
+                    async with http.get(f"{url}/metrics") as resp:
+                        text = await resp.text()
+                    assert _metric(text, 'flashsale_purchases_total{outcome="confirmed"}') == i + 1
+            cluster[0].kill(signal.SIGTERM)
+            assert await cluster[0].wait_exit(within=15) == 0, cluster.logs()
+
+
+def _metric(text: str, name: str) -> float | None:
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.rsplit(" ", 1)[1])
+    return None

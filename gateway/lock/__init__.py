@@ -1,0 +1,43 @@
+"""Distributed locks with a watchdog and fencing tokens, on Redis or PostgreSQL.
+
+``RedisLock`` (Redisson-style lease lock) and ``PgAdvisoryLock`` (session advisory
+lock) share one interface::
+
+    lock = RedisLock(redis, "fs:{sku1}:lock", lease=10.0)
+    async with lock(wait=5.0):            # LockTimeout if not ours within 5 s
+        await write(value, fence=lock.fence)   # UPDATE ... WHERE fence <= $fence
+
+The owner is (lock object, asyncio task): the same task re-enters, other tasks are
+refused. A watchdog renews the lease while the lock is held; if the lock is lost,
+``lock.lost`` is set and the ``async with`` body is cancelled and leaves with
+``LockLost``. A lock is an efficiency measure: correctness comes from checking the
+fencing token where the data is written.
+"""
+
+from __future__ import annotations
+
+from gateway.lock.errors import LockError, LockLost, LockNotOwned, LockTimeout
+from gateway.lock.factory import LOCK_KINDS, DistributedLock, NullLock, make_flush_lock
+from gateway.lock.metrics import LockMetrics, LockStats
+from gateway.lock.postgres import FENCE_SEQUENCE, PgAdvisoryLock, advisory_key
+from gateway.lock.redis_lock import RedisLock, load_lock_scripts
+from gateway.lock.subscriber import LockSubscriber
+
+__all__ = [
+    "FENCE_SEQUENCE",
+    "LOCK_KINDS",
+    "DistributedLock",
+    "LockError",
+    "LockLost",
+    "LockMetrics",
+    "LockNotOwned",
+    "LockStats",
+    "LockSubscriber",
+    "LockTimeout",
+    "NullLock",
+    "PgAdvisoryLock",
+    "RedisLock",
+    "advisory_key",
+    "load_lock_scripts",
+    "make_flush_lock",
+]

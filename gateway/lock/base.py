@@ -1,0 +1,313 @@
+"""The backend-independent half of a lock: holds per task, ``async with``, and loss.
+
+The owner of a hold is (lock object, asyncio task), so the same task re-enters (the
+hold counts up) and any other task is refused. A watchdog (``watchdog.py``) renews
+each hold; when it declares the hold lost, ``lost`` is set and, inside ``async with``,
+the owner task is cancelled and the block leaves with :class:`LockLost`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+import uuid
+import weakref
+from abc import ABC, abstractmethod
+from types import TracebackType
+from typing import Any, Generic, Self, TypeVar
+
+from gateway.lock.errors import LockLost, LockNotOwned, LockTimeout
+from gateway.lock.holds import Grant, Hold, HoldState
+from gateway.lock.metrics import LockMetrics, LockStats
+from gateway.lock.tasks import Background
+from gateway.lock.watchdog import watch
+
+R = TypeVar("R")  # what a backend keeps per hold (PostgreSQL: its connection)
+
+
+class BaseLock(ABC, Generic[R]):
+    """A re-entrant, task-owned lock with a watchdog; backends supply five hooks.
+
+    ``async with lock:`` waits without limit; ``async with lock(wait=s):`` raises
+    :class:`LockTimeout` when ``s`` seconds pass. If the hold is lost inside the block,
+    the block is cancelled and leaves with :class:`LockLost` (outer cancellations are
+    never swallowed). Do not call :meth:`release` inside ``async with``.
+    """
+
+    def __init__(
+        self, name: str, *, lease: float, max_hold: float | None, metrics: LockMetrics | None
+    ) -> None:
+        if lease <= 0:
+            raise ValueError("lease must be positive")
+        if max_hold is not None and max_hold <= 0:
+            raise ValueError("max_hold must be positive")
+        self.name = name
+        self.lease = lease
+        self.max_hold = max_hold
+        self.metrics: LockMetrics = metrics if metrics is not None else LockStats()
+        self._uid = uuid.uuid4().hex[:16]
+        # Serials rather than id(task): ids are reused once a task is collected.
+        self._serials: weakref.WeakKeyDictionary[asyncio.Task[Any], int] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._next_serial = itertools.count(1)
+        self._holds: dict[asyncio.Task[Any], Hold[R]] = {}
+        self._latest: Hold[R] | None = None
+        self._not_lost = asyncio.Event()
+        self._bg = Background()
+
+    # -- backend hooks -------------------------------------------------------------
+
+    @abstractmethod
+    async def _grant(self, owner: str, deadline: float | None) -> Grant[R] | None:
+        """Take the free lock for ``owner``, waiting until ``deadline`` (monotonic, None:
+        no limit); None when it passed. Must leave nothing taken if cancelled."""
+
+    @abstractmethod
+    async def _reenter(self, hold: Hold[R]) -> bool:
+        """Count one more hold; False if the backend says the lock is not ours."""
+
+    @abstractmethod
+    async def _give_back(self, hold: Hold[R]) -> int:
+        """Give back one hold: the holds left (0: freed), or -1 if it was not ours."""
+
+    @abstractmethod
+    async def _renew(self, hold: Hold[R]) -> bool:
+        """Extend the lease; False if the lock is not ours; raises if unreachable."""
+
+    async def _discard(self, hold: Hold[R]) -> None:
+        """Free what a lost or abandoned hold keeps locally; must not raise."""
+
+    # -- public API ----------------------------------------------------------------
+
+    @property
+    def fence(self) -> int:
+        """The fencing token of the calling task's hold, kept after a loss so a stale
+        holder writes with its own older token; else the latest hold's; 0 before any."""
+        hold = self._visible_hold()
+        return 0 if hold is None else hold.fence
+
+    @property
+    def lost(self) -> asyncio.Event:
+        """Set when the calling task's hold (else the latest hold) is lost. Each first
+        acquisition has a new event: read it after acquiring."""
+        hold = self._visible_hold()
+        return self._not_lost if hold is None else hold.lost
+
+    @property
+    def held(self) -> bool:
+        """Whether some task holds the lock through this object, not lost, lease not run out."""
+        now = time.monotonic()
+        return any(h.live and now < h.deadline for h in self._holds.values())
+
+    async def acquire(self, wait: float | None = None) -> bool:
+        """Take the lock for the calling task.
+
+        Args:
+            wait: None waits without limit, 0 tries once, otherwise seconds to wait.
+        Returns:
+            True when held (a re-entry by the holding task adds a hold); False if the
+            wait ran out.
+        Raises:
+            LockLost: on re-entry, the task's hold turned out to be lost.
+        Backend errors (``redis.exceptions.RedisError``, asyncpg errors) propagate.
+        """
+        task = self._owner_task()
+        hold = self._holds.get(task)
+        if hold is not None and hold.live:
+            if not await self._reenter(hold):
+                self._declare_lost(hold, cancel=False)
+                raise LockLost(self.name)
+            hold.count += 1
+            return True
+        started = time.monotonic()
+        deadline = None if wait is None else started + max(wait, 0.0)
+        grant = await self._grant(self._owner_id(task), deadline)
+        if grant is None:
+            self.metrics.timed_out()
+            return False
+        self._begin(task, grant, started)
+        return True
+
+    async def release(self) -> None:
+        """Give back one hold of the calling task; the last one frees the lock.
+
+        Shielded from cancellation (a cancelled release still completes). Local state is
+        cleared only once the backend confirmed, so after an error a retry is safe.
+
+        Raises:
+            LockNotOwned: the calling task holds nothing through this object; nothing changes.
+            LockLost: the hold had been lost. The hold counts as given back: once all of
+                a lost hold's acquisitions are given back, further calls raise LockNotOwned.
+        """
+        hold = self._holds.get(self._owner_task())
+        if hold is None:
+            raise LockNotOwned(self.name)
+        await self._bg.shielded(self._release(hold))
+
+    def __call__(self, wait: float | None = None) -> _Entry[R]:
+        """``async with lock(wait=5.0):`` — like ``async with lock:`` with a bounded wait."""
+        return _Entry(self, wait)
+
+    async def __aenter__(self) -> Self:
+        await self._enter(None)
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self._exit(exc_type, exc)
+
+    # -- holds ---------------------------------------------------------------------
+
+    def _owner_task(self) -> asyncio.Task[Any]:
+        task = asyncio.current_task()
+        if task is None:
+            raise RuntimeError(f"lock {self.name!r} used outside an asyncio task")
+        return task
+
+    def _owner_id(self, task: asyncio.Task[Any]) -> str:
+        serial = self._serials.get(task)
+        if serial is None:
+            serial = self._serials[task] = next(self._next_serial)
+        return f"{self._uid}:{serial}"
+
+    def _visible_hold(self) -> Hold[R] | None:
+        try:
+            task = asyncio.current_task()
+        except RuntimeError:  # no running loop
+            task = None
+        hold = None if task is None else self._holds.get(task)
+        return hold if hold is not None else self._latest
+
+    def _begin(self, task: asyncio.Task[Any], grant: Grant[R], started: float) -> None:
+        stale = self._holds.get(task)
+        if stale is not None:  # a lost hold its task never gave back
+            self._finish(stale)
+        now = time.monotonic()
+        hold = Hold(
+            task=task,
+            owner=self._owner_id(task),
+            fence=grant.fence,
+            resource=grant.resource,
+            acquired_at=now,
+            renewed_at=grant.sent_at,
+            deadline=grant.sent_at + self.lease,
+        )
+        self._holds[task] = hold
+        self._latest = hold
+        # Most holds end before their first renewal: a timer is cheaper than a task.
+        first = min(self.lease / 3, self.max_hold or self.lease)
+        hold.timer = asyncio.get_running_loop().call_later(first, self._ensure_watchdog, hold)
+        self.metrics.acquired(now - started, grant.contended)
+
+    async def _release(self, hold: Hold[R]) -> None:
+        if not hold.live:
+            self._drop_one(hold)
+            raise LockLost(self.name)
+        hold.closing = hold.count == 1
+        try:
+            left = await self._give_back(hold)
+        except BaseException:
+            hold.closing = False
+            self._ensure_watchdog(hold)
+            raise
+        if left < 0:
+            self._declare_lost(hold, cancel=False)
+            self._drop_one(hold)
+            raise LockLost(self.name)
+        hold.count = left
+        if left == 0:
+            self._finish(hold)
+            self.metrics.released(time.monotonic() - hold.acquired_at)
+
+    def _drop_one(self, hold: Hold[R]) -> None:
+        hold.count -= 1
+        if hold.count <= 0:
+            self._forget(hold)
+
+    def _forget(self, hold: Hold[R]) -> None:
+        if self._holds.get(hold.task) is hold:
+            del self._holds[hold.task]
+
+    def _finish(self, hold: Hold[R]) -> None:
+        hold.state = HoldState.ENDED
+        self._forget(hold)
+        if hold.timer is not None:
+            hold.timer.cancel()
+        if hold.watchdog is not None and hold.watchdog is not asyncio.current_task():
+            hold.watchdog.cancel()
+
+    def _declare_lost(self, hold: Hold[R], *, cancel: bool) -> None:
+        if not hold.live:
+            return
+        hold.state = HoldState.LOST
+        hold.lost.set()
+        self.metrics.lost()
+        if cancel and hold.entries and not hold.task.done():
+            hold.cancelled_owner = True
+            hold.task.cancel(f"lock {self.name!r} lost")
+        # A task that never gives the lost hold back must not pin it here forever.
+        hold.task.add_done_callback(lambda _: self._forget(hold))
+        self._bg.spawn(self._discard(hold))
+
+    # -- async with ----------------------------------------------------------------
+
+    async def _enter(self, wait: float | None) -> None:
+        if not await self.acquire(wait):
+            raise LockTimeout(self.name)
+        task = self._owner_task()
+        self._holds[task].entries.append(task.cancelling())
+
+    async def _exit(self, exc_type: type[BaseException] | None, exc: BaseException | None) -> None:
+        task = self._owner_task()
+        hold = self._holds.get(task)
+        if hold is None or not hold.entries:
+            return  # the block gave the lock back itself
+        entered_cancelling = hold.entries.pop()
+        ours = False
+        if hold.cancelled_owner:
+            # As asyncio.timeout() does: only our own cancellation becomes LockLost.
+            hold.cancelled_owner = False
+            remaining = task.uncancel()
+            ours = exc_type is asyncio.CancelledError and remaining <= entered_cancelling
+        try:
+            await self._bg.shielded(self._release(hold))
+        except LockLost:
+            if ours or exc_type is None:
+                raise LockLost(self.name) from exc
+            return  # another exception is already leaving the block
+        if ours:  # pragma: no cover - we cancel only lost holds, whose release raises
+            raise LockLost(self.name) from exc
+
+    def _ensure_watchdog(self, hold: Hold[R]) -> None:
+        """Start the hold's watchdog unless it runs (called by its timer, and after a
+        failed final release, which may have ended the watchdog)."""
+        if hold.live and (hold.watchdog is None or hold.watchdog.done()):
+            hold.watchdog = self._bg.spawn(watch(self, hold))
+
+
+class _Entry(Generic[R]):
+    """The context manager returned by ``lock(wait=...)``."""
+
+    __slots__ = ("_lock", "_wait")
+
+    def __init__(self, lock: BaseLock[R], wait: float | None) -> None:
+        self._lock = lock
+        self._wait = wait
+
+    async def __aenter__(self) -> BaseLock[R]:
+        await self._lock._enter(self._wait)
+        return self._lock
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self._lock._exit(exc_type, exc)

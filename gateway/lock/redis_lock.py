@@ -1,0 +1,143 @@
+"""Redis backend: a Redisson-style re-entrant lease lock with fencing tokens.
+
+The lock is a hash at key ``name`` — owner, hold count, fence — expiring with the
+lease; ``name + ":fence"`` counts fencing tokens and ``name + ":unlock"`` is the
+channel a release publishes on. Give ``name`` a hash tag (``fs:{sku1}:lock``) and
+all three land in one cluster slot. Every change goes through the Lua scripts
+``lua/lock_*.lua``. Fences are INCR raised to Redis's clock in microseconds, so they
+keep increasing after a restart or failover that lost the counter.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from redis.asyncio import Redis
+
+from gateway.lock.base import BaseLock
+from gateway.lock.holds import Grant, Hold
+from gateway.lock.metrics import LockMetrics
+from gateway.lock.subscriber import LockSubscriber
+from gateway.scripts import Script, read_script
+
+# Never sleep less than this between attempts, even when the holder's TTL is ~0.
+_MIN_PAUSE_S = 0.001
+
+
+@dataclass(frozen=True, slots=True)
+class LockScripts:
+    """The three lock scripts."""
+
+    acquire: Script
+    renew: Script
+    release: Script
+
+
+@functools.cache
+def lock_scripts() -> LockScripts:
+    """The lock scripts, read from ``lua/`` once per process."""
+    return LockScripts(
+        acquire=read_script("lock_acquire"),
+        renew=read_script("lock_renew"),
+        release=read_script("lock_release"),
+    )
+
+
+async def load_lock_scripts(redis: Redis) -> None:
+    """SCRIPT LOAD the lock scripts, so a broken script fails start-up, not a flush."""
+    scripts = lock_scripts()
+    for script in (scripts.acquire, scripts.renew, scripts.release):
+        await script.load(redis)
+
+
+class RedisLock(BaseLock[None]):
+    """A re-entrant distributed lock on Redis, owned by (lock object, asyncio task).
+
+    Args:
+        redis: the client; its pool serves the scripts and, once, the shared subscriber.
+        name: the lock's key, with a hash tag, e.g. ``fs:{sku1}:lock``.
+        lease: seconds the lock outlives its last renewal; the watchdog renews every
+            lease/3 while held.
+        max_hold: stop renewing this many seconds after acquisition; the hold is then
+            lost when its lease runs out.
+        metrics: a :class:`LockMetrics`; a fresh :class:`LockStats` if None.
+        subscriber: the unlock subscriber; by default the process's one for ``redis``.
+    """
+
+    def __init__(
+        self,
+        redis: Redis,
+        name: str,
+        *,
+        lease: float = 30.0,
+        max_hold: float | None = None,
+        metrics: LockMetrics | None = None,
+        subscriber: LockSubscriber | None = None,
+    ) -> None:
+        super().__init__(name, lease=lease, max_hold=max_hold, metrics=metrics)
+        self._redis = redis
+        self._subscriber = subscriber
+        self.fence_key = name + ":fence"
+        self.channel = name + ":unlock"
+        self._lease_ms = max(1, round(lease * 1000))
+        self._scripts = lock_scripts()
+
+    async def _grant(self, owner: str, deadline: float | None) -> Grant[None] | None:
+        sent = time.monotonic()
+        won, value = await self._attempt(owner)
+        if won:
+            return Grant(value, None, False, sent)
+        if deadline is not None and time.monotonic() >= deadline:
+            return None
+        subscriber = self._subscriber or LockSubscriber.for_client(self._redis)
+        async with subscriber.subscription(self.channel) as waiter:
+            while True:
+                sent = time.monotonic()
+                won, value = await self._attempt(owner)
+                waiter.settle()
+                if won:
+                    return Grant(value, None, True, sent)
+                pause = self._pause(value, deadline)
+                if pause is None:
+                    return None
+                await waiter.wait(pause)
+
+    def _pause(self, pttl_ms: int, deadline: float | None) -> float | None:
+        """Sleep before the next attempt if no unlock message comes: until the holder's
+        lease runs out at the latest, and never past our deadline (None: it passed)."""
+        pause = max(pttl_ms / 1000, _MIN_PAUSE_S) if pttl_ms >= 0 else self.lease
+        if deadline is None:
+            return pause
+        left = deadline - time.monotonic()
+        return None if left <= 0 else min(pause, left)
+
+    async def _attempt(self, owner: str) -> tuple[bool, int]:
+        call = self._scripts.acquire(
+            self._redis, (self.name, self.fence_key), (owner, self._lease_ms)
+        )
+        reply = await self._bg.undoable(
+            call, lambda r: self._release_as(owner) if r[0] == 1 else None
+        )
+        return reply[0] == 1, int(reply[1])
+
+    async def _reenter(self, hold: Hold[None]) -> bool:
+        call = self._renew_as(hold.owner, 1)
+        count = await self._bg.undoable(call, lambda c: self._release_as(hold.owner) if c else None)
+        return int(count) > 0
+
+    async def _give_back(self, hold: Hold[None]) -> int:
+        return int(await self._release_as(hold.owner))
+
+    async def _renew(self, hold: Hold[None]) -> bool:
+        return int(await self._renew_as(hold.owner, 0)) > 0
+
+    async def _renew_as(self, owner: str, add: int) -> Any:
+        return await self._scripts.renew(self._redis, (self.name,), (owner, self._lease_ms, add))
+
+    async def _release_as(self, owner: str) -> Any:
+        return await self._scripts.release(
+            self._redis, (self.name, self.channel), (owner, self._lease_ms)
+        )
