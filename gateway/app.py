@@ -10,10 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TypeVar
 
+import asyncpg
+import structlog
 from aiohttp import web
 from redis.asyncio import Redis
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from gateway import views
 from gateway.admin import StockAdmin
@@ -34,6 +38,9 @@ from gateway.soldout import SoldOut
 
 QUEUE_SAMPLE_S = 0.5
 
+T = TypeVar("T")
+log = structlog.get_logger(__name__)
+
 
 async def redis_ctx(app: web.Application) -> AsyncIterator[None]:
     """The Redis client and its bounded pool."""
@@ -43,9 +50,29 @@ async def redis_ctx(app: web.Application) -> AsyncIterator[None]:
     await redis.aclose()
 
 
+async def _patiently(what: str, wait_s: float, attempt: Callable[[], Awaitable[T]]) -> T:
+    """Retry a start-up step while its dependency is down, for up to ``wait_s``.
+
+    A gateway restarted during an outage waits for Redis or PostgreSQL instead
+    of exiting at once; a step that fails for another reason fails at once.
+    """
+    deadline = asyncio.get_running_loop().time() + wait_s
+    pause = 0.1
+    while True:
+        try:
+            return await attempt()
+        except (OSError, RedisConnectionError, asyncpg.CannotConnectNowError) as exc:
+            if asyncio.get_running_loop().time() + pause > deadline:
+                raise
+            log.warning("waiting_for_dependency", dependency=what, cause=repr(exc))
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 2.0)
+
+
 async def database_ctx(app: web.Application) -> AsyncIterator[None]:
     """The PostgreSQL pool, after the migrations are in place."""
-    pool = await create_pool(app[SETTINGS])
+    settings = app[SETTINGS]
+    pool = await _patiently("postgres", settings.startup_wait_s, lambda: create_pool(settings))
     try:
         async with pool.acquire() as con:
             await migrate(con)
@@ -62,7 +89,7 @@ async def service_ctx(app: web.Application) -> AsyncIterator[None]:
     settings, metrics = app[SETTINGS], app[METRICS]
     redis, orders = app[REDIS], app[ORDERS]
     inventory = Inventory(redis, settings, on_noscript=metrics.noscript_reload)
-    await inventory.load_scripts()
+    await _patiently("redis", settings.startup_wait_s, inventory.load_scripts)
     await load_lock_scripts(redis)
     subscriber = LockSubscriber(redis, client_name=f"{settings.key_prefix}-lock-sub")
     catalog, soldout = Catalog(orders), SoldOut()

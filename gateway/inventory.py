@@ -19,6 +19,9 @@ from gateway.errors import Unavailable
 from gateway.scripts import AutoPipeline, Script, read_script
 from gateway.settings import Settings
 
+# Orders written back per round trip when rebuilding a sku's hashes.
+RESTORE_CHUNK = 1000
+
 ReplyKind = Literal["ok", "confirmed", "in_progress", "missing", "duplicate", "sold_out"]
 Verdict = Literal["C", "R", "S", "D"]
 
@@ -194,6 +197,24 @@ class Inventory:
         args = ("reset" if reset else "reload", db_stock, self._channel, sku)
         raw = await self._call(self._load_stock, (keys.stock, keys.pending), args)
         return int(raw[1])
+
+    async def restore_orders(self, sku: str, orders: Sequence[Order]) -> None:
+        """Write committed orders back into the buyers and done hashes.
+
+        After Redis lost its data these hashes are what answers a replay with its
+        order and a second request of a buyer with "duplicate"; the stock key is
+        reloaded only after this, so no reservation runs against empty hashes.
+        """
+        keys = self.keys(sku)
+        for start in range(0, len(orders), RESTORE_CHUNK):
+            chunk = orders[start : start + RESTORE_CHUNK]
+            pipe = self.redis.pipeline(transaction=False)
+            pipe.hset(
+                keys.done,
+                mapping={o.request_id: f"{o.order_id}|{o.user_id}|{o.qty}" for o in chunk},
+            )
+            pipe.hset(keys.buyers, mapping={o.user_id: o.request_id for o in chunk})
+            await self._guard(pipe.execute())
 
     async def available(self, sku: str) -> int | None:
         """Unreserved stock in Redis, or None when the key is missing."""

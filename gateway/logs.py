@@ -44,3 +44,32 @@ def configure(level: str = "info", *, json: bool | None = None) -> None:
         logger_factory=factory,
         cache_logger_on_first_use=True,
     )
+    _route_stdlib(level, json=json)
+
+
+def _route_stdlib(level: str, *, json: bool) -> None:
+    """Libraries log through ``logging`` (asyncpg's pool, aiohttp): render their
+    records in the same format, so the log stays one JSON object per line."""
+    renderer: Any = (
+        structlog.processors.JSONRenderer(serializer=lambda obj, **_: orjson.dumps(obj).decode())
+        if json
+        else structlog.dev.ConsoleRenderer(colors=False)
+    )
+    formatter = structlog.stdlib.ProcessorFormatter(
+        foreign_pre_chain=[
+            structlog.contextvars.merge_contextvars,
+            structlog.stdlib.add_log_level,
+            structlog.stdlib.add_logger_name,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+        ],
+        processors=[
+            structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+            structlog.processors.format_exc_info,
+            renderer,
+        ],
+    )
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(formatter)
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(_LEVELS[level])

@@ -48,6 +48,9 @@ ORDERS_BY_REQUESTS = """
 SELECT order_id::text, request_id, sku, user_id, qty FROM orders
 WHERE request_id = ANY($1::text[])
 """
+SKU_ORDERS = """
+SELECT order_id::text, request_id, sku, user_id, qty FROM orders WHERE sku = $1
+"""
 UNITS_SOLD = "SELECT COALESCE(SUM(qty), 0) FROM orders WHERE sku = $1"
 # A new sku starts empty, so two concurrent creations both see the row (and
 # wait for its lock) and each records only its own difference.
@@ -220,6 +223,13 @@ class Orders:
         except DB_ERRORS as exc:
             raise Unavailable(f"postgres: {type(exc).__name__}") from exc
         return {r["request_id"]: _order(r) for r in rows}
+
+    async def sku_orders(self, sku: str) -> list[Order]:
+        """Every order of a sku."""
+        try:
+            return [_order(r) for r in await self.pool.fetch(SKU_ORDERS, sku)]
+        except DB_ERRORS as exc:
+            raise Unavailable(f"postgres: {type(exc).__name__}") from exc
 
     async def put_sku(self, sku: str, stock: int, per_user_limit: int) -> int:
         """Create a sku or reset its stock, recording the movement; returns the stock."""

@@ -15,6 +15,7 @@ from contextlib import AbstractAsyncContextManager
 from typing import Any, Protocol
 
 import structlog
+from redis.exceptions import RedisError
 
 from gateway.batcher import Batcher
 from gateway.catalog import Catalog
@@ -127,41 +128,61 @@ class PurchaseService:
     async def flush(self, sku: str, batch: Sequence[Purchase]) -> list[Result | BaseException]:
         """Commit a batch and settle its reservations; one result per purchase."""
         started = time.perf_counter()
-        failure: Unavailable = Unavailable("flush failed")
+        failure: Exception = Unavailable("flush failed")
         for _ in range(FLUSH_ATTEMPTS):
             try:
                 decision = await self._flush_once(sku, batch)
             except FencedOut:
-                self._note("fenced_out")
+                if self._observer is not None:
+                    self._observer.fenced_out()
                 failure = Unavailable("fenced out")
                 continue
+            except LockLost as exc:
+                failure = exc
+                continue
             except Exception as exc:
-                reason = _reason(exc)
-                if reason == "lock_lost":
-                    failure = Unavailable("lock lost")
-                    continue
-                failure = exc if isinstance(exc, Unavailable) else Unavailable(reason)
+                failure = exc
                 break
             if self._observer is not None:
                 self._observer.flushed(len(batch), time.perf_counter() - started)
             return [decision.decisions[p.request_id].result for p in batch]
-        self._note(_reason(failure))
-        log.warning("flush_failed", sku=sku, size=len(batch), cause=str(failure))
+        reason = _reason(failure)
+        if self._observer is not None:
+            self._observer.flush_failed(reason)
+        # An unexpected error gets its traceback; an expected outage its cause.
+        log.warning(
+            "flush_failed",
+            sku=sku,
+            size=len(batch),
+            reason=reason,
+            cause=repr(failure),
+            exc_info=failure if reason == "error" else None,
+        )
         await self._give_back(sku, batch)
-        return [failure] * len(batch)
+        answer = failure if isinstance(failure, Unavailable) else Unavailable(reason)
+        return [answer] * len(batch)
 
     async def _flush_once(self, sku: str, batch: Sequence[Purchase]) -> BatchDecision:
         if self.lock_for is None:
-            decision = await self.orders.commit_batch(sku, batch, None)
-            await self._settle(sku, batch, decision)
-            return decision
+            unlocked = await self.orders.commit_batch(sku, batch, None)
+            await self._settle(sku, batch, unlocked)
+            return unlocked
         lock = self.lock_for(sku)
-        async with lock(wait=self.lock_wait):
-            decision = await self.orders.commit_batch(sku, batch, lock.fence)
-            # Settled under the lock, so the ledger and the database stock it
-            # compares come from one moment.
-            await self._settle(sku, batch, decision)
-            return decision
+        decision: BatchDecision | None = None
+        try:
+            async with lock(wait=self.lock_wait):
+                decision = await self.orders.commit_batch(sku, batch, lock.fence)
+                # Settled under the lock, so the ledger and the database stock it
+                # compares come from one moment.
+                await self._settle(sku, batch, decision)
+        except Exception as exc:
+            if decision is None:
+                raise
+            # Committed: losing the lock or failing to release it now changes
+            # nothing that was decided, and the buyers must hear about their orders.
+            log.warning("lock_after_commit", sku=sku, cause=repr(exc))
+        assert decision is not None
+        return decision
 
     async def _settle(self, sku: str, batch: Sequence[Purchase], decision: BatchDecision) -> None:
         settlements = []
@@ -194,6 +215,10 @@ class PurchaseService:
         await asyncio.shield(pending)
 
     async def _load(self, sku: str) -> None:
+        # Redis may have lost everything of the sku, not just the counter: put
+        # the committed orders back first, so replays and repeat buyers are
+        # answered from them once the counter reappears.
+        await self.inventory.restore_orders(sku, await self.orders.sku_orders(sku))
         stock = await self.orders.stock(sku)
         if stock is None:
             raise Unavailable("sku vanished")
@@ -201,14 +226,6 @@ class PurchaseService:
         if self._observer is not None:
             self._observer.stock_reloaded()
         log.warning("stock_reloaded", sku=sku, stock=stock)
-
-    def _note(self, reason: str) -> None:
-        if self._observer is None:
-            return
-        if reason == "fenced_out":
-            self._observer.fenced_out()
-        else:
-            self._observer.flush_failed(reason)
 
     async def close(self) -> None:
         """Stop taking purchases and drain every queued batch."""
@@ -222,7 +239,11 @@ def _reason(exc: BaseException) -> str:
         return "lock_lost"
     if isinstance(exc, LockError):
         return "lock_unavailable"
+    if isinstance(exc, RedisError):
+        return "redis"
     if isinstance(exc, Unavailable):
+        if str(exc) == "fenced out":
+            return "fenced_out"
         return "redis" if str(exc).startswith("redis") else "postgres"
     return "error"
 

@@ -42,6 +42,8 @@ class Settings:
     redis_pool_size: int = 64
     db_pool_size: int = 8
     drain_s: float = 10.0
+    # How long start-up waits for Redis and PostgreSQL to answer before giving up.
+    startup_wait_s: float = 30.0
     reconcile_interval_s: float = 5.0
     log_level: str = "info"
     metrics: bool = True
@@ -144,6 +146,7 @@ _PARSERS: Mapping[str, Callable[[str], Any]] = {
     "redis_pool_size": _int(1),
     "db_pool_size": _int(2),
     "drain_s": _float(0.0),
+    "startup_wait_s": _float(0.0),
     "reconcile_interval_s": _float(0.05),
     "log_level": _choice("debug", "info", "warning", "error"),
     "metrics": _bool,

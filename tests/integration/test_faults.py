@@ -12,9 +12,13 @@ from typing import Any
 import aiohttp
 import asyncpg
 import pytest
+from aiohttp.test_utils import TestClient, TestServer
 from redis.asyncio import Redis
 
+from gateway.app import create_app
 from gateway.inventory import SkuKeys
+from tests.chaos.proxy import FaultProxy
+from tests.chaos.servers import free_port
 from tests.conftest import ADMIN_HEADERS, PG_ADMIN_URL, _pg_url, put_sku
 from tests.integration.test_purchase import buy, db_state, redis_state
 
@@ -70,6 +74,22 @@ class TestScriptsAndKeys:
         stock, orders, users = await db_state(database_url, sku)
         assert (stock, orders, users) == (0, 100, 100), (first, second)
         assert await redis_state(redis, key_prefix, sku) == (0, 0)
+
+    async def test_replay_after_redis_lost_everything(
+        self, start_gateway: Any, sku: str, redis: Redis, key_prefix: str
+    ) -> None:
+        """With every key of the sku gone (Redis restarted empty), a replay of a
+        confirmed request still gets its order, the same buyer with a new request
+        is a duplicate, and the rest of the stock still sells."""
+        client = await start_gateway()
+        await put_sku(client, sku, 2)
+        status, first = await buy(client, sku, "alice", "a1")
+        assert status == 201
+        await redis.delete(*SkuKeys.of(key_prefix, sku).all())
+        assert await buy(client, sku, "alice", "a1") == (201, first)
+        assert await buy(client, sku, "alice", "a2") == (409, {"status": "duplicate"})
+        assert (await buy(client, sku, "bob", "b1"))[0] == 201
+        assert await buy(client, sku, "carol", "c1") == (409, {"status": "sold_out"})
 
     async def test_redis_stock_above_database_is_split(
         self, start_gateway: Any, sku: str, redis: Redis, key_prefix: str, database_url: str
@@ -200,3 +220,37 @@ class TestBounds:
         assert all(retry for status, retry in answers if status == 503)
         stock, orders, _ = await db_state(database_url, sku)
         assert orders == statuses[201] and stock == 300 - orders
+
+
+class TestStartup:
+    """A gateway started while PostgreSQL is down waits for it, within a bound."""
+
+    async def test_waits_for_the_database_to_come_up(
+        self, make_settings: Any, database_url: str
+    ) -> None:
+        """Nothing listens on the database port at first; when a listener appears
+        half a second later the gateway finishes starting and serves."""
+        port = free_port()
+        url = database_url.replace("127.0.0.1:5432", f"127.0.0.1:{port}")
+        client = TestClient(
+            TestServer(create_app(make_settings(database_url=url, startup_wait_s=20)))
+        )
+        starting = asyncio.create_task(client.start_server())
+        await asyncio.sleep(0.5)
+        assert not starting.done()
+        with FaultProxy("127.0.0.1", 5432, listen_port=port):
+            await asyncio.wait_for(starting, 20)
+            try:
+                assert (await client.get("/readyz")).status == 200
+            finally:
+                await client.close()
+
+    async def test_gives_up_after_the_bound(self, make_settings: Any, database_url: str) -> None:
+        """With no database at all, start-up fails once the wait runs out."""
+        url = database_url.replace("127.0.0.1:5432", f"127.0.0.1:{free_port()}")
+        client = TestClient(
+            TestServer(create_app(make_settings(database_url=url, startup_wait_s=0.5)))
+        )
+        with pytest.raises(OSError):
+            await asyncio.wait_for(client.start_server(), 20)
+        await client.close()
