@@ -281,7 +281,7 @@ class BaseLock(ABC, Generic[R]):
             if ours or exc_type is None:
                 raise LockLost(self.name) from exc
             return  # another exception is already leaving the block
-        if ours:  # pragma: no cover - we cancel only lost holds, whose release raises
+        if ours:  # defensive: we cancel only lost holds, and their release raises
             raise LockLost(self.name) from exc
 
     def _ensure_watchdog(self, hold: Hold[R]) -> None:

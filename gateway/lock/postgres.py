@@ -36,8 +36,6 @@ SELECT setval('{FENCE_SEQUENCE}', greatest(
     nextval('{FENCE_SEQUENCE}'),
     (extract(epoch FROM clock_timestamp()) * 1000000)::bigint))
 """
-# Even "try once" needs a connection to try with: wait this long for one.
-_MIN_POOL_WAIT_S = 1.0
 
 
 def advisory_key(name: str) -> int:
@@ -83,8 +81,8 @@ class PgAdvisoryLock(BaseLock[PgSession]):
         self.key = advisory_key(name)
 
     async def _grant(self, owner: str, deadline: float | None) -> Grant[PgSession] | None:
-        sent = time.monotonic()
-        pool_wait = None if deadline is None else max(deadline - sent, _MIN_POOL_WAIT_S)
+        # Even "try once" needs a connection to try with: wait at least a second for one.
+        pool_wait = None if deadline is None else max(deadline - time.monotonic(), 1.0)
         try:
             con = await self._pool.acquire(timeout=pool_wait)
         except TimeoutError:
@@ -94,6 +92,7 @@ class PgAdvisoryLock(BaseLock[PgSession]):
             contended = not await con.fetchval(_TRY_LOCK, self.key)
             if contended and not await self._wait_in_server(con, deadline):
                 return None
+            sent = time.monotonic()  # the session answered now: the lease counts from here
             fence = await self._next_fence(con)
             granted = True
             return Grant(fence, PgSession(con), contended, sent)

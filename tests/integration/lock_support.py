@@ -1,0 +1,264 @@
+"""Helpers for the lock tests: conditions, worker processes, a private Redis, backends.
+
+Nothing here is a fixture: each test module builds its fixtures from these.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+from redis.asyncio import Redis
+
+from gateway.lock import LockSubscriber, PgAdvisoryLock, RedisLock, advisory_key
+
+ROOT = Path(__file__).resolve().parents[2]
+
+Condition = Callable[[], bool | Awaitable[bool]]
+AnyLock = RedisLock | PgAdvisoryLock
+
+
+async def eventually(condition: Condition, within: float = 5.0, interval: float = 0.01) -> None:
+    """Wait until ``condition()`` is true; fail the test after ``within`` seconds."""
+    deadline = time.monotonic() + within
+    while True:
+        result = condition()
+        if inspect.isawaitable(result):
+            result = await result
+        if result:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {within} s")
+        await asyncio.sleep(interval)
+
+
+# --------------------------------------------------------------------- worker processes
+
+
+class Worker:
+    """A ``python -m tests.integration.lock_worker`` process whose stdout we read by line."""
+
+    def __init__(self, proc: asyncio.subprocess.Process, stderr: Path) -> None:
+        self.proc = proc
+        self._stderr = stderr
+
+    @classmethod
+    async def start(cls, args: Sequence[str], stderr: Path) -> Worker:
+        """Start a worker with ``args`` (see lock_worker.py); its stderr goes to a file."""
+        with stderr.open("wb") as err:
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                "tests.integration.lock_worker",
+                *args,
+                cwd=ROOT,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=err,
+            )
+        return cls(proc, stderr)
+
+    async def line(self, within: float = 10.0) -> str:
+        """The next line the worker prints, within ``within`` seconds."""
+        assert self.proc.stdout is not None
+        raw = await asyncio.wait_for(self.proc.stdout.readline(), within)
+        if not raw:
+            raise AssertionError(f"worker ended early; stderr:\n{self._stderr.read_text()}")
+        return raw.decode().strip()
+
+    async def expect(self, word: str, within: float = 10.0) -> list[str]:
+        """Read lines until one starts with ``word``; returns its fields."""
+        deadline = time.monotonic() + within
+        while True:
+            fields = (await self.line(max(deadline - time.monotonic(), 0.001))).split()
+            if fields and fields[0] == word:
+                return fields
+
+    async def lines_until(self, word: str, within: float = 10.0) -> list[list[str]]:
+        """Every line up to and including the first that starts with ``word``, split."""
+        deadline = time.monotonic() + within
+        seen: list[list[str]] = []
+        while not seen or seen[-1][:1] != [word]:
+            seen.append((await self.line(max(deadline - time.monotonic(), 0.001))).split())
+        return seen
+
+    async def send(self, text: str) -> None:
+        """Write a line to the worker's stdin."""
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(text.encode() + b"\n")
+        await self.proc.stdin.drain()
+
+    def signal(self, sig: signal.Signals) -> None:
+        """Send ``sig`` to the worker."""
+        self.proc.send_signal(sig)
+
+    async def stop(self) -> None:
+        """Kill the worker (if it still runs) and reap it."""
+        if self.proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.send_signal(signal.SIGCONT)  # a stopped process must wake to die
+                self.proc.kill()
+        await asyncio.wait_for(self.proc.wait(), 10)
+
+
+@contextlib.asynccontextmanager
+async def workers(*arg_lists: Sequence[str], tmp: Path) -> AsyncIterator[list[Worker]]:
+    """Start one worker per argument list; all are killed when the block ends."""
+    started: list[Worker] = []
+    try:
+        for i, args in enumerate(arg_lists):
+            started.append(await Worker.start(args, tmp / f"worker{i}.err"))
+        yield started
+    finally:
+        for worker in started:
+            await worker.stop()
+
+
+# -------------------------------------------------------------------- a private Redis
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class PrivateRedis:
+    """A redis-server of our own on a free port, so it can be restarted freely."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.port = free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self._workdir = workdir
+        self._proc: asyncio.subprocess.Process | None = None
+
+    async def start(self) -> None:
+        """Start the server and wait until it answers PING."""
+        self._proc = await asyncio.create_subprocess_exec(
+            *("redis-server", "--port", str(self.port), "--bind", "127.0.0.1"),
+            *("--save", "", "--appendonly", "no", "--dir", str(self._workdir)),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        await eventually(self._answers, within=10)
+
+    async def stop(self) -> None:
+        """Kill the server and wait until it is gone."""
+        if self._proc is not None and self._proc.returncode is None:
+            self._proc.kill()
+            await asyncio.wait_for(self._proc.wait(), 10)
+        self._proc = None
+
+    async def restart(self) -> None:
+        """Kill and start again: every key and script is gone."""
+        await self.stop()
+        await self.start()
+
+    async def _answers(self) -> bool:
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", self.port)
+        except OSError:
+            return False
+        try:
+            writer.write(b"PING\r\n")
+            await writer.drain()
+            return (await reader.readline()).startswith(b"+PONG")
+        except OSError:
+            return False
+        finally:
+            writer.close()
+
+
+# ------------------------------------------------------------------------ backends
+
+
+async def open_pg_pool(database_url: str, max_size: int = 12) -> asyncpg.Pool[Any]:
+    """A pool on the session database, with the fence sequence the migration would create."""
+    pool = await asyncpg.create_pool(database_url, min_size=1, max_size=max_size)
+    await pool.execute("CREATE SEQUENCE IF NOT EXISTS lock_fence_seq")
+    return pool
+
+
+async def close_pg_pool(pool: asyncpg.Pool[Any]) -> None:
+    """Close the pool, terminating it if a connection is still out after 5 s."""
+    try:
+        await asyncio.wait_for(pool.close(), 5)
+    except TimeoutError:
+        pool.terminate()
+
+
+@dataclass
+class Backend:
+    """One lock backend under test and ways to look at its lock from outside."""
+
+    kind: str
+    redis: Redis
+    pool: asyncpg.Pool[Any] | None
+    name: str
+
+    def new(self, **kwargs: Any) -> AnyLock:
+        """A new lock object on the test's lock name."""
+        if self.pool is not None:
+            return PgAdvisoryLock(self.pool, self.name, **kwargs)
+        return RedisLock(self.redis, self.name, **kwargs)
+
+    async def is_free(self) -> bool:
+        """Whether a fresh lock object can take the lock right now (it gives it back)."""
+        probe = self.new()
+        if not await probe.acquire(wait=0):
+            return False
+        await probe.release()
+        return True
+
+    async def snapshot(self) -> Any:
+        """The backend's view of the lock, to compare before and after."""
+        if self.pool is None:
+            return await self.redis.hgetall(self.name)
+        return [tuple(r) for r in await self.pool.fetch(_PG_LOCKS, *_pg_key_parts(self.name))]
+
+    async def waiting(self) -> int:
+        """How many acquisitions wait in this process (Redis) or in the server (PostgreSQL)."""
+        if self.pool is None:
+            return LockSubscriber.for_client(self.redis).waiting
+        rows = await self.pool.fetch(_PG_LOCKS, *_pg_key_parts(self.name))
+        return sum(1 for r in rows if not r["granted"])
+
+    async def waiting_is(self, count: int) -> bool:
+        """Whether exactly ``count`` acquisitions wait (for :func:`eventually`)."""
+        return await self.waiting() == count
+
+    async def break_lock(self) -> None:
+        """Take the lock away from its holder behind its back."""
+        if self.pool is None:
+            await self.redis.delete(self.name)
+            return
+        rows = await self.pool.fetch(_PG_LOCKS, *_pg_key_parts(self.name))
+        for row in rows:
+            if row["granted"]:
+                await self.pool.execute("SELECT pg_terminate_backend($1)", row["pid"])
+
+
+_PG_LOCKS = """
+SELECT pid, granted FROM pg_locks
+WHERE locktype = 'advisory' AND classid = $1 AND objid = $2 AND objsubid = 1
+  AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+ORDER BY granted DESC, pid
+"""
+
+
+def _pg_key_parts(name: str) -> tuple[int, int]:
+    """pg_locks shows a bigint advisory key as (classid, objid): its high and low halves."""
+    key = advisory_key(name) & 0xFFFFFFFFFFFFFFFF
+    return key >> 32, key & 0xFFFFFFFF

@@ -1,0 +1,307 @@
+"""Lock behaviour both backends share: ownership, re-entry, fencing, waiting, the
+watchdog, and what a holder is told when its lock is lost. Real Redis and PostgreSQL."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from redis.asyncio import Redis
+
+from gateway.lock import (
+    LockLost,
+    LockNotOwned,
+    LockStats,
+    LockSubscriber,
+    LockTimeout,
+    NullLock,
+    PgAdvisoryLock,
+    RedisLock,
+    make_flush_lock,
+)
+from tests.integration.lock_support import Backend, close_pg_pool, eventually, open_pg_pool
+
+pytestmark = pytest.mark.timeout(30)
+
+
+@pytest.fixture(params=["redis", "postgres"])
+async def backend(
+    request: pytest.FixtureRequest, redis: Redis, key_prefix: str, database_url: str
+) -> AsyncIterator[Backend]:
+    """The lock backend under test, on a lock name of this test's own."""
+    pool = await open_pg_pool(database_url) if request.param == "postgres" else None
+    yield Backend(request.param, redis, pool, f"{key_prefix}:{{lock}}:lock")
+    await LockSubscriber.close_for(redis)
+    if pool is not None:
+        await close_pg_pool(pool)
+
+
+def stats(lock: Any) -> LockStats:
+    assert isinstance(lock.metrics, LockStats)
+    return lock.metrics
+
+
+class TestOwnership:
+    """The owner is (lock object, task): the task re-enters, everyone else is refused."""
+
+    async def test_the_same_task_re_enters_and_the_last_release_frees(
+        self, backend: Backend
+    ) -> None:
+        lock = backend.new()
+        assert await lock.acquire(wait=0)
+        fence = lock.fence
+        assert await lock.acquire(wait=0)
+        assert lock.fence == fence
+        await lock.release()
+        assert lock.held and not await backend.is_free()
+        await lock.release()
+        assert not lock.held
+        assert await backend.is_free()
+
+    async def test_a_foreign_task_release_is_refused_and_changes_nothing(
+        self, backend: Backend
+    ) -> None:
+        lock = backend.new()
+        await lock.acquire()
+        before = await backend.snapshot()
+        with pytest.raises(LockNotOwned) as refused:
+            await asyncio.create_task(lock.release())
+        assert refused.value.name == backend.name
+        with pytest.raises(LockNotOwned):
+            await backend.new().release()  # another object, same task
+        assert await backend.snapshot() == before
+        assert lock.held and not await backend.is_free()
+        await lock.release()
+
+    async def test_fences_strictly_increase_across_instances_and_acquisitions(
+        self, backend: Backend
+    ) -> None:
+        fences = []
+        shared = backend.new()
+        for lock in [backend.new() for _ in range(4)] + [shared, shared]:
+            async with lock:
+                fences.append(lock.fence)
+        assert fences == sorted(set(fences)), fences
+
+    async def test_body_error_propagates_and_the_lock_is_released(self, backend: Backend) -> None:
+        lock = backend.new()
+        with pytest.raises(ValueError, match="boom"):
+            async with lock:
+                raise ValueError("boom")
+        assert await backend.is_free()
+
+
+class TestWaiting:
+    """wait=0 tries once, a number bounds the wait, None waits; cancelling leaves nothing."""
+
+    async def test_try_once_and_bounded_waits_time_out(self, backend: Backend) -> None:
+        holder, other = backend.new(), backend.new()
+        await holder.acquire()
+        assert not await other.acquire(wait=0)
+        assert not await other.acquire(wait=0.2)
+        with pytest.raises(LockTimeout) as timed_out:
+            async with other(wait=0.2):
+                pytest.fail("entered a held lock")
+        assert timed_out.value.name == backend.name
+        assert stats(other).timeouts == 3
+        await holder.release()
+
+    async def test_a_waiter_gets_the_lock_when_it_is_released(self, backend: Backend) -> None:
+        holder, waiter = backend.new(lease=10), backend.new(lease=10)
+        await holder.acquire()
+
+        async def wait_then_release() -> int:
+            assert await waiter.acquire(wait=10)
+            fence = waiter.fence
+            await waiter.release()
+            return fence
+
+        task = asyncio.create_task(wait_then_release())
+        await eventually(lambda: backend.waiting_is(1))
+        await holder.release()
+        assert await asyncio.wait_for(task, 5) > holder.fence
+        assert stats(waiter).contended == 1
+
+    async def test_a_wait_longer_than_the_lease_leaves_the_new_hold_a_full_lease(
+        self, backend: Backend
+    ) -> None:
+        holder, waiter = backend.new(lease=0.3), backend.new(lease=0.3)
+        await holder.acquire()
+
+        async def wait_then_hold() -> None:
+            async with waiter:  # waits about 1 s, three of its leases
+                await asyncio.sleep(0.5)  # its first renewals come due
+                assert waiter.held and not waiter.lost.is_set()
+
+        task = asyncio.create_task(wait_then_hold())
+        await eventually(lambda: backend.waiting_is(1))
+        await asyncio.sleep(1.0)
+        await holder.release()
+        await asyncio.wait_for(task, 5)
+        assert stats(waiter).losses == 0
+
+    async def test_a_cancelled_waiter_leaves_no_lock_behind(self, backend: Backend) -> None:
+        holder, waiter = backend.new(), backend.new()
+        await holder.acquire()
+        task = asyncio.create_task(waiter.acquire())
+        await eventually(lambda: backend.waiting_is(1))
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await holder.release()
+        await eventually(backend.is_free)
+        assert not waiter.held
+
+
+class TestWatchdog:
+    """The watchdog renews while held and stops on release, owner end and max_hold."""
+
+    async def test_a_short_lease_survives_a_long_hold_and_renewal_stops_on_release(
+        self, backend: Backend
+    ) -> None:
+        lock = backend.new(lease=0.3)
+        async with lock:
+            for _ in range(12):  # 3 s, ten leases
+                await asyncio.sleep(0.25)
+                assert lock.held and not lock.lost.is_set()
+                assert not await backend.is_free()
+        assert stats(lock).renewals >= 15  # one per 0.1 s, with slack for a busy machine
+        assert stats(lock).renewal_failures == stats(lock).losses == 0
+        assert await backend.is_free()
+        if backend.kind == "redis":
+            assert not await backend.redis.exists(backend.name)
+        renewals = stats(lock).renewals
+        await asyncio.sleep(0.6)  # two leases: any renewal still running would show
+        assert stats(lock).renewals == renewals
+
+    async def test_renewal_stops_when_the_owner_task_ends_without_releasing(
+        self, backend: Backend
+    ) -> None:
+        lock = backend.new(lease=0.3)
+        await asyncio.create_task(lock.acquire())  # the task ends holding the lock
+        await eventually(backend.is_free, within=3)
+        renewals = stats(lock).renewals
+        await asyncio.sleep(0.3)
+        assert stats(lock).renewals == renewals
+        assert not lock.held
+
+    async def test_max_hold_ends_the_hold_with_lock_lost(self, backend: Backend) -> None:
+        lock = backend.new(lease=0.3, max_hold=0.5)
+        with pytest.raises(LockLost):
+            async with asyncio.timeout(5), lock:
+                await asyncio.sleep(10)
+        assert lock.lost.is_set()
+        assert stats(lock).losses == 1
+        await eventually(backend.is_free, within=3)
+
+
+class TestLoss:
+    """A lost lock sets ``lost``, cancels the protected block and ends it with LockLost."""
+
+    async def test_loss_cancels_the_block_which_leaves_with_lock_lost(
+        self, backend: Backend
+    ) -> None:
+        lock = backend.new(lease=0.6)
+        body_cancelled = False
+        with pytest.raises(LockLost) as lost:
+            async with asyncio.timeout(5), lock:
+                await backend.break_lock()
+                try:
+                    await asyncio.Event().wait()
+                except asyncio.CancelledError:
+                    body_cancelled = True
+                    raise
+        assert body_cancelled and lost.value.name == backend.name
+        assert isinstance(lost.value.__cause__, asyncio.CancelledError)
+        assert lock.lost.is_set() and not lock.held
+        assert stats(lock).losses == 1
+        current = asyncio.current_task()
+        assert current is not None and current.cancelling() == 0  # uncancelled, not leaked
+
+    async def test_an_outer_cancellation_during_a_loss_is_not_swallowed(
+        self, backend: Backend
+    ) -> None:
+        class CancelOnLoss(LockStats):
+            target: asyncio.Task[None] | None = None
+
+            def lost(self) -> None:
+                super().lost()
+                assert self.target is not None
+                self.target.cancel()  # arrives together with the lock's own cancellation
+
+        metrics = CancelOnLoss()
+        lock = backend.new(lease=0.6, metrics=metrics)
+        entered = asyncio.Event()
+
+        async def hold() -> None:
+            async with lock:
+                entered.set()
+                await asyncio.Event().wait()
+
+        metrics.target = task = asyncio.create_task(hold())
+        await asyncio.wait_for(entered.wait(), 5)
+        await backend.break_lock()
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(task, 5)
+        assert task.cancelled() and metrics.losses == 1
+
+    async def test_an_outer_cancellation_releases_the_lock(self, backend: Backend) -> None:
+        lock = backend.new()
+        entered = asyncio.Event()
+
+        async def hold() -> None:
+            async with lock:
+                entered.set()
+                await asyncio.Event().wait()
+
+        task = asyncio.create_task(hold())
+        await asyncio.wait_for(entered.wait(), 5)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert await backend.is_free()
+
+    async def test_release_after_a_loss_raises_lock_lost_then_not_owned(
+        self, backend: Backend
+    ) -> None:
+        lock = backend.new(lease=0.6)
+        await lock.acquire()
+        await backend.break_lock()
+        await eventually(lock.lost.is_set, within=5)
+        assert not lock.held
+        with pytest.raises(LockLost):
+            await lock.release()
+        with pytest.raises(LockNotOwned):
+            await lock.release()
+        await eventually(backend.is_free)
+
+
+class TestFactory:
+    """make_flush_lock picks the backend; NullLock never waits and never fences."""
+
+    async def test_kinds(self, redis: Redis, key_prefix: str) -> None:
+        name = f"{key_prefix}:{{f}}:lock"
+        assert isinstance(
+            make_flush_lock("redis", redis=redis, pool=None, name=name, lease=1), RedisLock
+        )
+        null = make_flush_lock("none", redis=None, pool=None, name=name, lease=1)
+        assert isinstance(null, NullLock)
+        async with null(wait=0), null:
+            assert null.fence == 0 and null.held
+        assert not null.held
+        with pytest.raises(ValueError, match="needs an asyncpg pool"):
+            make_flush_lock("postgres", redis=redis, pool=None, name=name, lease=1)
+        with pytest.raises(ValueError, match="unknown lock kind"):
+            make_flush_lock("zookeeper", redis=redis, pool=None, name=name, lease=1)
+
+    async def test_postgres_kind(self, database_url: str, key_prefix: str) -> None:
+        pool = await open_pg_pool(database_url, max_size=2)
+        try:
+            lock = make_flush_lock("postgres", redis=None, pool=pool, name=key_prefix, lease=1)
+            assert isinstance(lock, PgAdvisoryLock)
+            async with lock:
+                assert lock.fence > 0
+        finally:
+            await close_pg_pool(pool)

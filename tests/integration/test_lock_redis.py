@@ -1,0 +1,233 @@
+"""What only the Redis lock does: the shared unlock subscriber, the TTL-bounded poll,
+cancellation after a script has already acted, and a Redis that restarts."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from redis.asyncio import BlockingConnectionPool, Redis
+
+from gateway.lock import LockLost, LockStats, LockSubscriber, RedisLock
+from tests.conftest import REDIS_URL
+from tests.integration.lock_support import PrivateRedis, eventually
+
+pytestmark = pytest.mark.timeout(30)
+
+
+@pytest.fixture
+def name(key_prefix: str) -> str:
+    """This test's lock name, with a hash tag."""
+    return f"{key_prefix}:{{lock}}:lock"
+
+
+@pytest.fixture(autouse=True)
+async def close_subscriber(redis: Redis) -> AsyncIterator[None]:
+    """Close the shared subscriber of the test's client after the test."""
+    yield
+    await LockSubscriber.close_for(redis)
+
+
+class GatedRedis(Redis):
+    """Holds script replies back while ``gate`` is closed: Redis has acted, the caller
+    has not heard yet — the moment to cancel it."""
+
+    gate: asyncio.Event | None = None
+
+    async def evalsha(self, *args: Any, **kwargs: Any) -> Any:
+        reply = await super().evalsha(*args, **kwargs)
+        if self.gate is not None:
+            await self.gate.wait()
+        return reply
+
+
+@pytest.fixture
+async def gated() -> AsyncIterator[GatedRedis]:
+    """A client whose script replies can be held back."""
+    client = GatedRedis.from_url(REDIS_URL)
+    assert isinstance(client, GatedRedis)
+    yield client
+    await LockSubscriber.close_for(client)
+    await client.aclose()
+
+
+@pytest.fixture
+async def blocking() -> AsyncIterator[Redis]:
+    """A client whose pool (20 connections) makes callers wait rather than fail."""
+    client = Redis.from_pool(BlockingConnectionPool.from_url(REDIS_URL, max_connections=20))
+    yield client
+    await LockSubscriber.close_for(client)
+    await client.aclose()
+
+
+class TestWaking:
+    """Waiters wake on the unlock message through one subscriber per process."""
+
+    async def test_a_waiter_wakes_on_unlock_long_before_its_poll(
+        self, redis: Redis, name: str
+    ) -> None:
+        holder, waiter = RedisLock(redis, name, lease=10), RedisLock(redis, name, lease=10)
+        await holder.acquire()
+        acquired_at = 0.0
+
+        async def wait() -> None:
+            nonlocal acquired_at
+            assert await waiter.acquire(wait=15)
+            acquired_at = time.monotonic()
+            await waiter.release()
+
+        task = asyncio.create_task(wait())
+        await eventually(lambda: LockSubscriber.for_client(redis).waiting == 1)
+        released_at = time.monotonic()
+        await holder.release()
+        await asyncio.wait_for(task, 15)
+        # Its poll is bounded by the holder's TTL, about 10 s here.
+        assert acquired_at - released_at < 1.0
+
+    async def test_a_waiter_polls_when_no_message_comes(self, redis: Redis, name: str) -> None:
+        # A holder from nowhere: its lease runs out without anyone publishing an unlock.
+        await redis.hset(name, mapping={"owner": "ghost", "count": 1, "fence": 0})
+        await redis.pexpire(name, 300)
+        lock = RedisLock(redis, name)
+        assert await lock.acquire(wait=3)
+        await lock.release()
+
+    async def test_two_hundred_waiters_share_one_subscriber_connection(
+        self, blocking: Redis, redis: Redis, name: str
+    ) -> None:
+        # 200 first attempts at once need connections (a default pool has 100); waiting
+        # needs none but the shared subscriber's.
+        holder = RedisLock(blocking, name, lease=10)
+        await holder.acquire()
+        order: list[int] = []
+
+        async def wait() -> None:
+            lock = RedisLock(blocking, name, lease=10)
+            async with lock(wait=20):
+                order.append(lock.fence)
+
+        tasks = [asyncio.create_task(wait()) for _ in range(200)]
+        subscriber = LockSubscriber.for_client(blocking)
+        await eventually(lambda: subscriber.waiting == 200, within=10)
+        channel = name + ":unlock"
+        assert await redis.pubsub_numsub(channel) == [(channel.encode(), 1)]
+        clients = await redis.client_list()
+        named = [c for c in clients if c["name"] == subscriber.client_name and c["sub"] != "0"]
+        assert len(named) == 1, named
+        await holder.release()
+        await asyncio.wait_for(asyncio.gather(*tasks), 20)
+        assert len(order) == 200 and order == sorted(set(order))
+        assert order[0] > holder.fence
+
+
+class TestCancellation:
+    """A caller cancelled after its script ran leaves a consistent lock."""
+
+    async def test_cancelled_after_the_acquire_script_ran_gives_the_lock_back(
+        self, gated: GatedRedis, redis: Redis, name: str
+    ) -> None:
+        gated.gate = asyncio.Event()
+        lock = RedisLock(gated, name)
+        task = asyncio.create_task(lock.acquire())
+        await eventually(lambda: _is_one(redis.exists(name)))  # granted; the reply waits
+        task.cancel()
+        gated.gate.set()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert not await redis.exists(name)
+        assert not lock.held
+
+    async def test_a_cancelled_release_still_completes(
+        self, gated: GatedRedis, redis: Redis, name: str
+    ) -> None:
+        lock = RedisLock(gated, name)
+        acquired, go = asyncio.Event(), asyncio.Event()
+
+        async def hold() -> None:
+            await lock.acquire()
+            acquired.set()
+            await go.wait()
+            await lock.release()
+
+        task = asyncio.create_task(hold())
+        await asyncio.wait_for(acquired.wait(), 5)
+        gated.gate = asyncio.Event()
+        go.set()
+        await eventually(lambda: _is_zero(redis.exists(name)))  # released; reply held back
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        gated.gate.set()
+        await eventually(lambda: not lock.held)
+        assert isinstance(lock.metrics, LockStats) and lock.metrics.releases == 1
+
+
+async def _is_zero(value: Awaitable[int]) -> bool:
+    return await value == 0
+
+
+async def _is_one(value: Awaitable[int]) -> bool:
+    return await value == 1
+
+
+class TestRestart:
+    """A Redis restart takes every lock with it: the holder must hear about it."""
+
+    @pytest.fixture
+    async def server(self, tmp_path: Path) -> AsyncIterator[PrivateRedis]:
+        """A private redis-server, never the shared one."""
+        server = PrivateRedis(tmp_path)
+        await server.start()
+        yield server
+        await server.stop()
+
+    async def test_the_holder_learns_lost_when_redis_restarts(
+        self, server: PrivateRedis, name: str
+    ) -> None:
+        client = Redis.from_url(server.url)
+        try:
+            lock = RedisLock(client, name, lease=1.0)
+            entered = asyncio.Event()
+
+            async def hold() -> None:
+                async with lock:
+                    entered.set()
+                    await asyncio.Event().wait()
+
+            task = asyncio.create_task(hold())
+            await asyncio.wait_for(entered.wait(), 5)
+            before = lock.fence
+            await server.restart()
+            with pytest.raises(LockLost):
+                await asyncio.wait_for(task, 10)
+            assert lock.lost.is_set()
+            # After the restart the scripts are reloaded on NOSCRIPT and locks work again.
+            again = RedisLock(client, name, lease=1.0)
+            assert await again.acquire(wait=5)
+            # The counter went with the restart; the clock floor keeps tokens increasing.
+            assert again.fence > before
+            await again.release()
+        finally:
+            await LockSubscriber.close_for(client)
+            await client.aclose()
+
+    async def test_the_holder_learns_lost_when_redis_stays_unreachable(
+        self, server: PrivateRedis, name: str
+    ) -> None:
+        client = Redis.from_url(server.url)
+        try:
+            lock = RedisLock(client, name, lease=1.0)
+            with pytest.raises(LockLost):
+                async with asyncio.timeout(10), lock:
+                    await server.stop()  # renewals fail until the local deadline passes
+                    await asyncio.Event().wait()
+            assert lock.lost.is_set()
+            assert isinstance(lock.metrics, LockStats)
+            assert lock.metrics.renewal_failures > 0 and lock.metrics.losses == 1
+        finally:
+            await LockSubscriber.close_for(client)
+            await client.aclose()
