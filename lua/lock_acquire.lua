@@ -2,7 +2,7 @@
 --
 -- KEYS[1]  the lock: a hash {owner, count, fence} that expires with the lease
 -- KEYS[2]  the fence counter (never expires); same hash tag as KEYS[1]
--- ARGV[1]  owner id: lock object id ":" task serial (new for each task)
+-- ARGV[1]  owner id: "pid:random" of the lock object ":" task serial (new for each task)
 -- ARGV[2]  lease in milliseconds
 --
 -- Returns {1, fence}  the lock was free and is now ARGV[1]'s, hold count 1;

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import os
 import time
 import uuid
 import weakref
@@ -46,7 +47,9 @@ class BaseLock(ABC, Generic[R]):
         self.lease = lease
         self.max_hold = max_hold
         self.metrics: LockMetrics = metrics if metrics is not None else LockStats()
-        self._uid = uuid.uuid4().hex[:16]
+        # The pid makes a holder findable from outside (HGET <lock> owner), as
+        # Redisson's UUID:threadId does; the random part keeps objects apart.
+        self._uid = f"{os.getpid()}:{uuid.uuid4().hex[:16]}"
         # Serials rather than id(task): ids are reused once a task is collected.
         self._serials: weakref.WeakKeyDictionary[asyncio.Task[Any], int] = (
             weakref.WeakKeyDictionary()
