@@ -17,7 +17,6 @@ fencing token where the data is written.
 from __future__ import annotations
 
 from gateway.lock.errors import LockError, LockLost, LockNotOwned, LockTimeout
-from gateway.lock.factory import LOCK_KINDS, DistributedLock, NullLock, make_flush_lock
 from gateway.lock.metrics import LockMetrics, LockStats
 from gateway.lock.postgres import FENCE_SEQUENCE, PgAdvisoryLock, advisory_key
 from gateway.lock.redis_lock import RedisLock, load_lock_scripts
@@ -25,8 +24,6 @@ from gateway.lock.subscriber import LockSubscriber
 
 __all__ = [
     "FENCE_SEQUENCE",
-    "LOCK_KINDS",
-    "DistributedLock",
     "LockError",
     "LockLost",
     "LockMetrics",
@@ -34,10 +31,8 @@ __all__ = [
     "LockStats",
     "LockSubscriber",
     "LockTimeout",
-    "NullLock",
     "PgAdvisoryLock",
     "RedisLock",
     "advisory_key",
     "load_lock_scripts",
-    "make_flush_lock",
 ]

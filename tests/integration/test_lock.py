@@ -16,10 +16,6 @@ from gateway.lock import (
     LockStats,
     LockSubscriber,
     LockTimeout,
-    NullLock,
-    PgAdvisoryLock,
-    RedisLock,
-    make_flush_lock,
 )
 from tests.integration.lock_support import Backend, close_pg_pool, eventually, open_pg_pool
 
@@ -276,32 +272,3 @@ class TestLoss:
         with pytest.raises(LockNotOwned):
             await lock.release()
         await eventually(backend.is_free)
-
-
-class TestFactory:
-    """make_flush_lock picks the backend; NullLock never waits and never fences."""
-
-    async def test_kinds(self, redis: Redis, key_prefix: str) -> None:
-        name = f"{key_prefix}:{{f}}:lock"
-        assert isinstance(
-            make_flush_lock("redis", redis=redis, pool=None, name=name, lease=1), RedisLock
-        )
-        null = make_flush_lock("none", redis=None, pool=None, name=name, lease=1)
-        assert isinstance(null, NullLock)
-        async with null(wait=0), null:
-            assert null.fence == 0 and null.held
-        assert not null.held
-        with pytest.raises(ValueError, match="needs an asyncpg pool"):
-            make_flush_lock("postgres", redis=redis, pool=None, name=name, lease=1)
-        with pytest.raises(ValueError, match="unknown lock kind"):
-            make_flush_lock("zookeeper", redis=redis, pool=None, name=name, lease=1)
-
-    async def test_postgres_kind(self, database_url: str, key_prefix: str) -> None:
-        pool = await open_pg_pool(database_url, max_size=2)
-        try:
-            lock = make_flush_lock("postgres", redis=None, pool=pool, name=key_prefix, lease=1)
-            assert isinstance(lock, PgAdvisoryLock)
-            async with lock:
-                assert lock.fence > 0
-        finally:
-            await close_pg_pool(pool)
