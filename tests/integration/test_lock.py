@@ -4,34 +4,19 @@ watchdog, and what a holder is told when its lock is lost. Real Redis and Postgr
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from redis.asyncio import Redis
 
 from gateway.lock import (
     LockLost,
     LockNotOwned,
     LockStats,
-    LockSubscriber,
     LockTimeout,
 )
-from tests.integration.lock_support import Backend, close_pg_pool, eventually, open_pg_pool
+from tests.integration.lock_support import Backend, eventually
 
 pytestmark = pytest.mark.timeout(30)
-
-
-@pytest.fixture(params=["redis", "postgres"])
-async def backend(
-    request: pytest.FixtureRequest, redis: Redis, key_prefix: str, database_url: str
-) -> AsyncIterator[Backend]:
-    """The lock backend under test, on a lock name of this test's own."""
-    pool = await open_pg_pool(database_url) if request.param == "postgres" else None
-    yield Backend(request.param, redis, pool, f"{key_prefix}:{{lock}}:lock")
-    await LockSubscriber.close_for(redis)
-    if pool is not None:
-        await close_pg_pool(pool)
 
 
 def stats(lock: Any) -> LockStats:

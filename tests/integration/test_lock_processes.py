@@ -17,26 +17,12 @@ from gateway.lock import LockSubscriber, RedisLock
 from tests.conftest import REDIS_URL
 from tests.integration.lock_support import (
     Backend,
-    close_pg_pool,
     eventually,
-    open_pg_pool,
     workers,
 )
 from tests.integration.lock_worker import fenced_write
 
 pytestmark = pytest.mark.timeout(60)
-
-
-@pytest.fixture(params=["redis", "postgres"])
-async def backend(
-    request: pytest.FixtureRequest, redis: Redis, key_prefix: str, database_url: str
-) -> AsyncIterator[Backend]:
-    """The lock backend under test, on a lock name of this test's own."""
-    pool = await open_pg_pool(database_url) if request.param == "postgres" else None
-    yield Backend(request.param, redis, pool, f"{key_prefix}:{{lock}}:lock")
-    await LockSubscriber.close_for(redis)
-    if pool is not None:
-        await close_pg_pool(pool)
 
 
 def worker_args(mode: str, backend: Backend, database_url: str, *extra: str) -> list[str]:
