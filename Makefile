@@ -50,4 +50,5 @@ locust: $(STAMP) services
 	$(BIN)/python -m loadtests.locust_run
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache loadtests/results
+	rm -rf $(VENV) .mypy_cache .ruff_cache
+	git clean -fqX loadtests/results
