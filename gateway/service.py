@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Protocol
 
@@ -81,6 +81,7 @@ class PurchaseService:
         self.lock_wait = lock_wait_s
         self._observer = observer
         self._reloads: dict[str, asyncio.Future[None]] = {}
+        self._marking: dict[str, asyncio.Future[None]] = {}
         # Set when shutdown begins: new purchases get 503, queued ones finish.
         self.draining = False
         self.batcher = Batcher(
@@ -107,8 +108,7 @@ class PurchaseService:
         if reply.kind == "ok":
             return await self.batcher.submit(purchase)
         if reply.kind == "sold_out" and reply.settled:
-            orders = await self.inventory.confirmed(purchase.sku)
-            self.soldout.mark(purchase.sku, generation, orders)
+            await self._once(self._marking, purchase.sku, self._mark_sold_out, generation)
         if reply.kind == "confirmed":
             return Result(Outcome.CONFIRMED, reply.order)
         result = _ANSWERS.get(reply.kind)
@@ -207,12 +207,29 @@ class PurchaseService:
 
     async def _reload(self, sku: str) -> None:
         """Load a sku's missing stock key from the database, once for all waiters."""
-        pending = self._reloads.get(sku)
-        if pending is None:
-            pending = asyncio.ensure_future(self._load(sku))
-            self._reloads[sku] = pending
-            pending.add_done_callback(lambda _: self._reloads.pop(sku, None))
-        await asyncio.shield(pending)
+        await self._once(self._reloads, sku, self._load)
+
+    @staticmethod
+    async def _once(
+        running: dict[str, asyncio.Future[None]],
+        sku: str,
+        work: Callable[..., Coroutine[Any, Any, None]],
+        *args: Any,
+    ) -> None:
+        """Run ``work(sku, *args)`` unless it already runs for ``sku``; wait for it.
+
+        A storm of requests that all find the same thing missing must cost one
+        load, not one per request.
+        """
+        future = running.get(sku)
+        if future is None:
+            future = running[sku] = asyncio.ensure_future(work(sku, *args))
+            future.add_done_callback(lambda _: running.pop(sku, None))
+        await asyncio.shield(future)
+
+    async def _mark_sold_out(self, sku: str, generation: tuple[int, int]) -> None:
+        # The confirmed orders come along, so replays are answered in-process.
+        self.soldout.mark(sku, generation, await self.inventory.confirmed(sku))
 
     async def _load(self, sku: str) -> None:
         # Redis may have lost everything of the sku, not just the counter: put

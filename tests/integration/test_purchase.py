@@ -210,3 +210,29 @@ class TestFencing:
         assert (status, body["error"]) == (503, "unavailable")
         assert await db_state(database_url, sku) == (5, 0, 0)
         assert await redis_state(redis, key_prefix, sku) == (5, 0)
+
+
+class TestSoldOutStorm:
+    """The moment a sku sells out, a storm of requests costs one load of its orders."""
+
+    async def test_confirmed_orders_load_once_per_sell_out(
+        self, start_gateway: Any, sku: str
+    ) -> None:
+        """200 requests arriving together after the last unit sold all get sold_out,
+        and the sku's confirmed orders are read from Redis once, not 200 times."""
+        client = await start_gateway()
+        await put_sku(client, sku, 1)
+        assert (await buy(client, sku, "winner"))[0] == 201
+        inventory = client.app[SERVICE].inventory
+        loads = 0
+        confirmed = inventory.confirmed
+
+        async def counting(sku_: str) -> Any:
+            nonlocal loads
+            loads += 1
+            return await confirmed(sku_)
+
+        inventory.confirmed = counting
+        results = await asyncio.gather(*(buy(client, sku, f"late{i}") for i in range(200)))
+        assert {body["status"] for _, body in results} == {"sold_out"}
+        assert loads == 1
