@@ -30,25 +30,27 @@ UNION
 SELECT order_id::text, request_id, sku, user_id, qty FROM orders
 WHERE sku = $2 AND user_id = ANY($3::text[])
 """
-INSERT_ORDERS = """
-INSERT INTO orders (request_id, sku, user_id, qty)
-SELECT r, $4, u, q FROM unnest($1::text[], $2::text[], $3::int[]) AS t(r, u, q)
-ON CONFLICT DO NOTHING
-RETURNING order_id::text, request_id
-"""
-# The floor against overselling: applies only while enough stock remains, and
-# only for a holder whose fencing token is not older than the last writer's.
-TAKE_STOCK = """
-UPDATE inventory SET stock = stock - $2, fence = COALESCE($3, fence), updated_at = now()
-WHERE sku = $1 AND stock >= $2 AND ($3::bigint IS NULL OR fence <= $3)
-RETURNING stock
+# One round trip for the write half of a flush. The floor against overselling
+# is the UPDATE's guard: it applies only while enough stock remains, and only
+# for a holder whose fencing token is not older than the last writer's. The
+# orders are inserted only if it applied.
+PLACE_ORDERS = """
+WITH taken AS (
+    UPDATE inventory SET stock = stock - $5, fence = COALESCE($6, fence), updated_at = now()
+    WHERE sku = $4 AND stock >= $5 AND ($6::bigint IS NULL OR fence <= $6)
+    RETURNING stock
+), placed AS (
+    INSERT INTO orders (request_id, sku, user_id, qty)
+    SELECT r, $4, u, q FROM unnest($1::text[], $2::text[], $3::int[]) AS t(r, u, q)
+    WHERE EXISTS (SELECT 1 FROM taken)
+    ON CONFLICT DO NOTHING
+    RETURNING order_id::text, request_id
+)
+SELECT placed.order_id, placed.request_id, taken.stock AS stock_after FROM placed, taken
 """
 SKU_INFO = "SELECT per_user_limit FROM inventory WHERE sku = $1"
 SKU_STOCK = "SELECT stock FROM inventory WHERE sku = $1"
 ALL_SKUS = "SELECT sku FROM inventory ORDER BY sku"
-ORDER_BY_REQUEST = """
-SELECT order_id::text, request_id, sku, user_id, qty FROM orders WHERE request_id = $1
-"""
 ORDERS_BY_REQUESTS = """
 SELECT order_id::text, request_id, sku, user_id, qty FROM orders
 WHERE request_id = ANY($1::text[])
@@ -173,21 +175,24 @@ class Orders:
         stock_after = row["stock"]
         if granted:
             total = sum(p.qty for p in granted)
-            inserted = await con.fetch(
-                INSERT_ORDERS,
+            placed = await con.fetch(
+                PLACE_ORDERS,
                 [p.request_id for p in granted],
                 [p.user_id for p in granted],
                 [p.qty for p in granted],
                 sku,
+                total,
+                fence,
             )
-            order_ids = {r["request_id"]: r["order_id"] for r in inserted}
+            if not placed:
+                # The guard refused: only a newer fence can do that under the row lock.
+                raise FencedOut(sku)
+            order_ids = {r["request_id"]: r["order_id"] for r in placed}
             if len(order_ids) != len(granted):
                 # Under the row lock no other writer can insert; if one did,
                 # roll the whole batch back rather than guess.
                 raise Unavailable("postgres: concurrent order insert")
-            stock_after = await con.fetchval(TAKE_STOCK, sku, total, fence)
-            if stock_after is None:
-                raise FencedOut(sku)
+            stock_after = placed[0]["stock_after"]
             for p in granted:
                 order = Order(order_ids[p.request_id], p.request_id, sku, p.user_id, p.qty)
                 decisions[p.request_id] = Decision(Result(Outcome.CONFIRMED, order), "C")
