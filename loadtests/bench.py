@@ -55,8 +55,13 @@ from loadtests.targets import (
 
 SOLD_OUT, IN_STOCK = "sold_out", "in_stock"
 SOLD_OUT_SKU, IN_STOCK_SKU = "bench-soldout", "bench-instock"
-TARGETS = ("bare", "gateway", "naive")
-PATH_TARGETS = {SOLD_OUT: ("bare", "gateway", "naive"), IN_STOCK: ("gateway", "naive")}
+# "nometrics" is the gateway with GATEWAY_METRICS=false: what the metrics cost.
+TARGETS = ("bare", "gateway", "nometrics", "naive")
+PATH_TARGETS = {
+    SOLD_OUT: ("bare", "gateway", "nometrics", "naive"),
+    IN_STOCK: ("gateway", "nometrics", "naive"),
+}
+WRITERS = ("gateway", "nometrics", "naive")
 SKU_OF = {SOLD_OUT: SOLD_OUT_SKU, IN_STOCK: IN_STOCK_SKU}
 SETTLE_TIMEOUT_S = 15.0
 SOLD_SNAPSHOT = """
@@ -117,14 +122,16 @@ def config_from(argv: Sequence[str] | None) -> Config:
 def start_targets(harness: Harness, config: Config) -> tuple[dict[str, Target], dict[str, str]]:
     """Start bare, gateway and naive and create their skus; returns targets and databases."""
     # One database each, so neither's orders slow the other's inserts.
-    databases = {"gateway": harness.database("gateway"), "naive": harness.database("naive")}
-    gateway_db, naive_db = databases["gateway"], databases["naive"]
+    databases = {name: harness.database(name) for name in WRITERS}
     targets = {
         "bare": harness.start_bare(),
-        "gateway": harness.start_gateway(gateway_db),
-        "naive": harness.start_naive(naive_db),
+        "gateway": harness.start_gateway(databases["gateway"]),
+        "nometrics": harness.start_gateway(
+            databases["nometrics"], name="nometrics", settings={"GATEWAY_METRICS": "false"}
+        ),
+        "naive": harness.start_naive(databases["naive"]),
     }
-    for name in ("gateway", "naive"):
+    for name in WRITERS:
         targets[name].put_sku(SOLD_OUT_SKU, 0)
         targets[name].put_sku(IN_STOCK_SKU, config.stock)
     return targets, databases
@@ -297,7 +304,7 @@ def audit(
     may commit unseen; more than that, or fewer orders than 201s, is a bug.
     """
     found: dict[str, Any] = {}
-    for name in ("gateway", "naive"):
+    for name in WRITERS:
         seen = sum(r.statuses.get("201", 0) for r in runs if r.target == name)
         sold = asyncio.run(_fetch_sold(databases[name], IN_STOCK_SKU))
         entry: dict[str, Any] = {
@@ -306,7 +313,7 @@ def audit(
             "unseen_orders": sold["orders"] - seen,
             "stock_conserved": sold["db_stock"] + sold["orders"] == stock,
         }
-        if name == "gateway":
+        if name != "naive":
             entry["admin_report"] = wait_settled(targets[name])
         found[name] = entry
     return found
@@ -344,7 +351,7 @@ def plot(rows: Sequence[dict[str, Any]], path: Path, title: str) -> None:
     import matplotlib.pyplot as plt
 
     labels = [f"{r['target']}\n{r['path']}" for r in rows]
-    colors = {"bare": "#888888", "gateway": "#1f77b4", "naive": "#d62728"}
+    colors = {"bare": "#888888", "gateway": "#1f77b4", "nometrics": "#17becf", "naive": "#d62728"}
     bar_colors = [colors.get(r["target"], "#2ca02c") for r in rows]
     xs = range(len(rows))
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.8))
