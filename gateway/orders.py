@@ -1,8 +1,10 @@
 """The PostgreSQL adapter: inventory rows, orders and stock movements.
 
-Every statement lives here as a named constant. Every statement that takes
-stock carries its ``stock >=`` guard (``tests/unit/test_sql_guard.py`` scans
-for it), so the database refuses an oversell whatever Redis or a lock said.
+Every statement lives here as a named constant, or, for the flush, in the
+``flush_batch`` function of ``sql/002_flush_batch.sql``, so a flush costs one
+round trip. Every statement that takes stock carries its ``stock >=`` guard
+(``tests/unit/test_sql_guard.py`` scans for it), so the database refuses an
+oversell whatever Redis or a lock said.
 Driver errors become :class:`gateway.errors.Unavailable` here.
 """
 
@@ -14,40 +16,16 @@ from typing import Any
 
 import asyncpg
 
-from gateway.database import Connection
 from gateway.domain import DUPLICATE, SOLD_OUT, Order, Outcome, Purchase, Result, SkuInfo
 from gateway.errors import Unavailable
 
-# Serializes writers of one sku, so the conflict check and the grant below see
-# every committed order; the guarded UPDATE stays the floor all the same.
+# Serializes writers of one sku (admin changes lock the row too).
 LOCK_INVENTORY_ROW = "SELECT stock, fence FROM inventory WHERE sku = $1 FOR UPDATE"
-# Two index lookups rather than one OR: a prepared statement soon runs on a
-# generic plan, and for the OR that plan is a sequential scan of orders.
-CONFLICTING_ORDERS = """
-SELECT order_id::text, request_id, sku, user_id, qty FROM orders
-WHERE request_id = ANY($1::text[])
-UNION
-SELECT order_id::text, request_id, sku, user_id, qty FROM orders
-WHERE sku = $2 AND user_id = ANY($3::text[])
-"""
-# One round trip for the write half of a flush. The floor against overselling
-# is the UPDATE's guard: it applies only while enough stock remains, and only
-# for a holder whose fencing token is not older than the last writer's. The
-# orders are inserted only if it applied.
-PLACE_ORDERS = """
-WITH taken AS (
-    UPDATE inventory SET stock = stock - $5, fence = COALESCE($6, fence), updated_at = now()
-    WHERE sku = $4 AND stock >= $5 AND ($6::bigint IS NULL OR fence <= $6)
-    RETURNING stock
-), placed AS (
-    INSERT INTO orders (request_id, sku, user_id, qty)
-    SELECT r, $4, u, q FROM unnest($1::text[], $2::text[], $3::int[]) AS t(r, u, q)
-    WHERE EXISTS (SELECT 1 FROM taken)
-    ON CONFLICT DO NOTHING
-    RETURNING order_id::text, request_id
-)
-SELECT placed.order_id, placed.request_id, taken.stock AS stock_after FROM placed, taken
-"""
+# A whole flush in one round trip: see sql/002_flush_batch.sql, whose UPDATE
+# carries the stock >= guard and the fencing check.
+FLUSH_BATCH = "SELECT * FROM flush_batch($1, $2::text[], $3::text[], $4::int[], $5::bigint)"
+# The SQLSTATE flush_batch raises for a fencing token older than the row's.
+FENCED_OUT = "FS001"
 SKU_INFO = "SELECT per_user_limit FROM inventory WHERE sku = $1"
 SKU_STOCK = "SELECT stock FROM inventory WHERE sku = $1"
 ALL_SKUS = "SELECT sku FROM inventory ORDER BY sku"
@@ -110,34 +88,18 @@ def _order(row: asyncpg.Record) -> Order:
     return Order(row["order_id"], row["request_id"], row["sku"], row["user_id"], row["qty"])
 
 
-def _decide(
-    sku: str, batch: Sequence[Purchase], stock: int, existing: Sequence[Order]
-) -> tuple[dict[str, Decision], list[Purchase]]:
-    """Grant what fits, in arrival order; the rest is replay, duplicate or sold out."""
-    by_request = {o.request_id: o for o in existing}
-    buyers = {o.user_id for o in existing if o.sku == sku}
-    decisions: dict[str, Decision] = {}
-    granted: list[Purchase] = []
-    for p in batch:
-        if p.request_id in decisions:
-            continue
-        prior = by_request.get(p.request_id)
-        if prior is not None:
-            # A replay Redis forgot: the first outcome stands. Its reservation
-            # is settled as confirmed only if it is this very order.
-            same = prior.sku == sku and prior.user_id == p.user_id
-            decisions[p.request_id] = Decision(
-                Result(Outcome.CONFIRMED, prior), "C" if same else "R"
-            )
-        elif p.user_id in buyers:
-            decisions[p.request_id] = Decision(DUPLICATE, "D")
-        elif p.qty <= stock:
-            stock -= p.qty
-            buyers.add(p.user_id)
-            granted.append(p)
-        else:
-            decisions[p.request_id] = Decision(SOLD_OUT, "S")
-    return decisions, granted
+def _decision(row: asyncpg.Record) -> Decision:
+    verdict = row["verdict"]
+    if verdict in ("C", "R"):
+        order = Order(
+            row["order_id"],
+            row["request_id"],
+            row["order_sku"],
+            row["order_user"],
+            row["order_qty"],
+        )
+        return Decision(Result(Outcome.CONFIRMED, order), verdict)
+    return Decision(DUPLICATE if verdict == "D" else SOLD_OUT, verdict)
 
 
 class Orders:
@@ -149,54 +111,29 @@ class Orders:
     async def commit_batch(
         self, sku: str, batch: Sequence[Purchase], fence: int | None
     ) -> BatchDecision:
-        """Insert a batch's orders and take their stock in one transaction.
+        """Decide a batch, insert its orders and take their stock: one statement.
 
         Raises :class:`FencedOut` when ``fence`` is older than the row's, and
         :class:`Unavailable` when PostgreSQL fails; either way nothing commits.
         """
         try:
-            async with self.pool.acquire() as con, con.transaction():
-                return await self._commit(con, sku, batch, fence)
-        except DB_ERRORS as exc:
-            raise Unavailable(f"postgres: {type(exc).__name__}") from exc
-
-    async def _commit(
-        self, con: Connection, sku: str, batch: Sequence[Purchase], fence: int | None
-    ) -> BatchDecision:
-        row = await con.fetchrow(LOCK_INVENTORY_ROW, sku)
-        if row is None:
-            return BatchDecision({p.request_id: Decision(SOLD_OUT, "S") for p in batch}, 0)
-        if fence is not None and row["fence"] > fence:
-            raise FencedOut(sku)
-        rids = [p.request_id for p in batch]
-        users = [p.user_id for p in batch]
-        existing = [_order(r) for r in await con.fetch(CONFLICTING_ORDERS, rids, sku, users)]
-        decisions, granted = _decide(sku, batch, row["stock"], existing)
-        stock_after = row["stock"]
-        if granted:
-            total = sum(p.qty for p in granted)
-            placed = await con.fetch(
-                PLACE_ORDERS,
-                [p.request_id for p in granted],
-                [p.user_id for p in granted],
-                [p.qty for p in granted],
+            rows = await self.pool.fetch(
+                FLUSH_BATCH,
                 sku,
-                total,
+                [p.request_id for p in batch],
+                [p.user_id for p in batch],
+                [p.qty for p in batch],
                 fence,
             )
-            if not placed:
-                # The guard refused: only a newer fence can do that under the row lock.
-                raise FencedOut(sku)
-            order_ids = {r["request_id"]: r["order_id"] for r in placed}
-            if len(order_ids) != len(granted):
-                # Under the row lock no other writer can insert; if one did,
-                # roll the whole batch back rather than guess.
-                raise Unavailable("postgres: concurrent order insert")
-            stock_after = placed[0]["stock_after"]
-            for p in granted:
-                order = Order(order_ids[p.request_id], p.request_id, sku, p.user_id, p.qty)
-                decisions[p.request_id] = Decision(Result(Outcome.CONFIRMED, order), "C")
+        except asyncpg.PostgresError as exc:
+            if exc.sqlstate == FENCED_OUT:
+                raise FencedOut(sku) from exc
+            raise Unavailable(f"postgres: {type(exc).__name__}") from exc
+        except DB_ERRORS as exc:
+            raise Unavailable(f"postgres: {type(exc).__name__}") from exc
+        decisions = {row["request_id"]: _decision(row) for row in rows}
         short = any(d.verdict == "S" for d in decisions.values())
+        stock_after = rows[0]["stock_after"] if rows else None
         return BatchDecision(decisions, stock_after if short else None)
 
     async def sku_info(self, sku: str) -> SkuInfo | None:

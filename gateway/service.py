@@ -106,7 +106,12 @@ class PurchaseService:
             await self._reload(purchase.sku)
             reply = await self.inventory.reserve(purchase, _now_ms())
         if reply.kind == "ok":
-            return await self.batcher.submit(purchase)
+            try:
+                return await self.batcher.submit(purchase)
+            except ShuttingDown:
+                # Draining began while Redis reserved: nothing will flush it here.
+                await self._give_back(purchase.sku, [purchase])
+                raise
         if reply.kind == "sold_out" and reply.settled:
             await self._once(self._marking, purchase.sku, self._mark_sold_out, generation)
         if reply.kind == "confirmed":

@@ -64,7 +64,8 @@ class TestGracefulShutdown:
             report = await check_invariants(
                 database_url, sku, 300, summary, scenario="sigterm", faults="SIGTERM gw0"
             )
-            assert report.ok, f"{report}\n{cluster.logs()}"
+            stuck = [(r.request_id, r.attempts[-3:]) for r in summary.unresolved]
+            assert report.ok, f"{report}\n{stuck}\n{cluster.logs()}"
             assert report.sold == 300
             assert await redis.hlen(SkuKeys.of(key_prefix, sku).pending) == 0
             assert not summary.unresolved
