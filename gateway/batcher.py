@@ -52,6 +52,11 @@ class Batcher:
         """Purchases queued or being flushed, across all skus."""
         return self._depth
 
+    def queued(self, sku: str) -> int:
+        """Purchases of ``sku`` waiting for the next flush."""
+        lane = self._lanes.get(sku)
+        return 0 if lane is None else len(lane.entries)
+
     @property
     def full(self) -> bool:
         """Whether a new purchase should be shed instead of reserved."""

@@ -22,11 +22,14 @@ from gateway.catalog import Catalog
 from gateway.domain import DUPLICATE, IN_PROGRESS, SOLD_OUT, Outcome, Purchase, Result
 from gateway.errors import InvalidRequest, ShuttingDown, Unavailable
 from gateway.inventory import Inventory, Settlement
-from gateway.lock.errors import LockError, LockLost
-from gateway.orders import BatchDecision, FencedOut, Orders
+from gateway.lock.errors import LockError, LockLost, LockTimeout
+from gateway.orders import DB_ERRORS, BatchDecision, FencedOut, Orders
 from gateway.soldout import SoldOut
 
 log = structlog.get_logger(__name__)
+
+# Longest a sku's flusher keeps its lock across back-to-back flushes.
+HOLD_SLICE_S = 0.05
 
 _ANSWERS = {"sold_out": SOLD_OUT, "duplicate": DUPLICATE, "in_progress": IN_PROGRESS}
 
@@ -41,6 +44,16 @@ class FlushLock(Protocol):
     @property
     def fence(self) -> int:
         """The fencing token of the current holding."""
+
+    @property
+    def lost(self) -> asyncio.Event:
+        """Set when the calling task's hold was lost."""
+
+    async def acquire(self, wait: float | None = None) -> bool:
+        """Take the lock for the calling task; False when the wait ran out."""
+
+    async def release(self) -> None:
+        """Give back the calling task's hold."""
 
     def __call__(self, wait: float | None = None) -> AbstractAsyncContextManager[Any]:
         """Hold the lock for an ``async with`` block, waiting at most ``wait`` seconds."""
@@ -82,6 +95,8 @@ class PurchaseService:
         self._observer = observer
         self._reloads: dict[str, asyncio.Future[None]] = {}
         self._marking: dict[str, asyncio.Future[None]] = {}
+        # Skus whose flusher holds the flush lock now, with when it took it.
+        self._holding: dict[str, float] = {}
         # Set when shutdown begins: new purchases get 503, queued ones finish.
         self.draining = False
         self.batcher = Batcher(
@@ -173,21 +188,51 @@ class PurchaseService:
             await self._settle(sku, batch, unlocked)
             return unlocked
         lock = self.lock_for(sku)
+        await self._hold(sku, lock)
         decision: BatchDecision | None = None
         try:
-            async with lock(wait=self.lock_wait):
-                decision = await self.orders.commit_batch(sku, batch, lock.fence)
-                # Settled under the lock, so the ledger and the database stock it
-                # compares come from one moment.
-                await self._settle(sku, batch, decision)
+            decision = await self.orders.commit_batch(sku, batch, lock.fence)
+            # Settled under the lock, so the ledger and the database stock it
+            # compares come from one moment.
+            await self._settle(sku, batch, decision)
         except Exception as exc:
+            # Whatever failed, the next flush starts from a fresh acquisition.
+            await self._let_go(sku, lock)
             if decision is None:
                 raise
-            # Committed: losing the lock or failing to release it now changes
-            # nothing that was decided, and the buyers must hear about their orders.
+            # Committed: what fails now changes nothing that was decided, and
+            # the buyers must hear about their orders.
             log.warning("lock_after_commit", sku=sku, cause=repr(exc))
-        assert decision is not None
+            return decision
+        held_for = time.monotonic() - self._holding.get(sku, 0.0)
+        if self.batcher.queued(sku) == 0 or held_for >= HOLD_SLICE_S:
+            await self._let_go(sku, lock)
         return decision
+
+    async def _hold(self, sku: str, lock: FlushLock) -> None:
+        """Make sure this sku's flusher holds its lock, acquiring it if need be.
+
+        The lock stays with the flusher across back-to-back flushes (at most
+        HOLD_SLICE_S, then other instances get their turn): under a storm each
+        acquisition would otherwise cost a round trip per flush. The fencing
+        token in the flush's UPDATE still rejects a holder whose lease ran out.
+        """
+        if sku in self._holding:
+            if not lock.lost.is_set():
+                return
+            await self._let_go(sku, lock)
+        if not await lock.acquire(wait=self.lock_wait):
+            raise LockTimeout(sku, "flush lock not acquired in time")
+        self._holding[sku] = time.monotonic()
+
+    async def _let_go(self, sku: str, lock: FlushLock) -> None:
+        if self._holding.pop(sku, None) is None:
+            return
+        try:
+            await lock.release()
+        except (LockError, RedisError, *DB_ERRORS) as exc:
+            # Lost or unreachable: the lease runs out on its own.
+            log.warning("lock_release_failed", sku=sku, cause=repr(exc))
 
     async def _settle(self, sku: str, batch: Sequence[Purchase], decision: BatchDecision) -> None:
         settlements = []
