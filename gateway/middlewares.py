@@ -8,10 +8,13 @@ import orjson
 import structlog
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
+from redis.exceptions import RedisError
 
-from gateway.errors import GatewayError, MethodNotAllowed, NotFound, TooLarge
+from gateway.errors import GatewayError, MethodNotAllowed, NotFound, TooLarge, Unavailable
 from gateway.keys import OUTCOME
+from gateway.lock.errors import LockError
 from gateway.metrics import Metrics
+from gateway.orders import DB_ERRORS
 
 log = structlog.get_logger(__name__)
 
@@ -57,6 +60,11 @@ async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         if exc.status < 400:
             raise
         return error_body(_from_http(exc))
+    except (RedisError, LockError, *DB_ERRORS) as exc:
+        # A driver error that crossed the lock package: a dependency is down,
+        # which is a 503, never a 500.
+        log.warning("request_failed", path=request.path, error="unavailable", cause=repr(exc))
+        return error_body(Unavailable(f"dependency: {type(exc).__name__}"))
     except Exception:
         log.exception("unhandled", path=request.path)
         return web.Response(body=_INTERNAL, status=500, content_type=JSON)

@@ -16,12 +16,12 @@ flush lock (so one reconciler, and no flush, touches the sku at a time) and:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 import structlog
+from redis.exceptions import RedisError
 
 from gateway.errors import Unavailable
 from gateway.inventory import Settlement
@@ -64,11 +64,14 @@ class Reconciler:
         self._suspect: dict[str, int] = {}
 
     async def run(self) -> None:
-        """Reconcile every sku each interval until cancelled."""
+        """Reconcile every sku each interval until cancelled; a failed pass is
+        logged and the next one tries again, so the task never dies quietly."""
         while True:
             await asyncio.sleep(self._interval)
-            with contextlib.suppress(Unavailable, LockError):
+            try:
                 await self.reconcile_all()
+            except Exception:
+                log.exception("reconcile_pass_failed")
 
     async def reconcile_all(self) -> dict[str, SkuReconciliation]:
         """One pass over every sku of the inventory."""
@@ -76,8 +79,8 @@ class Reconciler:
         for sku in await self._service.orders.skus():
             try:
                 done[sku] = await self.reconcile(sku)
-            except (Unavailable, LockError) as exc:
-                log.warning("reconcile_failed", sku=sku, cause=str(exc))
+            except (Unavailable, LockError, RedisError) as exc:
+                log.warning("reconcile_failed", sku=sku, cause=repr(exc))
         return done
 
     async def reconcile(self, sku: str) -> SkuReconciliation:

@@ -255,3 +255,22 @@ class TestStartup:
         with pytest.raises(OSError):
             await asyncio.wait_for(client.start_server(), 20)
         await client.close()
+
+
+class TestRedisDown:
+    """Redis unreachable: purchases and admin changes answer 503, never 500."""
+
+    async def test_everything_answers_503(self, start_gateway: Any, sku: str) -> None:
+        """With the only way to Redis gone, a purchase, a stock reset and the
+        readiness check all report the outage as 503 with a JSON body."""
+        proxy = FaultProxy("127.0.0.1", 6379).start()
+        try:
+            client = await start_gateway(redis_url=f"redis://127.0.0.1:{proxy.port}/0")
+            await put_sku(client, sku, 5)
+        finally:
+            proxy.stop()
+        resp = await client.post("/v1/purchase", json={"sku": sku, "user_id": "r"})
+        assert (resp.status, (await resp.json())["error"]) == (503, "unavailable")
+        resp = await client.put(f"/admin/skus/{sku}", json={"stock": 9}, headers=ADMIN_HEADERS)
+        assert (resp.status, (await resp.json())["error"]) == (503, "unavailable")
+        assert (await client.get("/readyz")).status == 503
