@@ -9,6 +9,7 @@ the fixtures remove their directories.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import AsyncIterator, Callable, Generator
 
 import pytest
@@ -64,3 +65,13 @@ async def sentinel_cluster(diagnostics: Diagnostics) -> AsyncIterator[RedisSenti
     async with RedisSentinelCluster() as cluster:
         diagnostics.append(cluster.log_tails)
         yield cluster
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """One line per chaos scenario that finished (collected by tests/chaos/scenarios.py)."""
+    scenarios = sys.modules.get("tests.chaos.scenarios")
+    lines: list[str] = getattr(scenarios, "REPORT_LINES", [])
+    if lines:
+        terminalreporter.section("chaos scenarios")
+        for line in lines:
+            terminalreporter.write_line(line)
