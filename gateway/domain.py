@@ -24,6 +24,9 @@ class Purchase:
     user_id: str
     qty: int
     request_id: str
+    # When Redis reserved it (ms since the epoch): names this reservation of the
+    # request id, apart from an earlier one the reconciler released.
+    reserved_at_ms: int = 0
 
     def identified(self) -> Purchase:
         """This purchase with a request id, generated if the client gave none."""

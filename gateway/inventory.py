@@ -160,9 +160,9 @@ class Inventory:
         for script in self.scripts:
             await script.load(self.redis)
 
-    async def reserve(self, purchase: Purchase, now_ms: int) -> Reply:
-        """Reserve stock for one purchase (reserve.lua)."""
-        args = (purchase.request_id, purchase.user_id, purchase.qty, now_ms)
+    async def reserve(self, purchase: Purchase) -> Reply:
+        """Reserve stock for one purchase (reserve.lua), stamped ``reserved_at_ms``."""
+        args = (purchase.request_id, purchase.user_id, purchase.qty, purchase.reserved_at_ms)
         try:
             raw = await self._reserve_pipelined(self.keys(purchase.sku).all(), args)
         except RedisError as exc:

@@ -23,7 +23,16 @@ from gateway.errors import Unavailable
 LOCK_INVENTORY_ROW = "SELECT stock, fence FROM inventory WHERE sku = $1 FOR UPDATE"
 # A whole flush in one round trip: see sql/002_flush_batch.sql, whose UPDATE
 # carries the stock >= guard and the fencing check.
-FLUSH_BATCH = "SELECT * FROM flush_batch($1, $2::text[], $3::text[], $4::int[], $5::bigint)"
+FLUSH_BATCH = """
+SELECT * FROM flush_batch($1, $2::text[], $3::text[], $4::int[], $5::bigint[], $6::bigint)
+"""
+# The reconciler's side of the same arbitration: under the row lock, stale
+# reservations without an order are recorded as released, so a flush still on
+# its way answers them "X" instead of committing them after their stock went back.
+RECORD_RELEASED = """
+INSERT INTO released_reservations (request_id, reserved_at_ms)
+SELECT * FROM unnest($1::text[], $2::bigint[]) ON CONFLICT DO NOTHING
+"""
 # The SQLSTATE flush_batch raises for a fencing token older than the row's.
 FENCED_OUT = "FS001"
 SKU_INFO = "SELECT per_user_limit FROM inventory WHERE sku = $1"
@@ -62,6 +71,13 @@ DB_ERRORS = (
 )
 
 
+class OutcomeUnknown(Unavailable):
+    """The connection broke after the flush was sent: it may or may not have
+    committed. Its reservations stay in the ledger for the reconciler, which
+    settles each from the order rows; giving them back now could sell a unit
+    twice in Redis and tell a buyer who got the order that it was sold out."""
+
+
 class FencedOut(Exception):
     """The flush's fencing token is older than the row's: its lock expired."""
 
@@ -70,7 +86,7 @@ class FencedOut(Exception):
 class Decision:
     """The database's verdict on one purchase of a batch."""
 
-    result: Result
+    result: Result | Unavailable
     # How Redis settles the reservation: see lua/settle.lua.
     verdict: str
 
@@ -99,6 +115,9 @@ def _decision(row: asyncpg.Record) -> Decision:
             row["order_qty"],
         )
         return Decision(Result(Outcome.CONFIRMED, order), verdict)
+    if verdict == "X":
+        # Already given back by the reconciler: nothing to settle but the answer.
+        return Decision(Unavailable("reservation expired; retry"), "R")
     return Decision(DUPLICATE if verdict == "D" else SOLD_OUT, verdict)
 
 
@@ -113,28 +132,64 @@ class Orders:
     ) -> BatchDecision:
         """Decide a batch, insert its orders and take their stock: one statement.
 
-        Raises :class:`FencedOut` when ``fence`` is older than the row's, and
-        :class:`Unavailable` when PostgreSQL fails; either way nothing commits.
+        Raises :class:`FencedOut` when ``fence`` is older than the row's and
+        :class:`Unavailable` when PostgreSQL refused or could not be reached;
+        then nothing committed. Raises :class:`OutcomeUnknown` when the
+        connection broke after the statement was sent: it may have committed.
         """
+        args = (
+            sku,
+            [p.request_id for p in batch],
+            [p.user_id for p in batch],
+            [p.qty for p in batch],
+            [p.reserved_at_ms for p in batch],
+            fence,
+        )
         try:
-            rows = await self.pool.fetch(
-                FLUSH_BATCH,
-                sku,
-                [p.request_id for p in batch],
-                [p.user_id for p in batch],
-                [p.qty for p in batch],
-                fence,
-            )
+            async with self.pool.acquire() as con:
+                try:
+                    rows = await con.fetch(FLUSH_BATCH, *args)
+                except (
+                    asyncpg.PostgresConnectionError,
+                    asyncpg.InterfaceError,
+                    OSError,
+                    TimeoutError,
+                    asyncpg.InternalClientError,
+                ) as exc:
+                    raise OutcomeUnknown(f"postgres: {type(exc).__name__}") from exc
         except asyncpg.PostgresError as exc:
             if exc.sqlstate == FENCED_OUT:
                 raise FencedOut(sku) from exc
             raise Unavailable(f"postgres: {type(exc).__name__}") from exc
+        except OutcomeUnknown:
+            raise
         except DB_ERRORS as exc:
             raise Unavailable(f"postgres: {type(exc).__name__}") from exc
         decisions = {row["request_id"]: _decision(row) for row in rows}
         short = any(d.verdict == "S" for d in decisions.values())
         stock_after = rows[0]["stock_after"] if rows else None
         return BatchDecision(decisions, stock_after if short else None)
+
+    async def release_stale(self, sku: str, stale: Sequence[tuple[str, int]]) -> dict[str, Order]:
+        """Arbitrate stale reservations ``(request_id, reserved_at_ms)`` with flushes.
+
+        Under the inventory row lock, which every flush takes first: those with an
+        order are returned (they committed); the others are recorded as released,
+        so no flush can commit them any more.
+        """
+        rids = [rid for rid, _ in stale]
+        try:
+            async with self.pool.acquire() as con, con.transaction():
+                await con.execute(LOCK_INVENTORY_ROW, sku)
+                found = {
+                    r["request_id"]: _order(r) for r in await con.fetch(ORDERS_BY_REQUESTS, rids)
+                }
+                gone = [(rid, at) for rid, at in stale if rid not in found]
+                if gone:
+                    await con.execute(RECORD_RELEASED, [r for r, _ in gone], [a for _, a in gone])
+                return found
+        except DB_ERRORS as exc:
+            raise Unavailable(f"postgres: {type(exc).__name__}") from exc
 
     async def sku_info(self, sku: str) -> SkuInfo | None:
         """The sku's per-user limit, or None when it does not exist."""

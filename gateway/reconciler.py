@@ -95,7 +95,11 @@ class Reconciler:
         inventory, orders = self._service.inventory, self._service.orders
         stale_before = int(time.time() * 1000) - self._timeout_ms
         stale = [p for p in await inventory.pending(sku) if p.reserved_at_ms < stale_before]
-        found = await orders.orders([p.request_id for p in stale])
+        found = (
+            await orders.release_stale(sku, [(p.request_id, p.reserved_at_ms) for p in stale])
+            if stale
+            else {}
+        )
         settlements = [
             Settlement(p.request_id, "C", p.user_id, p.qty, found[p.request_id].order_id)
             if p.request_id in found and found[p.request_id].sku == sku

@@ -12,6 +12,7 @@ import asyncio
 import time
 from collections.abc import Callable, Coroutine, Sequence
 from contextlib import AbstractAsyncContextManager
+from dataclasses import replace
 from typing import Any, Protocol
 
 import structlog
@@ -23,7 +24,7 @@ from gateway.domain import DUPLICATE, IN_PROGRESS, SOLD_OUT, Outcome, Purchase, 
 from gateway.errors import InvalidRequest, ShuttingDown, Unavailable
 from gateway.inventory import Inventory, Settlement
 from gateway.lock.errors import LockError, LockLost, LockTimeout
-from gateway.orders import DB_ERRORS, BatchDecision, FencedOut, Orders
+from gateway.orders import DB_ERRORS, BatchDecision, FencedOut, Orders, OutcomeUnknown
 from gateway.soldout import SoldOut
 
 log = structlog.get_logger(__name__)
@@ -54,6 +55,9 @@ class FlushLock(Protocol):
 
     async def release(self) -> None:
         """Give back the calling task's hold."""
+
+    def abandon(self) -> None:
+        """Forget the calling task's hold when its release could not get through."""
 
     def __call__(self, wait: float | None = None) -> AbstractAsyncContextManager[Any]:
         """Hold the lock for an ``async with`` block, waiting at most ``wait`` seconds."""
@@ -116,10 +120,12 @@ class PurchaseService:
         structlog.contextvars.bind_contextvars(request_id=purchase.request_id, sku=purchase.sku)
         self._admit()
         generation = self.soldout.generation(purchase.sku)
-        reply = await self.inventory.reserve(purchase, _now_ms())
+        purchase = replace(purchase, reserved_at_ms=_now_ms())
+        reply = await self.inventory.reserve(purchase)
         if reply.kind == "missing":
             await self._reload(purchase.sku)
-            reply = await self.inventory.reserve(purchase, _now_ms())
+            purchase = replace(purchase, reserved_at_ms=_now_ms())
+            reply = await self.inventory.reserve(purchase)
         if reply.kind == "ok":
             try:
                 return await self.batcher.submit(purchase)
@@ -178,7 +184,8 @@ class PurchaseService:
             cause=repr(failure),
             exc_info=failure if reason == "error" else None,
         )
-        await self._give_back(sku, batch)
+        if not isinstance(failure, OutcomeUnknown):
+            await self._give_back(sku, batch)
         answer = failure if isinstance(failure, Unavailable) else Unavailable(reason)
         return [answer] * len(batch)
 
@@ -231,14 +238,16 @@ class PurchaseService:
         try:
             await lock.release()
         except (LockError, RedisError, *DB_ERRORS) as exc:
-            # Lost or unreachable: the lease runs out on its own.
+            # Lost or unreachable: stop renewing, and the lease runs out on its own.
+            lock.abandon()
             log.warning("lock_release_failed", sku=sku, cause=repr(exc))
 
     async def _settle(self, sku: str, batch: Sequence[Purchase], decision: BatchDecision) -> None:
         settlements = []
         for p in batch:
             d = decision.decisions[p.request_id]
-            order_id = d.result.order.order_id if d.result.order is not None else ""
+            order = d.result.order if isinstance(d.result, Result) else None
+            order_id = order.order_id if order is not None else ""
             settlements.append(
                 Settlement(p.request_id, d.verdict, p.user_id, p.qty, order_id)  # type: ignore[arg-type]
             )

@@ -1,3 +1,15 @@
+-- Reservations the reconciler gave back, so a flush still on its way cannot
+-- commit them afterwards (flush_batch answers them "X").
+--
+-- A reservation is named by its request id and the moment Redis reserved it:
+-- the client's retry of the same request id is a new reservation and buys.
+CREATE TABLE IF NOT EXISTS released_reservations (
+    request_id      text NOT NULL,
+    reserved_at_ms  bigint NOT NULL,
+    released_at     timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (request_id, reserved_at_ms)
+);
+
 -- flush_batch: decide and write one batch of reserved purchases in one round trip.
 --
 -- Called once per flush, as a single statement (its own transaction). Locks the
@@ -8,14 +20,16 @@
 --   D  a duplicate: the buyer already holds an order of this sku
 --   G  granted: it fits in the stock left (then inserted and returned as C)
 --   S  sold out: it does not fit
+--   X  expired: the reconciler released this reservation; its buyer retries
 -- and the granted units are taken by one UPDATE guarded by stock >= total and
 -- the fencing token. A fencing token older than the row's raises SQLSTATE
 -- FS001, and nothing is written.
 --
--- Returns one row per distinct request id: request_id, verdict (C, R, D or S),
+-- Returns one row per distinct request id: request_id, verdict (C, R, D, S or X),
 -- the order's id, sku, user and qty (C and R), and the stock after the batch.
 CREATE OR REPLACE FUNCTION flush_batch(
-    p_sku text, p_request_ids text[], p_user_ids text[], p_qtys integer[], p_fence bigint
+    p_sku text, p_request_ids text[], p_user_ids text[], p_qtys integer[],
+    p_reserved_at bigint[], p_fence bigint
 ) RETURNS TABLE (
     request_id text, verdict text, order_id text, order_sku text, order_user text,
     order_qty integer, stock_after bigint
@@ -63,6 +77,16 @@ BEGIN
             d_skus := d_skus || v_prior.sku;
             d_users := d_users || v_prior.user_id;
             d_qtys := d_qtys || v_prior.qty;
+        ELSIF EXISTS (
+            SELECT 1 FROM released_reservations rr
+            WHERE rr.request_id = p_request_ids[i] AND rr.reserved_at_ms = p_reserved_at[i]
+        ) THEN
+            d_rids := d_rids || p_request_ids[i];
+            d_verdicts := d_verdicts || 'X'::text;
+            d_orders := d_orders || NULL::text;
+            d_skus := d_skus || NULL::text;
+            d_users := d_users || NULL::text;
+            d_qtys := d_qtys || NULL::integer;
         ELSIF p_user_ids[i] = ANY (v_buyers) OR EXISTS (
             SELECT 1 FROM orders o WHERE o.sku = p_sku AND o.user_id = p_user_ids[i]
         ) THEN

@@ -149,6 +149,15 @@ class BaseLock(ABC, Generic[R]):
             raise LockNotOwned(self.name)
         await self._bg.shielded(self._release(hold))
 
+    def abandon(self) -> None:
+        """Forget the calling task's hold without the backend: for a release that
+        could not get through. The watchdog stops, so the lease runs out by itself
+        (PostgreSQL: the session goes back to the pool, whose reset unlocks it).
+        Does nothing when the task holds nothing."""
+        hold = self._holds.get(self._owner_task())
+        if hold is not None:
+            self._abandon(hold)
+
     def __call__(self, wait: float | None = None) -> _Entry[R]:
         """``async with lock(wait=5.0):`` — like ``async with lock:`` with a bounded wait."""
         return _Entry(self, wait)
@@ -245,6 +254,10 @@ class BaseLock(ABC, Generic[R]):
         if hold.watchdog is not None and hold.watchdog is not asyncio.current_task():
             hold.watchdog.cancel()
 
+    def _abandon(self, hold: Hold[R]) -> None:
+        self._finish(hold)
+        self._bg.spawn(self._discard(hold))
+
     def _declare_lost(self, hold: Hold[R], *, cancel: bool) -> None:
         if not hold.live:
             return
@@ -284,6 +297,11 @@ class BaseLock(ABC, Generic[R]):
             if ours or exc_type is None:
                 raise LockLost(self.name) from exc
             return  # another exception is already leaving the block
+        except Exception:
+            # Nobody can retry the release of an async with: were the hold kept,
+            # its watchdog would renew it for as long as the task lives.
+            self._abandon(hold)
+            raise
         if ours:  # defensive: we cancel only lost holds, and their release raises
             raise LockLost(self.name) from exc
 

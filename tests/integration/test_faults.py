@@ -127,7 +127,9 @@ async def outage(database_url: str) -> AsyncIterator[Any]:
 
 
 class TestPostgresDown:
-    """PostgreSQL unreachable: 503 with Retry-After and the reservation given back."""
+    """PostgreSQL unreachable: 503 with Retry-After, and every reservation given
+    back: at once when the flush never reached PostgreSQL, by the reconciler when
+    the connection broke under it (it may have committed)."""
 
     async def test_unreachable_database_answers_503_and_gives_stock_back(
         self,
@@ -138,9 +140,10 @@ class TestPostgresDown:
         outage: Any,
         database_url: str,
     ) -> None:
-        """While the database refuses connections purchases get 503; Redis stock
-        and the buyers are restored, so after recovery the same users can buy."""
-        client = await start_gateway()
+        """While the database refuses connections purchases get 503; once it is
+        back and the reconciler has run, Redis stock and the buyers are restored,
+        so the same users (same request ids) can buy."""
+        client = await start_gateway(reservation_timeout_s=0.1, reconcile_interval_s=3600)
         await put_sku(client, sku, 10)
         await outage(False)
         results = await asyncio.gather(*(buy(client, sku, f"u{i}", f"r{i}") for i in range(5)))
@@ -150,10 +153,13 @@ class TestPostgresDown:
         )
         resp = await client.post("/v1/purchase", json={"sku": sku, "user_id": "x"})
         assert resp.headers.get("Retry-After")
-        assert await redis_state(redis, key_prefix, sku) == (10, 0)
         ready = await client.get("/readyz")
         assert ready.status == 503
         await outage(True)
+        deadline = asyncio.get_running_loop().time() + 10
+        while await redis_state(redis, key_prefix, sku) != (10, 0):
+            assert asyncio.get_running_loop().time() < deadline
+            await client.post("/admin/reconcile", headers=ADMIN_HEADERS)
         results = await asyncio.gather(*(buy(client, sku, f"u{i}", f"r{i}") for i in range(5)))
         assert {status for status, _ in results} == {201}
         assert await db_state(database_url, sku) == (5, 5, 5)

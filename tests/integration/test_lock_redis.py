@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from redis.asyncio import BlockingConnectionPool, Redis
+from redis.exceptions import RedisError
 
 from gateway.lock import LockLost, LockStats, LockSubscriber, RedisLock
 from tests.conftest import REDIS_URL
@@ -228,6 +229,26 @@ class TestRestart:
             assert lock.lost.is_set()
             assert isinstance(lock.metrics, LockStats)
             assert lock.metrics.renewal_failures > 0 and lock.metrics.losses == 1
+        finally:
+            await LockSubscriber.close_for(client)
+            await client.aclose()
+
+    async def test_a_release_that_cannot_get_through_is_abandoned(
+        self, server: PrivateRedis, name: str
+    ) -> None:
+        """Redis gone when the block ends: the release error leaves the block, and
+        the hold is dropped locally, so its watchdog stops renewing for good."""
+        client = Redis.from_url(server.url)
+        try:
+            lock = RedisLock(client, name, lease=0.3)
+            assert isinstance(lock.metrics, LockStats)
+            with pytest.raises(RedisError):
+                async with lock:
+                    await server.stop()
+            assert not lock.held
+            attempts = lock.metrics.renewals + lock.metrics.renewal_failures
+            await asyncio.sleep(0.5)  # longer than one renewal period: none may happen
+            assert lock.metrics.renewals + lock.metrics.renewal_failures == attempts
         finally:
             await LockSubscriber.close_for(client)
             await client.aclose()

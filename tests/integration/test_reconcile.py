@@ -25,7 +25,7 @@ async def crash_leftovers(client: Any, sku: str, database_url: str) -> None:
     one whose order committed ("ghost-a") and one that never reached PostgreSQL."""
     inventory = client.app[SERVICE].inventory
     for user in ("a", "b"):
-        reply = await inventory.reserve(Purchase(sku, user, 1, f"{sku}.ghost-{user}"), LONG_AGO_MS)
+        reply = await inventory.reserve(Purchase(sku, user, 1, f"{sku}.ghost-{user}", LONG_AGO_MS))
         assert reply.kind == "ok"
     con = await asyncpg.connect(database_url)
     try:
@@ -97,7 +97,7 @@ class TestReconciliation:
         client = await start_gateway(reconcile_interval_s=3600)
         await put_sku(client, sku, 5)
         inventory = client.app[SERVICE].inventory
-        await inventory.reserve(Purchase(sku, "z", 1, "fresh"), int(time.time() * 1000))
+        await inventory.reserve(Purchase(sku, "z", 1, "fresh", int(time.time() * 1000)))
         result = await (await client.post("/admin/reconcile", headers=ADMIN_HEADERS)).json()
         assert result[sku] == {
             "confirmed": 0,
