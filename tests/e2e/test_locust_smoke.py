@@ -9,7 +9,6 @@ The whole module stays within ``BUDGET_S``: each run gets what is left.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import time
 from collections.abc import Iterator
@@ -29,13 +28,8 @@ BUDGET_S = 55.0
 # No single run may take more than this, whatever budget is left.
 RUN_TIMEOUT_S = 25.0
 
-pytestmark = [
-    pytest.mark.skipif(
-        importlib.util.find_spec("locust") is None,
-        reason="Locust is not installed: pip install -e '.[bench]'",
-    ),
-    pytest.mark.timeout(BUDGET_S + 5),
-]
+# `make test` installs the bench extra, so Locust is always there to run.
+pytestmark = pytest.mark.timeout(BUDGET_S + 5)
 
 
 @pytest.fixture(scope="module")
