@@ -161,8 +161,6 @@ class Orders:
             if exc.sqlstate == FENCED_OUT:
                 raise FencedOut(sku) from exc
             raise Unavailable(f"postgres: {type(exc).__name__}") from exc
-        except OutcomeUnknown:
-            raise
         except DB_ERRORS as exc:
             raise Unavailable(f"postgres: {type(exc).__name__}") from exc
         decisions = {row["request_id"]: _decision(row) for row in rows}
