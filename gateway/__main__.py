@@ -16,8 +16,8 @@ import asyncpg
 from aiohttp import web
 
 from gateway import audit, logs, server, settings
+from gateway.appkeys import ADMIN, ORDERS, SETTINGS
 from gateway.database import ensure_database, migrate
-from gateway.keys import ADMIN, SERVICE, SETTINGS
 
 DEMO_SKU, DEMO_STOCK = "demo", 100
 
@@ -51,7 +51,7 @@ async def run_migrate(config: settings.Settings) -> None:
 
 async def _create_demo_sku(app: web.Application) -> None:
     settings_ = app[SETTINGS]
-    if await app[SERVICE].orders.stock(DEMO_SKU) is None:
+    if await app[ORDERS].stock(DEMO_SKU) is None:
         await app[ADMIN].put_sku(DEMO_SKU, DEMO_STOCK, 1)
     body = f'{{"sku": "{DEMO_SKU}", "user_id": "alice"}}'
     print(

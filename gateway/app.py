@@ -1,9 +1,10 @@
 """The application factory: resources as cleanup contexts, routes, middleware.
 
 ``create_app(settings)`` builds an application whose resources start in order
-(Redis, PostgreSQL with migrations, the purchase service with its scripts and
-change feed) and stop in reverse. On shutdown the service drains first: new
-purchases get 503 and ``/readyz`` turns 503 at once, queued batches finish.
+(Redis, PostgreSQL with migrations, then the use cases with their scripts,
+locks and change feed) and stop in reverse. Here, and only here, each use case
+is handed the adapters it works with. On shutdown the batcher drains first:
+new purchases get 503 and ``/readyz`` turns 503 at once, queued batches finish.
 """
 
 from __future__ import annotations
@@ -16,24 +17,37 @@ from typing import TypeVar
 import asyncpg
 import structlog
 from aiohttp import web
-from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from gateway import views
 from gateway.admin import StockAdmin
+from gateway.appkeys import (
+    ADMIN,
+    BATCHER,
+    INVENTORY,
+    METRICS,
+    ORDERS,
+    PURCHASES,
+    RECONCILER,
+    REDIS,
+    SETTINGS,
+)
+from gateway.batcher import Batcher
 from gateway.catalog import Catalog
-from gateway.database import Pool, create_pool, migrate
+from gateway.database import create_pool, migrate
 from gateway.events import ChangeFeed
+from gateway.flusher import Flusher
 from gateway.inventory import Inventory, create_redis
-from gateway.keys import ADMIN, METRICS, ORDERS, RECONCILER, REDIS, SERVICE, SETTINGS
-from gateway.lock import LockSubscriber, PgAdvisoryLock, RedisLock, load_lock_scripts
+from gateway.layout import channel
+from gateway.lock import LockSubscriber, create_fence_sequence, load_lock_scripts
 from gateway.metrics import Metrics
 from gateway.middlewares import errors, measure
 from gateway.orders import Orders
 from gateway.payloads import MAX_BODY
+from gateway.purchases import Purchases
 from gateway.reconciler import Reconciler
-from gateway.service import FlushLock, PurchaseService
 from gateway.settings import Settings
+from gateway.skulocks import sku_locks
 from gateway.soldout import SoldOut
 
 QUEUE_SAMPLE_S = 0.5
@@ -76,6 +90,7 @@ async def database_ctx(app: web.Application) -> AsyncIterator[None]:
     try:
         async with pool.acquire() as con:
             await migrate(con)
+            await create_fence_sequence(con)
     except BaseException:
         await pool.close()
         raise
@@ -85,43 +100,52 @@ async def database_ctx(app: web.Application) -> AsyncIterator[None]:
 
 
 async def service_ctx(app: web.Application) -> AsyncIterator[None]:
-    """The purchase service: scripts loaded, change feed subscribed; drained on stop."""
+    """The use cases: scripts loaded, change feed subscribed; drained on stop."""
     settings, metrics = app[SETTINGS], app[METRICS]
     redis, orders = app[REDIS], app[ORDERS]
     inventory = Inventory(redis, settings, on_noscript=metrics.noscript_reload)
     await _patiently("redis", settings.startup_wait_s, inventory.load_scripts)
     await load_lock_scripts(redis)
     subscriber = LockSubscriber(redis, client_name=f"{settings.key_prefix}-lock-sub")
+    locks = sku_locks(settings, redis, orders.pool, subscriber, metrics)
     catalog, soldout = Catalog(orders), SoldOut()
-    service = PurchaseService(
-        inventory=inventory,
-        orders=orders,
-        catalog=catalog,
-        soldout=soldout,
-        lock_for=flush_locks(settings, redis, orders.pool, subscriber, metrics),
-        lock_wait_s=settings.lock_lease_s,
+    flusher = Flusher(inventory=inventory, orders=orders, locks=locks, observer=metrics)
+    batcher = Batcher(
+        flusher.flush,
         batch_max=settings.batch_max,
         batch_wait_s=settings.batch_wait_ms / 1000,
         queue_max=settings.queue_max,
+        on_idle=flusher.idle,
+    )
+    app[INVENTORY], app[BATCHER] = inventory, batcher
+    app[PURCHASES] = Purchases(
+        catalog=catalog,
+        soldout=soldout,
+        inventory=inventory,
+        orders=orders,
+        batcher=batcher,
+        flusher=flusher,
         observer=metrics,
     )
-    reconciler = Reconciler(
-        service,
+    app[ADMIN] = StockAdmin(
+        inventory=inventory, orders=orders, locks=locks, catalog=catalog, soldout=soldout
+    )
+    app[RECONCILER] = reconciler = Reconciler(
+        inventory=inventory,
+        orders=orders,
+        locks=locks,
         timeout_s=settings.reservation_timeout_s,
         interval_s=settings.reconcile_interval_s,
         publish=metrics.sku_state,
     )
-    feed = ChangeFeed(redis, settings.channel, soldout, catalog)
+    feed = ChangeFeed(redis, channel(settings.key_prefix), soldout, catalog)
     tasks = [
         asyncio.create_task(feed.run(), name="change-feed"),
         asyncio.create_task(reconciler.run(), name="reconciler"),
-        asyncio.create_task(_sample_queue(service, metrics), name="queue-sampler"),
+        asyncio.create_task(_sample_queue(batcher, metrics), name="queue-sampler"),
     ]
-    app[SERVICE] = service
-    app[ADMIN] = StockAdmin(service)
-    app[RECONCILER] = reconciler
     yield
-    await service.close()
+    await batcher.close()
     await subscriber.aclose()
     for task in tasks:
         task.cancel()
@@ -129,44 +153,21 @@ async def service_ctx(app: web.Application) -> AsyncIterator[None]:
         await asyncio.gather(*tasks)
 
 
-async def _sample_queue(service: PurchaseService, metrics: Metrics) -> None:
+async def _sample_queue(batcher: Batcher, metrics: Metrics) -> None:
     while True:
-        metrics.sample_queue(service.batcher.depth)
+        metrics.sample_queue(batcher.depth)
         await asyncio.sleep(QUEUE_SAMPLE_S)
 
 
-async def start_draining(app: web.Application) -> None:
-    """First step of shutdown: refuse new purchases, report not ready."""
-    if SERVICE in app:
-        app[SERVICE].draining = True
-
-
-def flush_locks(
-    settings: Settings, redis: Redis, pool: Pool, subscriber: LockSubscriber, metrics: Metrics
-) -> Callable[[str], FlushLock] | None:
-    """One flush lock object per sku (``GATEWAY_FLUSH_LOCK``), or None for no lock."""
-    if settings.flush_lock == "none":
-        return None
-    locks: dict[str, FlushLock] = {}
-
-    def lock_for(sku: str) -> FlushLock:
-        lock = locks.get(sku)
-        if lock is None:
-            name = f"{settings.key_prefix}:{{{sku}}}:lock"
-            if settings.flush_lock == "redis":
-                lock = RedisLock(
-                    redis,
-                    name,
-                    lease=settings.lock_lease_s,
-                    metrics=metrics,
-                    subscriber=subscriber,
-                )
-            else:
-                lock = PgAdvisoryLock(pool, name, lease=settings.lock_lease_s, metrics=metrics)
-            locks[sku] = lock
-        return lock
-
-    return lock_for
+async def drain(app: web.Application) -> None:
+    """The first step of shutdown: new purchases and ``/readyz`` get 503 at once,
+    then every queued batch is flushed and settled."""
+    if BATCHER not in app:
+        return
+    batcher = app[BATCHER]
+    if not batcher.closing:
+        log.info("draining", queued=batcher.depth)
+    await batcher.close()
 
 
 def create_app(settings: Settings) -> web.Application:
@@ -177,6 +178,6 @@ def create_app(settings: Settings) -> web.Application:
     app[SETTINGS] = settings
     app[METRICS] = metrics
     app.cleanup_ctx.extend([redis_ctx, database_ctx, service_ctx])
-    app.on_shutdown.append(start_draining)
+    app.on_shutdown.append(drain)
     app.add_routes(views.routes(with_metrics=settings.metrics))
     return app

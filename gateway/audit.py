@@ -23,7 +23,7 @@ Definitions, per sku (one SQL statement, so one snapshot even during a sale):
   from Redis stock to the ledger, and a flush takes them from the database and
   the ledger, so a quiet sku has no drift.
 
-Verdicts, worst first; the first four are failures, the last a warning:
+Findings, worst first; the first four are failures, the last a warning:
 
 - ``OVERSOLD``: ``sold > provided``, units sold that were never provided.
 - ``DUPLICATE_USER``: a user holds two orders of the sku (``GROUP BY user_id``).
@@ -46,7 +46,7 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from gateway.errors import GatewayError, Unavailable, UnknownSku
-from gateway.inventory import SkuKeys
+from gateway.layout import SkuKeys, decode_pending
 from gateway.settings import Settings
 
 # One statement, so the movements, orders and stock come from one snapshot.
@@ -87,7 +87,7 @@ _DB_ERRORS = (
 )
 
 
-class Verdict(StrEnum):
+class Finding(StrEnum):
     """What the audit found on a row, worst first."""
 
     OVERSOLD = "OVERSOLD"
@@ -99,7 +99,7 @@ class Verdict(StrEnum):
 
 
 FAILURES = frozenset(
-    {Verdict.OVERSOLD, Verdict.DUPLICATE_USER, Verdict.NEGATIVE_STOCK, Verdict.UNBALANCED}
+    {Finding.OVERSOLD, Finding.DUPLICATE_USER, Finding.NEGATIVE_STOCK, Finding.UNBALANCED}
 )
 
 
@@ -125,22 +125,22 @@ class SkuAudit:
         return self.db_stock - (self.redis_stock + self.pending)
 
     @property
-    def findings(self) -> tuple[Verdict, ...]:
+    def findings(self) -> tuple[Finding, ...]:
         """Every verdict that applies, worst first; empty when the row is ok."""
         checks = {
-            Verdict.OVERSOLD: self.sold > self.provided,
-            Verdict.DUPLICATE_USER: self.duplicate_users > 0,
-            Verdict.NEGATIVE_STOCK: self.db_stock < 0 or (self.redis_stock or 0) < 0,
-            Verdict.UNBALANCED: self.db_stock != self.provided - self.sold,
-            Verdict.DRIFT: bool(self.drift),
+            Finding.OVERSOLD: self.sold > self.provided,
+            Finding.DUPLICATE_USER: self.duplicate_users > 0,
+            Finding.NEGATIVE_STOCK: self.db_stock < 0 or (self.redis_stock or 0) < 0,
+            Finding.UNBALANCED: self.db_stock != self.provided - self.sold,
+            Finding.DRIFT: bool(self.drift),
         }
         return tuple(verdict for verdict, found in checks.items() if found)
 
     @property
-    def verdict(self) -> Verdict:
+    def verdict(self) -> Finding:
         """The worst finding, or ``ok``."""
         findings = self.findings
-        return findings[0] if findings else Verdict.OK
+        return findings[0] if findings else Finding.OK
 
     @property
     def failed(self) -> bool:
@@ -199,7 +199,7 @@ async def _read_counters(settings: Settings, skus: Sequence[str]) -> list[tuple[
             # once, so reading both in one transaction never sees half of it.
             async with redis.pipeline(transaction=True) as pipe:
                 pipe.get(keys.stock)
-                pipe.hvals(keys.pending)
+                pipe.hgetall(keys.pending)
                 stock, entries = await pipe.execute()
             counters.append((None if stock is None else int(stock), _ledger_units(sku, entries)))
     except RedisError as exc:
@@ -209,14 +209,14 @@ async def _read_counters(settings: Settings, skus: Sequence[str]) -> list[tuple[
     return counters
 
 
-def _ledger_units(sku: str, entries: Sequence[str]) -> int:
-    """Units held by ledger entries ``user_id|qty|reserved_at_ms``."""
+def _ledger_units(sku: str, entries: dict[str, str]) -> int:
+    """Units held by the ledger entries (``gateway.layout``'s pending records)."""
     total = 0
-    for entry in entries:
-        fields = entry.split("|")
-        if len(fields) != 3 or not fields[1].lstrip("-").isdigit():
-            raise Unavailable(f"redis: malformed ledger entry {entry!r} of sku {sku!r}")
-        total += int(fields[1])
+    for rid, record in entries.items():
+        try:
+            total += decode_pending(rid, record).qty
+        except ValueError:
+            raise Unavailable(f"redis: malformed ledger entry {record!r} of sku {sku!r}") from None
     return total
 
 
@@ -243,7 +243,7 @@ def _cells(row: SkuAudit) -> tuple[str, ...]:
     def num(value: int | None) -> str:
         return "-" if value is None else str(value)
 
-    findings = ",".join(row.findings) or Verdict.OK
+    findings = ",".join(row.findings) or Finding.OK
     numbers = (row.provided, row.db_stock, row.orders, row.sold, row.users)
     return (
         row.sku,

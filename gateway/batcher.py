@@ -3,7 +3,9 @@
 Purchases that survived the Redis reservation wait here until their sku's
 batch reaches ``batch_max`` or its oldest entry has waited ``batch_wait``.
 One flush per sku runs at a time in this process; the next batch fills behind
-it. Closing stops new submissions and drains what is queued.
+it, and when a sku's lane runs empty the flusher hears of it (``on_idle``).
+Closing stops new submissions and drains what is queued: a closing batcher is
+what "draining" means for the whole instance.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from gateway.errors import ShuttingDown
 
 # Flushes one sku's batch; returns one result or exception per purchase, in order.
 FlushFn = Callable[[str, Sequence[Purchase]], Awaitable[Sequence[Result | BaseException]]]
+# Told that a sku's lane has nothing left to flush.
+IdleFn = Callable[[str], Awaitable[None]]
 
 
 @dataclass(slots=True)
@@ -37,9 +41,16 @@ class Batcher:
     """Collects reserved purchases per sku and flushes them in batches."""
 
     def __init__(
-        self, flush: FlushFn, *, batch_max: int, batch_wait_s: float, queue_max: int
+        self,
+        flush: FlushFn,
+        *,
+        batch_max: int,
+        batch_wait_s: float,
+        queue_max: int,
+        on_idle: IdleFn | None = None,
     ) -> None:
         self._flush = flush
+        self._on_idle = on_idle
         self._max = batch_max
         self._wait = batch_wait_s
         self._queue_max = queue_max
@@ -56,6 +67,11 @@ class Batcher:
         """Purchases of ``sku`` waiting for the next flush."""
         lane = self._lanes.get(sku)
         return 0 if lane is None else len(lane.entries)
+
+    @property
+    def closing(self) -> bool:
+        """Whether closing has begun: the instance is draining."""
+        return self._closed
 
     @property
     def full(self) -> bool:
@@ -102,6 +118,10 @@ class Batcher:
         loop = asyncio.get_running_loop()
         while True:
             if not lane.entries:
+                if self._on_idle is not None:
+                    await self._on_idle(lane.sku)
+                    if lane.entries:  # arrived while the flusher let go
+                        continue
                 if self._closed:
                     return
                 lane.arrived.clear()

@@ -2,12 +2,16 @@
 
 Migrations are the files ``sql/NNN_name.sql``, applied in order, each once,
 inside one transaction with the version recorded in ``schema_migrations``.
+Functions live in ``sql/functions/*.sql`` and are applied after them whenever
+their text changed (recorded as ``functions/<name>@<sha256 prefix>``), so a
+function is edited in place rather than copied into a new migration.
 Several gateways may start at the same moment against one database, so the
 whole step runs under a transaction-scoped advisory lock.
 """
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
@@ -40,19 +44,29 @@ def migration_files(sql_dir: Path = SQL_DIR) -> list[Path]:
     return sorted(sql_dir.glob("[0-9][0-9][0-9]_*.sql"))
 
 
+def migration_versions(sql_dir: Path = SQL_DIR) -> list[tuple[str, str]]:
+    """``(version, sql)`` of every migration, then of every function, in order."""
+    found = [(path.stem, path.read_text()) for path in migration_files(sql_dir)]
+    for path in sorted((sql_dir / "functions").glob("*.sql")):
+        text = path.read_text()
+        digest = hashlib.sha256(text.encode()).hexdigest()[:16]
+        found.append((f"functions/{path.stem}@{digest}", text))
+    return found
+
+
 async def migrate(con: Connection, sql_dir: Path = SQL_DIR) -> list[str]:
-    """Apply every migration not yet recorded; returns the versions applied now."""
+    """Apply every migration and function version not yet recorded; the ones applied now."""
     applied_now: list[str] = []
     async with con.transaction():
         await con.execute(TAKE_MIGRATION_LOCK, MIGRATION_LOCK_KEY)
         await con.execute(CREATE_MIGRATIONS_TABLE)
         done = {r["version"] for r in await con.fetch(APPLIED_VERSIONS)}
-        for path in migration_files(sql_dir):
-            if path.stem in done:
+        for version, text in migration_versions(sql_dir):
+            if version in done:
                 continue
-            await con.execute(path.read_text())
-            await con.execute(RECORD_VERSION, path.stem)
-            applied_now.append(path.stem)
+            await con.execute(text)
+            await con.execute(RECORD_VERSION, version)
+            applied_now.append(version)
     return applied_now
 
 

@@ -64,6 +64,26 @@ class Result:
     order: Order | None = None
 
 
+class Verdict(StrEnum):
+    """The database's decision on one reserved purchase of a flushed batch.
+
+    The value is the letter ``flush_batch()`` (``sql/``) returns and
+    ``lua/settle.lua`` reads: one vocabulary from PostgreSQL through Python to Redis.
+    """
+
+    CONFIRMED = "C"  # granted now, or a replay of this buyer's own order
+    RELEASED = "R"  # the reservation goes back: its request id holds another order
+    SOLD_OUT = "S"  # too little stock in the database: Redis ran ahead of it
+    DUPLICATE = "D"  # the buyer already holds an order of this sku
+    EXPIRED = "X"  # the reconciler released this reservation before the flush
+
+    @property
+    def settled_as(self) -> Verdict:
+        """The verdict Redis settles the reservation with (settle.lua knows no X:
+        an expired reservation was already given back, so releasing it is a no-op)."""
+        return Verdict.RELEASED if self is Verdict.EXPIRED else self
+
+
 SOLD_OUT = Result(Outcome.SOLD_OUT)
 DUPLICATE = Result(Outcome.DUPLICATE)
 IN_PROGRESS = Result(Outcome.IN_PROGRESS)

@@ -77,6 +77,8 @@ class Unavailable(GatewayError):
 
     status = 503
     code = "unavailable"
+    # Why, as the flush-failure metric and log label it.
+    reason: str = "unavailable"
 
     def __init__(self, detail: str | None = None, retry_after: int = 1):
         super().__init__(detail, {"Retry-After": str(retry_after)})
@@ -89,3 +91,38 @@ class ShuttingDown(Unavailable):
 
     def __init__(self) -> None:
         super().__init__("shutting down")
+
+
+class RedisUnavailable(Unavailable):
+    """Redis could not be reached or refused the command."""
+
+    reason = "redis"
+
+
+class PostgresUnavailable(Unavailable):
+    """PostgreSQL could not be reached or refused the statement."""
+
+    reason = "postgres"
+
+
+class OutcomeUnknown(PostgresUnavailable):
+    """The connection broke after the flush was sent: it may or may not have
+    committed. Its reservations stay in the ledger for the reconciler, which
+    settles each from the order rows; giving them back now could sell a unit
+    twice in Redis and tell a buyer who got the order that it was sold out."""
+
+
+class FencedOut(Unavailable):
+    """The flush's fencing token is older than the row's: its lock expired and
+    another holder wrote since. Nothing was written; the flush is retried under
+    a fresh acquisition."""
+
+    reason = "fenced_out"
+
+
+class StockGuardRefused(PostgresUnavailable):
+    """The guarded UPDATE found less stock than the batch was granted: nothing
+    was written. The row lock makes this unreachable unless something writes the
+    row without it; the guard is the floor that holds all the same."""
+
+    reason = "stock_guard"

@@ -1,9 +1,9 @@
 """The sku change feed: pub/sub announcements that drop in-process knowledge.
 
 Scripts publish ``avail:<sku>`` when stock comes back and ``meta:<sku>`` when an
-admin changed a sku. Every instance listens on one connection. After every
-(re)subscription all marks are dropped, since announcements may have been
-missed while the connection was down.
+admin changed a sku (``gateway.layout.Change``). Every instance listens on one
+connection. After every (re)subscription all marks are dropped, since
+announcements may have been missed while the connection was down.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from gateway.catalog import Catalog
+from gateway.layout import Change, parse_change
 from gateway.soldout import SoldOut
 
 log = structlog.get_logger(__name__)
@@ -34,9 +35,9 @@ class ChangeFeed:
 
     def apply(self, message: str) -> None:
         """Apply one announcement."""
-        kind, _, sku = message.partition(":")
+        change, sku = parse_change(message)
         self._soldout.clear(sku)
-        if kind == "meta":
+        if change is not Change.AVAILABLE:  # an admin change, or one we don't know
             self._catalog.forget(sku)
 
     async def run(self) -> None:

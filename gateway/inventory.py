@@ -1,7 +1,8 @@
 """The Redis adapter: the only caller of the stock scripts in ``lua/``.
 
-Every key of a sku carries the ``{sku}`` hash tag, so one script touches one
-cluster slot. Driver errors become :class:`gateway.errors.Unavailable` here.
+The keys and record formats are ``gateway.layout``'s; every key of a sku carries
+the ``{sku}`` hash tag, so one script touches one cluster slot. Driver errors
+become :class:`gateway.errors.RedisUnavailable` here.
 """
 
 from __future__ import annotations
@@ -14,8 +15,16 @@ from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
 from redis.exceptions import RedisError
 
-from gateway.domain import Order, Purchase
-from gateway.errors import Unavailable
+from gateway.domain import Order, Purchase, Verdict
+from gateway.errors import RedisUnavailable
+from gateway.layout import (
+    Pending,
+    SkuKeys,
+    channel,
+    decode_confirmed,
+    encode_confirmed,
+    ledger,
+)
 from gateway.scripts import AutoPipeline, Script, read_script
 from gateway.settings import Settings
 
@@ -23,27 +32,6 @@ from gateway.settings import Settings
 RESTORE_CHUNK = 1000
 
 ReplyKind = Literal["ok", "confirmed", "in_progress", "missing", "duplicate", "sold_out"]
-Verdict = Literal["C", "R", "S", "D"]
-
-
-@dataclass(frozen=True, slots=True)
-class SkuKeys:
-    """The Redis keys of one sku (the argument order of the stock scripts)."""
-
-    stock: str
-    buyers: str
-    pending: str
-    done: str
-
-    @classmethod
-    def of(cls, prefix: str, sku: str) -> SkuKeys:
-        """The keys of ``sku`` under ``prefix``, all in the ``{sku}`` slot."""
-        base = f"{prefix}:{{{sku}}}"
-        return cls(f"{base}:stock", f"{base}:buyers", f"{base}:pending", f"{base}:done")
-
-    def all(self) -> tuple[str, str, str, str]:
-        """The four keys in script order."""
-        return (self.stock, self.buyers, self.pending, self.done)
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,28 +54,10 @@ class Settlement:
     order_id: str = ""
 
 
-@dataclass(frozen=True, slots=True)
-class Pending:
-    """One entry of the pending ledger."""
-
-    request_id: str
-    user_id: str
-    qty: int
-    reserved_at_ms: int
-
-
 _SIMPLE_KINDS: tuple[ReplyKind, ...] = ("ok", "in_progress", "missing", "duplicate")
 _SIMPLE: dict[str, Reply] = {kind: Reply(kind) for kind in _SIMPLE_KINDS}
 _SOLD_OUT = Reply("sold_out")
 _SOLD_OUT_SETTLED = Reply("sold_out", settled=True)
-
-
-def _ledger(raw: dict[str, str]) -> list[Pending]:
-    entries = []
-    for rid, value in raw.items():
-        user, qty, at = value.split("|")
-        entries.append(Pending(rid, user, int(qty), int(at)))
-    return entries
 
 
 class _SentinelBlockingPool(SentinelConnectionPool, BlockingConnectionPool):
@@ -133,7 +103,7 @@ class Inventory:
     ) -> None:
         self.redis = redis
         self._prefix = settings.key_prefix
-        self._channel = settings.channel
+        self._channel = channel(settings.key_prefix)
         self._keys: dict[str, SkuKeys] = {}
         self._reserve = read_script("reserve")
         self._settle = read_script("settle")
@@ -166,7 +136,7 @@ class Inventory:
         try:
             raw = await self._reserve_pipelined(self.keys(purchase.sku).all(), args)
         except RedisError as exc:
-            raise Unavailable(f"redis: {type(exc).__name__}") from exc
+            raise RedisUnavailable(f"redis: {type(exc).__name__}") from exc
         kind = raw[0]
         if kind == "sold_out":
             return _SOLD_OUT_SETTLED if int(raw[1]) == 1 else _SOLD_OUT
@@ -185,7 +155,7 @@ class Inventory:
             -1 if db_stock_after is None else db_stock_after,
         ]
         for s in settlements:
-            args += (s.request_id, s.verdict, s.user_id, s.qty, s.order_id)
+            args += (s.request_id, s.verdict.settled_as.value, s.user_id, s.qty, s.order_id)
         return int(await self._call(self._settle, self.keys(sku).all(), args))
 
     async def load_stock(self, sku: str, db_stock: int, *, reset: bool) -> int:
@@ -209,10 +179,7 @@ class Inventory:
         for start in range(0, len(orders), RESTORE_CHUNK):
             chunk = orders[start : start + RESTORE_CHUNK]
             pipe = self.redis.pipeline(transaction=False)
-            pipe.hset(
-                keys.done,
-                mapping={o.request_id: f"{o.order_id}|{o.user_id}|{o.qty}" for o in chunk},
-            )
+            pipe.hset(keys.done, mapping={o.request_id: encode_confirmed(o) for o in chunk})
             pipe.hset(keys.buyers, mapping={o.user_id: o.request_id for o in chunk})
             await self._guard(pipe.execute())
 
@@ -224,7 +191,7 @@ class Inventory:
     async def pending(self, sku: str) -> list[Pending]:
         """The ledger of a sku: reservations not yet settled."""
         raw: dict[str, str] = await self._guard(self.redis.hgetall(self.keys(sku).pending))
-        return _ledger(raw)
+        return ledger(raw)
 
     async def snapshot(self, sku: str) -> tuple[int | None, list[Pending]]:
         """Stock and ledger read in one MULTI, so no reservation falls between them."""
@@ -232,17 +199,13 @@ class Inventory:
         pipe = self.redis.pipeline(transaction=True)
         pipe.get(keys.stock)
         pipe.hgetall(keys.pending)
-        stock, ledger = await self._guard(pipe.execute())
-        return (None if stock is None else int(stock)), _ledger(ledger)
+        stock, entries = await self._guard(pipe.execute())
+        return (None if stock is None else int(stock)), ledger(entries)
 
     async def confirmed(self, sku: str) -> dict[str, Order]:
         """Orders Redis knows as confirmed, by request id."""
         raw: dict[str, str] = await self._guard(self.redis.hgetall(self.keys(sku).done))
-        orders = {}
-        for rid, value in raw.items():
-            order_id, user, qty = value.split("|")
-            orders[rid] = Order(order_id, rid, sku, user, int(qty))
-        return orders
+        return {rid: decode_confirmed(sku, rid, record) for rid, record in raw.items()}
 
     async def ping(self) -> bool:
         """Whether Redis answers."""
@@ -255,11 +218,11 @@ class Inventory:
         try:
             return await script(self.redis, keys, args)
         except RedisError as exc:
-            raise Unavailable(f"redis: {type(exc).__name__}") from exc
+            raise RedisUnavailable(f"redis: {type(exc).__name__}") from exc
 
     @staticmethod
     async def _guard(awaitable: Any) -> Any:
         try:
             return await awaitable
         except RedisError as exc:
-            raise Unavailable(f"redis: {type(exc).__name__}") from exc
+            raise RedisUnavailable(f"redis: {type(exc).__name__}") from exc

@@ -10,8 +10,8 @@ from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 from redis.exceptions import RedisError
 
+from gateway.appkeys import OUTCOME
 from gateway.errors import GatewayError, MethodNotAllowed, NotFound, TooLarge, Unavailable
-from gateway.keys import OUTCOME
 from gateway.lock.errors import LockError
 from gateway.metrics import Metrics
 from gateway.orders import DB_ERRORS

@@ -1,11 +1,12 @@
 """The PostgreSQL adapter: inventory rows, orders and stock movements.
 
 Every statement lives here as a named constant, or, for the flush, in the
-``flush_batch`` function of ``sql/002_flush_batch.sql``, so a flush costs one
-round trip. Every statement that takes stock carries its ``stock >=`` guard
+``flush_batch`` function of ``sql/functions/flush_batch.sql``, so a flush costs
+one round trip. Every statement that takes stock carries its ``stock >=`` guard
 (``tests/unit/test_sql_guard.py`` scans for it), so the database refuses an
 oversell whatever Redis or a lock said.
-Driver errors become :class:`gateway.errors.Unavailable` here.
+Driver errors become :class:`gateway.errors.PostgresUnavailable` here, and the
+flush's own SQLSTATEs its typed errors.
 """
 
 from __future__ import annotations
@@ -16,12 +17,18 @@ from typing import Any
 
 import asyncpg
 
-from gateway.domain import DUPLICATE, SOLD_OUT, Order, Outcome, Purchase, Result, SkuInfo
-from gateway.errors import Unavailable
+from gateway.domain import DUPLICATE, SOLD_OUT, Order, Outcome, Purchase, Result, SkuInfo, Verdict
+from gateway.errors import (
+    FencedOut,
+    OutcomeUnknown,
+    PostgresUnavailable,
+    StockGuardRefused,
+    Unavailable,
+)
 
 # Serializes writers of one sku (admin changes lock the row too).
 LOCK_INVENTORY_ROW = "SELECT stock, fence FROM inventory WHERE sku = $1 FOR UPDATE"
-# A whole flush in one round trip: see sql/002_flush_batch.sql, whose UPDATE
+# A whole flush in one round trip: see sql/functions/flush_batch.sql, whose UPDATE
 # carries the stock >= guard and the fencing check.
 FLUSH_BATCH = """
 SELECT * FROM flush_batch($1, $2::text[], $3::text[], $4::int[], $5::bigint[], $6::bigint)
@@ -33,8 +40,11 @@ RECORD_RELEASED = """
 INSERT INTO released_reservations (request_id, reserved_at_ms)
 SELECT * FROM unnest($1::text[], $2::bigint[]) ON CONFLICT DO NOTHING
 """
-# The SQLSTATE flush_batch raises for a fencing token older than the row's.
-FENCED_OUT = "FS001"
+# The SQLSTATEs flush_batch raises, each for one cause; nothing is written.
+FLUSH_ERRORS: dict[str, type[Unavailable]] = {
+    "FS001": FencedOut,  # a fencing token older than the row's
+    "FS002": StockGuardRefused,  # the stock >= guard refused the batch
+}
 SKU_INFO = "SELECT per_user_limit FROM inventory WHERE sku = $1"
 SKU_STOCK = "SELECT stock FROM inventory WHERE sku = $1"
 ALL_SKUS = "SELECT sku FROM inventory ORDER BY sku"
@@ -71,24 +81,12 @@ DB_ERRORS = (
 )
 
 
-class OutcomeUnknown(Unavailable):
-    """The connection broke after the flush was sent: it may or may not have
-    committed. Its reservations stay in the ledger for the reconciler, which
-    settles each from the order rows; giving them back now could sell a unit
-    twice in Redis and tell a buyer who got the order that it was sold out."""
-
-
-class FencedOut(Exception):
-    """The flush's fencing token is older than the row's: its lock expired."""
-
-
 @dataclass(frozen=True, slots=True)
 class Decision:
     """The database's verdict on one purchase of a batch."""
 
     result: Result | Unavailable
-    # How Redis settles the reservation: see lua/settle.lua.
-    verdict: str
+    verdict: Verdict
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,13 +98,17 @@ class BatchDecision:
     short_stock_after: int | None
 
 
+def _cause(exc: BaseException) -> str:
+    return f"postgres: {type(exc).__name__}"
+
+
 def _order(row: asyncpg.Record) -> Order:
     return Order(row["order_id"], row["request_id"], row["sku"], row["user_id"], row["qty"])
 
 
 def _decision(row: asyncpg.Record) -> Decision:
-    verdict = row["verdict"]
-    if verdict in ("C", "R"):
+    verdict = Verdict(row["verdict"])
+    if verdict in (Verdict.CONFIRMED, Verdict.RELEASED):
         order = Order(
             row["order_id"],
             row["request_id"],
@@ -115,10 +117,10 @@ def _decision(row: asyncpg.Record) -> Decision:
             row["order_qty"],
         )
         return Decision(Result(Outcome.CONFIRMED, order), verdict)
-    if verdict == "X":
+    if verdict is Verdict.EXPIRED:
         # Already given back by the reconciler: nothing to settle but the answer.
-        return Decision(Unavailable("reservation expired; retry"), "R")
-    return Decision(DUPLICATE if verdict == "D" else SOLD_OUT, verdict)
+        return Decision(Unavailable("reservation expired; retry"), verdict)
+    return Decision(DUPLICATE if verdict is Verdict.DUPLICATE else SOLD_OUT, verdict)
 
 
 class Orders:
@@ -156,15 +158,13 @@ class Orders:
                     TimeoutError,
                     asyncpg.InternalClientError,
                 ) as exc:
-                    raise OutcomeUnknown(f"postgres: {type(exc).__name__}") from exc
+                    raise OutcomeUnknown(_cause(exc)) from exc
         except asyncpg.PostgresError as exc:
-            if exc.sqlstate == FENCED_OUT:
-                raise FencedOut(sku) from exc
-            raise Unavailable(f"postgres: {type(exc).__name__}") from exc
+            raise FLUSH_ERRORS.get(exc.sqlstate, PostgresUnavailable)(_cause(exc)) from exc
         except DB_ERRORS as exc:
-            raise Unavailable(f"postgres: {type(exc).__name__}") from exc
+            raise PostgresUnavailable(_cause(exc)) from exc
         decisions = {row["request_id"]: _decision(row) for row in rows}
-        short = any(d.verdict == "S" for d in decisions.values())
+        short = any(d.verdict is Verdict.SOLD_OUT for d in decisions.values())
         stock_after = rows[0]["stock_after"] if rows else None
         return BatchDecision(decisions, stock_after if short else None)
 
@@ -187,7 +187,7 @@ class Orders:
                     await con.execute(RECORD_RELEASED, [r for r, _ in gone], [a for _, a in gone])
                 return found
         except DB_ERRORS as exc:
-            raise Unavailable(f"postgres: {type(exc).__name__}") from exc
+            raise PostgresUnavailable(_cause(exc)) from exc
 
     async def sku_info(self, sku: str) -> SkuInfo | None:
         """The sku's per-user limit, or None when it does not exist."""
@@ -204,7 +204,7 @@ class Orders:
         try:
             return [r["sku"] for r in await self.pool.fetch(ALL_SKUS)]
         except DB_ERRORS as exc:
-            raise Unavailable(f"postgres: {type(exc).__name__}") from exc
+            raise PostgresUnavailable(_cause(exc)) from exc
 
     async def units_sold(self, sku: str) -> int:
         """Units in committed orders of a sku."""
@@ -221,7 +221,7 @@ class Orders:
         try:
             rows = await self.pool.fetch(ORDERS_BY_REQUESTS, list(request_ids))
         except DB_ERRORS as exc:
-            raise Unavailable(f"postgres: {type(exc).__name__}") from exc
+            raise PostgresUnavailable(_cause(exc)) from exc
         return {r["request_id"]: _order(r) for r in rows}
 
     async def sku_orders(self, sku: str) -> list[Order]:
@@ -229,7 +229,7 @@ class Orders:
         try:
             return [_order(r) for r in await self.pool.fetch(SKU_ORDERS, sku)]
         except DB_ERRORS as exc:
-            raise Unavailable(f"postgres: {type(exc).__name__}") from exc
+            raise PostgresUnavailable(_cause(exc)) from exc
 
     async def put_sku(self, sku: str, stock: int, per_user_limit: int) -> int:
         """Create a sku or reset its stock, recording the movement; returns the stock."""
@@ -242,7 +242,7 @@ class Orders:
                 await con.execute(RECORD_MOVEMENT, sku, stock - old["stock"], "set", stock)
                 return stock
         except DB_ERRORS as exc:
-            raise Unavailable(f"postgres: {type(exc).__name__}") from exc
+            raise PostgresUnavailable(_cause(exc)) from exc
 
     async def restock(self, sku: str, delta: int) -> int | None:
         """Add stock, recording the movement; returns the new stock, None if no sku."""
@@ -253,7 +253,7 @@ class Orders:
                     await con.execute(RECORD_MOVEMENT, sku, delta, "restock", after)
                 return after
         except DB_ERRORS as exc:
-            raise Unavailable(f"postgres: {type(exc).__name__}") from exc
+            raise PostgresUnavailable(_cause(exc)) from exc
 
     async def ping(self) -> bool:
         """Whether PostgreSQL answers."""
@@ -266,4 +266,4 @@ class Orders:
         try:
             return await self.pool.fetchval(sql, *args)
         except DB_ERRORS as exc:
-            raise Unavailable(f"postgres: {type(exc).__name__}") from exc
+            raise PostgresUnavailable(_cause(exc)) from exc

@@ -23,10 +23,12 @@ from dataclasses import asdict, dataclass
 import structlog
 from redis.exceptions import RedisError
 
+from gateway.domain import Verdict
 from gateway.errors import Unavailable
-from gateway.inventory import Settlement
+from gateway.inventory import Inventory, Settlement
 from gateway.lock.errors import LockError
-from gateway.service import PurchaseService
+from gateway.orders import Orders
+from gateway.skulocks import SkuLocks
 
 log = structlog.get_logger(__name__)
 
@@ -51,13 +53,17 @@ class Reconciler:
 
     def __init__(
         self,
-        service: PurchaseService,
         *,
+        inventory: Inventory,
+        orders: Orders,
+        locks: SkuLocks,
         timeout_s: float,
         interval_s: float,
         publish: Callable[[str, int, int], None] | None = None,
     ) -> None:
-        self._service = service
+        self._inventory = inventory
+        self._orders = orders
+        self._locks = locks
         self._timeout_ms = int(timeout_s * 1000)
         self._interval = interval_s
         self._publish = publish
@@ -76,7 +82,7 @@ class Reconciler:
     async def reconcile_all(self) -> dict[str, SkuReconciliation]:
         """One pass over every sku of the inventory."""
         done: dict[str, SkuReconciliation] = {}
-        for sku in await self._service.orders.skus():
+        for sku in await self._orders.skus():
             try:
                 done[sku] = await self.reconcile(sku)
             except (Unavailable, LockError, RedisError) as exc:
@@ -85,14 +91,12 @@ class Reconciler:
 
     async def reconcile(self, sku: str) -> SkuReconciliation:
         """One pass over one sku, under its flush lock."""
-        service = self._service
-        if service.lock_for is None:
-            return await self._reconcile(sku, exact=False)
-        async with service.lock_for(sku)(wait=service.lock_wait):
-            return await self._reconcile(sku, exact=True)
+        async with self._locks.held(sku):
+            # Without a lock a flush may sit between its commit and its settle.
+            return await self._reconcile(sku, exact=self._locks.enabled)
 
     async def _reconcile(self, sku: str, *, exact: bool) -> SkuReconciliation:
-        inventory, orders = self._service.inventory, self._service.orders
+        inventory, orders = self._inventory, self._orders
         stale_before = int(time.time() * 1000) - self._timeout_ms
         stale = [p for p in await inventory.pending(sku) if p.reserved_at_ms < stale_before]
         found = (
@@ -101,9 +105,11 @@ class Reconciler:
             else {}
         )
         settlements = [
-            Settlement(p.request_id, "C", p.user_id, p.qty, found[p.request_id].order_id)
+            Settlement(
+                p.request_id, Verdict.CONFIRMED, p.user_id, p.qty, found[p.request_id].order_id
+            )
             if p.request_id in found and found[p.request_id].sku == sku
-            else Settlement(p.request_id, "R", p.user_id, p.qty)
+            else Settlement(p.request_id, Verdict.RELEASED, p.user_id, p.qty)
             for p in stale
         ]
         if settlements:
@@ -112,13 +118,13 @@ class Reconciler:
         drift, pending, repaired = await self._check(sku, exact=exact)
         if self._publish is not None:
             self._publish(sku, pending, drift)
-        confirmed = sum(1 for s in settlements if s.verdict == "C")
+        confirmed = sum(1 for s in settlements if s.verdict is Verdict.CONFIRMED)
         released = len(settlements) - confirmed
         return SkuReconciliation(confirmed, released, pending, drift, repaired)
 
     async def _check(self, sku: str, *, exact: bool) -> tuple[int, int, bool]:
         """(drift, pending units, repaired); drift = db - (redis + pending - committed)."""
-        inventory, orders = self._service.inventory, self._service.orders
+        inventory, orders = self._inventory, self._orders
         redis_stock, pending = await inventory.snapshot(sku)
         db_stock = await orders.stock(sku)
         units = sum(p.qty for p in pending)

@@ -23,8 +23,7 @@ import uvloop
 from aiohttp import web
 from prometheus_client.multiprocess import mark_process_dead
 
-from gateway.app import create_app
-from gateway.keys import SERVICE
+from gateway.app import create_app, drain
 from gateway.settings import Settings, worker_environment
 
 log = structlog.get_logger(__name__)
@@ -48,12 +47,9 @@ async def run(settings: Settings, on_startup: StartupHook | None = None) -> None
         await _stop_signal()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + settings.drain_s
-        service = app[SERVICE]
-        service.draining = True
-        log.info("draining", queued=service.batcher.depth)
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout_at(deadline):
-                await service.close()
+                await drain(app)
     finally:
         await runner.cleanup()
     log.info("stopped")

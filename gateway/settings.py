@@ -61,11 +61,6 @@ class Settings:
         pairs = (part.strip().rpartition(":") for part in self.redis_sentinels.split(","))
         return [(host, int(port)) for host, _, port in pairs]
 
-    @property
-    def channel(self) -> str:
-        """The pub/sub channel on which sku changes are announced."""
-        return f"{self.key_prefix}:events"
-
 
 def _int(low: int) -> Callable[[str], int]:
     def parse(raw: str) -> int:

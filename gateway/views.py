@@ -10,9 +10,19 @@ from aiohttp import web
 
 from gateway import payloads
 from gateway.admin import StockAdmin
+from gateway.appkeys import (
+    ADMIN,
+    BATCHER,
+    INVENTORY,
+    METRICS,
+    ORDERS,
+    OUTCOME,
+    PURCHASES,
+    RECONCILER,
+    SETTINGS,
+)
 from gateway.domain import Outcome, Result
 from gateway.errors import Forbidden, NotFound, TooLarge, Unauthorized
-from gateway.keys import ADMIN, METRICS, ORDERS, OUTCOME, RECONCILER, SERVICE, SETTINGS
 from gateway.metrics import CONTENT_TYPE
 
 JSON = "application/json"
@@ -55,7 +65,7 @@ async def purchase(request: web.Request) -> web.Response:
     """POST /v1/purchase."""
     body = await read_body(request)
     p = payloads.purchase(body, request.headers.get("Idempotency-Key"))
-    return purchase_response(await request.app[SERVICE].purchase(p))
+    return purchase_response(await request.app[PURCHASES].purchase(p))
 
 
 async def get_order(request: web.Request) -> web.Response:
@@ -70,11 +80,7 @@ async def get_order(request: web.Request) -> web.Response:
 async def get_sku(request: web.Request) -> web.Response:
     """GET /v1/skus/{sku}: what Redis has left to reserve."""
     sku = payloads.identifier(request.match_info["sku"], "sku")
-    service = request.app[SERVICE]
-    await service.catalog.get(sku)
-    available = await service.inventory.available(sku)
-    if available is None:
-        available = await service.orders.stock(sku) or 0
+    available = await request.app[PURCHASES].available(sku)
     return json_response({"sku": sku, "available": available})
 
 
@@ -135,11 +141,11 @@ async def healthz(request: web.Request) -> web.Response:
 
 async def readyz(request: web.Request) -> web.Response:
     """GET /readyz: 200 while Redis and PostgreSQL answer and we are not draining."""
-    service = request.app[SERVICE]
-    redis_ok = await service.inventory.ping()
-    db_ok = await service.orders.ping()
-    ready = redis_ok and db_ok and not service.draining
-    body = {"ready": ready, "redis": redis_ok, "postgres": db_ok, "draining": service.draining}
+    redis_ok = await request.app[INVENTORY].ping()
+    db_ok = await request.app[ORDERS].ping()
+    draining = request.app[BATCHER].closing
+    ready = redis_ok and db_ok and not draining
+    body = {"ready": ready, "redis": redis_ok, "postgres": db_ok, "draining": draining}
     return json_response(body, status=200 if ready else 503)
 
 

@@ -1,5 +1,7 @@
 -- load_stock.lua: set a sku's Redis stock from the database's.
 --
+-- Keys, channels and record formats are gateway/layout.py's.
+--
 -- KEYS[1] stock, KEYS[2] pending (as in reserve.lua)
 -- ARGV[1] mode: "reload" sets stock only when the key is missing (Redis lost
 --         it); "reset" always sets it (an admin changed the database stock)

@@ -1,5 +1,7 @@
 -- reserve.lua: reserve stock for one purchase, atomically.
 --
+-- Keys, channels and record formats are gateway/layout.py's.
+--
 -- KEYS[1] stock    string: units not yet reserved
 -- KEYS[2] buyers   hash:   user_id -> request_id of that user's reservation or order
 -- KEYS[3] pending  hash:   request_id -> "user_id|qty|reserved_at_ms" (the ledger)

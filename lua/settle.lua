@@ -1,5 +1,8 @@
 -- settle.lua: apply a flushed batch's outcomes to Redis after PostgreSQL decided.
 --
+-- Keys, channels and record formats are gateway/layout.py's; the verdict
+-- letters are gateway.domain.Verdict's (an expired "X" arrives as "R").
+--
 -- KEYS[1] stock, KEYS[2] buyers, KEYS[3] pending, KEYS[4] done (as in reserve.lua)
 -- ARGV[1] pub/sub channel, ARGV[2] sku
 -- ARGV[3] database stock after the batch, or -1 when the batch did not find

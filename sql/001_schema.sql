@@ -34,6 +34,3 @@ CREATE TABLE IF NOT EXISTS stock_movements (
 );
 
 CREATE INDEX IF NOT EXISTS stock_movements_sku ON stock_movements (sku);
-
--- Fencing tokens for the PostgreSQL advisory-lock backend.
-CREATE SEQUENCE IF NOT EXISTS lock_fence_seq;

@@ -1,28 +1,24 @@
 """The backend-independent half of a lock: holds per task, ``async with``, and loss.
 
 The owner of a hold is (lock object, asyncio task), so the same task re-enters (the
-hold counts up) and any other task is refused. A watchdog (``watchdog.py``) renews
-each hold; when it declares the hold lost, ``lost`` is set and, inside ``async with``,
-the owner task is cancelled and the block leaves with :class:`LockLost`.
+hold counts up) and any other task is refused. A :class:`Watchdog` renews each hold
+through three callbacks; when it declares the hold lost, ``lost`` is set and, inside
+``async with``, the owner task is cancelled and the block leaves with :class:`LockLost`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import itertools
-import os
+import functools
 import time
-import uuid
-import weakref
 from abc import ABC, abstractmethod
-from types import TracebackType
 from typing import Any, Generic, Self, TypeVar
 
 from gateway.lock.errors import LockLost, LockNotOwned, LockTimeout
-from gateway.lock.holds import Grant, Hold, HoldState
+from gateway.lock.holds import Grant, Hold, HoldState, HoldTable
 from gateway.lock.metrics import LockMetrics, LockStats
-from gateway.lock.tasks import Background
-from gateway.lock.watchdog import watch
+from gateway.lock.tasks import Background, Owners
+from gateway.lock.watchdog import Watchdog
 
 R = TypeVar("R")  # what a backend keeps per hold (PostgreSQL: its connection)
 
@@ -47,20 +43,14 @@ class BaseLock(ABC, Generic[R]):
         self.lease = lease
         self.max_hold = max_hold
         self.metrics: LockMetrics = metrics if metrics is not None else LockStats()
-        # The pid makes a holder findable from outside (HGET <lock> owner), as
-        # Redisson's UUID:threadId does; the random part keeps objects apart.
-        self._uid = f"{os.getpid()}:{uuid.uuid4().hex[:16]}"
-        # Serials rather than id(task): ids are reused once a task is collected.
-        self._serials: weakref.WeakKeyDictionary[asyncio.Task[Any], int] = (
-            weakref.WeakKeyDictionary()
-        )
-        self._next_serial = itertools.count(1)
-        self._holds: dict[asyncio.Task[Any], Hold[R]] = {}
-        self._latest: Hold[R] | None = None
+        self._owners = Owners()
+        self._holds: HoldTable[R] = HoldTable()
         self._not_lost = asyncio.Event()
         self._bg = Background()
-
-    # -- backend hooks -------------------------------------------------------------
+        lose = functools.partial(self._declare_lost, cancel=True)
+        self._watchdog = Watchdog(
+            name, lease, max_hold, self.metrics, self._renew, lose, self._expire
+        )
 
     @abstractmethod
     async def _grant(self, owner: str, deadline: float | None) -> Grant[R] | None:
@@ -82,27 +72,24 @@ class BaseLock(ABC, Generic[R]):
     async def _discard(self, hold: Hold[R]) -> None:
         """Free what a lost or abandoned hold keeps locally; must not raise."""
 
-    # -- public API ----------------------------------------------------------------
-
     @property
     def fence(self) -> int:
         """The fencing token of the calling task's hold, kept after a loss so a stale
         holder writes with its own older token; else the latest hold's; 0 before any."""
-        hold = self._visible_hold()
+        hold = self._holds.visible()
         return 0 if hold is None else hold.fence
 
     @property
     def lost(self) -> asyncio.Event:
         """Set when the calling task's hold (else the latest hold) is lost. Each first
         acquisition has a new event: read it after acquiring."""
-        hold = self._visible_hold()
+        hold = self._holds.visible()
         return self._not_lost if hold is None else hold.lost
 
     @property
     def held(self) -> bool:
         """Whether some task holds the lock through this object, not lost, lease not run out."""
-        now = time.monotonic()
-        return any(h.live and now < h.deadline for h in self._holds.values())
+        return self._holds.any_live()
 
     async def acquire(self, wait: float | None = None) -> bool:
         """Take the lock for the calling task.
@@ -116,7 +103,7 @@ class BaseLock(ABC, Generic[R]):
             LockLost: on re-entry, the task's hold turned out to be lost.
         Backend errors (``redis.exceptions.RedisError``, asyncpg errors) propagate.
         """
-        task = self._owner_task()
+        task = self._owners.current(self.name)
         hold = self._holds.get(task)
         if hold is not None and hold.live:
             if not await self._reenter(hold):
@@ -126,7 +113,7 @@ class BaseLock(ABC, Generic[R]):
             return True
         started = time.monotonic()
         deadline = None if wait is None else started + max(wait, 0.0)
-        grant = await self._grant(self._owner_id(task), deadline)
+        grant = await self._grant(self._owners.id_of(task), deadline)
         if grant is None:
             self.metrics.timed_out()
             return False
@@ -144,7 +131,7 @@ class BaseLock(ABC, Generic[R]):
             LockLost: the hold had been lost. The hold counts as given back: once all of
                 a lost hold's acquisitions are given back, further calls raise LockNotOwned.
         """
-        hold = self._holds.get(self._owner_task())
+        hold = self._holds.get(self._owners.current(self.name))
         if hold is None:
             raise LockNotOwned(self.name)
         await self._bg.shielded(self._release(hold))
@@ -154,7 +141,7 @@ class BaseLock(ABC, Generic[R]):
         could not get through. The watchdog stops, so the lease runs out by itself
         (PostgreSQL: the session goes back to the pool, whose reset unlocks it).
         Does nothing when the task holds nothing."""
-        hold = self._holds.get(self._owner_task())
+        hold = self._holds.get(self._owners.current(self.name))
         if hold is not None:
             self._abandon(hold)
 
@@ -166,35 +153,8 @@ class BaseLock(ABC, Generic[R]):
         await self._enter(None)
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self._exit(exc_type, exc)
-
-    # -- holds ---------------------------------------------------------------------
-
-    def _owner_task(self) -> asyncio.Task[Any]:
-        task = asyncio.current_task()
-        if task is None:
-            raise RuntimeError(f"lock {self.name!r} used outside an asyncio task")
-        return task
-
-    def _owner_id(self, task: asyncio.Task[Any]) -> str:
-        serial = self._serials.get(task)
-        if serial is None:
-            serial = self._serials[task] = next(self._next_serial)
-        return f"{self._uid}:{serial}"
-
-    def _visible_hold(self) -> Hold[R] | None:
-        try:
-            task = asyncio.current_task()
-        except RuntimeError:  # no running loop
-            task = None
-        hold = None if task is None else self._holds.get(task)
-        return hold if hold is not None else self._latest
+    async def __aexit__(self, *exc_info: Any) -> None:
+        await self._exit(exc_info[0], exc_info[1])
 
     def _begin(self, task: asyncio.Task[Any], grant: Grant[R], started: float) -> None:
         stale = self._holds.get(task)
@@ -203,15 +163,14 @@ class BaseLock(ABC, Generic[R]):
         now = time.monotonic()
         hold = Hold(
             task=task,
-            owner=self._owner_id(task),
+            owner=self._owners.id_of(task),
             fence=grant.fence,
             resource=grant.resource,
             acquired_at=now,
             renewed_at=grant.sent_at,
             deadline=grant.sent_at + self.lease,
         )
-        self._holds[task] = hold
-        self._latest = hold
+        self._holds.add(hold)
         # Most holds end before their first renewal: a timer is cheaper than a task.
         first = min(self.lease / 3, self.max_hold or self.lease)
         hold.timer = asyncio.get_running_loop().call_later(first, self._ensure_watchdog, hold)
@@ -219,7 +178,7 @@ class BaseLock(ABC, Generic[R]):
 
     async def _release(self, hold: Hold[R]) -> None:
         if not hold.live:
-            self._drop_one(hold)
+            self._holds.drop_one(hold)
             raise LockLost(self.name)
         hold.closing = hold.count == 1
         try:
@@ -230,29 +189,26 @@ class BaseLock(ABC, Generic[R]):
             raise
         if left < 0:
             self._declare_lost(hold, cancel=False)
-            self._drop_one(hold)
+            self._holds.drop_one(hold)
             raise LockLost(self.name)
         hold.count = left
         if left == 0:
             self._finish(hold)
             self.metrics.released(time.monotonic() - hold.acquired_at)
 
-    def _drop_one(self, hold: Hold[R]) -> None:
-        hold.count -= 1
-        if hold.count <= 0:
-            self._forget(hold)
-
-    def _forget(self, hold: Hold[R]) -> None:
-        if self._holds.get(hold.task) is hold:
-            del self._holds[hold.task]
-
     def _finish(self, hold: Hold[R]) -> None:
         hold.state = HoldState.ENDED
-        self._forget(hold)
+        self._holds.forget(hold)
         if hold.timer is not None:
             hold.timer.cancel()
         if hold.watchdog is not None and hold.watchdog is not asyncio.current_task():
             hold.watchdog.cancel()
+
+    async def _expire(self, hold: Hold[R]) -> None:
+        """An abandoned hold's lease ran out: nobody is left to tell."""
+        hold.state = HoldState.ENDED
+        self._holds.forget(hold)
+        await self._discard(hold)
 
     def _abandon(self, hold: Hold[R]) -> None:
         self._finish(hold)
@@ -268,19 +224,19 @@ class BaseLock(ABC, Generic[R]):
             hold.cancelled_owner = True
             hold.task.cancel(f"lock {self.name!r} lost")
         # A task that never gives the lost hold back must not pin it here forever.
-        hold.task.add_done_callback(lambda _: self._forget(hold))
+        hold.task.add_done_callback(lambda _: self._holds.forget(hold))
         self._bg.spawn(self._discard(hold))
-
-    # -- async with ----------------------------------------------------------------
 
     async def _enter(self, wait: float | None) -> None:
         if not await self.acquire(wait):
             raise LockTimeout(self.name)
-        task = self._owner_task()
-        self._holds[task].entries.append(task.cancelling())
+        task = self._owners.current(self.name)
+        hold = self._holds.get(task)
+        assert hold is not None  # acquired just now by this task
+        hold.entries.append(task.cancelling())
 
     async def _exit(self, exc_type: type[BaseException] | None, exc: BaseException | None) -> None:
-        task = self._owner_task()
+        task = self._owners.current(self.name)
         hold = self._holds.get(task)
         if hold is None or not hold.entries:
             return  # the block gave the lock back itself
@@ -309,7 +265,7 @@ class BaseLock(ABC, Generic[R]):
         """Start the hold's watchdog unless it runs (called by its timer, and after a
         failed final release, which may have ended the watchdog)."""
         if hold.live and (hold.watchdog is None or hold.watchdog.done()):
-            hold.watchdog = self._bg.spawn(watch(self, hold))
+            hold.watchdog = self._bg.spawn(self._watchdog.watch(hold))
 
 
 class _Entry(Generic[R]):
@@ -325,10 +281,5 @@ class _Entry(Generic[R]):
         await self._lock._enter(self._wait)
         return self._lock
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self._lock._exit(exc_type, exc)
+    async def __aexit__(self, *exc_info: Any) -> None:
+        await self._lock._exit(exc_info[0], exc_info[1])

@@ -1,9 +1,11 @@
-"""A hold: one asyncio task's ownership of a lock through one lock object."""
+"""A hold: one asyncio task's ownership of a lock through one lock object; and the
+table of a lock object's holds."""
 
 from __future__ import annotations
 
 import asyncio
 import enum
+import time
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
@@ -56,3 +58,45 @@ class Hold(Generic[R]):
     def live(self) -> bool:
         """Neither lost nor ended."""
         return self.state is HoldState.LIVE
+
+
+class HoldTable(Generic[R]):
+    """The holds of one lock object, by owner task, and the latest one taken."""
+
+    def __init__(self) -> None:
+        self._by_task: dict[asyncio.Task[Any], Hold[R]] = {}
+        self.latest: Hold[R] | None = None
+
+    def get(self, task: asyncio.Task[Any]) -> Hold[R] | None:
+        """The hold of ``task``, if it has one."""
+        return self._by_task.get(task)
+
+    def add(self, hold: Hold[R]) -> None:
+        """Record a new hold, replacing its task's previous one."""
+        self._by_task[hold.task] = hold
+        self.latest = hold
+
+    def forget(self, hold: Hold[R]) -> None:
+        """Drop ``hold`` unless its task has a newer one."""
+        if self._by_task.get(hold.task) is hold:
+            del self._by_task[hold.task]
+
+    def drop_one(self, hold: Hold[R]) -> None:
+        """Count one acquisition of ``hold`` as given back; drop it after the last."""
+        hold.count -= 1
+        if hold.count <= 0:
+            self.forget(hold)
+
+    def visible(self) -> Hold[R] | None:
+        """The calling task's hold, else the latest one (None before any)."""
+        try:
+            task = asyncio.current_task()
+        except RuntimeError:  # no running loop
+            task = None
+        hold = None if task is None else self._by_task.get(task)
+        return hold if hold is not None else self.latest
+
+    def any_live(self) -> bool:
+        """Whether some hold is neither lost nor ended, and its lease has not run out."""
+        now = time.monotonic()
+        return any(h.live and now < h.deadline for h in self._by_task.values())

@@ -1,12 +1,13 @@
 """PostgreSQL backend: a session advisory lock held on one pool connection.
 
-The lock lives as long as the session: a holder whose process dies frees it at once,
-but a holder that is merely stopped keeps it (there is no lease on the server). The
-"lease" here is how long the watchdog tolerates not hearing from the session: every
-lease/3 it runs ``SELECT 1``; a closed connection, or no answer before the local
-deadline, loses the lock. Fences come from the sequence ``lock_fence_seq`` (the
-migrations create it), raised to the server clock in microseconds as the Redis lock's
-are, so tokens of both backends share one scale and switching backends fences nobody out.
+The lock lives as long as the session: a holder whose process dies frees it at once, but
+a holder that is merely stopped keeps it (there is no lease on the server). The "lease"
+here is how long the watchdog tolerates not hearing from the session: every lease/3 it
+runs ``SELECT 1``; a closed connection, or no answer before the local deadline, loses
+the lock. Fences come from the sequence ``lock_fence_seq``, which
+:func:`create_fence_sequence` creates (once per database, before the first lock), raised
+to the server clock in microseconds as the Redis lock's are, so tokens of both backends
+share one scale and switching backends fences nobody out.
 """
 
 from __future__ import annotations
@@ -27,6 +28,10 @@ from gateway.lock.holds import Grant, Hold
 from gateway.lock.metrics import LockMetrics
 
 FENCE_SEQUENCE = "lock_fence_seq"
+# The package's whole schema. Taken under a transaction-scoped advisory lock, since
+# two sessions running CREATE ... IF NOT EXISTS at once may both try to create it.
+_CREATE_FENCE_SEQUENCE = f"CREATE SEQUENCE IF NOT EXISTS {FENCE_SEQUENCE}"
+_DDL_LOCK = "SELECT pg_advisory_xact_lock($1)"
 
 _TRY_LOCK = "SELECT pg_try_advisory_lock($1)"
 _LOCK = "SELECT pg_advisory_lock($1)"
@@ -36,6 +41,13 @@ SELECT setval('{FENCE_SEQUENCE}', greatest(
     nextval('{FENCE_SEQUENCE}'),
     (extract(epoch FROM clock_timestamp()) * 1000000)::bigint))
 """
+
+
+async def create_fence_sequence(con: asyncpg.Connection[Any] | PoolConnectionProxy[Any]) -> None:
+    """Create the fence sequence :class:`PgAdvisoryLock` needs, if missing."""
+    async with con.transaction():
+        await con.execute(_DDL_LOCK, advisory_key(FENCE_SEQUENCE))
+        await con.execute(_CREATE_FENCE_SEQUENCE)
 
 
 def advisory_key(name: str) -> int:
@@ -60,7 +72,7 @@ class PgAdvisoryLock(BaseLock[PgSession]):
     the lock is free), so size the pool for holders plus waiters.
 
     Args:
-        pool: an asyncpg pool on a database with the sequence ``lock_fence_seq``.
+        pool: an asyncpg pool on a database where :func:`create_fence_sequence` ran.
         name: any string; hashed to the advisory key with :func:`advisory_key`.
         lease: seconds the watchdog tolerates an unanswered session; checks every lease/3.
         max_hold: seconds after acquisition at which the hold ends and counts as lost.

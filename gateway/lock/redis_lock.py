@@ -1,11 +1,12 @@
 """Redis backend: a Redisson-style re-entrant lease lock with fencing tokens.
 
-The lock is a hash at key ``name`` — owner, hold count, fence — expiring with the
-lease; ``name + ":fence"`` counts fencing tokens and ``name + ":unlock"`` is the
-channel a release publishes on. Give ``name`` a hash tag (``fs:{sku1}:lock``) and
-all three land in one cluster slot. Every change goes through the Lua scripts
-``lua/lock_*.lua``. Fences are INCR raised to Redis's clock in microseconds, so they
-keep increasing after a restart or failover that lost the counter.
+The lock is a hash at key ``name`` — owner, hold count, fence — expiring with the lease;
+``name + ":fence"`` counts fencing tokens and ``name + ":unlock"`` is the channel a
+release publishes on. Give ``name`` a hash tag (``fs:{sku1}:lock``) and all three land
+in one cluster slot. Every change goes through the Lua scripts in this package's
+``lua/`` (package data, called by EVALSHA through redis-py's ``AsyncScript``, which
+reloads a script Redis forgot). Fences are INCR raised to Redis's clock in microseconds,
+so they keep increasing after a restart or failover that lost the counter.
 """
 
 from __future__ import annotations
@@ -13,44 +14,48 @@ from __future__ import annotations
 import functools
 import time
 from dataclasses import dataclass
+from importlib import resources
 from typing import Any
 
 from redis.asyncio import Redis
+from redis.commands.core import AsyncScript
 
 from gateway.lock.base import BaseLock
 from gateway.lock.holds import Grant, Hold
 from gateway.lock.metrics import LockMetrics
 from gateway.lock.subscriber import LockSubscriber
-from gateway.scripts import Script, read_script
 
 # Never sleep less than this between attempts, even when the holder's TTL is ~0.
 _MIN_PAUSE_S = 0.001
 
 
-@dataclass(frozen=True, slots=True)
-class LockScripts:
-    """The three lock scripts."""
-
-    acquire: Script
-    renew: Script
-    release: Script
+SCRIPT_NAMES = ("acquire", "renew", "release")
 
 
 @functools.cache
-def lock_scripts() -> LockScripts:
-    """The lock scripts, read from ``lua/`` once per process."""
-    return LockScripts(
-        acquire=read_script("lock_acquire"),
-        renew=read_script("lock_renew"),
-        release=read_script("lock_release"),
-    )
+def script_source(name: str) -> str:
+    """The text of one of this package's Lua scripts, read once per process."""
+    return resources.files(__package__).joinpath("lua", f"{name}.lua").read_text()
+
+
+@dataclass(frozen=True, slots=True)
+class LockScripts:
+    """The three lock scripts, registered with one client."""
+
+    acquire: AsyncScript
+    renew: AsyncScript
+    release: AsyncScript
+
+    @classmethod
+    def on(cls, redis: Redis) -> LockScripts:
+        """The scripts as called through ``redis``."""
+        return cls(*(AsyncScript(redis, script_source(name)) for name in SCRIPT_NAMES))
 
 
 async def load_lock_scripts(redis: Redis) -> None:
     """SCRIPT LOAD the lock scripts, so a broken script fails start-up, not a flush."""
-    scripts = lock_scripts()
-    for script in (scripts.acquire, scripts.renew, scripts.release):
-        await script.load(redis)
+    for name in SCRIPT_NAMES:
+        await redis.script_load(script_source(name))
 
 
 class RedisLock(BaseLock[None]):
@@ -64,7 +69,8 @@ class RedisLock(BaseLock[None]):
         max_hold: stop renewing this many seconds after acquisition; the hold is then
             lost when its lease runs out.
         metrics: a :class:`LockMetrics`; a fresh :class:`LockStats` if None.
-        subscriber: the unlock subscriber; by default the process's one for ``redis``.
+        subscriber: the unlock subscriber waiters register with; share one per client
+            and process, so a thousand waiters cost one connection.
     """
 
     def __init__(
@@ -75,15 +81,14 @@ class RedisLock(BaseLock[None]):
         lease: float = 30.0,
         max_hold: float | None = None,
         metrics: LockMetrics | None = None,
-        subscriber: LockSubscriber | None = None,
+        subscriber: LockSubscriber,
     ) -> None:
         super().__init__(name, lease=lease, max_hold=max_hold, metrics=metrics)
-        self._redis = redis
         self._subscriber = subscriber
         self.fence_key = name + ":fence"
         self.channel = name + ":unlock"
         self._lease_ms = max(1, round(lease * 1000))
-        self._scripts = lock_scripts()
+        self._scripts = LockScripts.on(redis)
 
     async def _grant(self, owner: str, deadline: float | None) -> Grant[None] | None:
         sent = time.monotonic()
@@ -92,8 +97,7 @@ class RedisLock(BaseLock[None]):
             return Grant(value, None, False, sent)
         if deadline is not None and time.monotonic() >= deadline:
             return None
-        subscriber = self._subscriber or LockSubscriber.for_client(self._redis)
-        async with subscriber.subscription(self.channel) as waiter:
+        async with self._subscriber.subscription(self.channel) as waiter:
             while True:
                 sent = time.monotonic()
                 won, value = await self._attempt(owner)
@@ -115,9 +119,7 @@ class RedisLock(BaseLock[None]):
         return None if left <= 0 else min(pause, left)
 
     async def _attempt(self, owner: str) -> tuple[bool, int]:
-        call = self._scripts.acquire(
-            self._redis, (self.name, self.fence_key), (owner, self._lease_ms)
-        )
+        call = self._scripts.acquire((self.name, self.fence_key), (owner, self._lease_ms))
         reply = await self._bg.undoable(
             call, lambda r: self._release_as(owner) if r[0] == 1 else None
         )
@@ -135,9 +137,7 @@ class RedisLock(BaseLock[None]):
         return int(await self._renew_as(hold.owner, 0)) > 0
 
     async def _renew_as(self, owner: str, add: int) -> Any:
-        return await self._scripts.renew(self._redis, (self.name,), (owner, self._lease_ms, add))
+        return await self._scripts.renew((self.name,), (owner, self._lease_ms, add))
 
     async def _release_as(self, owner: str) -> Any:
-        return await self._scripts.release(
-            self._redis, (self.name, self.channel), (owner, self._lease_ms)
-        )
+        return await self._scripts.release((self.name, self.channel), (owner, self._lease_ms))

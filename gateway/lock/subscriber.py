@@ -20,7 +20,6 @@ import asyncio
 import contextlib
 import math
 import os
-import weakref
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,8 +29,6 @@ from redis.asyncio.connection import AbstractConnection
 
 _MIN_BACKOFF_S = 0.05
 _MAX_BACKOFF_S = 1.0
-
-_registry: weakref.WeakKeyDictionary[Redis, LockSubscriber] = weakref.WeakKeyDictionary()
 
 
 class Waiter:
@@ -83,9 +80,10 @@ class _Channel:
 class LockSubscriber:
     """The shared unlock-message subscriber of one Redis client.
 
-    Use :meth:`for_client` to get the process's subscriber for a client; close it with
-    :meth:`aclose` at shutdown. Its connection is taken from the client's pool and named
-    ``client_name`` (default ``gateway-lock-sub-<pid>``) so ``CLIENT LIST`` shows it.
+    Create one per client and event loop, hand it to every :class:`RedisLock` on that
+    client, and close it with :meth:`aclose` at shutdown (or use ``async with``). Its
+    connection is taken from the client's pool and named ``client_name`` (default
+    ``gateway-lock-sub-<pid>``) so ``CLIENT LIST`` shows it.
     """
 
     def __init__(
@@ -100,23 +98,7 @@ class LockSubscriber:
         self._dirty = asyncio.Event()
         self._io = asyncio.Lock()
         self._tasks: list[asyncio.Task[None]] = []
-        self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
-
-    @classmethod
-    def for_client(cls, redis: Redis) -> LockSubscriber:
-        """The subscriber shared by every lock on ``redis`` in this process and loop."""
-        sub = _registry.get(redis)
-        if sub is None or sub._closed or sub._loop not in (None, asyncio.get_running_loop()):
-            sub = _registry[redis] = cls(redis)
-        return sub
-
-    @classmethod
-    async def close_for(cls, redis: Redis) -> None:
-        """Close the shared subscriber of ``redis``, if it has one (at shutdown)."""
-        sub = _registry.pop(redis, None)
-        if sub is not None:
-            await sub.aclose()
 
     @property
     def connected(self) -> bool:
@@ -174,13 +156,15 @@ class LockSubscriber:
         for entry in self._channels.values():
             for waiter in entry.waiters:
                 waiter.wake()
-        for client, sub in list(_registry.items()):
-            if sub is self:
-                del _registry[client]
+
+    async def __aenter__(self) -> LockSubscriber:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
 
     def _start(self) -> None:
         if not self._tasks:
-            self._loop = asyncio.get_running_loop()
             self._tasks = [
                 asyncio.create_task(self._read_loop(), name="lock-subscriber-reader"),
                 asyncio.create_task(self._write_loop(), name="lock-subscriber-writer"),

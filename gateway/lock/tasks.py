@@ -1,15 +1,52 @@
-"""The background tasks of a lock: kept referenced, shielded, undone on cancellation."""
+"""The tasks of a lock: its owners, named; its background work, kept referenced,
+shielded, and undone on cancellation."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
+import os
+import uuid
+import weakref
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
 T = TypeVar("T")
 
 Undo = Callable[[T], Awaitable[object] | None]
+
+
+class Owners:
+    """Names the asyncio tasks that hold a lock through one lock object.
+
+    An owner id is "pid:random" of the object and ":serial" of the task. The pid
+    makes a holder findable from outside (HGET <lock> owner), as Redisson's
+    UUID:threadId does; the random part keeps objects apart; serials rather than
+    id(task), since ids are reused once a task is collected.
+    """
+
+    def __init__(self) -> None:
+        self._uid = f"{os.getpid()}:{uuid.uuid4().hex[:16]}"
+        self._serials: weakref.WeakKeyDictionary[asyncio.Task[Any], int] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._next_serial = itertools.count(1)
+
+    @staticmethod
+    def current(lock_name: str) -> asyncio.Task[Any]:
+        """The calling task; RuntimeError outside one."""
+        task = asyncio.current_task()
+        if task is None:
+            raise RuntimeError(f"lock {lock_name!r} used outside an asyncio task")
+        return task
+
+    def id_of(self, task: asyncio.Task[Any]) -> str:
+        """The owner id of ``task``, the same for as long as the task lives."""
+        serial = self._serials.get(task)
+        if serial is None:
+            serial = self._serials[task] = next(self._next_serial)
+        return f"{self._uid}:{serial}"
 
 
 class Background:

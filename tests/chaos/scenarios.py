@@ -37,8 +37,8 @@ from typing import Any
 import aiohttp
 import asyncpg
 
-from gateway.audit import SkuAudit, Verdict, audit
-from gateway.inventory import SkuKeys
+from gateway.audit import Finding, SkuAudit, audit
+from gateway.layout import SkuKeys
 from gateway.settings import Settings
 from tests.chaos.conftest import Diagnostics
 from tests.chaos.driver import CONFIRMED, SOLD_OUT, ClientPolicy, DriverSummary, LoadDriver
@@ -610,7 +610,7 @@ async def _second_wave(run: ScenarioRun) -> None:
         story = await explain(stack, report, [first, second])
         raise AssertionError(f"{context}:\n{report}\n{story}")
     assert report.sold == run.plan.stock, f"{context}: stock left unsold:\n{report}"
-    assert row.verdict == Verdict.OK, f"{context}: audit after the second wave: {row}"
+    assert row.verdict == Finding.OK, f"{context}: audit after the second wave: {row}"
 
 
 # --------------------------------------------------------------------------- faults

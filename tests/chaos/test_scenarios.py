@@ -28,7 +28,7 @@ import asyncpg
 import pytest
 import pytest_asyncio
 
-from gateway.audit import Verdict, audit
+from gateway.audit import Finding, audit
 from gateway.database import migrate
 from gateway.settings import Settings
 from tests.chaos.conftest import Diagnostics
@@ -610,8 +610,8 @@ async def test_harness_catches_oversell_when_the_guard_is_gone(
     assert report.false_confirmations == ["naive-ghost"], problems
     assert not report.ok
     rows = await audit(Settings(redis_url=redis_server.url(), database_url=url), "naive")
-    assert rows[0].verdict == Verdict.OVERSOLD, rows
-    assert Verdict.NEGATIVE_STOCK in rows[0].findings, rows
+    assert rows[0].verdict == Finding.OVERSOLD, rows
+    assert Finding.NEGATIVE_STOCK in rows[0].findings, rows
     assert rows[0].failed
 
 

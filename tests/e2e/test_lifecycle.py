@@ -11,7 +11,7 @@ import asyncpg
 from redis.asyncio import Redis
 
 from gateway.audit import audit
-from gateway.inventory import SkuKeys
+from gateway.layout import SkuKeys
 from gateway.settings import Settings
 from tests.chaos.driver import LoadDriver, run_sale
 from tests.chaos.gateways import GatewayCluster

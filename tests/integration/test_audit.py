@@ -16,10 +16,10 @@ import asyncpg
 import pytest
 from redis.asyncio import Redis
 
-from gateway.audit import SkuAudit, Verdict, audit, render
+from gateway.audit import Finding, SkuAudit, audit, render
 from gateway.database import migrate
 from gateway.errors import UnknownSku
-from gateway.inventory import SkuKeys
+from gateway.layout import SkuKeys
 from gateway.settings import Settings
 from tests.conftest import ADMIN_HEADERS, PG_ADMIN_URL, _pg_url, put_sku
 from tests.integration.test_purchase import buy
@@ -154,7 +154,7 @@ class TestHealthySale:
         await put_sku(client, sku, 3)
         await redis.delete(SkuKeys.of(key_prefix, sku).stock)
         [row] = await audit(make_settings(), sku)
-        assert (row.redis_stock, row.drift, row.verdict) == (None, None, Verdict.OK)
+        assert (row.redis_stock, row.drift, row.verdict) == (None, None, Finding.OK)
         assert render([row]).splitlines()[1].split()[6:] == ["-", "0", "-", "ok"]
 
 
@@ -187,7 +187,7 @@ class TestCorruptedBooks:
 
         [row] = await audit(settings, sku)
         assert (row.provided, row.sold, row.db_stock, row.drift) == (3, 6, 1, 0)
-        assert row.findings == (Verdict.OVERSOLD, Verdict.UNBALANCED)
+        assert row.findings == (Finding.OVERSOLD, Finding.UNBALANCED)
         assert row.failed
         code, out, _ = await run_cli(settings, "--sku", sku)
         assert code == 1
@@ -211,7 +211,7 @@ class TestCorruptedBooks:
 
         [row] = await audit(settings, sku)
         assert (row.provided, row.sold, row.db_stock, row.drift) == (3, 1, 7, 5)
-        assert row.findings == (Verdict.UNBALANCED, Verdict.DRIFT)
+        assert row.findings == (Finding.UNBALANCED, Finding.DRIFT)
         assert (await run_cli(settings, "--sku", sku))[0] == 1
 
     async def test_negative_redis_stock_fails(
@@ -228,7 +228,7 @@ class TestCorruptedBooks:
         await redis.set(SkuKeys.of(key_prefix, sku).stock, -2)
         settings = make_settings()
         [row] = await audit(settings, sku)
-        assert row.findings == (Verdict.NEGATIVE_STOCK, Verdict.DRIFT)
+        assert row.findings == (Finding.NEGATIVE_STOCK, Finding.DRIFT)
         assert (await run_cli(settings, "--sku", sku))[0] == 1
 
     async def test_drift_alone_is_a_warning(
@@ -247,7 +247,7 @@ class TestCorruptedBooks:
         settings = make_settings()
         [row] = await audit(settings, sku)
         assert (row.redis_stock, row.pending, row.drift) == (3, 2, -2)
-        assert (row.findings, row.failed) == ((Verdict.DRIFT,), False)
+        assert (row.findings, row.failed) == ((Finding.DRIFT,), False)
         code, out, _ = await run_cli(settings, "--sku", sku)
         assert code == 0
         assert out.splitlines()[1].split()[-2:] == ["-2", "DRIFT"]
@@ -288,7 +288,7 @@ class TestDuplicateUser:
 
             [row] = await audit(settings)
             assert (row.orders, row.users, row.duplicate_users) == (2, 1, 1)
-            assert row.findings == (Verdict.DUPLICATE_USER,)
+            assert row.findings == (Finding.DUPLICATE_USER,)
             assert (await run_cli(settings))[0] == 1
         finally:
             await sql(PG_ADMIN_URL, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

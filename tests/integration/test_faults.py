@@ -16,8 +16,8 @@ from aiohttp.test_utils import TestClient, TestServer
 from redis.asyncio import Redis
 
 from gateway.app import create_app
-from gateway.database import migration_files
-from gateway.inventory import SkuKeys
+from gateway.database import migration_versions
+from gateway.layout import SkuKeys
 from tests.chaos.proxy import FaultProxy
 from tests.chaos.servers import free_port
 from tests.conftest import ADMIN_HEADERS, PG_ADMIN_URL, _pg_url, put_sku
@@ -191,7 +191,7 @@ class TestTwoInstances:
             con = await asyncpg.connect(url)
             versions = await con.fetch("SELECT version FROM schema_migrations")
             await con.close()
-            assert [r["version"] for r in versions] == [p.stem for p in migration_files()]
+            assert [r["version"] for r in versions] == [v for v, _ in migration_versions()]
             report = await (await b.get(f"/admin/skus/{sku}", headers=ADMIN_HEADERS)).json()
             assert report == {"db_stock": 0, "redis_stock": 0, "pending": 0, "sold": 50}
         finally:

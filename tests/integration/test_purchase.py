@@ -12,8 +12,8 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient
 from redis.asyncio import Redis
 
-from gateway.inventory import SkuKeys
-from gateway.keys import SERVICE
+from gateway.appkeys import INVENTORY
+from gateway.layout import SkuKeys
 from tests.conftest import ADMIN_HEADERS, put_sku
 
 Client = TestClient[web.Request, web.Application]
@@ -92,7 +92,7 @@ class TestIdempotency:
     """The same request id always gets its first outcome and never a second order."""
 
     async def test_replay_of_a_confirmed_request_after_sold_out_returns_its_order(
-        self, start_gateway: Any, sku: str, database_url: str
+        self, start_gateway: Any, sku: str, database_url: str, redis: Redis, key_prefix: str
     ) -> None:
         """After the sku sold out (answered in-process), a replay of a confirmed
         request id still returns 201 with the same order_id."""
@@ -102,9 +102,14 @@ class TestIdempotency:
         assert status == 201
         assert (await buy(client, sku, "bob"))[0] == 201
         assert (await buy(client, sku, "carol"))[1] == {"status": "sold_out"}
-        assert client.app[SERVICE].soldout.lookup(sku) is not None  # answered in-process now
+        # From here on the answers come from the process: without the sku's
+        # Redis keys nothing is reloaded, and the replay still gets its order.
+        keys = SkuKeys.of(key_prefix, sku)
+        await redis.delete(*keys.all())
         status, again = await buy(client, sku, "alice", "req-alice")
         assert (status, again) == (201, first)
+        assert (await buy(client, sku, "dave"))[1] == {"status": "sold_out"}
+        assert await redis.exists(keys.stock) == 0
         assert (await db_state(database_url, sku))[1] == 2
 
     async def test_idempotency_key_header_is_the_request_id(
@@ -223,7 +228,7 @@ class TestSoldOutStorm:
         client = await start_gateway()
         await put_sku(client, sku, 1)
         assert (await buy(client, sku, "winner"))[0] == 201
-        inventory = client.app[SERVICE].inventory
+        inventory = client.app[INVENTORY]
         loads = 0
         confirmed = inventory.confirmed
 

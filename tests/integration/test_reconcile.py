@@ -11,9 +11,9 @@ from redis.asyncio import Redis
 from structlog.contextvars import merge_contextvars
 from structlog.testing import capture_logs
 
+from gateway.appkeys import BATCHER, INVENTORY, ORDERS
 from gateway.domain import Purchase
-from gateway.inventory import SkuKeys
-from gateway.keys import SERVICE
+from gateway.layout import SkuKeys
 from tests.conftest import ADMIN_HEADERS, put_sku
 from tests.integration.test_purchase import buy, redis_state
 
@@ -23,7 +23,7 @@ LONG_AGO_MS = 1_000
 async def crash_leftovers(client: Any, sku: str, database_url: str) -> None:
     """What a gateway killed mid-flush leaves: two old reservations in the ledger,
     one whose order committed ("ghost-a") and one that never reached PostgreSQL."""
-    inventory = client.app[SERVICE].inventory
+    inventory = client.app[INVENTORY]
     for user in ("a", "b"):
         reply = await inventory.reserve(Purchase(sku, user, 1, f"{sku}.ghost-{user}", LONG_AGO_MS))
         assert reply.kind == "ok"
@@ -96,7 +96,7 @@ class TestReconciliation:
         """A reservation younger than the timeout is in flight, not drift."""
         client = await start_gateway(reconcile_interval_s=3600)
         await put_sku(client, sku, 5)
-        inventory = client.app[SERVICE].inventory
+        inventory = client.app[INVENTORY]
         await inventory.reserve(Purchase(sku, "z", 1, "fresh", int(time.time() * 1000)))
         result = await (await client.post("/admin/reconcile", headers=ADMIN_HEADERS)).json()
         assert result[sku] == {
@@ -118,7 +118,7 @@ class TestReconciliation:
         deadline = time.monotonic() + 10
         while await redis_state(redis, key_prefix, sku) != (9, 0):
             assert time.monotonic() < deadline, await redis_state(redis, key_prefix, sku)
-            await client.app[SERVICE].orders.ping()  # yields to the loop
+            await client.app[ORDERS].ping()  # yields to the loop
 
 
 def samples(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
@@ -167,7 +167,7 @@ class TestLogs:
         """A purchase refused with 503 logs one warning naming its request id and sku."""
         client = await start_gateway()
         await put_sku(client, sku, 3)
-        client.app[SERVICE].draining = True
+        await client.app[BATCHER].close()
         with capture_logs(processors=[merge_contextvars]) as logs:
             resp = await client.post(
                 "/v1/purchase", json={"sku": sku, "user_id": "l", "request_id": f"{sku}.log-1"}

@@ -24,7 +24,7 @@ def statements(root: Path) -> list[tuple[str, str]]:
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Constant) and isinstance(node.value, str):
                 found.append((f"{path.relative_to(root)}:{node.lineno}", node.value))
-    for path in sorted((root / "sql").glob("*.sql")):
+    for path in sorted((root / "sql").rglob("*.sql")):
         for i, text in enumerate(path.read_text().split(";")):
             found.append((f"{path.relative_to(root)}#{i}", text))
     return found

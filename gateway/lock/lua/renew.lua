@@ -1,4 +1,4 @@
--- lock_renew: extend the holder's lease, optionally adding a hold (re-entry).
+-- renew.lua: extend the holder's lease, optionally adding a hold (re-entry).
 --
 -- KEYS[1]  the lock hash {owner, count, fence}
 -- ARGV[1]  owner id of the caller

@@ -1,15 +1,3 @@
--- Reservations the reconciler gave back, so a flush still on its way cannot
--- commit them afterwards (flush_batch answers them "X").
---
--- A reservation is named by its request id and the moment Redis reserved it:
--- the client's retry of the same request id is a new reservation and buys.
-CREATE TABLE IF NOT EXISTS released_reservations (
-    request_id      text NOT NULL,
-    reserved_at_ms  bigint NOT NULL,
-    released_at     timestamptz NOT NULL DEFAULT now(),
-    PRIMARY KEY (request_id, reserved_at_ms)
-);
-
 -- flush_batch: decide and write one batch of reserved purchases in one round trip.
 --
 -- Called once per flush, as a single statement (its own transaction). Locks the
@@ -23,7 +11,13 @@ CREATE TABLE IF NOT EXISTS released_reservations (
 --   X  expired: the reconciler released this reservation; its buyer retries
 -- and the granted units are taken by one UPDATE guarded by stock >= total and
 -- the fencing token. A fencing token older than the row's raises SQLSTATE
--- FS001, and nothing is written.
+-- FS001 (gateway.errors.FencedOut); a guard that refuses raises FS002
+-- (gateway.errors.StockGuardRefused). Either way nothing is written.
+--
+-- The verdict letters are gateway.domain.Verdict's values.
+--
+-- A function, not a migration: the migrations apply this file again whenever
+-- its text changes (gateway/database.py).
 --
 -- Returns one row per distinct request id: request_id, verdict (C, R, D, S or X),
 -- the order's id, sku, user and qty (C and R), and the stock after the batch.
@@ -119,7 +113,7 @@ BEGIN
         WHERE sku = p_sku AND stock >= v_total AND (p_fence IS NULL OR fence <= p_fence)
         RETURNING stock INTO v_stock;
         IF NOT FOUND THEN
-            RAISE EXCEPTION 'the stock guard refused % units', v_total USING ERRCODE = 'FS001';
+            RAISE EXCEPTION 'the stock guard refused % units', v_total USING ERRCODE = 'FS002';
         END IF;
         RETURN QUERY
         INSERT INTO orders AS o (request_id, sku, user_id, qty)

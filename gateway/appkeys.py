@@ -6,17 +6,22 @@ from aiohttp import web
 from redis.asyncio import Redis
 
 from gateway.admin import StockAdmin
+from gateway.batcher import Batcher
+from gateway.inventory import Inventory
 from gateway.metrics import Metrics
 from gateway.orders import Orders
+from gateway.purchases import Purchases
 from gateway.reconciler import Reconciler
-from gateway.service import PurchaseService
 from gateway.settings import Settings
 
 SETTINGS = web.AppKey("settings", Settings)
 METRICS = web.AppKey("metrics", Metrics)
 REDIS = web.AppKey("redis", Redis)
+INVENTORY = web.AppKey("inventory", Inventory)
 ORDERS = web.AppKey("orders", Orders)
-SERVICE = web.AppKey("service", PurchaseService)
+# The batcher's closing is the instance's draining: purchases and /readyz ask it.
+BATCHER = web.AppKey("batcher", Batcher)
+PURCHASES = web.AppKey("purchases", Purchases)
 ADMIN = web.AppKey("admin", StockAdmin)
 RECONCILER = web.AppKey("reconciler", Reconciler)
 # A purchase response carries its outcome to the metrics middleware.

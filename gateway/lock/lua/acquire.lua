@@ -1,4 +1,4 @@
--- lock_acquire: take a free lock and give the new holder a fencing token.
+-- acquire.lua: take a free lock and give the new holder a fencing token.
 --
 -- KEYS[1]  the lock: a hash {owner, count, fence} that expires with the lease
 -- KEYS[2]  the fence counter (never expires); same hash tag as KEYS[1]

@@ -1,0 +1,111 @@
+"""The Redis layout: every key name, channel and record format the gateway uses.
+
+A sku's keys share the ``{sku}`` hash tag, so a script that touches them all
+touches one cluster slot. The Lua scripts in ``lua/`` receive these keys
+through KEYS and write the records below; their contracts point here.
+
+``<prefix>:{<sku>}:stock``    string  units not yet reserved
+``<prefix>:{<sku>}:buyers``   hash    user_id -> request_id of that user's reservation or order
+``<prefix>:{<sku>}:pending``  hash    request_id -> ledger record ``user_id|qty|reserved_at_ms``
+``<prefix>:{<sku>}:done``     hash    request_id -> confirmed record ``order_id|user_id|qty``
+``<prefix>:{<sku>}:lock``     the sku's flush lock (see ``gateway.lock``)
+``<prefix>:events``           channel of sku changes: ``avail:<sku>`` (stock came back)
+                              and ``meta:<sku>`` (an admin changed the sku)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from gateway.domain import Order
+
+SEPARATOR = "|"
+
+
+@dataclass(frozen=True, slots=True)
+class SkuKeys:
+    """The Redis keys of one sku, in the order the stock scripts take them."""
+
+    stock: str
+    buyers: str
+    pending: str
+    done: str
+
+    @classmethod
+    def of(cls, prefix: str, sku: str) -> SkuKeys:
+        """The keys of ``sku`` under ``prefix``, all in the ``{sku}`` slot."""
+        base = sku_base(prefix, sku)
+        return cls(f"{base}:stock", f"{base}:buyers", f"{base}:pending", f"{base}:done")
+
+    def all(self) -> tuple[str, str, str, str]:
+        """The four keys in script order."""
+        return (self.stock, self.buyers, self.pending, self.done)
+
+
+def sku_base(prefix: str, sku: str) -> str:
+    """The common, hash-tagged start of every key of ``sku``."""
+    return f"{prefix}:{{{sku}}}"
+
+
+def lock_key(prefix: str, sku: str) -> str:
+    """The key of ``sku``'s flush lock, in the sku's slot."""
+    return f"{sku_base(prefix, sku)}:lock"
+
+
+def channel(prefix: str) -> str:
+    """The pub/sub channel on which sku changes are announced."""
+    return f"{prefix}:events"
+
+
+class Change(StrEnum):
+    """What an announcement on the channel says happened to a sku."""
+
+    AVAILABLE = "avail"  # stock came back: sold-out marks are stale
+    META = "meta"  # an admin changed the sku: its catalog entry is stale too
+
+
+def parse_change(message: str) -> tuple[Change | None, str]:
+    """``(change, sku)`` of an announcement; change is None for an unknown kind."""
+    kind, _, sku = message.partition(":")
+    try:
+        return Change(kind), sku
+    except ValueError:
+        return None, sku
+
+
+@dataclass(frozen=True, slots=True)
+class Pending:
+    """One entry of the pending ledger: a reservation not yet settled."""
+
+    request_id: str
+    user_id: str
+    qty: int
+    reserved_at_ms: int
+
+
+def encode_pending(entry: Pending) -> str:
+    """The ledger record of a reservation (what reserve.lua writes)."""
+    return SEPARATOR.join((entry.user_id, str(entry.qty), str(entry.reserved_at_ms)))
+
+
+def decode_pending(request_id: str, record: str) -> Pending:
+    """A ledger record back into a :class:`Pending`; ValueError when malformed."""
+    user, qty, at = record.split(SEPARATOR)
+    return Pending(request_id, user, int(qty), int(at))
+
+
+def ledger(raw: dict[str, str]) -> list[Pending]:
+    """A whole pending hash (request_id -> record) as entries."""
+    return [decode_pending(rid, record) for rid, record in raw.items()]
+
+
+def encode_confirmed(order: Order) -> str:
+    """The done-hash record of a confirmed order (what settle.lua writes)."""
+    return SEPARATOR.join((order.order_id, order.user_id, str(order.qty)))
+
+
+def decode_confirmed(sku: str, request_id: str, record: str) -> Order:
+    """A done-hash record back into its :class:`Order`."""
+    order_id, user, qty = record.split(SEPARATOR)
+    return Order(order_id, request_id, sku, user, int(qty))

@@ -1,0 +1,153 @@
+"""The purchase use case: sold-out check, reservation, then the batch.
+
+A request walks: the catalog (the sku exists, the quantity is allowed), the
+in-process sold-out mark, ``reserve.lua`` in Redis (``Inventory.reserve``), then
+the batcher, whose flusher commits it in PostgreSQL. A stock key Redis lost is
+reloaded from PostgreSQL once for all the requests that find it missing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Coroutine
+from dataclasses import replace
+from typing import Any, Protocol
+
+import structlog
+
+from gateway.batcher import Batcher
+from gateway.catalog import Catalog
+from gateway.domain import DUPLICATE, IN_PROGRESS, SOLD_OUT, Outcome, Purchase, Result
+from gateway.errors import InvalidRequest, ShuttingDown, Unavailable
+from gateway.flusher import Flusher
+from gateway.inventory import Inventory
+from gateway.orders import Orders
+from gateway.soldout import SoldOut
+
+log = structlog.get_logger(__name__)
+
+_ANSWERS = {"sold_out": SOLD_OUT, "duplicate": DUPLICATE, "in_progress": IN_PROGRESS}
+
+
+class PurchaseObserver(Protocol):
+    """What the metrics want to know of the purchases (see gateway.metrics)."""
+
+    def stock_reloaded(self) -> None: ...
+    def shed_one(self) -> None: ...
+
+
+class Purchases:
+    """Decides purchases; the batcher and its flusher commit the survivors."""
+
+    def __init__(
+        self,
+        *,
+        catalog: Catalog,
+        soldout: SoldOut,
+        inventory: Inventory,
+        orders: Orders,
+        batcher: Batcher,
+        flusher: Flusher,
+        observer: PurchaseObserver | None = None,
+    ) -> None:
+        self._catalog = catalog
+        self._soldout = soldout
+        self._inventory = inventory
+        self._orders = orders
+        self._batcher = batcher
+        self._flusher = flusher
+        self._observer = observer
+        self._reloads: dict[str, asyncio.Future[None]] = {}
+        self._marking: dict[str, asyncio.Future[None]] = {}
+
+    async def purchase(self, purchase: Purchase) -> Result:
+        """Decide one purchase; raises a :class:`GatewayError` for 4xx/503 answers."""
+        info = await self._catalog.get(purchase.sku)
+        if purchase.qty > info.per_user_limit:
+            raise InvalidRequest(f"qty exceeds the per-user limit of {info.per_user_limit}")
+        confirmed = self._soldout.lookup(purchase.sku)
+        if confirmed is not None:
+            order = confirmed.get(purchase.request_id)
+            return SOLD_OUT if order is None else Result(Outcome.CONFIRMED, order)
+        purchase = purchase.identified()
+        structlog.contextvars.bind_contextvars(request_id=purchase.request_id, sku=purchase.sku)
+        self._admit()
+        generation = self._soldout.generation(purchase.sku)
+        purchase = replace(purchase, reserved_at_ms=_now_ms())
+        reply = await self._inventory.reserve(purchase)
+        if reply.kind == "missing":
+            await self._once(self._reloads, purchase.sku, self._reload)
+            purchase = replace(purchase, reserved_at_ms=_now_ms())
+            reply = await self._inventory.reserve(purchase)
+        if reply.kind == "ok":
+            try:
+                return await self._batcher.submit(purchase)
+            except ShuttingDown:
+                # Draining began while Redis reserved: nothing will flush it here.
+                await self._flusher.give_back(purchase.sku, [purchase])
+                raise
+        if reply.kind == "sold_out" and reply.settled:
+            await self._once(self._marking, purchase.sku, self._mark_sold_out, generation)
+        if reply.kind == "confirmed":
+            return Result(Outcome.CONFIRMED, reply.order)
+        result = _ANSWERS.get(reply.kind)
+        if result is None:
+            raise Unavailable("stock not loaded")
+        return result
+
+    async def available(self, sku: str) -> int:
+        """Units left to reserve: Redis's count, else the database's; raises UnknownSku."""
+        await self._catalog.get(sku)
+        available = await self._inventory.available(sku)
+        if available is None:
+            available = await self._orders.stock(sku) or 0
+        return available
+
+    def _admit(self) -> None:
+        """Refuse a purchase before reserving when draining or the queue is full."""
+        if self._batcher.closing:
+            raise ShuttingDown()
+        if self._batcher.full:
+            if self._observer is not None:
+                self._observer.shed_one()
+            raise Unavailable("gateway busy")
+
+    @staticmethod
+    async def _once(
+        running: dict[str, asyncio.Future[None]],
+        sku: str,
+        work: Callable[..., Coroutine[Any, Any, None]],
+        *args: Any,
+    ) -> None:
+        """Run ``work(sku, *args)`` unless it already runs for ``sku``; wait for it.
+
+        A storm of requests that all find the same thing missing must cost one
+        load, not one per request.
+        """
+        future = running.get(sku)
+        if future is None:
+            future = running[sku] = asyncio.ensure_future(work(sku, *args))
+            future.add_done_callback(lambda _: running.pop(sku, None))
+        await asyncio.shield(future)
+
+    async def _mark_sold_out(self, sku: str, generation: tuple[int, int]) -> None:
+        # The confirmed orders come along, so replays are answered in-process.
+        self._soldout.mark(sku, generation, await self._inventory.confirmed(sku))
+
+    async def _reload(self, sku: str) -> None:
+        # Redis may have lost everything of the sku, not just the counter: put
+        # the committed orders back first, so replays and repeat buyers are
+        # answered from them once the counter reappears.
+        await self._inventory.restore_orders(sku, await self._orders.sku_orders(sku))
+        stock = await self._orders.stock(sku)
+        if stock is None:
+            raise Unavailable("sku vanished")
+        await self._inventory.load_stock(sku, stock, reset=False)
+        if self._observer is not None:
+            self._observer.stock_reloaded()
+        log.warning("stock_reloaded", sku=sku, stock=stock)
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
