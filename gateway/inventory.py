@@ -7,7 +7,7 @@ become :class:`gateway.errors.RedisUnavailable` here.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -30,6 +30,8 @@ from gateway.settings import Settings
 
 # Orders written back per round trip when rebuilding a sku's hashes.
 RESTORE_CHUNK = 1000
+# Confirmed ids asked for per HSCAN round trip.
+SCAN_CHUNK = 5000
 
 ReplyKind = Literal["ok", "confirmed", "in_progress", "missing", "duplicate", "sold_out"]
 
@@ -202,10 +204,23 @@ class Inventory:
         stock, entries = await self._guard(pipe.execute())
         return (None if stock is None else int(stock)), ledger(entries)
 
-    async def confirmed(self, sku: str) -> dict[str, Order]:
-        """Orders Redis knows as confirmed, by request id."""
-        raw: dict[str, str] = await self._guard(self.redis.hgetall(self.keys(sku).done))
-        return {rid: decode_confirmed(sku, rid, record) for rid, record in raw.items()}
+    async def confirmed_count(self, sku: str) -> int:
+        """How many orders Redis knows as confirmed (HLEN of the done hash)."""
+        return int(await self._guard(self.redis.hlen(self.keys(sku).done)))
+
+    async def confirmed_ids(self, sku: str) -> AsyncIterator[list[str]]:
+        """The confirmed request ids, a chunk (one HSCAN reply) at a time."""
+        done, cursor = self.keys(sku).done, 0
+        while True:
+            cursor, chunk = await self._guard(self.redis.hscan(done, cursor, count=SCAN_CHUNK))
+            yield list(chunk)
+            if cursor == 0:
+                return
+
+    async def confirmed_order(self, sku: str, request_id: str) -> Order | None:
+        """The order Redis knows as confirmed for ``request_id``, if any."""
+        record = await self._guard(self.redis.hget(self.keys(sku).done, request_id))
+        return None if record is None else decode_confirmed(sku, request_id, record)
 
     async def ping(self) -> bool:
         """Whether Redis answers."""

@@ -91,6 +91,16 @@ class Metrics:
         self.reloads = Counter(
             "flashsale_stock_reloads", "Stock keys reloaded from the database.", registry=r
         )
+        self.confirmed_id_builds = Counter(
+            "flashsale_confirmed_id_builds",
+            "Passes over a sold-out sku's confirmed orders to build its replay filter.",
+            registry=r,
+        )
+        self.confirmed_ids_read = Counter(
+            "flashsale_confirmed_ids_read",
+            "Confirmed request ids read by those passes.",
+            registry=r,
+        )
         self.noscript = Counter(
             "flashsale_noscript_reloads", "Scripts reloaded after NOSCRIPT.", ["script"], registry=r
         )
@@ -141,6 +151,11 @@ class Metrics:
     def stock_reloaded(self) -> None:
         """A missing stock key was loaded from the database."""
         self.reloads.inc()
+
+    def confirmed_ids_built(self, count: int) -> None:
+        """A sold-out sku's replay filter was built over ``count`` confirmed orders."""
+        self.confirmed_id_builds.inc()
+        self.confirmed_ids_read.inc(count)
 
     def shed_one(self) -> None:
         """A purchase was refused because the queue was full."""

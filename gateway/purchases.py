@@ -23,7 +23,7 @@ from gateway.errors import InvalidRequest, ShuttingDown, Unavailable
 from gateway.flusher import Flusher
 from gateway.inventory import Inventory
 from gateway.orders import Orders
-from gateway.soldout import SoldOut
+from gateway.soldout import ConfirmedIds, SoldOut
 
 log = structlog.get_logger(__name__)
 
@@ -35,6 +35,7 @@ class PurchaseObserver(Protocol):
 
     def stock_reloaded(self) -> None: ...
     def shed_one(self) -> None: ...
+    def confirmed_ids_built(self, count: int) -> None: ...
 
 
 class Purchases:
@@ -68,8 +69,10 @@ class Purchases:
             raise InvalidRequest(f"qty exceeds the per-user limit of {info.per_user_limit}")
         confirmed = self._soldout.lookup(purchase.sku)
         if confirmed is not None:
-            order = confirmed.get(purchase.request_id)
-            return SOLD_OUT if order is None else Result(Outcome.CONFIRMED, order)
+            # Without a request id, or with one that has no order: no I/O.
+            if not purchase.request_id or purchase.request_id not in confirmed:
+                return SOLD_OUT
+            return await self._replay(purchase)
         purchase = purchase.identified()
         structlog.contextvars.bind_contextvars(request_id=purchase.request_id, sku=purchase.sku)
         self._admit()
@@ -131,9 +134,23 @@ class Purchases:
             future.add_done_callback(lambda _: running.pop(sku, None))
         await asyncio.shield(future)
 
+    async def _replay(self, purchase: Purchase) -> Result:
+        """A sold-out sku's answer to a request id its filter may hold."""
+        order = await self._inventory.confirmed_order(purchase.sku, purchase.request_id)
+        return SOLD_OUT if order is None else Result(Outcome.CONFIRMED, order)
+
     async def _mark_sold_out(self, sku: str, generation: tuple[int, int]) -> None:
-        # The confirmed orders come along, so replays are answered in-process.
-        self._soldout.mark(sku, generation, await self._inventory.confirmed(sku))
+        # The confirmed ids come along, so replays are told apart in-process;
+        # they are read again only when more orders were confirmed since.
+        count = await self._inventory.confirmed_count(sku)
+        confirmed = self._soldout.built(sku, count)
+        if confirmed is None:
+            confirmed = ConfirmedIds(count)
+            async for chunk in self._inventory.confirmed_ids(sku):
+                confirmed.update(chunk)
+            if self._observer is not None:
+                self._observer.confirmed_ids_built(count)
+        self._soldout.mark(sku, generation, confirmed)
 
     async def _reload(self, sku: str) -> None:
         # Redis may have lost everything of the sku, not just the counter: put

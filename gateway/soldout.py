@@ -1,11 +1,18 @@
 """In-process knowledge of sold-out skus: the fastest answer the gateway gives.
 
 A sku is marked only when Redis reported it settled (no stock and nothing
-pending), so no order of it can still be confirmed; with the mark the gateway
-keeps that sku's confirmed request ids, so a replay of a confirmed purchase
-still gets its order without any I/O. A change announced on pub/sub (restock,
-reset, stock given back) clears the mark on every instance. Marks also expire,
-which bounds how long a missed announcement can mislead.
+pending), so no order of it can still be confirmed. The mark carries a compact
+set of that sku's confirmed request ids, a Bloom filter: a request id it does
+not hold has no order and is answered sold out with no I/O (as is a purchase
+without a request id, which can never be a replay); one it holds is looked up
+in Redis, since the filter errs on that side about once in a hundred.
+
+A change announced on pub/sub (restock, reset, stock given back) clears the
+mark on every instance. Marks also expire, which bounds how long a missed
+announcement can mislead. A sku's filter outlives its mark: the confirmed
+orders of a sku only ever grow, so while their count is unchanged the filter
+built for the last mark still holds every one of them, and re-marking costs one
+count, not a pass over every order.
 
 A generation counter per sku closes the race between a reservation that saw
 "sold out" and an announcement that arrived before the mark was set.
@@ -14,19 +21,47 @@ A generation counter per sku closes the race between a reservation that saw
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Iterable
 
-from gateway.domain import Order
+from rbloom import Bloom
 
 MARK_TTL_S = 5.0
+# One id in a hundred not confirmed costs a Redis lookup instead of none.
+FALSE_POSITIVE_RATE = 0.01
+MIN_CAPACITY = 1024
+
+
+class ConfirmedIds:
+    """The confirmed request ids of a sku, as counted when the set was built."""
+
+    __slots__ = ("_bloom", "count")
+
+    def __init__(self, count: int, request_ids: Iterable[str] = ()) -> None:
+        self.count = count
+        self._bloom = Bloom(max(count, MIN_CAPACITY), FALSE_POSITIVE_RATE)
+        self._bloom.update(request_ids)
+
+    def update(self, request_ids: Iterable[str]) -> None:
+        """Add request ids (a chunk of a scan)."""
+        self._bloom.update(request_ids)
+
+    def __contains__(self, request_id: object) -> bool:
+        """False: no order has this request id. True: it probably has one."""
+        return request_id in self._bloom
+
+    @property
+    def size_in_bytes(self) -> int:
+        """Memory the filter's bits take."""
+        return int(self._bloom.size_in_bits) // 8
 
 
 class SoldOut:
-    """Which skus are sold out here, with their confirmed orders by request id."""
+    """Which skus are sold out here, with their confirmed request ids."""
 
     def __init__(self, ttl_s: float = MARK_TTL_S) -> None:
         self._ttl = ttl_s
-        self._marks: dict[str, tuple[float, Mapping[str, Order]]] = {}
+        self._marks: dict[str, tuple[float, ConfirmedIds]] = {}
+        self._built: dict[str, ConfirmedIds] = {}
         self._generations: dict[str, int] = {}
         self._epoch = 0
 
@@ -34,8 +69,8 @@ class SoldOut:
         """Take before asking Redis; pass to :meth:`mark` afterwards."""
         return (self._epoch, self._generations.get(sku, 0))
 
-    def lookup(self, sku: str) -> Mapping[str, Order] | None:
-        """The confirmed orders of a sold-out sku, or None when not known sold out."""
+    def lookup(self, sku: str) -> ConfirmedIds | None:
+        """The confirmed ids of a sold-out sku, or None when not known sold out."""
         mark = self._marks.get(sku)
         if mark is None:
             return None
@@ -44,8 +79,14 @@ class SoldOut:
             return None
         return mark[1]
 
-    def mark(self, sku: str, generation: tuple[int, int], confirmed: Mapping[str, Order]) -> bool:
+    def built(self, sku: str, count: int) -> ConfirmedIds | None:
+        """The sku's last filter if it was built over ``count`` confirmed orders."""
+        ids = self._built.get(sku)
+        return ids if ids is not None and ids.count == count else None
+
+    def mark(self, sku: str, generation: tuple[int, int], confirmed: ConfirmedIds) -> bool:
         """Mark a sku sold out unless it changed since ``generation``; returns whether marked."""
+        self._built[sku] = confirmed
         if self.generation(sku) != generation:
             return False
         self._marks[sku] = (asyncio.get_running_loop().time() + self._ttl, confirmed)
