@@ -72,7 +72,7 @@ class Verdict(StrEnum):
     """
 
     CONFIRMED = "C"  # granted now, or a replay of this buyer's own order
-    RELEASED = "R"  # the reservation goes back: its request id holds another order
+    RELEASED = "R"  # goes back: the request id holds another purchase's order
     SOLD_OUT = "S"  # too little stock in the database: Redis ran ahead of it
     DUPLICATE = "D"  # the buyer already holds an order of this sku
     EXPIRED = "X"  # the reconciler released this reservation before the flush

@@ -58,6 +58,22 @@ class UnknownSku(NotFound):
     code = "unknown_sku"
 
 
+class IdempotencyMismatch(GatewayError):
+    """The request id was first used for another purchase (sku, user or qty).
+
+    As draft-ietf-httpapi-idempotency-key-header asks: never the other
+    purchase's outcome, and nothing changes."""
+
+    status = 422
+    code = "idempotency_mismatch"
+
+    def __init__(self, request_id: str) -> None:
+        super().__init__(
+            f"request id {request_id!r} was first used for another purchase "
+            "(sku, user_id or qty); use a new request id for a new purchase"
+        )
+
+
 class MethodNotAllowed(GatewayError):
     """The route exists but not with this method."""
 

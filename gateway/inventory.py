@@ -33,7 +33,9 @@ RESTORE_CHUNK = 1000
 # Confirmed ids asked for per HSCAN round trip.
 SCAN_CHUNK = 5000
 
-ReplyKind = Literal["ok", "confirmed", "in_progress", "missing", "duplicate", "sold_out"]
+ReplyKind = Literal[
+    "ok", "confirmed", "mismatch", "in_progress", "missing", "duplicate", "sold_out"
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,7 +58,7 @@ class Settlement:
     order_id: str = ""
 
 
-_SIMPLE_KINDS: tuple[ReplyKind, ...] = ("ok", "in_progress", "missing", "duplicate")
+_SIMPLE_KINDS: tuple[ReplyKind, ...] = ("ok", "mismatch", "in_progress", "missing", "duplicate")
 _SIMPLE: dict[str, Reply] = {kind: Reply(kind) for kind in _SIMPLE_KINDS}
 _SOLD_OUT = Reply("sold_out")
 _SOLD_OUT_SETTLED = Reply("sold_out", settled=True)

@@ -20,6 +20,8 @@ import asyncpg
 from gateway.domain import DUPLICATE, SOLD_OUT, Order, Outcome, Purchase, Result, SkuInfo, Verdict
 from gateway.errors import (
     FencedOut,
+    GatewayError,
+    IdempotencyMismatch,
     OutcomeUnknown,
     PostgresUnavailable,
     StockGuardRefused,
@@ -85,7 +87,7 @@ DB_ERRORS = (
 class Decision:
     """The database's verdict on one purchase of a batch."""
 
-    result: Result | Unavailable
+    result: Result | GatewayError
     verdict: Verdict
 
 
@@ -108,7 +110,10 @@ def _order(row: asyncpg.Record) -> Order:
 
 def _decision(row: asyncpg.Record) -> Decision:
     verdict = Verdict(row["verdict"])
-    if verdict in (Verdict.CONFIRMED, Verdict.RELEASED):
+    if verdict is Verdict.RELEASED:
+        # The request id holds another purchase's order: never answered with it.
+        return Decision(IdempotencyMismatch(row["request_id"]), verdict)
+    if verdict is Verdict.CONFIRMED:
         order = Order(
             row["order_id"],
             row["request_id"],

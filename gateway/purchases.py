@@ -19,9 +19,9 @@ import structlog
 from gateway.batcher import Batcher
 from gateway.catalog import Catalog
 from gateway.domain import DUPLICATE, IN_PROGRESS, SOLD_OUT, Outcome, Purchase, Result
-from gateway.errors import InvalidRequest, ShuttingDown, Unavailable
+from gateway.errors import IdempotencyMismatch, InvalidRequest, ShuttingDown, Unavailable
 from gateway.flusher import Flusher
-from gateway.inventory import Inventory
+from gateway.inventory import Inventory, Reply
 from gateway.orders import Orders
 from gateway.soldout import ConfirmedIds, SoldOut
 
@@ -92,12 +92,7 @@ class Purchases:
                 raise
         if reply.kind == "sold_out" and reply.settled:
             await self._once(self._marking, purchase.sku, self._mark_sold_out, generation)
-        if reply.kind == "confirmed":
-            return Result(Outcome.CONFIRMED, reply.order)
-        result = _ANSWERS.get(reply.kind)
-        if result is None:
-            raise Unavailable("stock not loaded")
-        return result
+        return _answer(reply, purchase.request_id)
 
     async def available(self, sku: str) -> int:
         """Units left to reserve: Redis's count, else the database's; raises UnknownSku."""
@@ -135,9 +130,20 @@ class Purchases:
         await asyncio.shield(future)
 
     async def _replay(self, purchase: Purchase) -> Result:
-        """A sold-out sku's answer to a request id its filter may hold."""
-        order = await self._inventory.confirmed_order(purchase.sku, purchase.request_id)
-        return SOLD_OUT if order is None else Result(Outcome.CONFIRMED, order)
+        """A sold-out sku's answer to a request id its filter may hold: Redis's
+        done hash, else the order rows (Redis lost or dropped the sale's state,
+        or the filter erred, about once in a hundred)."""
+        rid = purchase.request_id
+        order = await self._inventory.confirmed_order(purchase.sku, rid)
+        if order is None:
+            order = await self._orders.order(rid)
+        if order is None:
+            return SOLD_OUT
+        if order.sku != purchase.sku:
+            raise IdempotencyMismatch(rid)
+        if (order.user_id, order.qty) != (purchase.user_id, purchase.qty):
+            raise IdempotencyMismatch(purchase.request_id)
+        return Result(Outcome.CONFIRMED, order)
 
     async def _mark_sold_out(self, sku: str, generation: tuple[int, int]) -> None:
         # The confirmed ids come along, so replays are told apart in-process;
@@ -164,6 +170,18 @@ class Purchases:
         if self._observer is not None:
             self._observer.stock_reloaded()
         log.warning("stock_reloaded", sku=sku, stock=stock)
+
+
+def _answer(reply: Reply, request_id: str) -> Result:
+    """The outcome of a reservation that did not reserve."""
+    if reply.kind == "confirmed":
+        return Result(Outcome.CONFIRMED, reply.order)
+    if reply.kind == "mismatch":
+        raise IdempotencyMismatch(request_id)
+    result = _ANSWERS.get(reply.kind)
+    if result is None:
+        raise Unavailable("stock not loaded")
+    return result
 
 
 def _now_ms() -> int:

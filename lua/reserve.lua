@@ -11,6 +11,8 @@
 -- Returns one of:
 --   {"ok", stock_left}                     reserved; the ledger holds the request
 --   {"confirmed", order_id, user_id, qty}  this request id already has an order
+--   {"mismatch"}                           this request id has an order or a
+--                                          reservation for another user or qty
 --   {"in_progress"}                        this request id is still being processed
 --   {"missing"}                            no stock key: reload it from PostgreSQL
 --   {"duplicate"}                          this user already reserved or bought
@@ -18,16 +20,26 @@
 --                                          stock is 0 and nothing is pending
 --
 -- The request id is checked before the buyer, so replaying a confirmed request
--- returns its order rather than "duplicate"; the buyer is checked before the
+-- returns its order rather than "duplicate", and the same id sent with another
+-- payload (user, qty; the sku picks the keys) is refused rather than answered
+-- with someone else's order; the buyer is checked before the
 -- decrement, so repeat clicks never drain stock.
 local rid, user, qty = ARGV[1], ARGV[2], tonumber(ARGV[3])
 
 local order = redis.call("HGET", KEYS[4], rid)
 if order then
   local order_id, buyer, bought = string.match(order, "^([^|]*)|([^|]*)|([^|]*)$")
+  if buyer ~= user or tonumber(bought) ~= qty then
+    return {"mismatch"}
+  end
   return {"confirmed", order_id, buyer, bought}
 end
-if redis.call("HEXISTS", KEYS[3], rid) == 1 then
+local held = redis.call("HGET", KEYS[3], rid)
+if held then
+  local holder, held_qty = string.match(held, "^([^|]*)|([^|]*)|")
+  if holder ~= user or tonumber(held_qty) ~= qty then
+    return {"mismatch"}
+  end
   return {"in_progress"}
 end
 local stock = redis.call("GET", KEYS[1])

@@ -3,8 +3,9 @@
 -- Called once per flush, as a single statement (its own transaction). Locks the
 -- sku's inventory row, so writers of one sku queue here; then, in arrival
 -- order, each purchase is
---   C  a replay: an order with this request id exists (same sku and buyer)
---   R  a replay of another sku's or buyer's order: its reservation is released
+--   C  a replay: an order with this request id exists (same sku, buyer and qty)
+--   R  the request id holds an order of another sku, buyer or qty: the
+--      reservation is released and the client told of the mismatch
 --   D  a duplicate: the buyer already holds an order of this sku
 --   G  granted: it fits in the stock left (then inserted and returned as C)
 --   S  sold out: it does not fit
@@ -65,7 +66,8 @@ BEGIN
         IF FOUND THEN
             d_rids := d_rids || p_request_ids[i];
             d_verdicts := d_verdicts || CASE
-                WHEN v_prior.sku = p_sku AND v_prior.user_id = p_user_ids[i] THEN 'C'
+                WHEN v_prior.sku = p_sku AND v_prior.user_id = p_user_ids[i]
+                    AND v_prior.qty = p_qtys[i] THEN 'C'
                 ELSE 'R' END;
             d_orders := d_orders || v_prior.order_id::text;
             d_skus := d_skus || v_prior.sku;
