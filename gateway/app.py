@@ -106,6 +106,8 @@ async def service_ctx(app: web.Application) -> AsyncIterator[None]:
     inventory = Inventory(redis, settings, on_noscript=metrics.noscript_reload)
     await _patiently("redis", settings.startup_wait_s, inventory.load_scripts)
     await load_lock_scripts(redis)
+    if await inventory.adopt(await orders.identity()):
+        log.warning("redis_state_dropped", reason="another database")
     subscriber = LockSubscriber(redis, client_name=f"{settings.key_prefix}-lock-sub")
     locks = sku_locks(settings, redis, orders.pool, subscriber, metrics)
     catalog, soldout = Catalog(orders), SoldOut()

@@ -36,6 +36,10 @@ class ChangeFeed:
     def apply(self, message: str) -> None:
         """Apply one announcement."""
         change, sku = parse_change(message)
+        if change is Change.RESET:
+            self._soldout.clear_all(filters=True)
+            self._catalog.forget_all()
+            return
         self._soldout.clear(sku)
         if change is not Change.AVAILABLE:  # an admin change, or one we don't know
             self._catalog.forget(sku)

@@ -18,12 +18,16 @@ from redis.exceptions import RedisError
 from gateway.domain import Order, Purchase, Verdict
 from gateway.errors import RedisUnavailable
 from gateway.layout import (
+    STATE_SUFFIXES,
+    Change,
     Pending,
     SkuKeys,
     channel,
     decode_confirmed,
     encode_confirmed,
+    identity_key,
     ledger,
+    sku_state_pattern,
 )
 from gateway.scripts import AutoPipeline, Script, read_script
 from gateway.settings import Settings
@@ -108,6 +112,9 @@ class Inventory:
         self.redis = redis
         self._prefix = settings.key_prefix
         self._channel = channel(settings.key_prefix)
+        self._retention_ms = max(1, round(settings.sale_retention_s * 1000))
+        self._identity_key = identity_key(settings.key_prefix)
+        self._state_pattern = sku_state_pattern(settings.key_prefix)
         self._keys: dict[str, SkuKeys] = {}
         self._reserve = read_script("reserve")
         self._settle = read_script("settle")
@@ -136,7 +143,13 @@ class Inventory:
 
     async def reserve(self, purchase: Purchase) -> Reply:
         """Reserve stock for one purchase (reserve.lua), stamped ``reserved_at_ms``."""
-        args = (purchase.request_id, purchase.user_id, purchase.qty, purchase.reserved_at_ms)
+        args = (
+            purchase.request_id,
+            purchase.user_id,
+            purchase.qty,
+            purchase.reserved_at_ms,
+            self._retention_ms,
+        )
         try:
             raw = await self._reserve_pipelined(self.keys(purchase.sku).all(), args)
         except RedisError as exc:
@@ -157,6 +170,7 @@ class Inventory:
             self._channel,
             sku,
             -1 if db_stock_after is None else db_stock_after,
+            self._retention_ms,
         ]
         for s in settlements:
             args += (s.request_id, s.verdict.settled_as.value, s.user_id, s.qty, s.order_id)
@@ -167,9 +181,9 @@ class Inventory:
 
         With ``reset`` false only a missing key is set. Returns the stock now.
         """
-        keys = self.keys(sku)
-        args = ("reset" if reset else "reload", db_stock, self._channel, sku)
-        raw = await self._call(self._load_stock, (keys.stock, keys.pending), args)
+        mode = "reset" if reset else "reload"
+        args = (mode, db_stock, self._channel, sku, self._retention_ms)
+        raw = await self._call(self._load_stock, self.keys(sku).all(), args)
         return int(raw[1])
 
     async def restore_orders(self, sku: str, orders: Sequence[Order]) -> None:
@@ -185,6 +199,8 @@ class Inventory:
             pipe = self.redis.pipeline(transaction=False)
             pipe.hset(keys.done, mapping={o.request_id: encode_confirmed(o) for o in chunk})
             pipe.hset(keys.buyers, mapping={o.user_id: o.request_id for o in chunk})
+            pipe.pexpire(keys.done, self._retention_ms)
+            pipe.pexpire(keys.buyers, self._retention_ms)
             await self._guard(pipe.execute())
 
     async def available(self, sku: str) -> int | None:
@@ -223,6 +239,37 @@ class Inventory:
         """The order Redis knows as confirmed for ``request_id``, if any."""
         record = await self._guard(self.redis.hget(self.keys(sku).done, request_id))
         return None if record is None else decode_confirmed(sku, request_id, record)
+
+    async def adopt(self, identity: str) -> bool:
+        """Make the Redis state the state of the database ``identity`` names.
+
+        State stamped by another database (restored from a dump, a failover, a
+        different server) holds orders that database may not have: every sku's
+        keys are dropped, to be reloaded from PostgreSQL by the next purchase,
+        and every instance is told. State with no stamp yet is adopted as it is.
+        Returns whether anything was dropped.
+        """
+        stamped = await self._guard(self.redis.get(self._identity_key))
+        if stamped == identity:
+            return False
+        if stamped is not None:
+            await self._drop_state()
+        await self._guard(self.redis.set(self._identity_key, identity))
+        if stamped is None:
+            return False
+        await self._guard(self.redis.publish(self._channel, f"{Change.RESET}:*"))
+        return True
+
+    async def _drop_state(self) -> None:
+        doomed: list[str] = []
+        async for key in self.redis.scan_iter(match=self._state_pattern, count=SCAN_CHUNK):
+            if key.endswith(STATE_SUFFIXES):
+                doomed.append(key)
+            if len(doomed) >= SCAN_CHUNK:
+                await self._guard(self.redis.unlink(*doomed))
+                doomed = []
+        if doomed:
+            await self._guard(self.redis.unlink(*doomed))
 
     async def ping(self) -> bool:
         """Whether Redis answers."""

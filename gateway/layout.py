@@ -9,8 +9,13 @@ through KEYS and write the records below; their contracts point here.
 ``<prefix>:{<sku>}:pending``  hash    request_id -> ledger record ``user_id|qty|reserved_at_ms``
 ``<prefix>:{<sku>}:done``     hash    request_id -> confirmed record ``order_id|user_id|qty``
 ``<prefix>:{<sku>}:lock``     the sku's flush lock (see ``gateway.lock``)
-``<prefix>:events``           channel of sku changes: ``avail:<sku>`` (stock came back)
-                              and ``meta:<sku>`` (an admin changed the sku)
+``<prefix>:events``           channel of sku changes: ``avail:<sku>`` (stock came back),
+                              ``meta:<sku>`` (an admin changed the sku) and ``reset:*``
+                              (every sku's state was dropped)
+``<prefix>:db``               the identity of the database this state came from
+
+The four keys of a sku expire ``GATEWAY_SALE_RETENTION_S`` after the last write
+(a reservation, a settle, a reload); the scripts renew them together.
 """
 
 from __future__ import annotations
@@ -53,6 +58,20 @@ def lock_key(prefix: str, sku: str) -> str:
     return f"{sku_base(prefix, sku)}:lock"
 
 
+def identity_key(prefix: str) -> str:
+    """The key naming the database the state under ``prefix`` came from."""
+    return f"{prefix}:db"
+
+
+def sku_state_pattern(prefix: str) -> str:
+    """A SCAN pattern matching the keys of every sku under ``prefix`` (and their locks)."""
+    escaped = "".join("\\" + c if c in "*?[]\\" else c for c in prefix)
+    return f"{escaped}:{{*}}:*"
+
+
+STATE_SUFFIXES = (":stock", ":buyers", ":pending", ":done")
+
+
 def channel(prefix: str) -> str:
     """The pub/sub channel on which sku changes are announced."""
     return f"{prefix}:events"
@@ -63,6 +82,7 @@ class Change(StrEnum):
 
     AVAILABLE = "avail"  # stock came back: sold-out marks are stale
     META = "meta"  # an admin changed the sku: its catalog entry is stale too
+    RESET = "reset"  # every sku's state was dropped (another database): all is stale
 
 
 def parse_change(message: str) -> tuple[Change | None, str]:

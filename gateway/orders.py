@@ -47,6 +47,12 @@ FLUSH_ERRORS: dict[str, type[Unavailable]] = {
     "FS001": FencedOut,  # a fencing token older than the row's
     "FS002": StockGuardRefused,  # the stock >= guard refused the batch
 }
+# Which database this is: the cluster's system identifier and the database's
+# oid. A database restored from a dump, or another cluster, answers otherwise.
+DATABASE_IDENTITY = """
+SELECT (SELECT system_identifier FROM pg_control_system())::text || ':'
+    || (SELECT oid FROM pg_database WHERE datname = current_database())::text
+"""
 SKU_INFO = "SELECT per_user_limit FROM inventory WHERE sku = $1"
 SKU_STOCK = "SELECT stock FROM inventory WHERE sku = $1"
 ALL_SKUS = "SELECT sku FROM inventory ORDER BY sku"
@@ -193,6 +199,11 @@ class Orders:
                 return found
         except DB_ERRORS as exc:
             raise PostgresUnavailable(_cause(exc)) from exc
+
+    async def identity(self) -> str:
+        """The identity of the database (see DATABASE_IDENTITY)."""
+        value: str = await self._fetchval(DATABASE_IDENTITY)
+        return value
 
     async def sku_info(self, sku: str) -> SkuInfo | None:
         """The sku's per-user limit, or None when it does not exist."""

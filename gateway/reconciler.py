@@ -80,7 +80,10 @@ class Reconciler:
                 log.exception("reconcile_pass_failed")
 
     async def reconcile_all(self) -> dict[str, SkuReconciliation]:
-        """One pass over every sku of the inventory."""
+        """One pass over every sku of the inventory, after making sure Redis holds
+        this database's state (a restored or failed-over database drops it)."""
+        if await self._inventory.adopt(await self._orders.identity()):
+            log.warning("redis_state_dropped", reason="another database")
         done: dict[str, SkuReconciliation] = {}
         for sku in await self._orders.skus():
             try:

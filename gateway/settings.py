@@ -45,6 +45,9 @@ class Settings:
     # How long start-up waits for Redis and PostgreSQL to answer before giving up.
     startup_wait_s: float = 30.0
     reconcile_interval_s: float = 5.0
+    # A sku's Redis state expires this long after it was last written (a sold-out
+    # sku's last write is its last settle); PostgreSQL answers, and refills it, after.
+    sale_retention_s: float = 86_400.0
     log_level: str = "info"
     metrics: bool = True
     # Worker processes sharing the port (SO_REUSEPORT), supervised by one parent.
@@ -143,6 +146,7 @@ _PARSERS: Mapping[str, Callable[[str], Any]] = {
     "drain_s": _float(0.0),
     "startup_wait_s": _float(0.0),
     "reconcile_interval_s": _float(0.05),
+    "sale_retention_s": _float(1.0),
     "log_level": _choice("debug", "info", "warning", "error"),
     "metrics": _bool,
     "workers": _int(1),

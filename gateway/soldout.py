@@ -97,7 +97,10 @@ class SoldOut:
         self._generations[sku] = self._generations.get(sku, 0) + 1
         self._marks.pop(sku, None)
 
-    def clear_all(self) -> None:
-        """Forget every mark (the change feed was interrupted)."""
+    def clear_all(self, *, filters: bool = False) -> None:
+        """Forget every mark (the change feed was interrupted), and with ``filters``
+        every filter too (the state they were built from was dropped)."""
         self._epoch += 1
         self._marks.clear()
+        if filters:
+            self._built.clear()

@@ -2,10 +2,12 @@
 --
 -- Keys, channels and record formats are gateway/layout.py's.
 --
--- KEYS[1] stock, KEYS[2] pending (as in reserve.lua)
+-- KEYS[1] stock, KEYS[2] buyers, KEYS[3] pending, KEYS[4] done (as in reserve.lua)
 -- ARGV[1] mode: "reload" sets stock only when the key is missing (Redis lost
---         it); "reset" always sets it (an admin changed the database stock)
+--         it, or it expired); "reset" always sets it (an admin changed the
+--         database stock)
 -- ARGV[2] database stock, ARGV[3] pub/sub channel, ARGV[4] sku
+-- ARGV[5] retention in ms: the sku's keys are kept that long after a change
 --
 -- Stock becomes database stock minus what the ledger still holds, since those
 -- reservations will take their units from the database when they flush.
@@ -17,11 +19,14 @@ if ARGV[1] == "reload" and redis.call("EXISTS", KEYS[1]) == 1 then
   return {0, tonumber(redis.call("GET", KEYS[1]))}
 end
 local pending = 0
-for _, entry in ipairs(redis.call("HVALS", KEYS[2])) do
+for _, entry in ipairs(redis.call("HVALS", KEYS[3])) do
   pending = pending + tonumber(string.match(entry, "^[^|]*|([^|]*)|"))
 end
 local stock = math.max(tonumber(ARGV[2]) - pending, 0)
 redis.call("SET", KEYS[1], stock)
+for i = 1, 4 do
+  redis.call("PEXPIRE", KEYS[i], ARGV[5])
+end
 if ARGV[1] == "reset" then
   redis.call("PUBLISH", ARGV[3], "meta:" .. ARGV[4])
 elseif stock > 0 then

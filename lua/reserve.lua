@@ -7,6 +7,7 @@
 -- KEYS[3] pending  hash:   request_id -> "user_id|qty|reserved_at_ms" (the ledger)
 -- KEYS[4] done     hash:   request_id -> "order_id|user_id|qty" (confirmed orders)
 -- ARGV[1] request_id, ARGV[2] user_id, ARGV[3] qty (>= 1), ARGV[4] now in ms
+-- ARGV[5] retention in ms: a reservation keeps all four keys that long
 --
 -- Returns one of:
 --   {"ok", stock_left}                     reserved; the ledger holds the request
@@ -60,4 +61,7 @@ end
 redis.call("DECRBY", KEYS[1], qty)
 redis.call("HSET", KEYS[2], user, rid)
 redis.call("HSET", KEYS[3], rid, user .. "|" .. qty .. "|" .. ARGV[4])
+for i = 1, 4 do
+  redis.call("PEXPIRE", KEYS[i], ARGV[5])
+end
 return {"ok", stock - qty}

@@ -7,7 +7,8 @@
 -- ARGV[1] pub/sub channel, ARGV[2] sku
 -- ARGV[3] database stock after the batch, or -1 when the batch did not find
 --         the database short of stock
--- ARGV[4..] groups of five: request_id, verdict, user_id, qty, order_id
+-- ARGV[4] retention in ms: the sku's keys are kept that long after this settle
+-- ARGV[5..] groups of five: request_id, verdict, user_id, qty, order_id
 --   verdict "C" confirmed:  leaves the ledger, recorded in done
 --   verdict "R" released:   leaves the ledger; its stock and buyer go back
 --   verdict "S" sold out:   the database had too little; leaves the ledger and
@@ -25,7 +26,7 @@
 local has_stock = redis.call("EXISTS", KEYS[1]) == 1
 local before = has_stock and tonumber(redis.call("GET", KEYS[1])) or -1
 
-for i = 4, #ARGV, 5 do
+for i = 5, #ARGV, 5 do
   local rid, verdict, user, qty = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3]
   local held = redis.call("HDEL", KEYS[3], rid) == 1
   if verdict == "C" then
@@ -44,6 +45,9 @@ for i = 4, #ARGV, 5 do
   end
 end
 
+for i = 1, 4 do
+  redis.call("PEXPIRE", KEYS[i], ARGV[4])
+end
 if not has_stock then
   return -1
 end
