@@ -14,13 +14,13 @@ import pytest
 from redis.asyncio import Redis
 
 from gateway.lock import LockSubscriber, RedisLock
-from tests.conftest import REDIS_URL
 from tests.integration.lock_support import (
     Backend,
-    eventually,
     workers,
 )
 from tests.integration.lock_worker import fenced_write
+from tests.support.polling import wait_for
+from tests.support.services import REDIS_URL
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -100,7 +100,7 @@ class TestStaleHolder:
                 assert (await stale.expect("WROTE"))[1] == "1"
                 stale.signal(signal.SIGSTOP)
                 # Nobody renews the stopped holder's lease: it runs out.
-                await eventually(lambda: _gone(redis, name), within=5)
+                await wait_for(lambda: _gone(redis, name), within=5, what="the lock key gone")
                 lock = RedisLock(redis, name, lease=5)
                 async with lock(wait=5):
                     assert lock.fence > stale_fence

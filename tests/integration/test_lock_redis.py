@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,8 +13,9 @@ from redis.asyncio import BlockingConnectionPool, Redis
 from redis.exceptions import RedisError
 
 from gateway.lock import LockLost, LockStats, LockSubscriber, RedisLock
-from tests.conftest import REDIS_URL
-from tests.integration.lock_support import PrivateRedis, eventually
+from tests.support.polling import wait_for
+from tests.support.redis_servers import RedisServer
+from tests.support.services import REDIS_URL
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -82,7 +82,9 @@ class TestWaking:
             await waiter.release()
 
         task = asyncio.create_task(wait())
-        await eventually(lambda: LockSubscriber.for_client(redis).waiting == 1)
+        await wait_for(
+            lambda: LockSubscriber.for_client(redis).waiting == 1, what="one waiter subscribed"
+        )
         released_at = time.monotonic()
         await holder.release()
         await asyncio.wait_for(task, 15)
@@ -113,7 +115,7 @@ class TestWaking:
 
         tasks = [asyncio.create_task(wait()) for _ in range(200)]
         subscriber = LockSubscriber.for_client(blocking)
-        await eventually(lambda: subscriber.waiting == 200, within=10)
+        await wait_for(lambda: subscriber.waiting == 200, within=10, what="200 waiters")
         channel = name + ":unlock"
         assert await redis.pubsub_numsub(channel) == [(channel.encode(), 1)]
         clients = await redis.client_list()
@@ -134,7 +136,8 @@ class TestCancellation:
         gated.gate = asyncio.Event()
         lock = RedisLock(gated, name)
         task = asyncio.create_task(lock.acquire())
-        await eventually(lambda: _is_one(redis.exists(name)))  # granted; the reply waits
+        # Granted; the reply waits.
+        await wait_for(lambda: _is_one(redis.exists(name)), what="the lock granted")
         task.cancel()
         gated.gate.set()
         with pytest.raises(asyncio.CancelledError):
@@ -158,12 +161,13 @@ class TestCancellation:
         await asyncio.wait_for(acquired.wait(), 5)
         gated.gate = asyncio.Event()
         go.set()
-        await eventually(lambda: _is_zero(redis.exists(name)))  # released; reply held back
+        # Released; the reply is held back.
+        await wait_for(lambda: _is_zero(redis.exists(name)), what="the lock released")
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
         gated.gate.set()
-        await eventually(lambda: not lock.held)
+        await wait_for(lambda: not lock.held, what="the lock object let go")
         assert isinstance(lock.metrics, LockStats) and lock.metrics.releases == 1
 
 
@@ -179,17 +183,15 @@ class TestRestart:
     """A Redis restart takes every lock with it: the holder must hear about it."""
 
     @pytest.fixture
-    async def server(self, tmp_path: Path) -> AsyncIterator[PrivateRedis]:
+    async def server(self) -> AsyncIterator[RedisServer]:
         """A private redis-server, never the shared one."""
-        server = PrivateRedis(tmp_path)
-        await server.start()
-        yield server
-        await server.stop()
+        async with RedisServer() as server:
+            yield server
 
     async def test_the_holder_learns_lost_when_redis_restarts(
-        self, server: PrivateRedis, name: str
+        self, server: RedisServer, name: str
     ) -> None:
-        client = Redis.from_url(server.url)
+        client = Redis.from_url(server.url())
         try:
             lock = RedisLock(client, name, lease=1.0)
             entered = asyncio.Event()
@@ -217,9 +219,9 @@ class TestRestart:
             await client.aclose()
 
     async def test_the_holder_learns_lost_when_redis_stays_unreachable(
-        self, server: PrivateRedis, name: str
+        self, server: RedisServer, name: str
     ) -> None:
-        client = Redis.from_url(server.url)
+        client = Redis.from_url(server.url())
         try:
             lock = RedisLock(client, name, lease=1.0)
             with pytest.raises(LockLost):
@@ -234,11 +236,11 @@ class TestRestart:
             await client.aclose()
 
     async def test_a_release_that_cannot_get_through_is_abandoned(
-        self, server: PrivateRedis, name: str
+        self, server: RedisServer, name: str
     ) -> None:
         """Redis gone when the block ends: the release error leaves the block, and
         the hold is dropped locally, so its watchdog stops renewing for good."""
-        client = Redis.from_url(server.url)
+        client = Redis.from_url(server.url())
         try:
             lock = RedisLock(client, name, lease=0.3)
             assert isinstance(lock.metrics, LockStats)
