@@ -197,21 +197,16 @@ async def proxied_stack(
                 database_url=pg.url(dbname, address=pg_proxy.address),
                 settings=settings,
             )
-            diagnostics.append(lambda: log_digest(gateways))
-            async with gateways:
-                stack = Stack(
-                    gateways=gateways,
-                    pg=pg,
-                    database_url=pg.url(dbname),
-                    pg_proxy=pg_proxy,
-                    redis_server=redis_server,
-                    redis_proxy=redis_proxy,
-                )
-                try:
-                    yield stack
-                except BaseException:
-                    await freeze_stack(stack, diagnostics)
-                    raise
+            stack = Stack(
+                gateways=gateways,
+                pg=pg,
+                database_url=pg.url(dbname),
+                pg_proxy=pg_proxy,
+                redis_server=redis_server,
+                redis_proxy=redis_proxy,
+            )
+            async with _started(stack, diagnostics):
+                yield stack
 
 
 @contextlib.asynccontextmanager
@@ -241,20 +236,28 @@ async def sentinel_stack(
                     "redis_sentinel_master": sentinel.master_name,
                 },
             )
-            diagnostics.append(lambda: log_digest(gateways))
-            async with gateways:
-                stack = Stack(
-                    gateways=gateways,
-                    pg=pg,
-                    database_url=pg.url(dbname),
-                    pg_proxy=pg_proxy,
-                    sentinel=sentinel,
-                )
-                try:
-                    yield stack
-                except BaseException:
-                    await freeze_stack(stack, diagnostics)
-                    raise
+            stack = Stack(
+                gateways=gateways,
+                pg=pg,
+                database_url=pg.url(dbname),
+                pg_proxy=pg_proxy,
+                sentinel=sentinel,
+            )
+            async with _started(stack, diagnostics):
+                yield stack
+
+
+@contextlib.asynccontextmanager
+async def _started(stack: Stack, diagnostics: Diagnostics) -> AsyncIterator[None]:
+    """Run the stack's gateways for the block; if it fails, read every diagnostic
+    (Redis's view of the sku included) before the servers remove their logs."""
+    diagnostics.append(lambda: log_digest(stack.gateways))
+    async with stack.gateways:
+        try:
+            yield
+        except BaseException:
+            await freeze_stack(stack, diagnostics)
+            raise
 
 
 async def metric_total(stack: Stack, name: str) -> float:
