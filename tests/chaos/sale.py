@@ -1,6 +1,6 @@
 """One sale with a fault in its middle: the run every chaos scenario makes.
 
-A scenario (``tests/chaos/test_*_faults.py``) builds a :class:`Stack` (two
+A scenario (``tests/chaos/test_scenarios_*.py``) builds a :class:`Stack` (two
 gateway subprocesses on one private Redis and one private PostgreSQL database,
 each behind a fault proxy, or on a Sentinel-watched Redis pair), then
 calls :func:`run_scenario` with a fault. That runs the sale the same way every
