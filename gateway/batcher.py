@@ -114,6 +114,22 @@ class Batcher:
         tasks = [lane.task for lane in self._lanes.values() if lane.task is not None]
         await asyncio.gather(*tasks, return_exceptions=True)
 
+    def abort(self) -> None:
+        """Stop every flusher now, after :meth:`close` ran out of time.
+
+        Whatever was not committed stays reserved in the Redis ledger, as after a
+        crash, and the reconciler settles it from the order rows.
+        """
+        self._closed = True
+        for lane in self._lanes.values():
+            if lane.task is not None:
+                lane.task.cancel()
+            for _, future in lane.entries:
+                if not future.done():
+                    future.set_exception(ShuttingDown())
+            self._depth -= len(lane.entries)
+            lane.entries.clear()
+
     async def _run(self, lane: _Lane) -> None:
         loop = asyncio.get_running_loop()
         while True:
@@ -145,6 +161,11 @@ class Batcher:
             results = await self._flush(sku, [p for p, _ in batch])
         except Exception as exc:  # the flush answers every purchase, whatever failed
             results = [exc] * len(batch)
+        except asyncio.CancelledError:  # aborted: the reconciler settles these
+            for _, future in batch:
+                if not future.done():
+                    future.set_exception(ShuttingDown())
+            raise
         finally:
             self._depth -= len(batch)
         for (_, future), result in zip(batch, results, strict=True):

@@ -10,7 +10,6 @@ for the last handlers, and closes its resources. All of that is bounded by
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import signal
 import subprocess
@@ -24,6 +23,7 @@ from aiohttp import web
 from prometheus_client.multiprocess import mark_process_dead
 
 from gateway.app import create_app, drain
+from gateway.appkeys import BATCHER
 from gateway.settings import Settings, worker_environment
 
 log = structlog.get_logger(__name__)
@@ -47,9 +47,14 @@ async def run(settings: Settings, on_startup: StartupHook | None = None) -> None
         await _stop_signal()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + settings.drain_s
-        with contextlib.suppress(TimeoutError):
+        try:
             async with asyncio.timeout_at(deadline):
                 await drain(app)
+        except TimeoutError:
+            # Out of time: what has not committed is left to the reconciler, so
+            # the shutdown below does not wait for it again without a bound.
+            log.warning("drain_timed_out", queued=app[BATCHER].depth)
+            app[BATCHER].abort()
     finally:
         await runner.cleanup()
     log.info("stopped")

@@ -26,48 +26,23 @@ databases); any other ``GATEWAY_*`` variable is passed to the gateway.
 from __future__ import annotations
 
 import argparse
-import asyncio
-import json
 import os
-import statistics
 import sys
 import time
-from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import asyncpg
-
 from loadtests import machine, wrk
-from loadtests.targets import (
-    RESULTS_DIR,
-    Harness,
-    Target,
-    http,
-    parse_seconds,
-    parse_settings,
-    passthrough_settings,
-    signals_interrupt,
-    stop_process,
-)
-
-SOLD_OUT, IN_STOCK = "sold_out", "in_stock"
-SOLD_OUT_SKU, IN_STOCK_SKU = "bench-soldout", "bench-instock"
-# "nometrics" is the gateway with GATEWAY_METRICS=false: what the metrics cost.
-TARGETS = ("bare", "gateway", "nometrics", "naive")
-PATH_TARGETS = {
-    SOLD_OUT: ("bare", "gateway", "nometrics", "naive"),
-    IN_STOCK: ("gateway", "nometrics", "naive"),
-}
-WRITERS = ("gateway", "nometrics", "naive")
-SKU_OF = {SOLD_OUT: SOLD_OUT_SKU, IN_STOCK: IN_STOCK_SKU}
-SETTLE_TIMEOUT_S = 15.0
-SOLD_SNAPSHOT = """
-SELECT stock, (SELECT count(*) FROM orders WHERE sku = $1) AS orders
-FROM inventory WHERE sku = $1
-"""
+from loadtests.bench_checks import audit, audit_failures
+from loadtests.bench_paths import IN_STOCK_SKU, PATH_TARGETS, SKU_OF, SOLD_OUT_SKU, WRITERS
+from loadtests.bench_report import flush_note, report, summarize
+from loadtests.harness import Harness, passthrough_settings
+from loadtests.options import RESULTS_DIR, parse_seconds, parse_settings
+from loadtests.signals import signals_interrupt
+from loadtests.targets import Target
+from tests.support.processes import stop_process
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,183 +178,10 @@ def run_all(targets: dict[str, Target], config: Config, run_id: str) -> list[wrk
         print(
             f"  round {round_} {name:8} {path:9} {result.rps:9.0f} req/s  "
             f"p99 {result.latency_ms['p99']:7.1f} ms  statuses {result.statuses}"
-            f"{_flush_note(result)}",
+            f"{flush_note(result)}",
             flush=True,
         )
     return runs
-
-
-def _flush_note(result: wrk.WrkResult) -> str:
-    metrics = result.extra.get("metrics", {})
-    if "mean_batch_size" not in metrics:
-        return ""
-    return (
-        f"  batches {metrics['flashsale_batch_size_count']:.0f} "
-        f"of {metrics['mean_batch_size']:.1f}, flush {metrics.get('mean_flush_ms', 0):.1f} ms"
-    )
-
-
-def summarize(runs: Sequence[wrk.WrkResult]) -> list[dict[str, Any]]:
-    """One row per (target, path): medians over rounds, errors and statuses summed."""
-    measured = [r for r in runs if r.round >= 0]
-    bare = [r.rps for r in measured if r.target == "bare"]
-    bare_rps = statistics.median(bare) if bare else 0.0
-    rows = []
-    for path, names in PATH_TARGETS.items():
-        for name in names:
-            mine = [r for r in measured if r.target == name and r.path == path]
-            if not mine:
-                continue
-            statuses: Counter[str] = Counter()
-            for r in mine:
-                statuses.update(r.statuses)
-            rps = statistics.median(r.rps for r in mine)
-            rows.append(
-                {
-                    "target": name,
-                    "path": path,
-                    "rounds": len(mine),
-                    "rps": rps,
-                    "p50_ms": statistics.median(r.latency_ms["p50"] for r in mine),
-                    "p99_ms": statistics.median(r.latency_ms["p99"] for r in mine),
-                    "errors": sum(r.errors for r in mine),
-                    "ratio_to_bare": rps / bare_rps if bare_rps else None,
-                    "statuses": dict(sorted(statuses.items())),
-                }
-            )
-    return rows
-
-
-def format_table(rows: Sequence[dict[str, Any]]) -> str:
-    """The summary as a Markdown table (readable in a terminal too)."""
-    lines = [
-        "| target | path | requests/s | p50 ms | p99 ms | errors | ratio to bare | statuses |",
-        "|---|---|--:|--:|--:|--:|--:|---|",
-    ]
-    for row in rows:
-        ratio = row["ratio_to_bare"]
-        statuses = " ".join(f"{k}:{v}" for k, v in row["statuses"].items())
-        lines.append(
-            f"| {row['target']} | {row['path']} | {row['rps']:,.0f} | {row['p50_ms']:.2f} | "
-            f"{row['p99_ms']:.2f} | {row['errors']} | "
-            f"{'-' if ratio is None else f'{ratio:.2f}'} | {statuses} |"
-        )
-    return "\n".join(lines)
-
-
-async def _fetch_sold(database_url: str, sku: str) -> dict[str, int]:
-    con = await asyncpg.connect(database_url)
-    try:
-        # One statement, one snapshot: a flush committing between two reads
-        # would make stock and orders disagree by its size.
-        row = await con.fetchrow(SOLD_SNAPSHOT, sku)
-    finally:
-        await con.close()
-    if row is None:
-        raise RuntimeError(f"sku {sku!r} vanished from {database_url}")
-    return {"db_stock": int(row["stock"]), "orders": int(row["orders"])}
-
-
-def wait_settled(gateway: Target, deadline_s: float = SETTLE_TIMEOUT_S) -> dict[str, Any]:
-    """Poll the gateway's admin report until nothing is pending (or the deadline)."""
-    deadline = time.monotonic() + deadline_s
-    report: dict[str, Any] = {}
-    while time.monotonic() < deadline:
-        status, body = http(
-            "GET", f"{gateway.url}/admin/skus/{IN_STOCK_SKU}", token=gateway.admin_token
-        )
-        report = body if status == 200 and isinstance(body, dict) else {"status": status}
-        if report.get("pending") == 0:
-            break
-        time.sleep(0.1)
-    return report
-
-
-def audit(
-    targets: dict[str, Target], databases: dict[str, str], runs: Sequence[wrk.WrkResult], stock: int
-) -> dict[str, Any]:
-    """Units sold against the 201s wrk counted, and stock conservation, per target.
-
-    wrk stops with requests in flight, so up to ``connections`` orders per run
-    may commit unseen; more than that, or fewer orders than 201s, is a bug.
-    """
-    found: dict[str, Any] = {}
-    for name in WRITERS:
-        seen = sum(r.statuses.get("201", 0) for r in runs if r.target == name)
-        sold = asyncio.run(_fetch_sold(databases[name], IN_STOCK_SKU))
-        entry: dict[str, Any] = {
-            "confirmed_seen_by_wrk": seen,
-            **sold,
-            "unseen_orders": sold["orders"] - seen,
-            "stock_conserved": sold["db_stock"] + sold["orders"] == stock,
-        }
-        if name != "naive":
-            entry["admin_report"] = wait_settled(targets[name])
-        found[name] = entry
-    return found
-
-
-def audit_failures(
-    checks: dict[str, Any], runs: Sequence[wrk.WrkResult], connections: int
-) -> list[str]:
-    """What the audit found wrong: a benchmark that oversells must not pass quietly."""
-    found = []
-    for name, entry in checks.items():
-        mine = [r for r in runs if r.target == name and r.path == IN_STOCK]
-        # In flight when wrk stopped, or given up on by wrk, may still commit.
-        in_flight = connections * len(mine) + sum(sum(r.socket_errors.values()) for r in mine)
-        if not entry["stock_conserved"]:
-            found.append(f"{name}: database stock + orders != initial stock ({entry})")
-        if not 0 <= entry["unseen_orders"] <= in_flight:
-            found.append(
-                f"{name}: {entry['orders']} orders for {entry['confirmed_seen_by_wrk']} 201s "
-                f"(at most {in_flight} may be unseen)"
-            )
-        report = entry.get("admin_report")
-        if report is not None and (
-            report.get("pending") != 0 or report.get("redis_stock") != report.get("db_stock")
-        ):
-            found.append(f"{name}: Redis and PostgreSQL disagree once settled ({report})")
-    return found
-
-
-def plot(rows: Sequence[dict[str, Any]], path: Path, title: str) -> None:
-    """Throughput and latency per path and target, as a PNG (matplotlib, Agg)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    labels = [f"{r['target']}\n{r['path']}" for r in rows]
-    colors = {"bare": "#888888", "gateway": "#1f77b4", "nometrics": "#17becf", "naive": "#d62728"}
-    bar_colors = [colors.get(r["target"], "#2ca02c") for r in rows]
-    xs = range(len(rows))
-    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.8))
-    left.bar(xs, [r["rps"] for r in rows], color=bar_colors)
-    left.set_xticks(list(xs), labels)
-    left.set_ylabel("requests/s")
-    left.set_title("Throughput")
-    for x, r in zip(xs, rows, strict=True):
-        left.annotate(f"{r['rps']:,.0f}", (x, r["rps"]), ha="center", va="bottom", fontsize=8)
-    width = 0.4
-    right.bar([x - width / 2 for x in xs], [r["p50_ms"] for r in rows], width, color=bar_colors)
-    right.bar(
-        [x + width / 2 for x in xs],
-        [r["p99_ms"] for r in rows],
-        width,
-        color=bar_colors,
-        alpha=0.5,
-        hatch="//",
-    )
-    right.set_xticks(list(xs), labels)
-    right.set_yscale("log")
-    right.set_ylabel("ms (log scale)")
-    right.set_title("Latency: p50 (solid), p99 (hatched)")
-    fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
 
 
 def stop_all(targets: dict[str, Target]) -> dict[str, dict[str, Any]]:
@@ -422,35 +224,6 @@ def bench(harness: Harness, config: Config) -> dict[str, Any]:
         "gateway_settings": passthrough_settings(),
         "audit_failures": audit_failures(checks, runs, config.connections),
     }
-
-
-def report(results: dict[str, Any], out_dir: Path) -> None:
-    """Print the table and notes; write latest.json and latest.png."""
-    table = format_table(results["summary"])
-    print()
-    print(table)
-    gw = results["memory_kib"]["gateway"]
-    print(
-        f"\ngateway RSS: idle {gw['idle'].get('VmRSS', 0) / 1024:.1f} MiB, "
-        f"end {gw['end'].get('VmRSS', 0) / 1024:.1f} MiB, "
-        f"peak {gw['end'].get('VmHWM', 0) / 1024:.1f} MiB"
-    )
-    print(f"audit: {json.dumps(results['audit'])}")
-    for failure in results["audit_failures"]:
-        print(f"AUDIT FAILED: {failure}", file=sys.stderr)
-    print(f"log problems: {json.dumps(results['log_problems'])}")
-    print(f"stopped: {json.dumps(results['stopped'])}")
-    print(f"load average before/after: {results['load_average']}")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "latest.json").write_text(json.dumps(results, indent=2) + "\n")
-    info = results["machine"]
-    title = (
-        f"flash-sale gateway vs baselines - {info['nproc']} CPUs {info['cpu_model']} - "
-        f"wrk {results['config']['connections']} connections, "
-        f"{results['config']['duration_s']} s per run"
-    )
-    plot(results["summary"], out_dir / "latest.png", title)
-    print(f"wrote {out_dir / 'latest.json'} and {out_dir / 'latest.png'}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -11,9 +11,10 @@ Two measures per lock:
   waiting for 5-105 ms by then, returns (p50 and p99 of 100 hand-offs).
 
 redis-py's lock waits by polling every ``sleep`` seconds (0.1 by default); ours is
-woken by the unlock message. ``--pg-dsn`` adds PgAdvisoryLock (it creates the sequence
-``lock_fence_seq`` in that database if missing). Keys live under ``bench:{lock-...}``
-and are deleted afterwards.
+woken by the unlock message. ``--pg-dsn`` adds PgAdvisoryLock (it creates the
+sequence ``lock_fence_seq`` in that database if missing, with
+``create_fence_sequence``). Keys live under ``bench:{lock-...}`` and are deleted
+afterwards.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from typing import Any
 import asyncpg
 from redis.asyncio import Redis
 
-from gateway.lock import LockSubscriber, PgAdvisoryLock, RedisLock
+from gateway.lock import LockSubscriber, PgAdvisoryLock, RedisLock, create_fence_sequence
 
 UNCONTENDED_OPS = 1000
 ROUNDS = 3
@@ -108,7 +109,9 @@ async def handoff(c: Contender, name: str) -> list[float]:
     return latencies
 
 
-def contenders(redis: Redis, pool: asyncpg.Pool[Any] | None) -> list[Contender]:
+def contenders(
+    redis: Redis, subscriber: LockSubscriber, pool: asyncpg.Pool[Any] | None
+) -> list[Contender]:
     """Our locks and redis-py's, built the same way."""
 
     async def ours_acquire(lock: Any) -> None:
@@ -126,7 +129,7 @@ def contenders(redis: Redis, pool: asyncpg.Pool[Any] | None) -> list[Contender]:
     found = [
         Contender(
             "RedisLock (gateway.lock)",
-            lambda n: RedisLock(redis, n, lease=30),
+            lambda n: RedisLock(redis, n, lease=30, subscriber=subscriber),
             ours_acquire,
             ours_release,
         ),
@@ -159,13 +162,15 @@ async def run(redis_url: str, pg_dsn: str | None) -> list[Result]:
     """Measure every contender, each on lock names of its own. The uncontended loop runs
     in interleaved rounds and keeps each contender's best, to damp a busy machine."""
     redis = Redis.from_url(redis_url)
+    subscriber = LockSubscriber(redis)
     pool = None
     if pg_dsn:
         pool = await asyncpg.create_pool(pg_dsn, min_size=2, max_size=4)
-        await pool.execute("CREATE SEQUENCE IF NOT EXISTS lock_fence_seq")
+        async with pool.acquire() as con:
+            await create_fence_sequence(con)
     prefix = f"bench:{{lock-{uuid.uuid4().hex[:8]}}}"
     try:
-        found = contenders(redis, pool)
+        found = contenders(redis, subscriber, pool)
         best = [(0.0, float("inf"))] * len(found)
         for _ in range(ROUNDS):
             for i, c in enumerate(found):
@@ -180,7 +185,7 @@ async def run(redis_url: str, pg_dsn: str | None) -> list[Result]:
     finally:
         async for key in redis.scan_iter(match=f"{prefix}*"):
             await redis.delete(key)
-        await LockSubscriber.close_for(redis)
+        await subscriber.aclose()
         await redis.aclose()
         if pool is not None:
             await pool.close()

@@ -1,6 +1,6 @@
 """Profile the gateway under wrk load with py-spy: ``python -m loadtests.hotspots``.
 
-Starts a gateway exactly as the bench does (:mod:`loadtests.targets`), warms it
+Starts a gateway exactly as the bench does (:mod:`loadtests.harness`), warms it
 up, then samples it with ``py-spy record`` while wrk drives one path
 (``sold_out`` or ``in_stock``, see :mod:`loadtests.bench`). Writes the raw
 collapsed stacks to ``loadtests/results/profile_<path>.txt`` (speedscope and
@@ -23,8 +23,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from loadtests import wrk
-from loadtests.bench import IN_STOCK_SKU, SKU_OF, SOLD_OUT_SKU
-from loadtests.targets import RESULTS_DIR, Harness, Target, parse_seconds, signals_interrupt
+from loadtests.bench_paths import IN_STOCK_SKU, SKU_OF, SOLD_OUT_SKU
+from loadtests.harness import Harness
+from loadtests.options import RESULTS_DIR, parse_seconds
+from loadtests.signals import signals_interrupt
+from loadtests.targets import Target
 
 
 @dataclass(frozen=True, slots=True)

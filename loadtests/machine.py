@@ -9,7 +9,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from loadtests.targets import REPO_ROOT
+from loadtests.options import REPO_ROOT
 
 
 def _first(path: str, key: str) -> str | None:

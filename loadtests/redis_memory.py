@@ -17,8 +17,6 @@ import asyncio
 import uuid
 from collections.abc import Sequence
 
-from redis.asyncio import Redis
-
 from gateway.domain import Order
 from gateway.inventory import Inventory, create_redis
 from gateway.layout import SkuKeys

@@ -7,12 +7,11 @@ under its own key prefix, and removes both when it ends.
 
 from __future__ import annotations
 
-import os
+import asyncio
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
-import asyncpg
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
@@ -20,14 +19,8 @@ from redis.asyncio import Redis
 
 from gateway.app import create_app
 from gateway.settings import Settings
-
-REDIS_URL = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
-PG_ADMIN_URL = os.environ.get("TEST_PG_ADMIN_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
-
-
-def _pg_url(database: str) -> str:
-    base, _, _ = PG_ADMIN_URL.rpartition("/")
-    return f"{base}/{database}"
+from tests.support.purchases import ADMIN_TOKEN
+from tests.support.services import REDIS_URL, create_database, drop_database
 
 
 @pytest.fixture(scope="session")
@@ -39,20 +32,9 @@ def run_id() -> str:
 @pytest.fixture(scope="session")
 def database_url(run_id: str) -> Iterator[str]:
     """A fresh, empty PostgreSQL database for this session, dropped at the end."""
-    import asyncio
-
     name = f"flashsale_test_{run_id}"
-
-    async def admin(sql: str) -> None:
-        con = await asyncpg.connect(PG_ADMIN_URL)
-        try:
-            await con.execute(sql)
-        finally:
-            await con.close()
-
-    asyncio.run(admin(f'CREATE DATABASE "{name}"'))
-    yield _pg_url(name)
-    asyncio.run(admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    yield asyncio.run(create_database(name))
+    asyncio.run(drop_database(name))
 
 
 @pytest.fixture
@@ -69,10 +51,6 @@ async def redis(key_prefix: str) -> AsyncIterator[Redis]:
     async for key in client.scan_iter(match=f"{key_prefix}*", count=1000):
         await client.delete(key)
     await client.aclose()
-
-
-ADMIN_TOKEN = "test-admin-token"
-ADMIN_HEADERS = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 
 
 @pytest.fixture
@@ -115,13 +93,3 @@ async def start_gateway(
 def sku(key_prefix: str) -> str:
     """A sku name unique to one test."""
     return f"sku-{key_prefix}"
-
-
-async def put_sku(
-    client: TestClient[web.Request, web.Application], sku: str, stock: int, limit: int = 1
-) -> None:
-    """Create or reset a sku through the admin API."""
-    resp = await client.put(
-        f"/admin/skus/{sku}", json={"stock": stock, "per_user_limit": limit}, headers=ADMIN_HEADERS
-    )
-    assert resp.status == 200, await resp.text()

@@ -1,7 +1,7 @@
 """Chaos suite: real Redis, Sentinel, PostgreSQL and gateway processes, broken on purpose.
 
-The infrastructure lives beside the scenarios: ``servers`` (private servers on
-free ports), ``proxy`` (a TCP fault proxy), ``gateways`` (gateway
-subprocesses), ``driver`` (retrying clients) and ``invariants`` (what must hold
-in PostgreSQL afterwards).
+The servers, the fault proxy, the gateway subprocesses, the load driver and
+the invariants live in ``tests/support`` (shared with the integration, e2e and
+load tests). Here: ``stacks`` (the topologies), ``sale`` (one sale with a fault
+in its middle), ``checks``, ``faults`` (aimed faults) and ``reporting``.
 """

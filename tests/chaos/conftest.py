@@ -1,7 +1,9 @@
 """Fixtures of the chaos suite: private servers per test, and logs on failure.
 
-Every server fixture is function-scoped and tears down in ``finally`` (the
-``async with`` of each server), so no test inherits another's broken server.
+Every server fixture tears down in ``finally`` (the ``async with`` of each
+server). They are function-scoped, so no test inherits another's broken server,
+except ``shared_pg``: one PostgreSQL cluster per scenario module, restarted by
+``pg`` if a scenario left it down (each scenario uses a new database on it).
 ``diagnostics`` collects callables whose text is attached to the report of a
 failed test (gateway, Redis, Sentinel and PostgreSQL log tails), read before
 the fixtures remove their directories.
@@ -9,14 +11,15 @@ the fixtures remove their directories.
 
 from __future__ import annotations
 
-import sys
-from collections.abc import AsyncIterator, Callable, Generator
+from collections.abc import AsyncIterator, Generator
 
 import pytest
+import pytest_asyncio
 
-from tests.chaos.servers import PostgresCluster, RedisSentinelCluster, RedisServer
-
-Diagnostics = list[Callable[[], str]]
+from tests.chaos.reporting import REPORT_LINES, Diagnostics
+from tests.support.postgres_servers import PostgresCluster
+from tests.support.redis_servers import RedisServer
+from tests.support.sentinels import RedisSentinelCluster
 
 
 @pytest.hookimpl(wrapper=True)
@@ -67,11 +70,25 @@ async def sentinel_cluster(diagnostics: Diagnostics) -> AsyncIterator[RedisSenti
         yield cluster
 
 
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def shared_pg() -> AsyncIterator[PostgresCluster]:
+    """One private PostgreSQL cluster per test module; each scenario gets a new database."""
+    async with PostgresCluster() as cluster:
+        yield cluster
+
+
+@pytest.fixture
+async def pg(shared_pg: PostgresCluster, diagnostics: Diagnostics) -> PostgresCluster:
+    """The module's cluster, running (a failed scenario may have left it down)."""
+    diagnostics.append(lambda: f"--- postgres {shared_pg.port}\n{shared_pg.log_tail()}")
+    if not shared_pg.running:
+        await shared_pg.start()
+    return shared_pg
+
+
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    """One line per chaos scenario that finished (collected by tests/chaos/scenarios.py)."""
-    scenarios = sys.modules.get("tests.chaos.scenarios")
-    lines: list[str] = getattr(scenarios, "REPORT_LINES", [])
-    if lines:
+    """One line per chaos scenario that finished (collected in tests.chaos.reporting)."""
+    if REPORT_LINES:
         terminalreporter.section("chaos scenarios")
-        for line in lines:
+        for line in REPORT_LINES:
             terminalreporter.write_line(line)

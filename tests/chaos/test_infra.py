@@ -19,19 +19,15 @@ import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from tests.chaos.conftest import Diagnostics
-from tests.chaos.driver import LoadDriver
-from tests.chaos.gateways import GatewayCluster
-from tests.chaos.invariants import check_invariants
-from tests.chaos.proxy import FaultProxy
-from tests.chaos.servers import (
-    PostgresCluster,
-    RedisSentinelCluster,
-    RedisServer,
-    command,
-    redis_client,
-    wait_for,
-)
+from tests.chaos.reporting import Diagnostics
+from tests.support.driver import LoadDriver
+from tests.support.gateways import GatewayCluster
+from tests.support.invariants import check_invariants
+from tests.support.polling import wait_for
+from tests.support.postgres_servers import PostgresCluster
+from tests.support.proxy import FaultProxy
+from tests.support.redis_servers import RedisServer, command, redis_client
+from tests.support.sentinels import RedisSentinelCluster
 
 pytestmark = [pytest.mark.chaos, pytest.mark.timeout(90)]
 

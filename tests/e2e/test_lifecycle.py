@@ -13,27 +13,22 @@ from redis.asyncio import Redis
 from gateway.audit import audit
 from gateway.layout import SkuKeys
 from gateway.settings import Settings
-from tests.chaos.driver import LoadDriver, run_sale
-from tests.chaos.gateways import GatewayCluster
-from tests.chaos.invariants import check_invariants
-from tests.conftest import REDIS_URL
+from tests.support.driver import LoadDriver, run_sale
+from tests.support.gateways import GatewayCluster
+from tests.support.invariants import check_invariants
+from tests.support.metrics import samples
+from tests.support.polling import wait_for
+from tests.support.services import REDIS_URL
 
 
 async def orders_of(database_url: str, sku: str) -> int:
+    """Order rows of ``sku``."""
     con = await asyncpg.connect(database_url)
     try:
         n: int = await con.fetchval("SELECT count(*) FROM orders WHERE sku = $1", sku)
         return n
     finally:
         await con.close()
-
-
-async def wait_until(predicate: object, within: float, what: str) -> None:
-    """Poll an async predicate until true; fail after ``within`` seconds."""
-    deadline = time.monotonic() + within
-    while not await predicate():  # type: ignore[operator]
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.05)
 
 
 class TestGracefulShutdown:
@@ -55,7 +50,7 @@ class TestGracefulShutdown:
         ) as cluster:
             await cluster.put_sku(sku, 300)
             sale = asyncio.create_task(run_sale(cluster.urls, sku, 400, start_spread_s=1.5, seed=1))
-            await wait_until(lambda: _at_least(database_url, sku, 30), 30, "first orders")
+            await wait_for(lambda: _at_least(database_url, sku, 30), within=30, what="first orders")
             started = time.monotonic()
             cluster[0].kill(signal.SIGTERM)
             assert await cluster[0].wait_exit(within=15) == 0, cluster.logs()
@@ -105,7 +100,7 @@ class TestCrashRecovery:
             async def reserved() -> bool:
                 return await redis.hlen(pending) >= 20
 
-            await wait_until(reserved, 30, "reservations in flight")
+            await wait_for(reserved, within=30, what="reservations in flight")
             await cluster[0].crash()
             summary1 = await wave
             assert summary1.counts["confirmed"] < 60
@@ -113,7 +108,7 @@ class TestCrashRecovery:
             async def settled() -> bool:
                 return await redis.hlen(pending) == 0
 
-            await wait_until(settled, 30, "the reconciler to settle the ledger")
+            await wait_for(settled, within=30, what="the reconciler to settle the ledger")
             summary2 = await run_sale([cluster.urls[1]], sku, 200, run_id="w2")
             report = await check_invariants(
                 database_url,
@@ -158,13 +153,7 @@ class TestWorkers:
                         assert resp.status == 201
                     async with http.get(f"{url}/metrics") as resp:
                         text = await resp.text()
-                    assert _metric(text, 'flashsale_purchases_total{outcome="confirmed"}') == i + 1
+                    confirmed = samples(text).get('flashsale_purchases_total{outcome="confirmed"}')
+                    assert confirmed == i + 1
             cluster[0].kill(signal.SIGTERM)
             assert await cluster[0].wait_exit(within=15) == 0, cluster.logs()
-
-
-def _metric(text: str, name: str) -> float | None:
-    for line in text.splitlines():
-        if line.startswith(name + " "):
-            return float(line.rsplit(" ", 1)[1])
-    return None

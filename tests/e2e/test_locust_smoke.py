@@ -9,19 +9,18 @@ The whole module stays within ``BUDGET_S``: each run gets what is left.
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from loadtests.harness import Harness
 from loadtests.locust_run import LocustRun, run_locust
 from loadtests.profiles import PROFILES
-from loadtests.targets import Harness, Target
+from loadtests.targets import Target
+from tests.support.services import PG_ADMIN_URL, REDIS_URL
 
-REDIS_URL = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
-PG_ADMIN_URL = os.environ.get("TEST_PG_ADMIN_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 RUN_S = 3.0
 USERS = 10
 BUDGET_S = 55.0

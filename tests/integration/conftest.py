@@ -17,7 +17,8 @@ async def backend(
 ) -> AsyncIterator[Backend]:
     """The lock backend under test, on a lock name of this test's own."""
     pool = await open_pg_pool(database_url) if request.param == "postgres" else None
-    yield Backend(request.param, redis, pool, f"{key_prefix}:{{lock}}:lock")
-    await LockSubscriber.close_for(redis)
+    subscriber = LockSubscriber(redis)
+    yield Backend(request.param, redis, pool, f"{key_prefix}:{{lock}}:lock", subscriber)
+    await subscriber.aclose()
     if pool is not None:
         await close_pg_pool(pool)

@@ -1,4 +1,4 @@
-"""Helpers for the lock tests: conditions, worker processes, a private Redis, backends.
+"""Helpers for the lock tests: worker processes and the lock backends under test.
 
 Nothing here is a fixture: each test module builds its fixtures from these.
 """
@@ -7,13 +7,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
 import signal
-import socket
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,26 +19,17 @@ from typing import Any
 import asyncpg
 from redis.asyncio import Redis
 
-from gateway.lock import LockSubscriber, PgAdvisoryLock, RedisLock, advisory_key
+from gateway.lock import (
+    LockSubscriber,
+    PgAdvisoryLock,
+    RedisLock,
+    advisory_key,
+    create_fence_sequence,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
-Condition = Callable[[], bool | Awaitable[bool]]
 AnyLock = RedisLock | PgAdvisoryLock
-
-
-async def eventually(condition: Condition, within: float = 5.0, interval: float = 0.01) -> None:
-    """Wait until ``condition()`` is true; fail the test after ``within`` seconds."""
-    deadline = time.monotonic() + within
-    while True:
-        result = condition()
-        if inspect.isawaitable(result):
-            result = await result
-        if result:
-            return
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {within} s")
-        await asyncio.sleep(interval)
 
 
 # --------------------------------------------------------------------- worker processes
@@ -125,69 +114,38 @@ async def workers(*arg_lists: Sequence[str], tmp: Path) -> AsyncIterator[list[Wo
             await worker.stop()
 
 
-# -------------------------------------------------------------------- a private Redis
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-class PrivateRedis:
-    """A redis-server of our own on a free port, so it can be restarted freely."""
-
-    def __init__(self, workdir: Path) -> None:
-        self.port = free_port()
-        self.url = f"redis://127.0.0.1:{self.port}/0"
-        self._workdir = workdir
-        self._proc: asyncio.subprocess.Process | None = None
-
-    async def start(self) -> None:
-        """Start the server and wait until it answers PING."""
-        self._proc = await asyncio.create_subprocess_exec(
-            *("redis-server", "--port", str(self.port), "--bind", "127.0.0.1"),
-            *("--save", "", "--appendonly", "no", "--dir", str(self._workdir)),
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        await eventually(self._answers, within=10)
-
-    async def stop(self) -> None:
-        """Kill the server and wait until it is gone."""
-        if self._proc is not None and self._proc.returncode is None:
-            self._proc.kill()
-            await asyncio.wait_for(self._proc.wait(), 10)
-        self._proc = None
-
-    async def restart(self) -> None:
-        """Kill and start again: every key and script is gone."""
-        await self.stop()
-        await self.start()
-
-    async def _answers(self) -> bool:
-        try:
-            reader, writer = await asyncio.open_connection("127.0.0.1", self.port)
-        except OSError:
-            return False
-        try:
-            writer.write(b"PING\r\n")
-            await writer.drain()
-            return (await reader.readline()).startswith(b"+PONG")
-        except OSError:
-            return False
-        finally:
-            writer.close()
-
-
 # ------------------------------------------------------------------------ backends
 
 
+class Subscribers:
+    """The one unlock subscriber of each Redis client a test uses (as an application
+    would share one per client), all closed when the test ends."""
+
+    def __init__(self) -> None:
+        self._made: dict[int, LockSubscriber] = {}
+
+    def of(self, client: Redis) -> LockSubscriber:
+        """The subscriber of ``client``, made on first use."""
+        made = self._made.get(id(client))
+        if made is None:
+            made = self._made[id(client)] = LockSubscriber(client)
+        return made
+
+    def lock(self, client: Redis, name: str, **kwargs: Any) -> RedisLock:
+        """A Redis lock on ``client`` that waits through the client's subscriber."""
+        return RedisLock(client, name, subscriber=self.of(client), **kwargs)
+
+    async def aclose(self) -> None:
+        """Close every subscriber made."""
+        for made in self._made.values():
+            await made.aclose()
+
+
 async def open_pg_pool(database_url: str, max_size: int = 12) -> asyncpg.Pool[Any]:
-    """A pool on the session database, with the fence sequence the migration would create."""
+    """A pool on the session database, with the lock package's fence sequence."""
     pool = await asyncpg.create_pool(database_url, min_size=1, max_size=max_size)
-    await pool.execute("CREATE SEQUENCE IF NOT EXISTS lock_fence_seq")
+    async with pool.acquire() as con:
+        await create_fence_sequence(con)
     return pool
 
 
@@ -207,12 +165,14 @@ class Backend:
     redis: Redis
     pool: asyncpg.Pool[Any] | None
     name: str
+    # The one unlock subscriber every Redis lock of the test shares.
+    subscriber: LockSubscriber
 
     def new(self, **kwargs: Any) -> AnyLock:
         """A new lock object on the test's lock name."""
         if self.pool is not None:
             return PgAdvisoryLock(self.pool, self.name, **kwargs)
-        return RedisLock(self.redis, self.name, **kwargs)
+        return RedisLock(self.redis, self.name, subscriber=self.subscriber, **kwargs)
 
     async def is_free(self) -> bool:
         """Whether a fresh lock object can take the lock right now (it gives it back)."""
@@ -231,12 +191,12 @@ class Backend:
     async def waiting(self) -> int:
         """How many acquisitions wait in this process (Redis) or in the server (PostgreSQL)."""
         if self.pool is None:
-            return LockSubscriber.for_client(self.redis).waiting
+            return self.subscriber.waiting
         rows = await self.pool.fetch(_PG_LOCKS, *_pg_key_parts(self.name))
         return sum(1 for r in rows if not r["granted"])
 
     async def waiting_is(self, count: int) -> bool:
-        """Whether exactly ``count`` acquisitions wait (for :func:`eventually`)."""
+        """Whether exactly ``count`` acquisitions wait (a condition to wait for)."""
         return await self.waiting() == count
 
     async def break_lock(self) -> None:

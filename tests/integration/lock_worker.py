@@ -25,7 +25,7 @@ from typing import Any
 import asyncpg
 from redis.asyncio import Redis
 
-from gateway.lock import LockLost, PgAdvisoryLock, RedisLock
+from gateway.lock import LockLost, LockSubscriber, PgAdvisoryLock, RedisLock
 
 FENCED_WRITE = "UPDATE {table} SET value = $1, fence = $2 WHERE id = 1 AND fence <= $2"
 
@@ -87,7 +87,7 @@ async def main(args: argparse.Namespace) -> None:
         pool = await asyncpg.create_pool(args.dsn, min_size=1, max_size=4)
         lock: RedisLock | PgAdvisoryLock = PgAdvisoryLock(pool, args.name, lease=args.lease)
     else:
-        lock = RedisLock(redis, args.name, lease=args.lease)
+        lock = RedisLock(redis, args.name, lease=args.lease, subscriber=LockSubscriber(redis))
     if args.mode == "count":
         await count(args, lock, redis)
     elif args.mode == "hold":

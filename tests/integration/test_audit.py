@@ -4,12 +4,8 @@ corruption fails with the right verdict and exit code, in-process and as the
 
 from __future__ import annotations
 
-import asyncio
-import os
-import sys
 import uuid
 from collections.abc import AsyncIterator, Callable
-from pathlib import Path
 from typing import Any
 
 import asyncpg
@@ -17,47 +13,11 @@ import pytest
 from redis.asyncio import Redis
 
 from gateway.audit import Finding, SkuAudit, audit, render
-from gateway.database import migrate
-from gateway.errors import UnknownSku
 from gateway.layout import SkuKeys
 from gateway.settings import Settings
-from tests.conftest import ADMIN_HEADERS, PG_ADMIN_URL, _pg_url, put_sku
-from tests.integration.test_purchase import buy
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-async def run_cli(settings: Settings, *args: str) -> tuple[int, str, str]:
-    """Run ``python -m gateway audit ARGS`` on the stores of ``settings``."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")}
-    env |= {
-        "GATEWAY_DATABASE_URL": settings.database_url,
-        "GATEWAY_REDIS_URL": settings.redis_url,
-        "GATEWAY_KEY_PREFIX": settings.key_prefix,
-    }
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "gateway",
-        "audit",
-        *args,
-        env=env,
-        cwd=ROOT,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    out, err = await asyncio.wait_for(proc.communicate(), timeout=60)
-    assert proc.returncode is not None
-    return proc.returncode, out.decode(), err.decode()
-
-
-async def sql(database_url: str, statement: str, *args: object) -> None:
-    """Run one statement on its own connection, as an operator would by hand."""
-    con = await asyncpg.connect(database_url)
-    try:
-        await con.execute(statement, *args)
-    finally:
-        await con.close()
+from tests.support.commands import run_audit
+from tests.support.purchases import ADMIN_HEADERS, buy, put_sku
+from tests.support.services import execute as sql
 
 
 @pytest.fixture
@@ -111,7 +71,7 @@ class TestHealthySale:
                 pending=0,
             )
         ]
-        code, out, err = await run_cli(settings, "--sku", sku)
+        code, out, err = await run_audit(settings, "--sku", sku)
         assert (code, err) == (0, "")
         header, row = out.splitlines()
         assert header.split() == [
@@ -189,7 +149,7 @@ class TestCorruptedBooks:
         assert (row.provided, row.sold, row.db_stock, row.drift) == (3, 6, 1, 0)
         assert row.findings == (Finding.OVERSOLD, Finding.UNBALANCED)
         assert row.failed
-        code, out, _ = await run_cli(settings, "--sku", sku)
+        code, out, _ = await run_audit(settings, "--sku", sku)
         assert code == 1
         assert out.splitlines()[1].split()[-1] == "OVERSOLD,UNBALANCED"
 
@@ -212,7 +172,7 @@ class TestCorruptedBooks:
         [row] = await audit(settings, sku)
         assert (row.provided, row.sold, row.db_stock, row.drift) == (3, 1, 7, 5)
         assert row.findings == (Finding.UNBALANCED, Finding.DRIFT)
-        assert (await run_cli(settings, "--sku", sku))[0] == 1
+        assert (await run_audit(settings, "--sku", sku))[0] == 1
 
     async def test_negative_redis_stock_fails(
         self,
@@ -229,7 +189,7 @@ class TestCorruptedBooks:
         settings = make_settings()
         [row] = await audit(settings, sku)
         assert row.findings == (Finding.NEGATIVE_STOCK, Finding.DRIFT)
-        assert (await run_cli(settings, "--sku", sku))[0] == 1
+        assert (await run_audit(settings, "--sku", sku))[0] == 1
 
     async def test_drift_alone_is_a_warning(
         self,
@@ -248,84 +208,6 @@ class TestCorruptedBooks:
         [row] = await audit(settings, sku)
         assert (row.redis_stock, row.pending, row.drift) == (3, 2, -2)
         assert (row.findings, row.failed) == ((Finding.DRIFT,), False)
-        code, out, _ = await run_cli(settings, "--sku", sku)
+        code, out, _ = await run_audit(settings, "--sku", sku)
         assert code == 0
         assert out.splitlines()[1].split()[-2:] == ["-2", "DRIFT"]
-
-
-class TestDuplicateUser:
-    """A user with two orders of one sku is caught even without the constraint."""
-
-    async def test_two_orders_of_one_user_without_the_unique_constraint(
-        self, make_settings: Callable[..., Settings]
-    ) -> None:
-        """In a throwaway database whose UNIQUE (sku, user_id) was dropped, two
-        orders of one user balance the books yet are DUPLICATE_USER (exit 1)."""
-        name = f"flashsale_audit_{uuid.uuid4().hex[:8]}"
-        await sql(PG_ADMIN_URL, f'CREATE DATABASE "{name}"')
-        try:
-            url = _pg_url(name)
-            con = await asyncpg.connect(url)
-            try:
-                await migrate(con)
-                constraint = await con.fetchval(
-                    "SELECT conname FROM pg_constraint WHERE conrelid = 'orders'::regclass"
-                    " AND contype = 'u' AND cardinality(conkey) = 2"
-                )
-                await con.execute(f'ALTER TABLE orders DROP CONSTRAINT "{constraint}"')
-                await con.execute("INSERT INTO inventory (sku, stock) VALUES ('dup', 0)")
-                await con.execute(
-                    "INSERT INTO stock_movements (sku, delta, reason, stock_after)"
-                    " VALUES ('dup', 2, 'set', 2)"
-                )
-                await con.execute(
-                    "INSERT INTO orders (request_id, sku, user_id, qty)"
-                    " VALUES ('r1', 'dup', 'u1', 1), ('r2', 'dup', 'u1', 1)"
-                )
-            finally:
-                await con.close()
-            settings = make_settings(database_url=url)
-
-            [row] = await audit(settings)
-            assert (row.orders, row.users, row.duplicate_users) == (2, 1, 1)
-            assert row.findings == (Finding.DUPLICATE_USER,)
-            assert (await run_cli(settings))[0] == 1
-        finally:
-            await sql(PG_ADMIN_URL, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-
-
-class TestUsage:
-    """An unknown sku or an unreachable store is exit 2 with a one-line error."""
-
-    async def test_unknown_sku(self, make_settings: Callable[..., Settings], sku: str) -> None:
-        """A sku not in the inventory raises UnknownSku; the command exits 2."""
-        settings = make_settings()
-        with pytest.raises(UnknownSku):
-            await audit(settings, sku)
-        code, out, err = await run_cli(settings, "--sku", sku)
-        assert (code, out) == (2, "")
-        assert err == f"flashsale-gateway audit: no sku {sku!r}\n"
-
-    @pytest.mark.parametrize(
-        ("store", "url"),
-        [
-            ("redis", "redis://127.0.0.1:1/0"),
-            ("postgres", "postgresql://postgres@127.0.0.1:1/flashsale"),
-        ],
-    )
-    async def test_unreachable_store(
-        self,
-        start_gateway: Any,
-        make_settings: Callable[..., Settings],
-        sku: str,
-        store: str,
-        url: str,
-    ) -> None:
-        """Nothing listening on the store's port: exit 2, one line naming the store."""
-        client = await start_gateway()
-        await put_sku(client, sku, 1)
-        field = "redis_url" if store == "redis" else "database_url"
-        code, out, err = await run_cli(make_settings(**{field: url}), "--sku", sku)
-        assert (code, out) == (2, "")
-        assert err.startswith(f"flashsale-gateway audit: {store}: ")
-        assert err.count("\n") == 1

@@ -18,10 +18,11 @@ from redis.asyncio import Redis
 from gateway.app import create_app
 from gateway.database import migration_versions
 from gateway.layout import SkuKeys
-from tests.chaos.proxy import FaultProxy
-from tests.chaos.servers import free_port
-from tests.conftest import ADMIN_HEADERS, PG_ADMIN_URL, _pg_url, put_sku
-from tests.integration.test_purchase import buy, db_state, redis_state
+from tests.support.polling import wait_for
+from tests.support.ports import free_port
+from tests.support.proxy import FaultProxy
+from tests.support.purchases import ADMIN_HEADERS, buy, db_state, put_sku, redis_state
+from tests.support.services import PG_ADMIN_URL, create_database, drop_database
 
 
 async def sale(
@@ -156,10 +157,14 @@ class TestPostgresDown:
         ready = await client.get("/readyz")
         assert ready.status == 503
         await outage(True)
-        deadline = asyncio.get_running_loop().time() + 10
-        while await redis_state(redis, key_prefix, sku) != (10, 0):
-            assert asyncio.get_running_loop().time() < deadline
+
+        async def restored() -> bool:
+            if await redis_state(redis, key_prefix, sku) == (10, 0):
+                return True
             await client.post("/admin/reconcile", headers=ADMIN_HEADERS)
+            return False
+
+        await wait_for(restored, within=10, what="stock and buyers restored by reconciliation")
         results = await asyncio.gather(*(buy(client, sku, f"u{i}", f"r{i}") for i in range(5)))
         assert {status for status, _ in results} == {201}
         assert await db_state(database_url, sku) == (5, 5, 5)
@@ -174,10 +179,8 @@ class TestTwoInstances:
         """Both apply migrations safely (advisory lock) and together sell exactly
         the stock, each user once, whichever instance they hit."""
         name = f"flashsale_two_{uuid.uuid4().hex[:8]}"
-        admin = await asyncpg.connect(PG_ADMIN_URL)
-        await admin.execute(f'CREATE DATABASE "{name}"')
+        url = await create_database(name)
         try:
-            url = _pg_url(name)
             a, b = await asyncio.gather(
                 start_gateway(database_url=url), start_gateway(database_url=url)
             )
@@ -197,8 +200,7 @@ class TestTwoInstances:
         finally:
             for client in (a, b):
                 await client.close()
-            await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-            await admin.close()
+            await drop_database(name)
 
 
 class TestBounds:

@@ -14,7 +14,8 @@ from gateway.lock import (
     LockStats,
     LockTimeout,
 )
-from tests.integration.lock_support import Backend, eventually
+from tests.integration.lock_support import Backend
+from tests.support.polling import wait_for
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -100,7 +101,7 @@ class TestWaiting:
             return fence
 
         task = asyncio.create_task(wait_then_release())
-        await eventually(lambda: backend.waiting_is(1))
+        await wait_for(lambda: backend.waiting_is(1), what="one acquisition waiting")
         await holder.release()
         assert await asyncio.wait_for(task, 5) > holder.fence
         assert stats(waiter).contended == 1
@@ -117,7 +118,7 @@ class TestWaiting:
                 assert waiter.held and not waiter.lost.is_set()
 
         task = asyncio.create_task(wait_then_hold())
-        await eventually(lambda: backend.waiting_is(1))
+        await wait_for(lambda: backend.waiting_is(1), what="one acquisition waiting")
         await asyncio.sleep(1.0)
         await holder.release()
         await asyncio.wait_for(task, 5)
@@ -127,12 +128,12 @@ class TestWaiting:
         holder, waiter = backend.new(), backend.new()
         await holder.acquire()
         task = asyncio.create_task(waiter.acquire())
-        await eventually(lambda: backend.waiting_is(1))
+        await wait_for(lambda: backend.waiting_is(1), what="one acquisition waiting")
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
         await holder.release()
-        await eventually(backend.is_free)
+        await wait_for(backend.is_free, what="the lock free")
         assert not waiter.held
 
 
@@ -162,7 +163,7 @@ class TestWatchdog:
     ) -> None:
         lock = backend.new(lease=0.3)
         await asyncio.create_task(lock.acquire())  # the task ends holding the lock
-        await eventually(backend.is_free, within=3)
+        await wait_for(backend.is_free, within=3, what="the lock free")
         renewals = stats(lock).renewals
         await asyncio.sleep(0.3)
         assert stats(lock).renewals == renewals
@@ -175,7 +176,7 @@ class TestWatchdog:
                 await asyncio.sleep(10)
         assert lock.lost.is_set()
         assert stats(lock).losses == 1
-        await eventually(backend.is_free, within=3)
+        await wait_for(backend.is_free, within=3, what="the lock free")
 
 
 class TestLoss:
@@ -250,10 +251,10 @@ class TestLoss:
         lock = backend.new(lease=0.6)
         await lock.acquire()
         await backend.break_lock()
-        await eventually(lock.lost.is_set, within=5)
+        await wait_for(lock.lost.is_set, within=5, what="the holder told it lost the lock")
         assert not lock.held
         with pytest.raises(LockLost):
             await lock.release()
         with pytest.raises(LockNotOwned):
             await lock.release()
-        await eventually(backend.is_free)
+        await wait_for(backend.is_free, what="the lock free")

@@ -14,13 +14,13 @@ import pytest
 from redis.asyncio import Redis
 
 from gateway.lock import LockSubscriber, RedisLock
-from tests.conftest import REDIS_URL
 from tests.integration.lock_support import (
     Backend,
-    eventually,
     workers,
 )
 from tests.integration.lock_worker import fenced_write
+from tests.support.polling import wait_for
+from tests.support.services import REDIS_URL
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -91,7 +91,8 @@ class TestStaleHolder:
         self, redis: Redis, database_url: str, key_prefix: str, table: str, tmp_path: Path
     ) -> None:
         name = f"{key_prefix}:{{lock}}:lock"
-        backend = Backend("redis", redis, None, name)
+        subscriber = LockSubscriber(redis)
+        backend = Backend("redis", redis, None, name, subscriber)
         args = worker_args("stale", backend, database_url, "--lease", "0.5", "--table", table)
         pool = await asyncpg.create_pool(database_url, min_size=1, max_size=2)
         try:
@@ -100,8 +101,8 @@ class TestStaleHolder:
                 assert (await stale.expect("WROTE"))[1] == "1"
                 stale.signal(signal.SIGSTOP)
                 # Nobody renews the stopped holder's lease: it runs out.
-                await eventually(lambda: _gone(redis, name), within=5)
-                lock = RedisLock(redis, name, lease=5)
+                await wait_for(lambda: _gone(redis, name), within=5, what="the lock key gone")
+                lock = RedisLock(redis, name, lease=5, subscriber=subscriber)
                 async with lock(wait=5):
                     assert lock.fence > stale_fence
                     assert await fenced_write(pool, table, "B", lock.fence) == 1
@@ -111,7 +112,7 @@ class TestStaleHolder:
                     assert final is not None and tuple(final) == ("B", lock.fence)
         finally:
             await pool.close()
-            await LockSubscriber.close_for(redis)
+            await subscriber.aclose()
         assert ["LOCKLOST", "1"] in lines, lines
         assert lines[-1] == ["LATE", "0"]
         # Lines from before the stop may still have been in the pipe ("WROTE 1"); whatever

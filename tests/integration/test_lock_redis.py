@@ -6,16 +6,17 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable
-from pathlib import Path
 from typing import Any
 
 import pytest
 from redis.asyncio import BlockingConnectionPool, Redis
 from redis.exceptions import RedisError
 
-from gateway.lock import LockLost, LockStats, LockSubscriber, RedisLock
-from tests.conftest import REDIS_URL
-from tests.integration.lock_support import PrivateRedis, eventually
+from gateway.lock import LockLost, LockStats
+from tests.integration.lock_support import Subscribers
+from tests.support.polling import wait_for
+from tests.support.redis_servers import RedisServer
+from tests.support.services import REDIS_URL
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -26,11 +27,12 @@ def name(key_prefix: str) -> str:
     return f"{key_prefix}:{{lock}}:lock"
 
 
-@pytest.fixture(autouse=True)
-async def close_subscriber(redis: Redis) -> AsyncIterator[None]:
-    """Close the shared subscriber of the test's client after the test."""
-    yield
-    await LockSubscriber.close_for(redis)
+@pytest.fixture
+async def subs() -> AsyncIterator[Subscribers]:
+    """One unlock subscriber per client, closed after the test."""
+    made = Subscribers()
+    yield made
+    await made.aclose()
 
 
 class GatedRedis(Redis):
@@ -52,7 +54,6 @@ async def gated() -> AsyncIterator[GatedRedis]:
     client = GatedRedis.from_url(REDIS_URL)
     assert isinstance(client, GatedRedis)
     yield client
-    await LockSubscriber.close_for(client)
     await client.aclose()
 
 
@@ -61,7 +62,6 @@ async def blocking() -> AsyncIterator[Redis]:
     """A client whose pool (20 connections) makes callers wait rather than fail."""
     client = Redis.from_pool(BlockingConnectionPool.from_url(REDIS_URL, max_connections=20))
     yield client
-    await LockSubscriber.close_for(client)
     await client.aclose()
 
 
@@ -69,9 +69,9 @@ class TestWaking:
     """Waiters wake on the unlock message through one subscriber per process."""
 
     async def test_a_waiter_wakes_on_unlock_long_before_its_poll(
-        self, redis: Redis, name: str
+        self, redis: Redis, name: str, subs: Subscribers
     ) -> None:
-        holder, waiter = RedisLock(redis, name, lease=10), RedisLock(redis, name, lease=10)
+        holder, waiter = subs.lock(redis, name, lease=10), subs.lock(redis, name, lease=10)
         await holder.acquire()
         acquired_at = 0.0
 
@@ -82,38 +82,40 @@ class TestWaking:
             await waiter.release()
 
         task = asyncio.create_task(wait())
-        await eventually(lambda: LockSubscriber.for_client(redis).waiting == 1)
+        await wait_for(lambda: subs.of(redis).waiting == 1, what="one waiter subscribed")
         released_at = time.monotonic()
         await holder.release()
         await asyncio.wait_for(task, 15)
         # Its poll is bounded by the holder's TTL, about 10 s here.
         assert acquired_at - released_at < 1.0
 
-    async def test_a_waiter_polls_when_no_message_comes(self, redis: Redis, name: str) -> None:
+    async def test_a_waiter_polls_when_no_message_comes(
+        self, redis: Redis, name: str, subs: Subscribers
+    ) -> None:
         # A holder from nowhere: its lease runs out without anyone publishing an unlock.
         await redis.hset(name, mapping={"owner": "ghost", "count": 1, "fence": 0})
         await redis.pexpire(name, 300)
-        lock = RedisLock(redis, name)
+        lock = subs.lock(redis, name)
         assert await lock.acquire(wait=3)
         await lock.release()
 
     async def test_two_hundred_waiters_share_one_subscriber_connection(
-        self, blocking: Redis, redis: Redis, name: str
+        self, blocking: Redis, redis: Redis, name: str, subs: Subscribers
     ) -> None:
         # 200 first attempts at once need connections (a default pool has 100); waiting
         # needs none but the shared subscriber's.
-        holder = RedisLock(blocking, name, lease=10)
+        holder = subs.lock(blocking, name, lease=10)
         await holder.acquire()
         order: list[int] = []
 
         async def wait() -> None:
-            lock = RedisLock(blocking, name, lease=10)
+            lock = subs.lock(blocking, name, lease=10)
             async with lock(wait=20):
                 order.append(lock.fence)
 
         tasks = [asyncio.create_task(wait()) for _ in range(200)]
-        subscriber = LockSubscriber.for_client(blocking)
-        await eventually(lambda: subscriber.waiting == 200, within=10)
+        subscriber = subs.of(blocking)
+        await wait_for(lambda: subscriber.waiting == 200, within=10, what="200 waiters")
         channel = name + ":unlock"
         assert await redis.pubsub_numsub(channel) == [(channel.encode(), 1)]
         clients = await redis.client_list()
@@ -129,12 +131,13 @@ class TestCancellation:
     """A caller cancelled after its script ran leaves a consistent lock."""
 
     async def test_cancelled_after_the_acquire_script_ran_gives_the_lock_back(
-        self, gated: GatedRedis, redis: Redis, name: str
+        self, gated: GatedRedis, redis: Redis, name: str, subs: Subscribers
     ) -> None:
         gated.gate = asyncio.Event()
-        lock = RedisLock(gated, name)
+        lock = subs.lock(gated, name)
         task = asyncio.create_task(lock.acquire())
-        await eventually(lambda: _is_one(redis.exists(name)))  # granted; the reply waits
+        # Granted; the reply waits.
+        await wait_for(lambda: _is_one(redis.exists(name)), what="the lock granted")
         task.cancel()
         gated.gate.set()
         with pytest.raises(asyncio.CancelledError):
@@ -143,9 +146,9 @@ class TestCancellation:
         assert not lock.held
 
     async def test_a_cancelled_release_still_completes(
-        self, gated: GatedRedis, redis: Redis, name: str
+        self, gated: GatedRedis, redis: Redis, name: str, subs: Subscribers
     ) -> None:
-        lock = RedisLock(gated, name)
+        lock = subs.lock(gated, name)
         acquired, go = asyncio.Event(), asyncio.Event()
 
         async def hold() -> None:
@@ -158,12 +161,13 @@ class TestCancellation:
         await asyncio.wait_for(acquired.wait(), 5)
         gated.gate = asyncio.Event()
         go.set()
-        await eventually(lambda: _is_zero(redis.exists(name)))  # released; reply held back
+        # Released; the reply is held back.
+        await wait_for(lambda: _is_zero(redis.exists(name)), what="the lock released")
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
         gated.gate.set()
-        await eventually(lambda: not lock.held)
+        await wait_for(lambda: not lock.held, what="the lock object let go")
         assert isinstance(lock.metrics, LockStats) and lock.metrics.releases == 1
 
 
@@ -179,19 +183,17 @@ class TestRestart:
     """A Redis restart takes every lock with it: the holder must hear about it."""
 
     @pytest.fixture
-    async def server(self, tmp_path: Path) -> AsyncIterator[PrivateRedis]:
+    async def server(self) -> AsyncIterator[RedisServer]:
         """A private redis-server, never the shared one."""
-        server = PrivateRedis(tmp_path)
-        await server.start()
-        yield server
-        await server.stop()
+        async with RedisServer() as server:
+            yield server
 
     async def test_the_holder_learns_lost_when_redis_restarts(
-        self, server: PrivateRedis, name: str
+        self, server: RedisServer, name: str, subs: Subscribers
     ) -> None:
-        client = Redis.from_url(server.url)
+        client = Redis.from_url(server.url())
         try:
-            lock = RedisLock(client, name, lease=1.0)
+            lock = subs.lock(client, name, lease=1.0)
             entered = asyncio.Event()
 
             async def hold() -> None:
@@ -207,21 +209,20 @@ class TestRestart:
                 await asyncio.wait_for(task, 10)
             assert lock.lost.is_set()
             # After the restart the scripts are reloaded on NOSCRIPT and locks work again.
-            again = RedisLock(client, name, lease=1.0)
+            again = subs.lock(client, name, lease=1.0)
             assert await again.acquire(wait=5)
             # The counter went with the restart; the clock floor keeps tokens increasing.
             assert again.fence > before
             await again.release()
         finally:
-            await LockSubscriber.close_for(client)
             await client.aclose()
 
     async def test_the_holder_learns_lost_when_redis_stays_unreachable(
-        self, server: PrivateRedis, name: str
+        self, server: RedisServer, name: str, subs: Subscribers
     ) -> None:
-        client = Redis.from_url(server.url)
+        client = Redis.from_url(server.url())
         try:
-            lock = RedisLock(client, name, lease=1.0)
+            lock = subs.lock(client, name, lease=1.0)
             with pytest.raises(LockLost):
                 async with asyncio.timeout(10), lock:
                     await server.stop()  # renewals fail until the local deadline passes
@@ -230,17 +231,16 @@ class TestRestart:
             assert isinstance(lock.metrics, LockStats)
             assert lock.metrics.renewal_failures > 0 and lock.metrics.losses == 1
         finally:
-            await LockSubscriber.close_for(client)
             await client.aclose()
 
     async def test_a_release_that_cannot_get_through_is_abandoned(
-        self, server: PrivateRedis, name: str
+        self, server: RedisServer, name: str, subs: Subscribers
     ) -> None:
         """Redis gone when the block ends: the release error leaves the block, and
         the hold is dropped locally, so its watchdog stops renewing for good."""
-        client = Redis.from_url(server.url)
+        client = Redis.from_url(server.url())
         try:
-            lock = RedisLock(client, name, lease=0.3)
+            lock = subs.lock(client, name, lease=0.3)
             assert isinstance(lock.metrics, LockStats)
             with pytest.raises(RedisError):
                 async with lock:
@@ -250,5 +250,4 @@ class TestRestart:
             await asyncio.sleep(0.5)  # longer than one renewal period: none may happen
             assert lock.metrics.renewals + lock.metrics.renewal_failures == attempts
         finally:
-            await LockSubscriber.close_for(client)
             await client.aclose()

@@ -8,45 +8,10 @@ from typing import Any
 
 import asyncpg
 import pytest
-from aiohttp import web
-from aiohttp.test_utils import TestClient
 from redis.asyncio import Redis
 
 from gateway.layout import SkuKeys
-from tests.conftest import ADMIN_HEADERS, put_sku
-
-Client = TestClient[web.Request, web.Application]
-
-
-async def buy(
-    client: Client, sku: str, user: str, rid: str | None = None, qty: int = 1
-) -> tuple[int, dict[str, Any]]:
-    body: dict[str, Any] = {"sku": sku, "user_id": user, "qty": qty}
-    if rid is not None:
-        # Request ids are unique across skus; the sku keeps tests apart.
-        body["request_id"] = f"{sku}.{rid}"
-    resp = await client.post("/v1/purchase", json=body)
-    return resp.status, await resp.json()
-
-
-async def db_state(database_url: str, sku: str) -> tuple[int, int, int]:
-    """(stock, orders, distinct users) of a sku in PostgreSQL."""
-    con = await asyncpg.connect(database_url)
-    try:
-        stock = await con.fetchval("SELECT stock FROM inventory WHERE sku = $1", sku)
-        row = await con.fetchrow(
-            "SELECT count(*) AS n, count(DISTINCT user_id) AS users FROM orders WHERE sku = $1", sku
-        )
-        return stock, row["n"], row["users"]
-    finally:
-        await con.close()
-
-
-async def redis_state(redis: Redis, prefix: str, sku: str) -> tuple[int | None, int]:
-    """(stock, pending ledger size) of a sku in Redis."""
-    keys = SkuKeys.of(prefix, sku)
-    raw = await redis.get(keys.stock)
-    return (None if raw is None else int(raw)), await redis.hlen(keys.pending)
+from tests.support.purchases import ADMIN_HEADERS, buy, db_state, put_sku, redis_state
 
 
 class TestSale:

@@ -14,8 +14,7 @@ from structlog.testing import capture_logs
 from gateway.appkeys import BATCHER, INVENTORY, ORDERS
 from gateway.domain import Purchase
 from gateway.layout import SkuKeys
-from tests.conftest import ADMIN_HEADERS, put_sku
-from tests.integration.test_purchase import buy, redis_state
+from tests.support.purchases import ADMIN_HEADERS, buy, put_sku, redis_state
 
 LONG_AGO_MS = 1_000
 
@@ -145,7 +144,10 @@ class TestMetrics:
         assert resp.status == 200
         assert resp.content_type == "text/plain"
         found = samples(await resp.text())
-        outcome = lambda o: found[("flashsale_purchases_total", frozenset({("outcome", o)}))]  # noqa: E731
+
+        def outcome(name: str) -> float:
+            return found[("flashsale_purchases_total", frozenset({("outcome", name)}))]
+
         assert (outcome("confirmed"), outcome("sold_out"), outcome("invalid")) == (3, 2, 1)
         route = frozenset({("route", "/v1/purchase"), ("outcome", "confirmed")})
         assert found[("flashsale_request_duration_seconds_count", route)] == 3

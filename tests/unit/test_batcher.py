@@ -12,7 +12,7 @@ import pytest
 
 from gateway.batcher import Batcher
 from gateway.domain import SOLD_OUT, Purchase, Result
-from gateway.errors import Unavailable
+from gateway.errors import ShuttingDown, Unavailable
 
 
 def purchase(i: int, sku: str = "s") -> Purchase:
@@ -95,3 +95,36 @@ async def test_queue_bound_reports_full() -> None:
     assert batcher.full
     await batcher.close()
     await asyncio.gather(*waiting)
+
+
+async def test_abort_answers_every_waiting_purchase_and_stops_the_flushers() -> None:
+    """A flush that never ends and a batch queued behind it: after close() runs out
+    of time, abort() answers both batches' purchases ShuttingDown at once."""
+    flush = Recorder(delay=3600)
+    batcher = Batcher(flush, batch_max=2, batch_wait_s=0.0, queue_max=100)
+    waiting = [asyncio.ensure_future(batcher.submit(purchase(i))) for i in range(4)]
+    async with asyncio.timeout(5):
+        while batcher.depth < 4 or not flush.batches:
+            await asyncio.sleep(0.001)
+    with pytest.raises(TimeoutError):
+        async with asyncio.timeout(0.2):
+            await batcher.close()
+    assert flush.batches == [["r0", "r1"]]
+    batcher.abort()
+    results = await asyncio.wait_for(asyncio.gather(*waiting, return_exceptions=True), 5)
+    assert all(isinstance(r, ShuttingDown) for r in results), results
+    await asyncio.wait_for(batcher.close(), 5)
+    assert batcher.depth == 0
+
+
+async def test_the_flusher_hears_when_a_lane_runs_empty() -> None:
+    """on_idle is called for a sku once its lane has nothing left to flush."""
+    idle: list[str] = []
+
+    async def on_idle(sku: str) -> None:
+        idle.append(sku)
+
+    batcher = Batcher(Recorder(), batch_max=4, batch_wait_s=0.0, queue_max=100, on_idle=on_idle)
+    await asyncio.gather(*(batcher.submit(purchase(i, "a")) for i in range(3)))
+    await batcher.close()
+    assert "a" in idle

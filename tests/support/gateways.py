@@ -3,13 +3,15 @@
 Each instance is ``python -m gateway serve`` configured only through
 ``GATEWAY_*`` environment variables, run from the repository root, with its
 output (structlog JSON lines) in a log file of its own; a restart appends to
-the same file after a marker line. Processes are :class:`servers.Child`
+the same file after a marker line. Processes are :class:`tests.support.processes.Child`
 objects, so they die with the test run whatever happens.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -21,7 +23,9 @@ from typing import Any, Self
 
 import aiohttp
 
-from tests.chaos.servers import HOST, Child, GaveUp, free_port, make_tmp, remove_tmp, tail, wait_for
+from tests.support.polling import GaveUp, wait_for
+from tests.support.ports import HOST, free_port
+from tests.support.processes import Child, OwnsChild, Started, make_tmp, remove_tmp, tail
 
 REPO = Path(__file__).resolve().parents[2]
 ADMIN_TOKEN = "chaos-admin-token"
@@ -41,7 +45,7 @@ def gateway_env(settings: Mapping[str, str | int | float]) -> dict[str, str]:
     return env
 
 
-class Gateway:
+class Gateway(OwnsChild):
     """One gateway process on a fixed port (kept across restarts)."""
 
     def __init__(self, index: int, env: Mapping[str, str], log_dir: Path) -> None:
@@ -57,21 +61,6 @@ class Gateway:
     def url(self) -> str:
         """Base URL, e.g. ``http://127.0.0.1:21234``."""
         return f"http://{HOST}:{self.port}"
-
-    @property
-    def running(self) -> bool:
-        """Whether the process is alive (maybe stopped by SIGSTOP)."""
-        return self._child.running
-
-    @property
-    def pid(self) -> int | None:
-        """The current process id."""
-        return self._child.pid
-
-    @property
-    def returncode(self) -> int | None:
-        """Exit status of the last process (negative: the signal that killed it)."""
-        return self._child.returncode
 
     async def start(self, within: float = 30.0) -> Self:
         """Spawn the process and wait until ``/readyz`` answers 200."""
@@ -136,8 +125,19 @@ class Gateway:
         """The end of the log."""
         return tail(self.log_path, lines)
 
+    def log_events(self, event: str) -> list[dict[str, Any]]:
+        """Every JSON log record of this instance whose event is ``event``."""
+        found = []
+        for line in self.log_text().splitlines():
+            if f'"{event}"' in line and line.startswith("{"):
+                with contextlib.suppress(ValueError):
+                    record = json.loads(line)
+                    if record.get("event") == event:
+                        found.append(record)
+        return found
 
-class GatewayCluster:
+
+class GatewayCluster(Started):
     """``count`` gateways sharing one Redis and one database (and key prefix).
 
     ``settings`` are extra GATEWAY_* settings (``{"flush_lock": "postgres"}``).
@@ -253,13 +253,3 @@ class GatewayCluster:
         """Stop every instance (SIGTERM, then SIGKILL) and remove the log directory."""
         await asyncio.gather(*(g.stop(within=5) for g in self.gateways))
         remove_tmp(self.dir)
-
-    async def __aenter__(self) -> Self:
-        try:
-            return await self.start()
-        except BaseException:
-            await self.close()
-            raise
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()

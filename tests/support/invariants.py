@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 import asyncpg
 
-from tests.chaos.driver import CONFIRMED, ClientRecord, DriverSummary
+from tests.support.driver import CONFIRMED, ClientRecord, DriverSummary
 
 ORDERS = "SELECT request_id, order_id::text AS order_id, user_id, qty FROM orders WHERE sku = $1"
 DOUBLE_BUYERS = """

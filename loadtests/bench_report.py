@@ -1,0 +1,141 @@
+"""The wrk bench's results: one row per target and path, a table, a plot, a file."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from loadtests import wrk
+from loadtests.bench_paths import PATH_TARGETS
+
+
+def flush_note(result: wrk.WrkResult) -> str:
+    """Batches and flush time of a gateway run, for its progress line ('' if none)."""
+    metrics = result.extra.get("metrics", {})
+    if "mean_batch_size" not in metrics:
+        return ""
+    return (
+        f"  batches {metrics['flashsale_batch_size_count']:.0f} "
+        f"of {metrics['mean_batch_size']:.1f}, flush {metrics.get('mean_flush_ms', 0):.1f} ms"
+    )
+
+
+def summarize(runs: Sequence[wrk.WrkResult]) -> list[dict[str, Any]]:
+    """One row per (target, path): medians over rounds, errors and statuses summed."""
+    measured = [r for r in runs if r.round >= 0]
+    bare = [r.rps for r in measured if r.target == "bare"]
+    bare_rps = statistics.median(bare) if bare else 0.0
+    rows = []
+    for path, names in PATH_TARGETS.items():
+        for name in names:
+            mine = [r for r in measured if r.target == name and r.path == path]
+            if not mine:
+                continue
+            statuses: Counter[str] = Counter()
+            for r in mine:
+                statuses.update(r.statuses)
+            rps = statistics.median(r.rps for r in mine)
+            rows.append(
+                {
+                    "target": name,
+                    "path": path,
+                    "rounds": len(mine),
+                    "rps": rps,
+                    "p50_ms": statistics.median(r.latency_ms["p50"] for r in mine),
+                    "p99_ms": statistics.median(r.latency_ms["p99"] for r in mine),
+                    "errors": sum(r.errors for r in mine),
+                    "ratio_to_bare": rps / bare_rps if bare_rps else None,
+                    "statuses": dict(sorted(statuses.items())),
+                }
+            )
+    return rows
+
+
+def format_table(rows: Sequence[dict[str, Any]]) -> str:
+    """The summary as a Markdown table (readable in a terminal too)."""
+    lines = [
+        "| target | path | requests/s | p50 ms | p99 ms | errors | ratio to bare | statuses |",
+        "|---|---|--:|--:|--:|--:|--:|---|",
+    ]
+    for row in rows:
+        ratio = row["ratio_to_bare"]
+        statuses = " ".join(f"{k}:{v}" for k, v in row["statuses"].items())
+        lines.append(
+            f"| {row['target']} | {row['path']} | {row['rps']:,.0f} | {row['p50_ms']:.2f} | "
+            f"{row['p99_ms']:.2f} | {row['errors']} | "
+            f"{'-' if ratio is None else f'{ratio:.2f}'} | {statuses} |"
+        )
+    return "\n".join(lines)
+
+
+def plot(rows: Sequence[dict[str, Any]], path: Path, title: str) -> None:
+    """Throughput and latency per path and target, as a PNG (matplotlib, Agg)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = [f"{r['target']}\n{r['path']}" for r in rows]
+    colors = {"bare": "#888888", "gateway": "#1f77b4", "nometrics": "#17becf", "naive": "#d62728"}
+    bar_colors = [colors.get(r["target"], "#2ca02c") for r in rows]
+    xs = range(len(rows))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.8))
+    left.bar(xs, [r["rps"] for r in rows], color=bar_colors)
+    left.set_xticks(list(xs), labels)
+    left.set_ylabel("requests/s")
+    left.set_title("Throughput")
+    for x, r in zip(xs, rows, strict=True):
+        left.annotate(f"{r['rps']:,.0f}", (x, r["rps"]), ha="center", va="bottom", fontsize=8)
+    width = 0.4
+    right.bar([x - width / 2 for x in xs], [r["p50_ms"] for r in rows], width, color=bar_colors)
+    right.bar(
+        [x + width / 2 for x in xs],
+        [r["p99_ms"] for r in rows],
+        width,
+        color=bar_colors,
+        alpha=0.5,
+        hatch="//",
+    )
+    right.set_xticks(list(xs), labels)
+    right.set_yscale("log")
+    right.set_ylabel("ms (log scale)")
+    right.set_title("Latency: p50 (solid), p99 (hatched)")
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def report(results: dict[str, Any], out_dir: Path) -> None:
+    """Print the table and notes; write latest.json and latest.png."""
+    table = format_table(results["summary"])
+    print()
+    print(table)
+    gw = results["memory_kib"]["gateway"]
+    print(
+        f"\ngateway RSS: idle {gw['idle'].get('VmRSS', 0) / 1024:.1f} MiB, "
+        f"end {gw['end'].get('VmRSS', 0) / 1024:.1f} MiB, "
+        f"peak {gw['end'].get('VmHWM', 0) / 1024:.1f} MiB"
+    )
+    print(f"audit: {json.dumps(results['audit'])}")
+    for failure in results["audit_failures"]:
+        print(f"AUDIT FAILED: {failure}", file=sys.stderr)
+    print(f"log problems: {json.dumps(results['log_problems'])}")
+    print(f"stopped: {json.dumps(results['stopped'])}")
+    print(f"load average before/after: {results['load_average']}")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "latest.json").write_text(json.dumps(results, indent=2) + "\n")
+    info = results["machine"]
+    title = (
+        f"flash-sale gateway vs baselines - {info['nproc']} CPUs {info['cpu_model']} - "
+        f"wrk {results['config']['connections']} connections, "
+        f"{results['config']['duration_s']} s per run"
+    )
+    plot(results["summary"], out_dir / "latest.png", title)
+    print(f"wrote {out_dir / 'latest.json'} and {out_dir / 'latest.png'}")

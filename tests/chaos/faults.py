@@ -1,0 +1,114 @@
+"""Faults that need aim: catching the flush lock's holder, and a batch in flight.
+
+Simple faults (kill, restart, latency, stall) are inline in the scenarios;
+these find the moment or the process a fault must hit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from gateway.layout import Pending, ledger
+from tests.chaos.stacks import Stack, pid_of, text_of
+from tests.support.gateways import Gateway
+from tests.support.redis_servers import redis_client
+
+
+@dataclass
+class HolderStop:
+    """A gateway stopped (SIGSTOP) while it held the sku's flush lock."""
+
+    gateway: Gateway
+    owner: str
+    fence_before: int
+    fence_after: int
+    owners_seen: set[str]
+    stopped_s: float
+    # Orders committed while the holder was stopped (by the other instance).
+    orders_meanwhile: int = 0
+
+    @property
+    def taken_over(self) -> bool:
+        """Whether someone acquired the lock while the holder was stopped."""
+        return self.fence_after > self.fence_before
+
+
+async def stop_lock_holder(
+    stack: Stack, sku: str, *, stop_s: float, within: float = 15.0
+) -> HolderStop:
+    """Find the gateway holding ``sku``'s flush lock and SIGSTOP it for ``stop_s``.
+
+    Polls ``HGET <lock> owner`` until it names a gateway's pid, stops that
+    gateway, and keeps it stopped only if the lock is still its own 50 ms
+    later (a release already on the wire would have landed by then);
+    otherwise it resumes it and tries again. While the holder is stopped the
+    fence counter is read before and after: it only grows when someone
+    acquires, so growth shows the lease ran out and another instance took over.
+    """
+    key = stack.lock_key(sku)
+    deadline = time.monotonic() + within
+    async with redis_client(await stack.redis_address(), within=2) as r:
+        while True:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no gateway caught holding {key} within {within}s")
+            owner = text_of(await r.hget(key, "owner"))
+            pids = {g.pid: g for g in stack.gateways if g.running}
+            gateway = pids.get(pid_of(owner))
+            if gateway is None or owner is None:
+                await asyncio.sleep(0.001)
+                continue
+            gateway.pause()
+            stopped = time.monotonic()
+            await asyncio.sleep(0.05)
+            if text_of(await r.hget(key, "owner")) == owner:
+                break
+            gateway.resume()
+        try:
+            fence_before = int(await r.get(key + ":fence") or 0)
+            orders_before = await stack.orders(sku)
+            seen: set[str] = set()
+            while time.monotonic() - stopped < stop_s:
+                current = text_of(await r.hget(key, "owner"))
+                if current:
+                    seen.add(current)
+                await asyncio.sleep(0.01)
+            fence_after = int(await r.get(key + ":fence") or 0)
+            meanwhile = await stack.orders(sku) - orders_before
+        finally:
+            gateway.resume()
+    return HolderStop(
+        gateway, owner, fence_before, fence_after, seen, time.monotonic() - stopped, meanwhile
+    )
+
+
+def even_user(entry: Pending) -> bool:
+    """Whether a ledger entry belongs to a first-wave buyer that started on gateway 0.
+
+    The driver sends client ``i`` (``user-i``) first to gateway ``i % 2``.
+    """
+    number = entry.user_id.rpartition("-")[2]
+    return entry.user_id.startswith("user-") and number.isdigit() and int(number) % 2 == 0
+
+
+def young_batch_on_gateway_0(
+    stack: Stack, sku: str, younger_than_ms: float
+) -> Callable[[], Awaitable[bool]]:
+    """A ``ready`` condition: gateway 0 has reservations in the ledger, all younger
+    than ``younger_than_ms``. Set that to half the batch wait and gateway 0's batch
+    is filling with no flush of it due or running (a flush's entries would be
+    older), so a signal sent now finds that batch queued."""
+
+    async def ready() -> bool:
+        mine = [e for e in ledger(await stack.ledger(sku)) if even_user(e)]
+        now_ms = time.time() * 1000
+        return bool(mine) and all(now_ms - e.reserved_at_ms < younger_than_ms for e in mine)
+
+    return ready
+
+
+async def sleep_fault(seconds: float) -> None:
+    """The length of a fault (the only fixed sleeps of the scenarios)."""
+    await asyncio.sleep(seconds)

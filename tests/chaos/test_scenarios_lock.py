@@ -1,0 +1,109 @@
+"""Chaos scenarios 2 and 3: the flush lock's holder paused past its lease, and a
+slow then stalled network that outlasts the lease, in the middle of a sale.
+
+Each runs :func:`tests.chaos.sale.run_scenario` (the sale, the fault in its
+middle and every check are described there), with the flush lock on and off.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.chaos.faults import sleep_fault, stop_lock_holder
+from tests.chaos.reporting import Diagnostics
+from tests.chaos.sale import LOCKS, SalePlan, run_scenario, settings_for
+from tests.chaos.stacks import Stack, proxied_stack
+from tests.support.metrics import metric, scrape
+from tests.support.polling import wait_for
+from tests.support.postgres_servers import PostgresCluster
+
+# --------------------------------------------------------------------------- 2. lock expiry
+
+
+@pytest.mark.chaos
+@pytest.mark.timeout(90)
+@LOCKS
+async def test_lock_holder_paused_past_its_lease(
+    lock: str, pg: PostgresCluster, diagnostics: Diagnostics
+) -> None:
+    """With the Redis lock (lease 0.5 s) the gateway caught holding the sku's flush
+    lock is SIGSTOPped for 2 s: the lease runs out, the other instance acquires
+    (the fence counter grows) and keeps flushing; on SIGCONT the stale holder learns
+    it lost the lock (flashsale_locks_lost_total > 0 on it) and no batch is applied
+    twice (stock adds up, one order per request and per user). Without a lock the
+    same pause hits gateway 0 mid-sale and the conditional UPDATE alone holds."""
+    settings = settings_for(lock, lock_lease_s=0.5)
+    async with proxied_stack(pg, diagnostics, settings) as stack:
+        stops = []
+
+        meanwhile: list[int] = []
+
+        async def pause_holder(stack: Stack, sku: str) -> str:
+            if lock == "none":
+                before = await stack.orders(sku)
+                stack.gateways[0].pause()
+                try:
+                    await sleep_fault(2.0)
+                    meanwhile.append(await stack.orders(sku) - before)
+                finally:
+                    stack.gateways[0].resume()
+                return f"SIGSTOP gw0 2.0s (no lock), {meanwhile[0]} orders meanwhile"
+            stop = await stop_lock_holder(stack, sku, stop_s=2.0)
+            stops.append(stop)
+            meanwhile.append(stop.orders_meanwhile)
+            return (
+                f"SIGSTOP lock holder gw{stop.gateway.index} {stop.stopped_s:.1f}s (lease 0.5s),"
+                f" fence +{stop.fence_after - stop.fence_before},"
+                f" {stop.orders_meanwhile} orders meanwhile"
+            )
+
+        await run_scenario(stack, f"2 lock expiry [{lock}]", pause_holder)
+        assert meanwhile[0] > 0, "the other instance sold nothing while the first was stopped"
+        if lock == "none":
+            return
+        (stop,) = stops
+        assert stop.taken_over, f"nobody acquired the lock while its holder slept: {stop}"
+        assert any(o != stop.owner for o in stop.owners_seen), stop
+
+        async def learned() -> float:
+            return metric(await scrape(stop.gateway.url), "flashsale_locks_lost_total")
+
+        lost = await wait_for(learned, within=10, what="the stale holder counts a lost lock")
+        assert lost >= 1
+
+
+# --------------------------------------------------------------------------- 3. network
+
+
+@pytest.mark.chaos
+@pytest.mark.timeout(90)
+@LOCKS
+async def test_network_latency_then_stall_longer_than_lease(
+    lock: str, pg: PostgresCluster, diagnostics: Diagnostics
+) -> None:
+    """Mid-sale, 50-200 ms of latency with jitter on the Redis link, then on the
+    PostgreSQL link, then a 1.5 s stall of the Redis link, longer than the 1 s lease
+    (a holder caught in it loses its lease while its commands hang; the held bytes
+    arrive late). No oversell, no false confirmation, nothing lost."""
+    async with proxied_stack(pg, diagnostics, settings_for(lock, lock_lease_s=1)) as stack:
+        assert stack.redis_proxy is not None
+
+        async def network(stack: Stack, sku: str) -> str:
+            redis_proxy, pg_proxy = stack.redis_proxy, stack.pg_proxy
+            assert redis_proxy is not None
+            try:
+                redis_proxy.set_latency(50, jitter_ms=150)
+                await sleep_fault(1.5)
+                redis_proxy.clear()
+                pg_proxy.set_latency(50, jitter_ms=150)
+                await sleep_fault(1.5)
+                pg_proxy.clear()
+                redis_proxy.stall()
+                await sleep_fault(1.5)
+            finally:
+                redis_proxy.clear()
+                pg_proxy.clear()
+            return "redis 50-200ms 1.5s, pg 50-200ms 1.5s, redis stall 1.5s (lease 1s)"
+
+        plan = SalePlan(stock=100, users=170, spread_s=5.0)
+        await run_scenario(stack, f"3 network delay+stall [{lock}]", network, plan)

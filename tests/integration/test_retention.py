@@ -1,0 +1,108 @@
+"""Redis state has a lifetime, and belongs to one database: on real Redis and PostgreSQL.
+
+A sku's keys expire after ``GATEWAY_SALE_RETENTION_S``; PostgreSQL answers, and
+refills them, after. State stamped by another database (here: one restored from a
+dump taken mid-sale) is dropped and reloaded, never answered from.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from pathlib import Path
+from typing import Any
+
+from redis.asyncio import Redis
+
+from gateway.layout import SkuKeys, identity_key
+from tests.support.polling import wait_for
+from tests.support.purchases import buy, db_state, put_sku
+from tests.support.services import create_database, drop_database
+
+
+async def run(*command: str) -> None:
+    """Run a command line tool, failing the test with its output if it fails."""
+    proc = await asyncio.create_subprocess_exec(
+        *command, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
+    )
+    output, _ = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 0, output.decode(errors="replace")
+
+
+class TestRetention:
+    """A sale's keys expire, and its answers stay right."""
+
+    async def test_every_key_of_a_sku_carries_the_retention(
+        self, start_gateway: Any, sku: str, redis: Redis, key_prefix: str
+    ) -> None:
+        """After a reservation and its settle all four keys expire within the retention."""
+        client = await start_gateway(sale_retention_s=600)
+        await put_sku(client, sku, 2)
+        assert (await buy(client, sku, "fay", "r1"))[0] == 201
+        keys = SkuKeys.of(key_prefix, sku)
+        for key in (keys.stock, keys.buyers, keys.done):
+            assert 0 < await redis.pttl(key) <= 600_000, key
+
+    async def test_after_expiry_replays_duplicates_and_mismatches_are_still_answered(
+        self, start_gateway: Any, sku: str, redis: Redis, key_prefix: str, database_url: str
+    ) -> None:
+        """With a 1 s retention the sale's keys vanish; then the replay still gets its
+        order, the same buyer is still a duplicate, another payload is still a 422,
+        and the unit left still sells exactly once."""
+        client = await start_gateway(sale_retention_s=1.0)
+        await put_sku(client, sku, 2)
+        status, first = await buy(client, sku, "fay", "r1")
+        assert status == 201
+        keys = SkuKeys.of(key_prefix, sku)
+
+        async def expired() -> bool:
+            return await redis.exists(*keys.all()) == 0
+
+        await wait_for(expired, within=10, what="the sale's keys expire")
+        assert await buy(client, sku, "fay", "r1") == (201, first)
+        assert await buy(client, sku, "fay", "r2") == (409, {"status": "duplicate"})
+        status, body = await buy(client, sku, "gus", "r1")
+        assert (status, body["error"]) == (422, "idempotency_mismatch")
+        assert (await buy(client, sku, "gus", "r3"))[0] == 201
+        assert (await buy(client, sku, "hal", "r4"))[1] == {"status": "sold_out"}
+        assert await db_state(database_url, sku) == (0, 2, 2)
+
+
+class TestAnotherDatabase:
+    """Redis state made with one database is never answered from with another."""
+
+    async def test_a_database_restored_from_a_mid_sale_dump(
+        self, start_gateway: Any, sku: str, redis: Redis, key_prefix: str, tmp_path: Path
+    ) -> None:
+        """Sell 3, dump, sell 3 more, then serve from the restored dump with the same
+        Redis: the 3 orders the dump has replay as before; the 3 it lacks are not
+        answered with order ids that have no row, but bought anew, and every order id
+        the gateway answers has its row."""
+        names = [f"flashsale_restore_{uuid.uuid4().hex[:8]}_{side}" for side in "ab"]
+        url_a = await create_database(names[0])
+        dump = tmp_path / "mid-sale.dump"
+        try:
+            a = await start_gateway(database_url=url_a)
+            await put_sku(a, sku, 10)
+            before = [await buy(a, sku, f"u{i}", f"r{i}") for i in range(3)]
+            await run("pg_dump", "--format=custom", f"--file={dump}", url_a)
+            after = [await buy(a, sku, f"u{i}", f"r{i}") for i in range(3, 6)]
+            assert all(status == 201 for status, _ in before + after)
+            await a.close()
+            url_b = await create_database(names[1])
+            await run("pg_restore", f"--dbname={url_b}", str(dump))
+            stamp_a = await redis.get(identity_key(key_prefix))
+            b = await start_gateway(database_url=url_b)
+            assert await redis.get(identity_key(key_prefix)) != stamp_a
+            for i, (_, first) in enumerate(before):
+                assert await buy(b, sku, f"u{i}", f"r{i}") == (201, first)
+            for i, (_, phantom) in enumerate(after, start=3):
+                status, body = await buy(b, sku, f"u{i}", f"r{i}")
+                assert status == 201 and body["order_id"] != phantom["order_id"]
+                row = await b.get(f"/v1/orders/{sku}.r{i}")
+                assert (await row.json())["order_id"] == body["order_id"]
+            assert await db_state(url_b, sku) == (4, 6, 6)
+            await b.close()
+        finally:
+            for name in names:
+                await drop_database(name)

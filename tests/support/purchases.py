@@ -1,0 +1,62 @@
+"""Purchases and sku set-up through an in-process gateway's HTTP test client, and
+the state they leave in PostgreSQL and Redis."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import asyncpg
+from aiohttp import web
+from aiohttp.test_utils import TestClient
+from redis.asyncio import Redis
+
+from gateway.layout import SkuKeys
+
+Client = TestClient[web.Request, web.Application]
+
+ADMIN_TOKEN = "test-admin-token"
+ADMIN_HEADERS = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+
+
+async def put_sku(client: Client, sku: str, stock: int, limit: int = 1) -> None:
+    """Create or reset a sku through the admin API (asserts a 200)."""
+    resp = await client.put(
+        f"/admin/skus/{sku}", json={"stock": stock, "per_user_limit": limit}, headers=ADMIN_HEADERS
+    )
+    assert resp.status == 200, await resp.text()
+
+
+async def buy(
+    client: Client, sku: str, user: str, rid: str | None = None, qty: int = 1
+) -> tuple[int, dict[str, Any]]:
+    """``POST /v1/purchase``; returns (status, JSON body).
+
+    ``rid`` becomes the request id ``<sku>.<rid>``: request ids are unique
+    across skus, and the sku keeps tests apart.
+    """
+    body: dict[str, Any] = {"sku": sku, "user_id": user, "qty": qty}
+    if rid is not None:
+        body["request_id"] = f"{sku}.{rid}"
+    resp = await client.post("/v1/purchase", json=body)
+    return resp.status, await resp.json()
+
+
+async def db_state(database_url: str, sku: str) -> tuple[int, int, int]:
+    """(stock, orders, distinct users) of a sku in PostgreSQL."""
+    con = await asyncpg.connect(database_url)
+    try:
+        stock = await con.fetchval("SELECT stock FROM inventory WHERE sku = $1", sku)
+        row = await con.fetchrow(
+            "SELECT count(*) AS n, count(DISTINCT user_id) AS users FROM orders WHERE sku = $1", sku
+        )
+        assert row is not None  # an aggregate always returns one row
+        return stock, row["n"], row["users"]
+    finally:
+        await con.close()
+
+
+async def redis_state(redis: Redis, prefix: str, sku: str) -> tuple[int | None, int]:
+    """(stock, pending ledger size) of a sku in Redis."""
+    keys = SkuKeys.of(prefix, sku)
+    raw = await redis.get(keys.stock)
+    return (None if raw is None else int(raw)), await redis.hlen(keys.pending)
