@@ -36,15 +36,15 @@ async def _fetch_sold(database_url: str, sku: str) -> dict[str, int]:
     return {"db_stock": int(row["stock"]), "orders": int(row["orders"])}
 
 
-def wait_settled(gateway: Target, deadline_s: float = SETTLE_TIMEOUT_S) -> dict[str, Any]:
-    """Poll the gateway's admin report until nothing is pending (or the deadline);
-    the last report seen."""
+def wait_settled(
+    gateway: Target, sku: str = IN_STOCK_SKU, deadline_s: float = SETTLE_TIMEOUT_S
+) -> dict[str, Any]:
+    """Poll the gateway's admin report of ``sku`` until nothing is pending (or the
+    deadline); the last report seen."""
     report: dict[str, Any] = {}
 
     async def settled() -> bool:
-        status, body = http(
-            "GET", f"{gateway.url}/admin/skus/{IN_STOCK_SKU}", token=gateway.admin_token
-        )
+        status, body = http("GET", f"{gateway.url}/admin/skus/{sku}", token=gateway.admin_token)
         report.clear()
         report.update(body if status == 200 and isinstance(body, dict) else {"status": status})
         return report.get("pending") == 0

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from loadtests import wrk
-from loadtests.bench_paths import PATH_TARGETS
+from loadtests.bench_paths import BIG_SOLD_OUT, PATH_TARGETS, SOLD_OUT
 
 
 def flush_note(result: wrk.WrkResult) -> str:
@@ -30,7 +30,7 @@ def summarize(runs: Sequence[wrk.WrkResult]) -> list[dict[str, Any]]:
     measured = [r for r in runs if r.round >= 0]
     bare = [r.rps for r in measured if r.target == "bare"]
     bare_rps = statistics.median(bare) if bare else 0.0
-    rows = []
+    rows: list[dict[str, Any]] = []
     for path, names in PATH_TARGETS.items():
         for name in names:
             mine = [r for r in measured if r.target == name and r.path == path]
@@ -46,6 +46,8 @@ def summarize(runs: Sequence[wrk.WrkResult]) -> list[dict[str, Any]]:
                     "path": path,
                     "rounds": len(mine),
                     "rps": rps,
+                    "rps_min": min(r.rps for r in mine),
+                    "rps_max": max(r.rps for r in mine),
                     "p50_ms": statistics.median(r.latency_ms["p50"] for r in mine),
                     "p99_ms": statistics.median(r.latency_ms["p99"] for r in mine),
                     "errors": sum(r.errors for r in mine),
@@ -53,22 +55,32 @@ def summarize(runs: Sequence[wrk.WrkResult]) -> list[dict[str, Any]]:
                     "statuses": dict(sorted(statuses.items())),
                 }
             )
+    small = [r["rps"] for r in rows if (r["target"], r["path"]) == ("gateway", SOLD_OUT)]
+    for row in rows:
+        # The big sale's sold-out answer against the small sale's, same gateway, same run.
+        big = row["path"] == BIG_SOLD_OUT and small
+        row["ratio_to_small_sale"] = row["rps"] / small[0] if big else None
     return rows
 
 
 def format_table(rows: Sequence[dict[str, Any]]) -> str:
     """The summary as a Markdown table (readable in a terminal too)."""
     lines = [
-        "| target | path | requests/s | p50 ms | p99 ms | errors | ratio to bare | statuses |",
+        "| target | path | requests/s median (min-max) | p50 ms | p99 ms | errors "
+        "| ratio to bare | statuses |",
         "|---|---|--:|--:|--:|--:|--:|---|",
     ]
     for row in rows:
         ratio = row["ratio_to_bare"]
+        small = row.get("ratio_to_small_sale")
+        ratios = "-" if ratio is None else f"{ratio:.2f}"
+        if small is not None:
+            ratios += f" ({small:.2f} of the small sale)"
         statuses = " ".join(f"{k}:{v}" for k, v in row["statuses"].items())
         lines.append(
-            f"| {row['target']} | {row['path']} | {row['rps']:,.0f} | {row['p50_ms']:.2f} | "
-            f"{row['p99_ms']:.2f} | {row['errors']} | "
-            f"{'-' if ratio is None else f'{ratio:.2f}'} | {statuses} |"
+            f"| {row['target']} | {row['path']} | {row['rps']:,.0f} "
+            f"({row['rps_min']:,.0f}-{row['rps_max']:,.0f}) | {row['p50_ms']:.2f} | "
+            f"{row['p99_ms']:.2f} | {row['errors']} | {ratios} | {statuses} |"
         )
     return "\n".join(lines)
 
@@ -123,6 +135,14 @@ def report(results: dict[str, Any], out_dir: Path) -> None:
         f"end {gw['end'].get('VmRSS', 0) / 1024:.1f} MiB, "
         f"peak {gw['end'].get('VmHWM', 0) / 1024:.1f} MiB"
     )
+    big = results["sales"]["gateway/big"]
+    after_sale = big["gateway_memory_after_sale"].get("VmRSS", 0) / 1024
+    print(
+        f"big sale: {big['units']:,} units in {big['seconds']} s; gateway RSS after it "
+        f"{after_sale:.1f} MiB; Redis {big['redis_bytes']['total'] / 2**20:.1f} MiB "
+        f"({big['redis_bytes_per_order']} B/order)"
+    )
+    print(f"pinning: {results['pinning']}")
     print(f"audit: {json.dumps(results['audit'])}")
     for failure in results["audit_failures"]:
         print(f"AUDIT FAILED: {failure}", file=sys.stderr)

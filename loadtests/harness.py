@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from loadtests.options import PG_URL, REDIS_URL, REPO_ROOT, new_run_id
+from loadtests.pinning import Pinning
 from loadtests.signals import signals_deferred
 from loadtests.storage import delete_keys, drop_database, set_database_settings
 from loadtests.targets import (
@@ -67,6 +68,8 @@ class Harness:
     # PostgreSQL settings of the run's databases (ALTER DATABASE ... SET), for
     # experiments such as plan_cache_mode=force_custom_plan.
     db_settings: dict[str, str] = field(default_factory=dict)
+    # Where the targets run (see loadtests.pinning); unpinned by default.
+    pinning: Pinning = field(default_factory=lambda: Pinning(None, None))
     targets: list[Target] = field(default_factory=list)
     databases: list[str] = field(default_factory=list)
     _own_log_dir: bool = False
@@ -217,7 +220,7 @@ class Harness:
         log_path = self.log_dir / f"{name}.log"
         with log_path.open("wb") as log:
             process = subprocess.Popen(
-                cmd,
+                self.pinning.server_command(cmd),
                 cwd=REPO_ROOT,
                 env=env,
                 stdin=subprocess.DEVNULL,

@@ -9,6 +9,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from loadtests.pinning import Pinning
+
 SCRIPT = Path(__file__).resolve().parent / "purchase.lua"
 MARKER = "WRK_JSON "
 
@@ -69,10 +71,12 @@ def run(
     connections: int = 64,
     threads: int = 2,
     timeout_s: float = 5.0,
+    pinning: Pinning | None = None,
 ) -> dict[str, Any]:
     """Run wrk for ``duration_s`` against ``url``; returns the parsed ``done()`` JSON.
 
-    ``tag`` makes this run's user and request ids unique (see purchase.lua).
+    ``tag`` makes this run's user and request ids unique (see purchase.lua);
+    ``pinning`` puts wrk on the load generator's core.
     """
     cmd = [
         find_wrk(),
@@ -88,6 +92,8 @@ def run(
         sku,
         tag,
     ]
+    if pinning is not None:
+        cmd = pinning.load_command(cmd)
     try:
         done = subprocess.run(
             cmd, capture_output=True, text=True, timeout=duration_s + 60, check=False

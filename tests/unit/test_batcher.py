@@ -13,6 +13,7 @@ import pytest
 from gateway.batcher import Batcher
 from gateway.domain import SOLD_OUT, Purchase, Result
 from gateway.errors import ShuttingDown, Unavailable
+from tests.support.polling import wait_for
 
 
 def purchase(i: int, sku: str = "s") -> Purchase:
@@ -103,9 +104,7 @@ async def test_abort_answers_every_waiting_purchase_and_stops_the_flushers() -> 
     flush = Recorder(delay=3600)
     batcher = Batcher(flush, batch_max=2, batch_wait_s=0.0, queue_max=100)
     waiting = [asyncio.ensure_future(batcher.submit(purchase(i))) for i in range(4)]
-    async with asyncio.timeout(5):
-        while batcher.depth < 4 or not flush.batches:
-            await asyncio.sleep(0.001)
+    await wait_for(lambda: batcher.depth == 4 and bool(flush.batches), what="both batches queued")
     with pytest.raises(TimeoutError):
         async with asyncio.timeout(0.2):
             await batcher.close()
