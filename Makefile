@@ -44,6 +44,7 @@ audit: $(STAMP) services
 	$(BIN)/flashsale-gateway audit $(if $(SKU),--sku $(SKU))
 
 bench: $(STAMP) services
+	@bash scripts/bench_tools.sh
 	$(BIN)/python -m loadtests.bench
 
 locust: $(STAMP) services

@@ -82,7 +82,8 @@ def run(
         find_wrk(),
         f"-t{threads}",
         f"-c{connections}",
-        f"-d{duration_s:g}s",
+        # wrk takes whole seconds.
+        f"-d{max(1, round(duration_s))}s",
         f"--timeout={timeout_s:g}s",
         "--latency",
         "-s",
