@@ -101,6 +101,11 @@ class Metrics:
             "Confirmed request ids read by those passes.",
             registry=r,
         )
+        self.confirmed_id_build_seconds = Counter(
+            "flashsale_confirmed_id_build_seconds",
+            "Time those passes took, in the background (HSCAN round trips and hashing).",
+            registry=r,
+        )
         self.noscript = Counter(
             "flashsale_noscript_reloads", "Scripts reloaded after NOSCRIPT.", ["script"], registry=r
         )
@@ -152,10 +157,11 @@ class Metrics:
         """A missing stock key was loaded from the database."""
         self.reloads.inc()
 
-    def confirmed_ids_built(self, count: int) -> None:
+    def confirmed_ids_built(self, count: int, seconds: float) -> None:
         """A sold-out sku's replay filter was built over ``count`` confirmed orders."""
         self.confirmed_id_builds.inc()
         self.confirmed_ids_read.inc(count)
+        self.confirmed_id_build_seconds.inc(seconds)
 
     def shed_one(self) -> None:
         """A purchase was refused because the queue was full."""

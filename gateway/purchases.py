@@ -9,6 +9,8 @@ reloaded from PostgreSQL once for all the requests that find it missing.
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import functools
 import time
 from collections.abc import Callable, Coroutine
 from dataclasses import replace
@@ -35,7 +37,7 @@ class PurchaseObserver(Protocol):
 
     def stock_reloaded(self) -> None: ...
     def shed_one(self) -> None: ...
-    def confirmed_ids_built(self, count: int) -> None: ...
+    def confirmed_ids_built(self, count: int, seconds: float) -> None: ...
 
 
 class Purchases:
@@ -60,7 +62,9 @@ class Purchases:
         self._flusher = flusher
         self._observer = observer
         self._reloads: dict[str, asyncio.Future[None]] = {}
-        self._marking: dict[str, asyncio.Future[None]] = {}
+        # A sku's sold-out mark being built, in the background: the requests
+        # that saw it sold out are answered at once, not after the build.
+        self._marking: dict[str, asyncio.Task[None]] = {}
 
     async def purchase(self, purchase: Purchase) -> Result:
         """Decide one purchase; raises a :class:`GatewayError` for 4xx/503 answers."""
@@ -91,7 +95,7 @@ class Purchases:
                 await self._flusher.give_back(purchase.sku, [purchase])
                 raise
         if reply.kind == "sold_out" and reply.settled:
-            await self._once(self._marking, purchase.sku, self._mark_sold_out, generation)
+            self._mark_in_background(purchase.sku, generation)
         return _answer(reply, purchase.request_id)
 
     async def available(self, sku: str) -> int:
@@ -132,7 +136,7 @@ class Purchases:
     async def _replay(self, purchase: Purchase) -> Result:
         """A sold-out sku's answer to a request id its filter may hold: Redis's
         done hash, else the order rows (Redis lost or dropped the sale's state,
-        or the filter erred, about once in a hundred)."""
+        or the filter erred, about once in a thousand)."""
         rid = purchase.request_id
         order = await self._inventory.confirmed_order(purchase.sku, rid)
         if order is None:
@@ -145,17 +149,35 @@ class Purchases:
             raise IdempotencyMismatch(purchase.request_id)
         return Result(Outcome.CONFIRMED, order)
 
+    def _mark_in_background(self, sku: str, generation: tuple[int, int]) -> None:
+        """Start building the sku's sold-out mark unless a build runs already."""
+        if sku in self._marking:
+            return
+        # A fresh context: the build must not log with the first request's bindings.
+        task = asyncio.get_running_loop().create_task(
+            self._mark_sold_out(sku, generation), context=contextvars.Context()
+        )
+        self._marking[sku] = task
+        task.add_done_callback(functools.partial(self._marked, sku))
+
+    def _marked(self, sku: str, task: asyncio.Task[None]) -> None:
+        self._marking.pop(sku, None)
+        if not task.cancelled() and task.exception() is not None:
+            # Nothing is lost: the next sold-out answer from Redis tries again.
+            log.warning("sold_out_mark_failed", sku=sku, cause=repr(task.exception()))
+
     async def _mark_sold_out(self, sku: str, generation: tuple[int, int]) -> None:
         # The confirmed ids come along, so replays are told apart in-process;
         # they are read again only when more orders were confirmed since.
         count = await self._inventory.confirmed_count(sku)
         confirmed = self._soldout.built(sku, count)
         if confirmed is None:
+            started = time.perf_counter()
             confirmed = ConfirmedIds(count)
             async for chunk in self._inventory.confirmed_ids(sku):
                 confirmed.update(chunk)
             if self._observer is not None:
-                self._observer.confirmed_ids_built(count)
+                self._observer.confirmed_ids_built(count, time.perf_counter() - started)
         self._soldout.mark(sku, generation, confirmed)
 
     async def _reload(self, sku: str) -> None:

@@ -5,7 +5,7 @@ pending), so no order of it can still be confirmed. The mark carries a compact
 set of that sku's confirmed request ids, a Bloom filter: a request id it does
 not hold has no order and is answered sold out with no I/O (as is a purchase
 without a request id, which can never be a replay); one it holds is looked up
-in Redis, since the filter errs on that side about once in a hundred.
+in Redis, since the filter errs on that side about once in a thousand.
 
 A change announced on pub/sub (restock, reset, stock given back) clears the
 mark on every instance. Marks also expire, which bounds how long a missed
@@ -26,8 +26,8 @@ from collections.abc import Iterable
 from rbloom import Bloom
 
 MARK_TTL_S = 5.0
-# One id in a hundred not confirmed costs a Redis lookup instead of none.
-FALSE_POSITIVE_RATE = 0.01
+# One id in a thousand not confirmed costs a Redis and a PostgreSQL look-up.
+FALSE_POSITIVE_RATE = 0.001
 MIN_CAPACITY = 1024
 
 

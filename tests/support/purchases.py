@@ -11,6 +11,8 @@ from aiohttp.test_utils import TestClient
 from redis.asyncio import Redis
 
 from gateway.layout import SkuKeys
+from tests.support.metrics import metric, samples
+from tests.support.polling import wait_for
 
 Client = TestClient[web.Request, web.Application]
 
@@ -60,3 +62,18 @@ async def redis_state(redis: Redis, prefix: str, sku: str) -> tuple[int | None, 
     keys = SkuKeys.of(prefix, sku)
     raw = await redis.get(keys.stock)
     return (None if raw is None else int(raw)), await redis.hlen(keys.pending)
+
+
+async def client_metric(client: Client, name: str) -> float:
+    """One metric of an in-process gateway (``GET /metrics``), summed over its labels."""
+    return metric(samples(await (await client.get("/metrics")).text()), name)
+
+
+async def wait_sold_out_marked(client: Client, builds: int = 1) -> None:
+    """Wait until the gateway has built ``builds`` sold-out replay filters: it builds
+    them in the background, after answering the request that found the sku sold out."""
+
+    async def built() -> bool:
+        return await client_metric(client, "flashsale_confirmed_id_builds_total") >= builds
+
+    await wait_for(built, what=f"{builds} sold-out filter(s) built")

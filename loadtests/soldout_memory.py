@@ -1,0 +1,145 @@
+"""The gateway's memory after a very big sale, and through a sold-out storm.
+
+Selling a million units through one gateway on this machine takes the best part
+of ten minutes, and what the gateway keeps of a sale is what Redis tells it
+once the sku is sold out. So this writes the outcome of a sale of ``--orders``
+units straight into the sku's Redis keys and the order rows straight into
+PostgreSQL (a ``COPY`` of ``--orders`` rows), exactly as a sale leaves them, then
+starts a gateway, sends the first sold-out request (which builds the sku's
+replay filter), and drives a sold-out storm with wrk for ``--storm`` seconds,
+sampling the gateway's RSS every ``--every`` seconds. A sample of confirmed
+request ids is replayed at the end: each must get its order.
+
+    python -m loadtests.soldout_memory [--orders 1000000] [--storm 60s]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import sys
+import threading
+import time
+import uuid
+from typing import Any
+
+import asyncpg
+
+from gateway.domain import Order
+from gateway.inventory import Inventory, create_redis
+from gateway.settings import Settings
+from loadtests import wrk
+from loadtests.harness import Harness
+from loadtests.options import parse_seconds
+from loadtests.pinning import choose
+from loadtests.signals import signals_interrupt
+from loadtests.targets import Target
+from tests.support.http import http
+
+SKU = "bench-million"
+# The stock the sale started with, as the admin API would have recorded it.
+MOVEMENT = (
+    "INSERT INTO stock_movements (sku, delta, reason, stock_after) VALUES ($1, $2, 'set', $2)"
+)
+REPLAYS = 200
+
+
+async def write_sale(database_url: str, redis_url: str, prefix: str, orders: int) -> list[Order]:
+    """The order rows and the Redis keys a sold-out sale of ``orders`` units leaves."""
+    made = [
+        Order(str(uuid.uuid4()), f"r{uuid.uuid4().hex}", SKU, f"user-{i:09d}", 1)
+        for i in range(orders)
+    ]
+    con = await asyncpg.connect(database_url)
+    try:
+        await con.execute(
+            "INSERT INTO inventory (sku, stock, per_user_limit) VALUES ($1, 0, 1)", SKU
+        )
+        await con.execute(MOVEMENT, SKU, orders)
+        await con.copy_records_to_table(
+            "orders",
+            records=[(o.order_id, o.request_id, o.sku, o.user_id, o.qty) for o in made],
+            columns=["order_id", "request_id", "sku", "user_id", "qty"],
+        )
+    finally:
+        await con.close()
+    settings = Settings(redis_url=redis_url, key_prefix=prefix)
+    redis = create_redis(settings)
+    try:
+        inventory = Inventory(redis, settings)
+        await inventory.load_scripts()
+        await inventory.restore_orders(SKU, made)
+        await inventory.load_stock(SKU, 0, reset=True)
+    finally:
+        await redis.aclose()
+    return made
+
+
+def rss_mib(target: Target) -> float:
+    """The gateway's resident memory now."""
+    return target.memory().get("VmRSS", 0) / 1024
+
+
+def storm(target: Target, seconds: float, every: float) -> tuple[list[float], dict[str, Any]]:
+    """wrk on the sold-out sku for ``seconds``; RSS samples taken meanwhile."""
+    samples: list[float] = []
+    result: dict[str, Any] = {}
+
+    def load() -> None:
+        result.update(
+            wrk.run(
+                target.url, sku=SKU, tag="storm", duration_s=seconds, threads=1, pinning=choose()
+            )
+        )
+
+    thread = threading.Thread(target=load)
+    thread.start()
+    while thread.is_alive():
+        samples.append(round(rss_mib(target), 1))
+        thread.join(every)
+    samples.append(round(rss_mib(target), 1))
+    return samples, result
+
+
+def run(orders: int, storm_s: float, every: float) -> int:
+    """Set up, measure, print; the exit status."""
+    pinning = choose()
+    with signals_interrupt(), Harness(pinning=pinning) as harness:
+        database = harness.database("million")
+        prefix = f"{harness.key_prefix}:gateway"
+        print(f"writing a sold-out sale of {orders:,} orders ...", flush=True)
+        made = asyncio.run(write_sale(database, harness.redis_url, prefix, orders))
+        gateway = harness.start_gateway(database)
+        idle = rss_mib(gateway)
+        status, body = http("POST", f"{gateway.url}/v1/purchase", {"sku": SKU, "user_id": "late"})
+        assert (status, body) == (409, {"status": "sold_out"}), (status, body)
+        began = time.monotonic()
+        after_mark = rss_mib(gateway)
+        print(f"RSS idle {idle:.1f} MiB; after the sold-out mark {after_mark:.1f} MiB", flush=True)
+        samples, result = storm(gateway, storm_s, every)
+        rps = result["requests"] / (result["duration_us"] / 1e6)
+        print(f"storm: {rps:,.0f} req/s for {storm_s:g} s, statuses {result['statuses']}")
+        print(f"RSS samples (MiB, every {every:g} s): {samples}")
+        wrong = 0
+        for order in random.Random(1).sample(made, min(REPLAYS, len(made))):
+            body = {"sku": SKU, "user_id": order.user_id, "request_id": order.request_id}
+            status, answer = http("POST", f"{gateway.url}/v1/purchase", body)
+            wrong += status != 201 or answer.get("order_id") != order.order_id
+        print(f"replays of {REPLAYS} confirmed ids: {REPLAYS - wrong} answered with their order")
+        print(f"(measured {time.monotonic() - began:.0f} s after the mark; {pinning.describe()})")
+        return 1 if wrong else 0
+
+
+def main() -> None:
+    """Parse the command line and run."""
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--orders", type=int, default=1_000_000)
+    parser.add_argument("--storm", default="60s")
+    parser.add_argument("--every", default="5s")
+    args = parser.parse_args()
+    sys.exit(run(args.orders, parse_seconds(args.storm), parse_seconds(args.every)))
+
+
+if __name__ == "__main__":
+    main()
