@@ -53,6 +53,10 @@ DATABASE_IDENTITY = """
 SELECT (SELECT system_identifier FROM pg_control_system())::text || ':'
     || (SELECT oid FROM pg_database WHERE datname = current_database())::text
 """
+# Where pg_control_system() is not granted (some managed services): the oid alone.
+DATABASE_OID = """
+SELECT '?:' || (SELECT oid FROM pg_database WHERE datname = current_database())::text
+"""
 SKU_INFO = "SELECT per_user_limit FROM inventory WHERE sku = $1"
 SKU_STOCK = "SELECT stock FROM inventory WHERE sku = $1"
 ALL_SKUS = "SELECT sku FROM inventory ORDER BY sku"
@@ -202,7 +206,12 @@ class Orders:
 
     async def identity(self) -> str:
         """The identity of the database (see DATABASE_IDENTITY)."""
-        value: str = await self._fetchval(DATABASE_IDENTITY)
+        try:
+            value: str = await self.pool.fetchval(DATABASE_IDENTITY)
+        except asyncpg.InsufficientPrivilegeError:
+            value = await self._fetchval(DATABASE_OID)
+        except DB_ERRORS as exc:
+            raise PostgresUnavailable(_cause(exc)) from exc
         return value
 
     async def sku_info(self, sku: str) -> SkuInfo | None:

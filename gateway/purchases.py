@@ -12,9 +12,8 @@ import asyncio
 import contextvars
 import functools
 import time
-from collections.abc import Callable, Coroutine
 from dataclasses import replace
-from typing import Any, Protocol
+from typing import Protocol
 
 import structlog
 
@@ -84,7 +83,7 @@ class Purchases:
         purchase = replace(purchase, reserved_at_ms=_now_ms())
         reply = await self._inventory.reserve(purchase)
         if reply.kind == "missing":
-            await self._once(self._reloads, purchase.sku, self._reload)
+            await self._reload_once(purchase.sku)
             purchase = replace(purchase, reserved_at_ms=_now_ms())
             reply = await self._inventory.reserve(purchase)
         if reply.kind == "ok":
@@ -115,22 +114,13 @@ class Purchases:
                 self._observer.shed_one()
             raise Unavailable("gateway busy")
 
-    @staticmethod
-    async def _once(
-        running: dict[str, asyncio.Future[None]],
-        sku: str,
-        work: Callable[..., Coroutine[Any, Any, None]],
-        *args: Any,
-    ) -> None:
-        """Run ``work(sku, *args)`` unless it already runs for ``sku``; wait for it.
-
-        A storm of requests that all find the same thing missing must cost one
-        load, not one per request.
-        """
-        future = running.get(sku)
+    async def _reload_once(self, sku: str) -> None:
+        """Reload a sku's missing Redis state, once for all the requests that find it
+        missing: a storm of them must cost one load, not one per request."""
+        future = self._reloads.get(sku)
         if future is None:
-            future = running[sku] = asyncio.ensure_future(work(sku, *args))
-            future.add_done_callback(lambda _: running.pop(sku, None))
+            future = self._reloads[sku] = asyncio.ensure_future(self._reload(sku))
+            future.add_done_callback(lambda _: self._reloads.pop(sku, None))
         await asyncio.shield(future)
 
     async def _replay(self, purchase: Purchase) -> Result:
