@@ -51,6 +51,8 @@ from gateway.skulocks import sku_locks
 from gateway.soldout import SoldOut
 
 QUEUE_SAMPLE_S = 0.5
+# Longest a stopping gateway waits for its PostgreSQL connections to close cleanly.
+POOL_CLOSE_S = 2.0
 
 T = TypeVar("T")
 log = structlog.get_logger(__name__)
@@ -96,7 +98,12 @@ async def database_ctx(app: web.Application) -> AsyncIterator[None]:
         raise
     app[ORDERS] = Orders(pool)
     yield
-    await pool.close()
+    try:
+        async with asyncio.timeout(POOL_CLOSE_S):
+            await pool.close()
+    except TimeoutError:
+        # A statement stuck on an unreachable server must not hold the exit.
+        pool.terminate()
 
 
 async def service_ctx(app: web.Application) -> AsyncIterator[None]:
