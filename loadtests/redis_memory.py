@@ -18,7 +18,8 @@ import uuid
 from collections.abc import Sequence
 
 from gateway.domain import Order
-from gateway.inventory import Inventory, create_redis
+from gateway.connections import create_redis
+from gateway.inventory import Inventory
 from gateway.layout import SkuKeys
 from gateway.settings import Settings
 
