@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from redis.exceptions import NoScriptError
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import NoScriptError, RedisError
 
 from gateway.connections import RedisClient
 
@@ -110,6 +111,10 @@ class AutoPipeline:
         try:
             replies = await pipe.execute(raise_on_error=False)
         except Exception as exc:  # the connection failed: every caller learns why
+            if not isinstance(exc, RedisError):
+                # redis-py 8.1's cluster pipeline can fail with a bare AttributeError
+                # when a failover closes a connection it is writing on: a lost connection.
+                exc = RedisConnectionError(f"pipeline failed: {exc!r}")
             for _, _, future in batch:
                 if not future.done():
                     future.set_exception(exc)

@@ -14,9 +14,10 @@ import shutil
 from typing import Self
 
 from redis.asyncio.cluster import ClusterNode, RedisCluster
+from redis.exceptions import ResponseError
 
 from tests.support.polling import wait_for
-from tests.support.ports import Address
+from tests.support.ports import Address, free_port
 from tests.support.processes import Started
 from tests.support.redis_servers import RedisServer, command
 
@@ -28,6 +29,8 @@ class ClusterNodeServer(RedisServer):
 
     def __init__(self, node_timeout_ms: int) -> None:
         self._node_timeout_ms = node_timeout_ms
+        # The bus would default to port + 10000, outside the range free_port checks.
+        self.bus_port = free_port()
         super().__init__()
 
     def _config(self) -> list[str]:
@@ -35,6 +38,7 @@ class ClusterNodeServer(RedisServer):
             *super()._config(),
             "cluster-enabled yes",
             "cluster-config-file nodes.conf",
+            f"cluster-port {self.bus_port}",
             f"cluster-node-timeout {self._node_timeout_ms}",
             # A replica takes over however stale: the gateway's books survive it.
             "cluster-replica-validity-factor 0",
@@ -105,6 +109,17 @@ class LocalRedisCluster(Started):
     async def primaries(self) -> list[ClusterNodeServer]:
         """The running nodes whose role is master."""
         return [n for n in self.nodes if n.running and await n.role() == "master"]
+
+    async def primary_of(self, key: str) -> ClusterNodeServer:
+        """The primary serving ``key``'s slot (the others answer MOVED)."""
+        for node in await self.primaries():
+            async with node.client() as r:
+                try:
+                    await r.exists(key)
+                except ResponseError:  # MOVED: another node's slot
+                    continue
+            return node
+        raise LookupError(f"no primary serves {key!r}")
 
     def node_at(self, address: Address) -> ClusterNodeServer:
         """The node listening on ``address``."""
