@@ -103,7 +103,11 @@ async def test_a_primary_killed_mid_sale_oversells_nothing_and_audits_clean(
     the database guard rejects what the stale copy over-admits: no oversell, no
     double buyer, no false 201, and after reconciliation the audit finds nothing."""
     # A lock whose release the failover lost blocks its sku for one lease: keep it short.
-    overrides = {"reservation_timeout_s": 1.0, "reconcile_interval_s": 0.5, "lock_lease_s": 2.0}
+    overrides: dict[str, Any] = {
+        "reservation_timeout_s": 1.0,
+        "reconcile_interval_s": 0.5,
+        "lock_lease_s": 2.0,
+    }
     clients = await gateways(start_gateway, redis_cluster, **overrides)
     skus = [f"{key_prefix}-f{i}" for i in range(12)]
     for sku in skus:
