@@ -62,4 +62,4 @@ def create_redis(settings: Settings) -> RedisClient:
     pool = BlockingConnectionPool.from_url(
         settings.redis_url, max_connections=settings.redis_pool_size, timeout=5, **_CONNECTION
     )
-    return Redis(connection_pool=pool)
+    return Redis.from_pool(pool)  # the client owns the pool: aclose() disconnects it
