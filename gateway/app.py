@@ -34,10 +34,11 @@ from gateway.appkeys import (
 )
 from gateway.batcher import Batcher
 from gateway.catalog import Catalog
+from gateway.connections import create_redis
 from gateway.database import create_pool, migrate
 from gateway.events import ChangeFeed
 from gateway.flusher import Flusher
-from gateway.inventory import Inventory, create_redis
+from gateway.inventory import Inventory
 from gateway.layout import channel
 from gateway.lock import LockSubscriber, create_fence_sequence, load_lock_scripts
 from gateway.metrics import Metrics

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from aiohttp import web
-from redis.asyncio import Redis
 
 from gateway.admin import StockAdmin
 from gateway.batcher import Batcher
+from gateway.connections import RedisClient
 from gateway.inventory import Inventory
 from gateway.metrics import Metrics
 from gateway.orders import Orders
@@ -16,7 +16,7 @@ from gateway.settings import Settings
 
 SETTINGS = web.AppKey("settings", Settings)
 METRICS = web.AppKey("metrics", Metrics)
-REDIS = web.AppKey("redis", Redis)
+REDIS = web.AppKey[RedisClient]("redis")
 INVENTORY = web.AppKey("inventory", Inventory)
 ORDERS = web.AppKey("orders", Orders)
 # The batcher's closing is the instance's draining: purchases and /readyz ask it.

@@ -42,9 +42,9 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 import asyncpg
-from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
+from gateway.connections import create_redis
 from gateway.errors import GatewayError, Unavailable, UnknownSku
 from gateway.layout import SkuKeys, decode_pending
 from gateway.settings import Settings
@@ -151,7 +151,8 @@ class SkuAudit:
 async def audit(settings: Settings, sku: str | None = None) -> list[SkuAudit]:
     """Audit ``sku``, or every sku of the inventory, in sku order.
 
-    Reads ``settings.database_url``, then ``settings.redis_url`` under
+    Reads ``settings.database_url``, then the Redis ``settings`` name (a single
+    server, Sentinels or a cluster, as the gateway would) under
     ``settings.key_prefix``. Raises :class:`UnknownSku` when ``sku`` is not in
     the inventory and :class:`Unavailable` when a store cannot be read.
     """
@@ -188,9 +189,7 @@ async def _read_books(database_url: str, sku: str | None) -> list[asyncpg.Record
 
 async def _read_counters(settings: Settings, skus: Sequence[str]) -> list[tuple[int | None, int]]:
     """(Redis stock or None, pending units) per sku, each pair read atomically."""
-    redis = Redis.from_url(
-        settings.redis_url, decode_responses=True, socket_connect_timeout=2, socket_timeout=5
-    )
+    redis = create_redis(settings)
     counters = []
     try:
         for sku in skus:

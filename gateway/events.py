@@ -4,6 +4,13 @@ Scripts publish ``avail:<sku>`` when stock comes back and ``meta:<sku>`` when an
 admin changed a sku (``gateway.layout.Change``). Every instance listens on one
 connection. After every (re)subscription all marks are dropped, since
 announcements may have been missed while the connection was down.
+
+On a Redis Cluster the scripts PUBLISH from whichever node holds the sku, and
+classic pub/sub delivers a message to the subscribers of every node: one
+subscription on any node hears every shard. Sharded pub/sub would need a
+channel per sku (or slot) and a connection per primary for a feed of a few
+messages a second. Each (re)subscription goes to the next node in turn, so a
+dead node is left behind at the first retry without waiting for the slot map.
 """
 
 from __future__ import annotations
@@ -11,10 +18,12 @@ from __future__ import annotations
 import asyncio
 
 import structlog
-from redis.asyncio import Redis
+from redis.asyncio.client import PubSub
+from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import RedisError
 
 from gateway.catalog import Catalog
+from gateway.connections import RedisClient
 from gateway.layout import Change, parse_change
 from gateway.soldout import SoldOut
 
@@ -26,8 +35,11 @@ RETRY_S = 0.5
 class ChangeFeed:
     """Applies announcements on the channel to the sold-out marks and catalog."""
 
-    def __init__(self, redis: Redis, channel: str, soldout: SoldOut, catalog: Catalog) -> None:
+    def __init__(
+        self, redis: RedisClient, channel: str, soldout: SoldOut, catalog: Catalog
+    ) -> None:
         self._redis = redis
+        self._turn = 0  # which cluster node the next subscription goes to
         self._channel = channel
         self._soldout = soldout
         self._catalog = catalog
@@ -54,8 +66,18 @@ class ChangeFeed:
                 log.warning("change_feed_down", cause=type(exc).__name__)
                 await asyncio.sleep(RETRY_S)
 
+    async def _pubsub(self) -> PubSub:
+        if not isinstance(self._redis, RedisCluster):
+            return self._redis.pubsub()
+        nodes = self._redis.get_nodes()
+        if not nodes:  # no command has gone out yet: learn the topology first
+            await self._redis.initialize()
+            nodes = self._redis.get_nodes()
+        self._turn += 1
+        return self._redis.pubsub(node=nodes[self._turn % len(nodes)])
+
     async def _listen(self) -> None:
-        async with self._redis.pubsub() as pubsub:
+        async with await self._pubsub() as pubsub:
             await pubsub.subscribe(self._channel)
             async for message in pubsub.listen():
                 if message["type"] == "subscribe":

@@ -1,8 +1,9 @@
 """The Redis adapter: the only caller of the stock scripts in ``lua/``.
 
 The keys and record formats are ``gateway.layout``'s; every key of a sku carries
-the ``{sku}`` hash tag, so one script touches one cluster slot. Driver errors
-become :class:`gateway.errors.RedisUnavailable` here.
+the ``{sku}`` hash tag, so one script, pipeline or MULTI of a sku touches one
+cluster slot (``gateway.connections``). Driver errors become
+:class:`gateway.errors.RedisUnavailable` here.
 """
 
 from __future__ import annotations
@@ -11,10 +12,9 @@ from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from redis.asyncio import BlockingConnectionPool, Redis
-from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
 from redis.exceptions import RedisError
 
+from gateway.connections import RedisClient
 from gateway.domain import Order, Purchase, Verdict
 from gateway.errors import RedisUnavailable
 from gateway.layout import (
@@ -68,46 +68,14 @@ _SOLD_OUT = Reply("sold_out")
 _SOLD_OUT_SETTLED = Reply("sold_out", settled=True)
 
 
-class _SentinelBlockingPool(SentinelConnectionPool, BlockingConnectionPool):
-    """Connections to the primary the Sentinels name, from a pool that blocks when empty."""
-
-
-_CONNECTION: dict[str, Any] = {
-    "socket_connect_timeout": 2,
-    "socket_timeout": 5,
-    "decode_responses": True,
-}
-
-
-def create_redis(settings: Settings) -> Redis:
-    """A client whose pool blocks (up to 5 s) rather than fail when exhausted.
-
-    With ``GATEWAY_REDIS_SENTINELS`` the client follows the primary the Sentinels
-    name, so a failover moves it to the promoted replica.
-    """
-    if settings.sentinel_addresses:
-        sentinel = Sentinel(  # type: ignore[no-untyped-call]
-            settings.sentinel_addresses, socket_connect_timeout=2, socket_timeout=2
-        )
-        client: Redis = sentinel.master_for(
-            settings.redis_sentinel_master,
-            connection_pool_class=_SentinelBlockingPool,
-            max_connections=settings.redis_pool_size,
-            timeout=5,
-            **_CONNECTION,
-        )
-        return client
-    pool = BlockingConnectionPool.from_url(
-        settings.redis_url, max_connections=settings.redis_pool_size, timeout=5, **_CONNECTION
-    )
-    return Redis(connection_pool=pool)
-
-
 class Inventory:
     """Reservations, settlement and stock counters of every sku in Redis."""
 
     def __init__(
-        self, redis: Redis, settings: Settings, on_noscript: Callable[[str], None] | None = None
+        self,
+        redis: RedisClient,
+        settings: Settings,
+        on_noscript: Callable[[str], None] | None = None,
     ) -> None:
         self.redis = redis
         self._prefix = settings.key_prefix
@@ -261,6 +229,7 @@ class Inventory:
         return True
 
     async def _drop_state(self) -> None:
+        # On a cluster scan_iter walks every primary and UNLINK is split per slot.
         doomed: list[str] = []
         async for key in self.redis.scan_iter(match=self._state_pattern, count=SCAN_CHUNK):
             if key.endswith(STATE_SUFFIXES):

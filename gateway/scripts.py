@@ -4,6 +4,10 @@ Each script is registered with SCRIPT LOAD when the application starts, so a
 syntax error fails the start rather than the first purchase. Calls go out as
 EVALSHA; a ``NOSCRIPT`` reply (Redis restarted, or SCRIPT FLUSH) reloads the
 script and retries once.
+
+On a Redis Cluster SCRIPT LOAD goes to every primary (redis-py's routing of
+that command), and a replica promoted by a failover, which never had the
+scripts, answers NOSCRIPT once and is loaded the same way.
 """
 
 from __future__ import annotations
@@ -15,8 +19,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from redis.asyncio import Redis
-from redis.exceptions import NoScriptError
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import NoScriptError, RedisError
+
+from gateway.connections import RedisClient
 
 LUA_DIR = Path(__file__).resolve().parent.parent / "lua"
 
@@ -36,14 +42,14 @@ class Script:
     def __post_init__(self) -> None:
         self.sha = hashlib.sha1(self.source.encode()).hexdigest()
 
-    async def load(self, redis: Redis) -> None:
+    async def load(self, redis: RedisClient) -> None:
         """Register the script with Redis (SCRIPT LOAD); raises on a syntax error."""
         sha = await redis.script_load(self.source)
         if sha != self.sha:  # pragma: no cover - Redis hashes exactly as we do
             raise RuntimeError(f"script {self.name}: Redis reported sha {sha}")
 
     async def __call__(
-        self, redis: Redis, keys: Sequence[KeyArg], args: Sequence[ScriptArg]
+        self, redis: RedisClient, keys: Sequence[KeyArg], args: Sequence[ScriptArg]
     ) -> Any:
         """Run the script by EVALSHA, reloading it once if Redis forgot it."""
         try:
@@ -66,10 +72,12 @@ class AutoPipeline:
     Under a storm many requests reach the same script within a loop iteration;
     sending them as one pipeline costs one connection checkout and one write
     instead of one per request. Replies come back in order; a NOSCRIPT reply
-    reloads the script and retries that call alone.
+    reloads the script and retries that call alone. On a Redis Cluster the
+    pipeline is split by node, one write per node, each call routed by its keys'
+    slot; a node that forgot the script answers NOSCRIPT for its calls only.
     """
 
-    def __init__(self, redis: Redis, script: Script) -> None:
+    def __init__(self, redis: RedisClient, script: Script) -> None:
         self._redis = redis
         self._script = script
         self._queue: list[tuple[Sequence[KeyArg], Sequence[ScriptArg], asyncio.Future[Any]]] = []
@@ -97,10 +105,16 @@ class AutoPipeline:
         sha = self._script.sha
         pipe = self._redis.pipeline(transaction=False)
         for keys, args, _ in batch:
-            pipe.evalsha(sha, len(keys), *keys, *args)
+            # Not pipe.evalsha: a cluster pipeline refuses it, since it cannot know
+            # the keys share a slot; execute_command routes EVALSHA by its keys.
+            pipe.execute_command("EVALSHA", sha, len(keys), *keys, *args)
         try:
             replies = await pipe.execute(raise_on_error=False)
         except Exception as exc:  # the connection failed: every caller learns why
+            if not isinstance(exc, RedisError):
+                # redis-py 8.1's cluster pipeline can fail with a bare AttributeError
+                # when a failover closes a connection it is writing on: a lost connection.
+                exc = RedisConnectionError(f"pipeline failed: {exc!r}")
             for _, _, future in batch:
                 if not future.done():
                     future.set_exception(exc)

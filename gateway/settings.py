@@ -30,6 +30,8 @@ class Settings:
     # "host:port,host:port": connect to the primary that these Sentinels name.
     redis_sentinels: str | None = None
     redis_sentinel_master: str = "flashsale"
+    # "host:port,host:port": seed nodes of a Redis Cluster (not with Sentinels).
+    redis_cluster_nodes: str | None = None
     database_url: str = "postgresql://postgres@127.0.0.1:5432/flashsale"
     key_prefix: str = "fs"
     admin_token: str | None = None
@@ -56,13 +58,30 @@ class Settings:
     # prometheus-client keeps the values every worker's /metrics adds up.
     multiproc_dir: str | None = None
 
+    def __post_init__(self) -> None:
+        if self.redis_sentinels and self.redis_cluster_nodes:
+            raise SettingsError(
+                f"{env_name('redis_cluster_nodes')} and {env_name('redis_sentinels')}:"
+                " set one of them, not both"
+            )
+
     @property
     def sentinel_addresses(self) -> list[tuple[str, int]]:
         """The Sentinels as (host, port) pairs; empty when not using Sentinel."""
-        if not self.redis_sentinels:
-            return []
-        pairs = (part.strip().rpartition(":") for part in self.redis_sentinels.split(","))
-        return [(host, int(port)) for host, _, port in pairs]
+        return _pairs(self.redis_sentinels)
+
+    @property
+    def cluster_addresses(self) -> list[tuple[str, int]]:
+        """The Redis Cluster seed nodes as (host, port) pairs; empty without a cluster."""
+        return _pairs(self.redis_cluster_nodes)
+
+
+def _pairs(addresses: str | None) -> list[tuple[str, int]]:
+    """``host:port,...`` as (host, port) pairs; empty for None."""
+    if not addresses:
+        return []
+    pairs = (part.strip().rpartition(":") for part in addresses.split(","))
+    return [(host, int(port)) for host, _, port in pairs]
 
 
 def _int(low: int) -> Callable[[str], int]:
@@ -133,6 +152,7 @@ _PARSERS: Mapping[str, Callable[[str], Any]] = {
     "database_url": _url("postgres", "postgresql"),
     "redis_sentinels": _addresses,
     "redis_sentinel_master": _text,
+    "redis_cluster_nodes": _addresses,
     "key_prefix": _text,
     "admin_token": _text,
     "batch_max": _int(1),

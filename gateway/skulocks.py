@@ -13,8 +13,8 @@ from contextlib import AbstractAsyncContextManager, nullcontext
 from typing import Any, Protocol
 
 import asyncpg
-from redis.asyncio import Redis
 
+from gateway.connections import RedisClient
 from gateway.layout import lock_key
 from gateway.lock import LockMetrics, LockSubscriber, PgAdvisoryLock, RedisLock
 from gateway.settings import Settings
@@ -80,7 +80,7 @@ class _Maker(Protocol):
 
 def sku_locks(
     settings: Settings,
-    redis: Redis,
+    redis: RedisClient,
     pool: asyncpg.Pool[Any],
     subscriber: LockSubscriber,
     metrics: LockMetrics,

@@ -17,8 +17,9 @@ import asyncio
 import uuid
 from collections.abc import Sequence
 
+from gateway.connections import create_redis
 from gateway.domain import Order
-from gateway.inventory import Inventory, create_redis
+from gateway.inventory import Inventory
 from gateway.layout import SkuKeys
 from gateway.settings import Settings
 

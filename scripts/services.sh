@@ -35,6 +35,12 @@ ensure_redis() {
   wait_port 6379
 }
 
+# The Redis Cluster tests start their own nodes and need both binaries.
+ensure_cluster_tools() {
+  command -v redis-server >/dev/null || apt_install redis-server
+  command -v redis-cli >/dev/null || apt_install redis-tools
+}
+
 ensure_postgres() {
   listening 5432 && return 0
   [ -n "$(pg_bindir)" ] || apt_install postgresql
@@ -55,4 +61,5 @@ ensure_postgres() {
 }
 
 ensure_redis
+ensure_cluster_tools
 ensure_postgres

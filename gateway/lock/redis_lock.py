@@ -7,6 +7,10 @@ in one cluster slot. Every change goes through the Lua scripts in this package's
 ``lua/`` (package data, called by EVALSHA through redis-py's ``AsyncScript``, which
 reloads a script Redis forgot). Fences are INCR raised to Redis's clock in microseconds,
 so they keep increasing after a restart or failover that lost the counter.
+
+On a Redis Cluster (``RedisCluster`` client) the three keys of a lock share its slot,
+so each script runs on the node holding the sku; the release's PUBLISH reaches the
+subscriber on whichever node it listens (see ``subscriber``).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from importlib import resources
 from typing import Any
 
 from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster
 from redis.commands.core import AsyncScript
 
 from gateway.lock.base import BaseLock
@@ -47,13 +52,14 @@ class LockScripts:
     release: AsyncScript
 
     @classmethod
-    def on(cls, redis: Redis) -> LockScripts:
+    def on(cls, redis: Redis | RedisCluster) -> LockScripts:
         """The scripts as called through ``redis``."""
         return cls(*(AsyncScript(redis, script_source(name)) for name in SCRIPT_NAMES))
 
 
-async def load_lock_scripts(redis: Redis) -> None:
-    """SCRIPT LOAD the lock scripts, so a broken script fails start-up, not a flush."""
+async def load_lock_scripts(redis: Redis | RedisCluster) -> None:
+    """SCRIPT LOAD the lock scripts, so a broken script fails start-up, not a flush
+    (on a cluster, on every primary)."""
     for name in SCRIPT_NAMES:
         await redis.script_load(script_source(name))
 
@@ -75,7 +81,7 @@ class RedisLock(BaseLock[None]):
 
     def __init__(
         self,
-        redis: Redis,
+        redis: Redis | RedisCluster,
         name: str,
         *,
         lease: float = 30.0,

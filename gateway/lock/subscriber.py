@@ -12,6 +12,13 @@ count commands whose confirmation has not arrived: the subscription is *ready* (
 unlock published from then on will reach us) when none is outstanding and the last
 command sent was SUBSCRIBE. Works over RESP2 and RESP3 (redis-py 8's default, where
 these frames are push notifications).
+
+On a Redis Cluster the connection goes to one node, each reconnect to the next one in
+turn, and listens there with classic SUBSCRIBE: a release PUBLISHes on the node that
+holds the lock and the cluster bus carries the message to every node. Sharded pub/sub
+(SSUBSCRIBE) would keep unlocks off the bus but needs a connection per primary and
+re-subscribing as slots move; releases come at most a few hundred a second (one per
+flush burst per sku), which the bus carries without notice.
 """
 
 from __future__ import annotations
@@ -22,9 +29,10 @@ import math
 import os
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from redis.asyncio import Redis
+from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.connection import AbstractConnection
 
 _MIN_BACKOFF_S = 0.05
@@ -87,9 +95,15 @@ class LockSubscriber:
     """
 
     def __init__(
-        self, redis: Redis, *, client_name: str | None = None, ready_timeout: float = 1.0
+        self,
+        redis: Redis | RedisCluster,
+        *,
+        client_name: str | None = None,
+        ready_timeout: float = 1.0,
     ) -> None:
-        self._pool = redis.connection_pool
+        self._pool: _Connections = (
+            _NodeInTurn(redis) if isinstance(redis, RedisCluster) else redis.connection_pool
+        )
         self.client_name = client_name or f"gateway-lock-sub-{os.getpid()}"
         self._ready_timeout = ready_timeout
         self._channels: dict[str, _Channel] = {}
@@ -188,13 +202,12 @@ class LockSubscriber:
         async with self._io:
             self._up = False
             reconnect = self._conn is not None
-            if self._conn is None:
-                # redis-py leaves these two untyped.
-                self._conn = await self._pool.get_connection()  # type: ignore[no-untyped-call]
-            else:
-                await self._conn.disconnect()
-                await self._conn.connect()  # type: ignore[no-untyped-call]
-            conn = self._conn
+            if self._conn is not None:  # back to the pool; a cluster's next is another node
+                conn, self._conn = self._conn, None
+                await conn.disconnect()
+                await self._pool.release(conn)
+            self._conn = conn = await self._pool.get_connection()
+            await conn.connect()  # type: ignore[no-untyped-call]  # redis-py leaves it untyped
             await conn.send_command("CLIENT", "SETNAME", self.client_name, check_health=False)
             await conn.read_response()
             for entry in self._channels.values():
@@ -249,6 +262,40 @@ class LockSubscriber:
     def _drop(self, name: str, entry: _Channel) -> None:
         if self._channels.get(name) is entry:
             del self._channels[name]
+
+
+class _Connections(Protocol):
+    """Where the subscriber's connection comes from: a client's pool, or cluster nodes."""
+
+    async def get_connection(self) -> AbstractConnection: ...
+
+    async def release(self, connection: AbstractConnection) -> None: ...
+
+
+class _NodeInTurn:
+    """Connections to the nodes of a cluster, each one to the next node in turn, so a
+    reconnect leaves a dead node behind without waiting for the slot map to change."""
+
+    def __init__(self, cluster: RedisCluster) -> None:
+        self._cluster = cluster
+        self._turn = 0
+        self._owners: dict[AbstractConnection, ClusterNode] = {}
+
+    async def get_connection(self) -> AbstractConnection:
+        nodes = self._cluster.get_nodes()
+        if not nodes:  # the client has sent nothing yet: learn the topology first
+            await self._cluster.initialize()
+            nodes = self._cluster.get_nodes()
+        self._turn += 1
+        node = nodes[self._turn % len(nodes)]
+        conn = node.acquire_connection()
+        self._owners[conn] = node
+        return conn
+
+    async def release(self, connection: AbstractConnection) -> None:
+        node = self._owners.pop(connection, None)
+        if node is not None:
+            node.release(connection)  # type: ignore[arg-type]
 
 
 def _wake_one(entry: _Channel) -> None:

@@ -18,6 +18,7 @@ from typing import Any
 
 import asyncpg
 from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster
 
 from gateway.lock import (
     LockSubscriber,
@@ -162,7 +163,7 @@ class Backend:
     """One lock backend under test and ways to look at its lock from outside."""
 
     kind: str
-    redis: Redis
+    redis: Redis | RedisCluster
     pool: asyncpg.Pool[Any] | None
     name: str
     # The one unlock subscriber every Redis lock of the test shares.

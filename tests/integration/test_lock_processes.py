@@ -25,6 +25,12 @@ from tests.support.services import REDIS_URL
 pytestmark = pytest.mark.timeout(60)
 
 
+@pytest.fixture(params=["redis", "postgres"])
+def backend_kind(request: pytest.FixtureRequest) -> tuple[str, None]:
+    """The workers speak to one Redis URL or PostgreSQL: no cluster backend here."""
+    return request.param, None
+
+
 def worker_args(mode: str, backend: Backend, database_url: str, *extra: str) -> list[str]:
     return [
         mode,

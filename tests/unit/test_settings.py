@@ -80,3 +80,15 @@ def test_sentinels() -> None:
     assert load({}).sentinel_addresses == []
     with pytest.raises(SettingsError, match="GATEWAY_REDIS_SENTINELS"):
         load({"GATEWAY_REDIS_SENTINELS": "nohost"})
+
+
+def test_cluster_nodes() -> None:
+    """GATEWAY_REDIS_CLUSTER_NODES is a list of host:port, refused beside Sentinels."""
+    s = load({"GATEWAY_REDIS_CLUSTER_NODES": "127.0.0.1:7000,127.0.0.1:7001"})
+    assert s.cluster_addresses == [("127.0.0.1", 7000), ("127.0.0.1", 7001)]
+    assert load({}).cluster_addresses == []
+    with pytest.raises(SettingsError, match="GATEWAY_REDIS_CLUSTER_NODES"):
+        load({"GATEWAY_REDIS_CLUSTER_NODES": "7000"})
+    both = {"GATEWAY_REDIS_CLUSTER_NODES": "h:1", "GATEWAY_REDIS_SENTINELS": "h:2"}
+    with pytest.raises(SettingsError, match="not both"):
+        load(both)
