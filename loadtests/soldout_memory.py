@@ -26,8 +26,8 @@ from typing import Any
 
 import asyncpg
 
-from gateway.domain import Order
 from gateway.connections import create_redis
+from gateway.domain import Order
 from gateway.inventory import Inventory
 from gateway.settings import Settings
 from loadtests import wrk
