@@ -1,4 +1,4 @@
-"""Lua scripts from ``lua/``: loaded once at start-up, called by EVALSHA.
+"""Lua scripts from ``lua/`` (package data ``gateway.lua``): loaded once, called by EVALSHA.
 
 Each script is registered with SCRIPT LOAD when the application starts, so a
 syntax error fails the start rather than the first purchase. Calls go out as
@@ -12,13 +12,15 @@ import asyncio
 import hashlib
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
+from importlib import resources
+from importlib.resources.abc import Traversable
 from typing import Any
 
 from redis.asyncio import Redis
 from redis.exceptions import NoScriptError
 
-LUA_DIR = Path(__file__).resolve().parent.parent / "lua"
+# The repository's top-level lua/, installed as the package gateway.lua (see pyproject.toml).
+LUA_DIR: Traversable = resources.files("gateway.lua")
 
 KeyArg = str | bytes
 ScriptArg = str | bytes | int | float
@@ -55,7 +57,7 @@ class Script:
             return await redis.evalsha(self.sha, len(keys), *keys, *args)
 
 
-def read_script(name: str, lua_dir: Path = LUA_DIR) -> Script:
+def read_script(name: str, lua_dir: Traversable = LUA_DIR) -> Script:
     """Read ``lua/<name>.lua`` into a :class:`Script` (not yet loaded)."""
     return Script(name=name, source=(lua_dir / f"{name}.lua").read_text())
 
