@@ -11,14 +11,15 @@ forwardfor`` appends to it while passing a client's own ``Forwarded`` on
 untouched.
 
 The address is logged, never used to decide a purchase, and resolving it
-costs header parsing, so a request binds a :class:`ClientAddress` that is
-only worked out when a log line is rendered (see :func:`resolve_client`).
+costs header parsing, so a request only binds itself (:func:`bind_request`)
+and the address is worked out when a log line is rendered (:func:`add_client`).
 """
 
 from __future__ import annotations
 
 import ipaddress
 from collections.abc import Iterable, Mapping, MutableMapping, Sequence
+from contextvars import ContextVar
 from typing import Any
 
 from aiohttp import web
@@ -99,25 +100,26 @@ class TrustedProxies:
         return str(hop)
 
 
-class ClientAddress:
-    """A request's client address, worked out only when a log line needs it."""
-
-    __slots__ = ("_proxies", "_request")
-
-    def __init__(self, request: web.BaseRequest, proxies: TrustedProxies) -> None:
-        self._request = request
-        self._proxies = proxies
-
-    def resolve(self) -> str | None:
-        """The address (see :meth:`TrustedProxies.client`)."""
-        return self._proxies.client(self._request.remote, self._request.headers)
+# The request this context is handling, with the proxies to judge it by; set once
+# per request by the error middleware (a context variable set is the cheapest
+# binding there is: the sold-out path pays nothing more).
+_HANDLING: ContextVar[tuple[web.BaseRequest, TrustedProxies] | None] = ContextVar(
+    "flashsale_handling", default=None
+)
 
 
-def resolve_client(
+def bind_request(request: web.BaseRequest, proxies: TrustedProxies) -> None:
+    """Make ``request`` the one this context's log lines name the client of."""
+    _HANDLING.set((request, proxies))
+
+
+def add_client(
     _logger: Any, _method: str, event: MutableMapping[str, Any]
 ) -> MutableMapping[str, Any]:
-    """A structlog processor: renders a bound :class:`ClientAddress` as its address."""
-    client = event.get("client")
-    if isinstance(client, ClientAddress):
-        event["client"] = client.resolve()
+    """A structlog processor: ``client``, the address of the request being handled
+    (see :meth:`TrustedProxies.client`), worked out only now that a line is written."""
+    handling = _HANDLING.get()
+    if handling is not None and "client" not in event:
+        request, proxies = handling
+        event["client"] = proxies.client(request.remote, request.headers)
     return event

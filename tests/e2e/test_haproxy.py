@@ -12,7 +12,6 @@ import time
 import uuid
 from collections.abc import Iterator
 
-import asyncpg
 import pytest
 from redis.asyncio import Redis
 
@@ -24,6 +23,7 @@ from tests.support.haproxy import HAProxy, check_config
 from tests.support.invariants import check_invariants
 from tests.support.polling import wait_for
 from tests.support.ports import HOST
+from tests.support.purchases import db_state
 from tests.support.services import REDIS_URL
 
 # Longer than HAProxy needs to take a gateway out (fall 2, inter 1s).
@@ -64,12 +64,8 @@ async def _delete_keys(prefix: str) -> None:
 
 
 async def _sold(database_url: str, sku: str) -> int:
-    con = await asyncpg.connect(database_url)
-    try:
-        n: int = await con.fetchval("SELECT coalesce(sum(qty), 0) FROM orders WHERE sku = $1", sku)
-        return n
-    finally:
-        await con.close()
+    """Units sold so far (one per order here)."""
+    return (await db_state(database_url, sku))[1]
 
 
 async def _rolling_restart(cluster: GatewayCluster, proxy: HAProxy) -> list[str]:

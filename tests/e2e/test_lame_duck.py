@@ -11,7 +11,7 @@ import structlog
 from redis.asyncio import Redis
 
 from gateway.app import drain
-from gateway.clients import resolve_client
+from gateway.clients import add_client
 from tests.support.gateways import GatewayCluster
 from tests.support.polling import wait_for
 from tests.support.purchases import put_sku
@@ -67,7 +67,7 @@ class TestClientAddressLogged:
         client = await start_gateway(**settings)
         await put_sku(client, sku, 5)
         await drain(client.app)
-        processors = [structlog.contextvars.merge_contextvars, resolve_client]
+        processors = [add_client]
         with structlog.testing.capture_logs(processors=processors) as logs:
             resp = await client.post(
                 "/v1/purchase",

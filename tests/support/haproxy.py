@@ -22,16 +22,22 @@ from tests.support.ports import HOST, free_port
 from tests.support.processes import Child, OwnsChild, Started, make_tmp, remove_tmp, tail
 
 CONFIG = REPO / "deploy" / "haproxy.cfg"
+SBIN = "/usr/local/sbin:/usr/sbin:/sbin"
+
+
+def _which() -> str | None:
+    """haproxy on PATH, or in the sbin directories a user's PATH may leave out."""
+    return shutil.which("haproxy") or shutil.which("haproxy", path=SBIN)
 
 
 def haproxy_binary() -> str:
     """The haproxy executable, installed first when missing; raises if it cannot be."""
-    found = shutil.which("haproxy")
+    found = _which()
     if found is None:
         subprocess.run(
             ["bash", str(REPO / "scripts" / "services.sh"), "haproxy"], check=True, timeout=600
         )
-        found = shutil.which("haproxy")
+        found = _which()
     if found is None:
         raise RuntimeError("haproxy is not installed and could not be installed")
     return found
