@@ -3,8 +3,9 @@
 ``create_app(settings)`` builds an application whose resources start in order
 (Redis, PostgreSQL with migrations, then the use cases with their scripts,
 locks and change feed) and stop in reverse. Here, and only here, each use case
-is handed the adapters it works with. On shutdown the batcher drains first:
-new purchases get 503 and ``/readyz`` turns 503 at once, queued batches finish.
+is handed the adapters it works with. A stop begins with the lame duck
+(``/readyz`` 503, purchases still served, see :func:`lame_duck`); then the
+batcher drains: new purchases get 503, queued batches finish.
 """
 
 from __future__ import annotations
@@ -27,13 +28,16 @@ from gateway.appkeys import (
     INVENTORY,
     METRICS,
     ORDERS,
+    PROXIES,
     PURCHASES,
     RECONCILER,
     REDIS,
     SETTINGS,
+    STOPPING,
 )
 from gateway.batcher import Batcher
 from gateway.catalog import Catalog
+from gateway.clients import TrustedProxies, parse_networks
 from gateway.connections import create_redis
 from gateway.database import create_pool, migrate
 from gateway.events import ChangeFeed
@@ -169,8 +173,18 @@ async def _sample_queue(batcher: Batcher, metrics: Metrics) -> None:
         await asyncio.sleep(QUEUE_SAMPLE_S)
 
 
+async def lame_duck(app: web.Application, seconds: float) -> None:
+    """The first step of a stop: ``/readyz`` answers 503 at once while purchases
+    are still served for ``seconds``, so the load balancer's health checks take
+    this instance out of rotation before it turns anything away."""
+    app[STOPPING].set()
+    if seconds > 0:
+        log.info("lame_duck", seconds=seconds)
+        await asyncio.sleep(seconds)
+
+
 async def drain(app: web.Application) -> None:
-    """The first step of shutdown: new purchases and ``/readyz`` get 503 at once,
+    """The step of shutdown after the lame duck: new purchases get 503 at once,
     then every queued batch is flushed and settled."""
     if BATCHER not in app:
         return
@@ -187,6 +201,8 @@ def create_app(settings: Settings) -> web.Application:
     app = web.Application(middlewares=middlewares, client_max_size=MAX_BODY)
     app[SETTINGS] = settings
     app[METRICS] = metrics
+    app[STOPPING] = asyncio.Event()
+    app[PROXIES] = TrustedProxies(parse_networks(settings.trusted_proxies))
     app.cleanup_ctx.extend([redis_ctx, database_ctx, service_ctx])
     app.on_shutdown.append(drain)
     app.add_routes(views.routes(with_metrics=settings.metrics))

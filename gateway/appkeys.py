@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from aiohttp import web
 
 from gateway.admin import StockAdmin
 from gateway.batcher import Batcher
+from gateway.clients import TrustedProxies
 from gateway.connections import RedisClient
 from gateway.inventory import Inventory
 from gateway.metrics import Metrics
@@ -21,6 +24,9 @@ INVENTORY = web.AppKey("inventory", Inventory)
 ORDERS = web.AppKey("orders", Orders)
 # The batcher's closing is the instance's draining: purchases and /readyz ask it.
 BATCHER = web.AppKey("batcher", Batcher)
+# Set on the stop signal: /readyz answers 503 from then on (lame duck, then drain).
+STOPPING = web.AppKey("stopping", asyncio.Event)
+PROXIES = web.AppKey("proxies", TrustedProxies)
 PURCHASES = web.AppKey("purchases", Purchases)
 ADMIN = web.AppKey("admin", StockAdmin)
 RECONCILER = web.AppKey("reconciler", Reconciler)

@@ -1,5 +1,8 @@
 """The PostgreSQL connection pool and the schema migrations in ``sql/``.
 
+``sql/`` is installed as the package data ``gateway.sql`` (see pyproject.toml)
+and read through :mod:`importlib.resources`, so a wheel migrates as a checkout does.
+
 Migrations are the files ``sql/NNN_name.sql``, applied in order, each once,
 inside one transaction with the version recorded in ``schema_migrations``.
 Functions live in ``sql/functions/*.sql`` and are applied after them whenever
@@ -12,14 +15,18 @@ whole step runs under a transaction-scoped advisory lock.
 from __future__ import annotations
 
 import hashlib
-from pathlib import Path
+import re
+from importlib import resources
+from importlib.resources.abc import Traversable
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 
 from gateway.settings import Settings
 
-SQL_DIR = Path(__file__).resolve().parent.parent / "sql"
+SQL_DIR: Traversable = resources.files("gateway.sql")
+MIGRATION_NAME = re.compile(r"[0-9]{3}_.*\.sql")
+FUNCTION_NAME = re.compile(r".*\.sql")
 
 # Any fixed number: every gateway takes the same lock before migrating.
 MIGRATION_LOCK_KEY = 0x666C617368  # "flash"
@@ -39,22 +46,26 @@ Pool = asyncpg.Pool
 Connection = asyncpg.Connection | asyncpg.pool.PoolConnectionProxy
 
 
-def migration_files(sql_dir: Path = SQL_DIR) -> list[Path]:
-    """The migration files in the order they apply."""
-    return sorted(sql_dir.glob("[0-9][0-9][0-9]_*.sql"))
+def _sql_files(folder: Traversable, pattern: re.Pattern[str]) -> list[Traversable]:
+    """The files of ``folder`` whose whole name matches ``pattern``, sorted by name."""
+    found = [f for f in folder.iterdir() if f.is_file() and pattern.fullmatch(f.name)]
+    return sorted(found, key=lambda f: f.name)
 
 
-def migration_versions(sql_dir: Path = SQL_DIR) -> list[tuple[str, str]]:
+def migration_versions(sql_dir: Traversable = SQL_DIR) -> list[tuple[str, str]]:
     """``(version, sql)`` of every migration, then of every function, in order."""
-    found = [(path.stem, path.read_text()) for path in migration_files(sql_dir)]
-    for path in sorted((sql_dir / "functions").glob("*.sql")):
+    found = [
+        (path.name.removesuffix(".sql"), path.read_text())
+        for path in _sql_files(sql_dir, MIGRATION_NAME)
+    ]
+    for path in _sql_files(sql_dir / "functions", FUNCTION_NAME):
         text = path.read_text()
         digest = hashlib.sha256(text.encode()).hexdigest()[:16]
-        found.append((f"functions/{path.stem}@{digest}", text))
+        found.append((f"functions/{path.name.removesuffix('.sql')}@{digest}", text))
     return found
 
 
-async def migrate(con: Connection, sql_dir: Path = SQL_DIR) -> list[str]:
+async def migrate(con: Connection, sql_dir: Traversable = SQL_DIR) -> list[str]:
     """Apply every migration and function version not yet recorded; the ones applied now."""
     applied_now: list[str] = []
     async with con.transaction():

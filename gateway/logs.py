@@ -2,7 +2,8 @@
 
 Follows structlog's performance recipe: a filtering bound logger fixed at the
 configured level, cached on first use, contextvars merged (the request id and
-sku are bound there), orjson rendering to a bytes logger.
+sku are bound there), the request's client address (worked out only when a
+line is rendered), orjson rendering to a bytes logger.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from typing import Any
 
 import orjson
 import structlog
+
+from gateway.clients import add_client
 
 _LEVELS = {
     "debug": logging.DEBUG,
@@ -28,6 +31,7 @@ def configure(level: str = "info", *, json: bool | None = None) -> None:
         json = not sys.stderr.isatty()
     processors: list[Any] = [
         structlog.contextvars.merge_contextvars,
+        add_client,
         structlog.processors.add_log_level,
         structlog.processors.TimeStamper(fmt="iso", utc=True),
         structlog.processors.format_exc_info,
@@ -58,6 +62,7 @@ def _route_stdlib(level: str, *, json: bool) -> None:
     formatter = structlog.stdlib.ProcessorFormatter(
         foreign_pre_chain=[
             structlog.contextvars.merge_contextvars,
+            add_client,
             structlog.stdlib.add_log_level,
             structlog.stdlib.add_logger_name,
             structlog.processors.TimeStamper(fmt="iso", utc=True),

@@ -1,4 +1,9 @@
-"""Middlewares: errors become JSON bodies with a stable code; metrics time requests."""
+"""Middlewares: errors become JSON bodies with a stable code; metrics time requests.
+
+The error middleware wraps every request, so it is also where the request's
+client address is bound for its log lines (lazily: no header is parsed unless
+a line is written, see gateway.clients).
+"""
 
 from __future__ import annotations
 
@@ -10,7 +15,8 @@ from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 from redis.exceptions import RedisError
 
-from gateway.appkeys import OUTCOME
+from gateway.appkeys import OUTCOME, PROXIES
+from gateway.clients import bind_request
 from gateway.errors import GatewayError, MethodNotAllowed, NotFound, TooLarge, Unavailable
 from gateway.lock.errors import LockError
 from gateway.metrics import Metrics
@@ -50,6 +56,7 @@ def _from_http(exc: web.HTTPException) -> GatewayError:
 @web.middleware
 async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Answer every failure as JSON; nothing escapes as an HTML page or a bare 500."""
+    bind_request(request, request.app[PROXIES])
     try:
         return await handler(request)
     except GatewayError as exc:

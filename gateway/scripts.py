@@ -1,4 +1,4 @@
-"""Lua scripts from ``lua/``: loaded once at start-up, called by EVALSHA.
+"""Lua scripts from ``lua/`` (package data ``gateway.lua``): loaded once, called by EVALSHA.
 
 Each script is registered with SCRIPT LOAD when the application starts, so a
 syntax error fails the start rather than the first purchase. Calls go out as
@@ -16,7 +16,8 @@ import asyncio
 import hashlib
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
+from importlib import resources
+from importlib.resources.abc import Traversable
 from typing import Any
 
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -24,7 +25,8 @@ from redis.exceptions import NoScriptError, RedisError
 
 from gateway.connections import RedisClient
 
-LUA_DIR = Path(__file__).resolve().parent.parent / "lua"
+# The repository's top-level lua/, installed as the package gateway.lua (see pyproject.toml).
+LUA_DIR: Traversable = resources.files("gateway.lua")
 
 KeyArg = str | bytes
 ScriptArg = str | bytes | int | float
@@ -61,7 +63,7 @@ class Script:
             return await redis.evalsha(self.sha, len(keys), *keys, *args)
 
 
-def read_script(name: str, lua_dir: Path = LUA_DIR) -> Script:
+def read_script(name: str, lua_dir: Traversable = LUA_DIR) -> Script:
     """Read ``lua/<name>.lua`` into a :class:`Script` (not yet loaded)."""
     return Script(name=name, source=(lua_dir / f"{name}.lua").read_text())
 

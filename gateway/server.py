@@ -1,10 +1,13 @@
 """Running the application: listen, wait for a signal, drain within a bound.
 
-On SIGTERM or SIGINT the gateway first turns away new purchases with 503 and
-``/readyz`` with 503 while it keeps listening, so a load balancer sees it
-leave; it then finishes and settles every queued batch, stops listening, waits
-for the last handlers, and closes its resources. All of that is bounded by
-``GATEWAY_DRAIN_S``; the process then exits 0.
+On SIGTERM or SIGINT the gateway first plays lame duck for
+``GATEWAY_LAME_DUCK_S``: ``/readyz`` answers 503 while purchases are still
+served, so the load balancer's checks take it out of rotation before anything
+is refused. Then it drains: new purchases get 503 (with Retry-After) while it
+keeps listening, every queued batch is finished and settled, it stops
+listening, waits for the last handlers, and closes its resources. The drain is
+bounded by ``GATEWAY_DRAIN_S``, so the whole stop by the sum of the two; the
+process then exits 0.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import uvloop
 from aiohttp import web
 from prometheus_client.multiprocess import mark_process_dead
 
-from gateway.app import create_app, drain
+from gateway.app import create_app, drain, lame_duck
 from gateway.appkeys import BATCHER
 from gateway.settings import Settings, worker_environment
 
@@ -45,6 +48,7 @@ async def run(settings: Settings, on_startup: StartupHook | None = None) -> None
         await site.start()
         log.info("serving", host=settings.host, port=settings.port)
         await _stop_signal()
+        await lame_duck(app, settings.lame_duck_s)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + settings.drain_s
         try:

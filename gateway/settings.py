@@ -15,6 +15,8 @@ from dataclasses import dataclass, fields
 from typing import Any
 from urllib.parse import urlsplit
 
+from gateway.clients import parse_networks
+
 
 class SettingsError(ValueError):
     """A setting has a value the gateway cannot run with."""
@@ -44,6 +46,11 @@ class Settings:
     redis_pool_size: int = 64
     db_pool_size: int = 8
     drain_s: float = 10.0
+    # After SIGTERM, how long /readyz answers 503 while purchases are still
+    # served, so a load balancer's checks take the instance out before the drain.
+    lame_duck_s: float = 0.0
+    # CIDRs whose X-Forwarded-For / Forwarded headers are believed (for the logs).
+    trusted_proxies: str | None = None
     # How long start-up waits for Redis and PostgreSQL to answer before giving up.
     startup_wait_s: float = 30.0
     reconcile_interval_s: float = 5.0
@@ -139,6 +146,14 @@ def _addresses(raw: str) -> str:
     return raw
 
 
+def _networks(raw: str) -> str:
+    try:
+        parse_networks(raw)
+    except ValueError:
+        raise ValueError("must be CIDRs or addresses, comma-separated") from None
+    return raw
+
+
 def _text(raw: str) -> str:
     if not raw or any(c.isspace() for c in raw):
         raise ValueError("must be non-empty without spaces")
@@ -164,6 +179,8 @@ _PARSERS: Mapping[str, Callable[[str], Any]] = {
     "redis_pool_size": _int(1),
     "db_pool_size": _int(2),
     "drain_s": _float(0.0),
+    "lame_duck_s": _float(0.0),
+    "trusted_proxies": _networks,
     "startup_wait_s": _float(0.0),
     "reconcile_interval_s": _float(0.05),
     "sale_retention_s": _float(1.0),

@@ -20,6 +20,7 @@ from gateway.appkeys import (
     PURCHASES,
     RECONCILER,
     SETTINGS,
+    STOPPING,
 )
 from gateway.domain import Outcome, Result
 from gateway.errors import Forbidden, NotFound, TooLarge, Unauthorized
@@ -140,10 +141,11 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 async def readyz(request: web.Request) -> web.Response:
-    """GET /readyz: 200 while Redis and PostgreSQL answer and we are not draining."""
+    """GET /readyz: 200 while Redis and PostgreSQL answer and no stop has begun
+    (``draining`` covers the lame duck too: purchases are still served then)."""
     redis_ok = await request.app[INVENTORY].ping()
     db_ok = await request.app[ORDERS].ping()
-    draining = request.app[BATCHER].closing
+    draining = request.app[STOPPING].is_set() or request.app[BATCHER].closing
     ready = redis_ok and db_ok and not draining
     body = {"ready": ready, "redis": redis_ok, "postgres": db_ok, "draining": draining}
     return json_response(body, status=200 if ready else 503)

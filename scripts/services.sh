@@ -2,6 +2,8 @@
 # Makes sure a Redis on 127.0.0.1:6379 and a PostgreSQL on 127.0.0.1:5432 answer.
 # Uses the ones already listening; otherwise starts private ones from installed
 # binaries (data under $RUN_DIR); otherwise, as root on Debian, installs them.
+# `services.sh haproxy` only makes sure the haproxy binary is installed (the
+# HAProxy test starts its own).
 set -euo pipefail
 RUN_DIR=${RUN_DIR:-/tmp/flashsale-services}
 mkdir -p "$RUN_DIR"
@@ -60,6 +62,14 @@ ensure_postgres() {
   wait_port 5432
 }
 
+ensure_haproxy() {
+  command -v haproxy >/dev/null || apt_install haproxy
+}
+
+if [ "${1:-}" = haproxy ]; then
+  ensure_haproxy
+  exit 0
+fi
 ensure_redis
 ensure_cluster_tools
 ensure_postgres

@@ -1,0 +1,151 @@
+"""Behind a real HAProxy (deploy/haproxy.cfg): a rolling restart in the middle of a storm.
+
+HAProxy and two gateway processes start once for the module, on the shared
+Redis and the session's database, under a key prefix of their own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+import uuid
+from collections.abc import Iterator
+
+import pytest
+from redis.asyncio import Redis
+
+from gateway.audit import audit
+from gateway.settings import Settings
+from tests.support.driver import ClientPolicy, DriverSummary, LoadDriver
+from tests.support.gateways import GatewayCluster
+from tests.support.haproxy import HAProxy, check_config
+from tests.support.invariants import check_invariants
+from tests.support.polling import wait_for
+from tests.support.ports import HOST
+from tests.support.purchases import db_state
+from tests.support.services import REDIS_URL
+
+# Longer than HAProxy needs to take a gateway out (fall 2, inter 1s).
+LAME_DUCK_S = 3
+# Buyers arrive for 45 s and the stock lasts about 27 s of them: both restarts
+# (about 8 s each) fall inside the sale.
+STOCK, BUYERS, SPREAD_S = 300, 500, 45.0
+
+Topology = tuple[GatewayCluster, HAProxy]
+
+
+@pytest.fixture(scope="module")
+def topology(database_url: str) -> Iterator[Topology]:
+    """Two gateways (lame duck on, our loopback trusted as proxy) and HAProxy over them."""
+    cluster = GatewayCluster(
+        2,
+        redis_url=REDIS_URL,
+        database_url=database_url,
+        key_prefix=f"hap{uuid.uuid4().hex[:8]}",
+        settings={"lame_duck_s": LAME_DUCK_S, "trusted_proxies": "127.0.0.1/32"},
+    )
+    proxy = HAProxy([f"{HOST}:{g.port}" for g in cluster])
+    try:
+        asyncio.run(cluster.start())
+        asyncio.run(proxy.start())
+        yield cluster, proxy
+    finally:
+        asyncio.run(proxy.close())
+        asyncio.run(cluster.close())
+        asyncio.run(_delete_keys(cluster.key_prefix))
+
+
+async def _delete_keys(prefix: str) -> None:
+    client = Redis.from_url(REDIS_URL)
+    async for key in client.scan_iter(match=f"{prefix}*", count=1000):
+        await client.delete(key)
+    await client.aclose()
+
+
+async def _sold(database_url: str, sku: str) -> int:
+    """Units sold so far (one per order here)."""
+    return (await db_state(database_url, sku))[1]
+
+
+async def _rolling_restart(cluster: GatewayCluster, proxy: HAProxy) -> list[str]:
+    """SIGTERM each gateway in turn, wait for it to leave, start it, wait for it to
+    be back in rotation; what was seen, for the assertions."""
+    seen = []
+    for index, gateway in enumerate(cluster):
+        name = f"gw{index + 1}"
+        gateway.kill(signal.SIGTERM)
+        await proxy.wait_state(name, "DOWN", within=LAME_DUCK_S + 5)
+        # HAProxy learnt it from /readyz, while the gateway still listened.
+        seen.append(f"{name} down while running={gateway.running}")
+        assert await gateway.wait_exit(within=LAME_DUCK_S + 10) == 0, cluster.logs()
+        await gateway.start()
+        await proxy.wait_state(name, "UP", within=15)
+    return seen
+
+
+def _bad_attempts(summary: DriverSummary) -> list[str]:
+    """Attempts answered other than 201, 409 or 503-with-Retry-After."""
+    return [
+        f"{r.request_id}: {a.error or a.status} {a.body}"
+        for r in summary.records
+        for a in r.attempts
+        if a.status not in (201, 409) and not (a.status == 503 and a.retry_after)
+    ]
+
+
+class TestRollingRestart:
+    """Buyers through HAProxy never see a gateway go: lame duck, retries, request ids."""
+
+    async def test_rolling_restart_mid_storm(self, topology: Topology, database_url: str) -> None:
+        """500 buyers for 300 units arrive over 45 s through HAProxy, retrying with
+        their request id; meanwhile each gateway in turn gets SIGTERM, leaves the
+        rotation through its /readyz while still serving, exits 0, and comes back.
+        Every buyer ends 201 or 409 sold out, every 503 carried Retry-After, exactly
+        the stock is sold, and the audit is clean."""
+        cluster, proxy = topology
+        sku = f"sku-{cluster.key_prefix}"
+        await cluster.put_sku(sku, STOCK)
+        policy = ClientPolicy(max_attempts=100, budget_s=90.0, attempt_timeout_s=20.0)
+        driver = LoadDriver(
+            [proxy.url], sku, users=BUYERS, policy=policy, start_spread_s=SPREAD_S, seed=11
+        )
+        sale = asyncio.create_task(driver.run())
+        await wait_for(lambda: _sold(database_url, sku), within=30, what="first orders")
+        started = time.monotonic()
+        seen = await _rolling_restart(cluster, proxy)
+        sold_when_restarted = await _sold(database_url, sku)
+        summary = await sale
+        context = f"{summary.counts_text()} {summary.attempts_by()}\n{proxy.log_tail()}"
+        assert seen == ["gw1 down while running=True", "gw2 down while running=True"]
+        assert sold_when_restarted < STOCK, f"sold out before the restarts ended: {context}"
+        assert _bad_attempts(summary) == [], context
+        assert summary.counts == {"confirmed": STOCK, "sold_out": BUYERS - STOCK}, context
+        report = await check_invariants(
+            database_url, sku, STOCK, summary, scenario="haproxy", faults="rolling restart"
+        )
+        assert report.ok and report.sold == STOCK, f"{report}\n{cluster.logs()}"
+        settings = Settings(
+            redis_url=REDIS_URL, database_url=database_url, key_prefix=cluster.key_prefix
+        )
+        rows = await audit(settings, sku)
+        assert [r.verdict for r in rows] == ["ok"], rows
+        assert time.monotonic() - started < 60
+
+
+def test_config_is_valid_for_compose_and_for_the_test() -> None:
+    """``haproxy -c`` accepts deploy/haproxy.cfg with compose's defaults (names that
+    do not resolve here only warn) and with loopback addresses."""
+    compose = check_config({"PATH": "/usr/sbin:/usr/bin:/bin"})
+    assert compose.returncode == 0, compose.stdout + compose.stderr
+    native = check_config(
+        {
+            "PATH": "/usr/sbin:/usr/bin:/bin",
+            "FRONTEND_ADDR": f"{HOST}:1",
+            "STATS_ADDR": f"{HOST}:2",
+            "GW1_ADDR": f"{HOST}:3",
+            "GW2_ADDR": f"{HOST}:4",
+        }
+    )
+    assert native.returncode == 0, native.stdout + native.stderr
+    assert "Warnings" not in native.stdout + native.stderr
