@@ -11,7 +11,6 @@ batcher drains: new purchases get 503, queued batches finish.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TypeVar
 
@@ -163,8 +162,12 @@ async def service_ctx(app: web.Application) -> AsyncIterator[None]:
     await subscriber.aclose()
     for task in tasks:
         task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await asyncio.gather(*tasks)
+    outcomes = await asyncio.gather(*tasks, return_exceptions=True)
+    for task, outcome in zip(tasks, outcomes, strict=True):
+        # Each loop outlives its errors; one that died anyway is reported, not
+        # raised, so the rest of shutdown (pools, connections) still runs.
+        if isinstance(outcome, Exception):
+            log.error("background_task_failed", task=task.get_name(), cause=repr(outcome))
 
 
 async def _sample_queue(batcher: Batcher, metrics: Metrics) -> None:

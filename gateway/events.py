@@ -65,6 +65,14 @@ class ChangeFeed:
                 self.subscribed.clear()
                 log.warning("change_feed_down", cause=type(exc).__name__)
                 await asyncio.sleep(RETRY_S)
+            except Exception:
+                # Not a connection error we know, yet the feed must outlive it: a
+                # dead feed would leave restocked skus marked sold out for good.
+                # (redis-py lets a write on a connection closed under it escape as
+                # AttributeError or TypeError, redis/redis-py#4287.)
+                self.subscribed.clear()
+                log.exception("change_feed_failed")
+                await asyncio.sleep(RETRY_S)
 
     async def _pubsub(self) -> PubSub:
         if not isinstance(self._redis, RedisCluster):

@@ -8,6 +8,7 @@ under its own key prefix, and removes both when it ends.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
@@ -75,18 +76,19 @@ def make_settings(database_url: str, key_prefix: str, redis: Redis) -> Callable[
 async def start_gateway(
     make_settings: Callable[..., Settings],
 ) -> AsyncIterator[Callable[..., Awaitable[TestClient[web.Request, web.Application]]]]:
-    """A factory of running gateway apps (in this process) with HTTP test clients."""
-    clients: list[TestClient[web.Request, web.Application]] = []
+    """A factory of running gateway apps (in this process) with HTTP test clients.
 
-    async def start(**overrides: Any) -> TestClient[web.Request, web.Application]:
-        client = TestClient(TestServer(create_app(make_settings(**overrides))))
-        await client.start_server()
-        clients.append(client)
-        return client
+    Every client is closed even when closing another fails, so one app's failed
+    shutdown fails its own test and leaks nothing into the next one's."""
+    async with contextlib.AsyncExitStack() as stack:
 
-    yield start
-    for client in reversed(clients):
-        await client.close()
+        async def start(**overrides: Any) -> TestClient[web.Request, web.Application]:
+            client = TestClient(TestServer(create_app(make_settings(**overrides))))
+            stack.push_async_callback(client.close)
+            await client.start_server()
+            return client
+
+        yield start
 
 
 @pytest.fixture
