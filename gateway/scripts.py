@@ -24,6 +24,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, RedisError
 
 from gateway.connections import RedisClient
+from gateway.lock.errors import connection_errors
 
 # The repository's top-level lua/, installed as the package gateway.lua (see pyproject.toml).
 LUA_DIR: Traversable = resources.files("gateway.lua")
@@ -55,12 +56,14 @@ class Script:
     ) -> Any:
         """Run the script by EVALSHA, reloading it once if Redis forgot it."""
         try:
-            return await redis.evalsha(self.sha, len(keys), *keys, *args)
+            with connection_errors():
+                return await redis.evalsha(self.sha, len(keys), *keys, *args)
         except NoScriptError:
             if self.on_reload is not None:
                 self.on_reload(self.name)
             await self.load(redis)
-            return await redis.evalsha(self.sha, len(keys), *keys, *args)
+            with connection_errors():
+                return await redis.evalsha(self.sha, len(keys), *keys, *args)
 
 
 def read_script(name: str, lua_dir: Traversable = LUA_DIR) -> Script:

@@ -1,6 +1,18 @@
-"""Lock errors: one small hierarchy, each error carrying the lock's name."""
+"""Lock errors: one small hierarchy, each error carrying the lock's name; and the
+guard that turns redis-py's leaked write errors into connection errors."""
 
 from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from collections.abc import Iterator
+
+import redis.asyncio
+from redis.exceptions import ConnectionError as RedisConnectionError
+
+# Where redis-py's leak is raised from: its asyncio connections and asyncio's transports.
+_LEAKY = tuple(os.path.dirname(m.__file__ or "") + os.sep for m in (redis.asyncio, asyncio))
 
 
 class LockError(Exception):
@@ -31,3 +43,24 @@ class LockLost(LockError):
     checked against the fencing token."""
 
     reason = "lock lost while held"
+
+
+@contextlib.contextmanager
+def connection_errors() -> Iterator[None]:
+    """Raise as ``redis.exceptions.ConnectionError`` what redis-py lets escape as an
+    ``AttributeError`` or ``TypeError`` when a connection is closed under a write
+    (redis/redis-py#4287, seen in a Redis Cluster failover): every caller already
+    treats a lost connection, and none should have to know this one.
+
+    Only errors raised inside redis-py's or asyncio's own code are translated; the
+    same types raised anywhere else are bugs and propagate unchanged.
+    """
+    try:
+        yield
+    except (AttributeError, TypeError) as exc:
+        tb = exc.__traceback__
+        while tb is not None and tb.tb_next is not None:
+            tb = tb.tb_next
+        if tb is None or not tb.tb_frame.f_code.co_filename.startswith(_LEAKY):
+            raise
+        raise RedisConnectionError(f"connection closed while writing: {exc!r}") from exc

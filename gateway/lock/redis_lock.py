@@ -26,6 +26,7 @@ from redis.asyncio.cluster import RedisCluster
 from redis.commands.core import AsyncScript
 
 from gateway.lock.base import BaseLock
+from gateway.lock.errors import connection_errors
 from gateway.lock.holds import Grant, Hold
 from gateway.lock.metrics import LockMetrics
 from gateway.lock.subscriber import LockSubscriber
@@ -125,7 +126,7 @@ class RedisLock(BaseLock[None]):
         return None if left <= 0 else min(pause, left)
 
     async def _attempt(self, owner: str) -> tuple[bool, int]:
-        call = self._scripts.acquire((self.name, self.fence_key), (owner, self._lease_ms))
+        call = _run(self._scripts.acquire, (self.name, self.fence_key), (owner, self._lease_ms))
         reply = await self._bg.undoable(
             call, lambda r: self._release_as(owner) if r[0] == 1 else None
         )
@@ -143,7 +144,12 @@ class RedisLock(BaseLock[None]):
         return int(await self._renew_as(hold.owner, 0)) > 0
 
     async def _renew_as(self, owner: str, add: int) -> Any:
-        return await self._scripts.renew((self.name,), (owner, self._lease_ms, add))
+        return await _run(self._scripts.renew, (self.name,), (owner, self._lease_ms, add))
 
     async def _release_as(self, owner: str) -> Any:
-        return await self._scripts.release((self.name, self.channel), (owner, self._lease_ms))
+        return await _run(self._scripts.release, (self.name, self.channel), (owner, self._lease_ms))
+
+
+async def _run(script: AsyncScript, keys: tuple[str, ...], args: tuple[str | int, ...]) -> Any:
+    with connection_errors():
+        return await script(keys, args)
