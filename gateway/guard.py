@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import orjson
 import structlog
@@ -107,9 +107,10 @@ class GuardedHandler(RequestHandler):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         if self._connections.open >= self._connections.limit:
             self._refused = True
-            assert isinstance(transport, asyncio.Transport)
-            transport.write(OVER_CAPACITY)
-            transport.close()
+            # uvloop's transports are not asyncio.Transport subclasses, but quack alike.
+            writable = cast(asyncio.Transport, transport)
+            writable.write(OVER_CAPACITY)
+            writable.close()
             if self._observer is not None:
                 self._observer.connection_refused()
             return
