@@ -172,6 +172,12 @@ def _text(raw: str) -> str:
     return raw
 
 
+def _file(raw: str) -> str:
+    if not os.path.isfile(raw):
+        raise ValueError("must name a readable file")
+    return raw
+
+
 def _secret(raw: str) -> str:
     # An HMAC key guessable by brute force would let anyone mint admission tokens.
     if len(raw) < 16 or any(c.isspace() for c in raw):
@@ -207,7 +213,7 @@ _PARSERS: Mapping[str, Callable[[str], Any]] = {
     "metrics": _bool,
     "workers": _int(1),
     "multiproc_dir": _text,
-    "admin_token_file": _text,
+    "admin_token_file": _file,
     "admission_secret": _secret,
     "admission_secret_previous": _secret,
     "request_read_timeout_s": _float(0.1),
