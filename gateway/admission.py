@@ -24,7 +24,7 @@ from datetime import UTC, datetime
 from typing import Any, NoReturn, Protocol
 
 from gateway.catalog import Catalog
-from gateway.domain import Purchase, Result, WaitingRoom
+from gateway.domain import Purchase, Result, SkuInfo, WaitingRoom, rfc3339
 from gateway.errors import (
     AdmissionInvalid,
     AdmissionRequired,
@@ -74,32 +74,36 @@ class Admissions:
         """Queue ``user_id`` (or find their ticket): the answer, None when sold out.
 
         Raises :class:`UnknownSku` or :class:`NoWaitingRoom`."""
-        room, _ = await self._room(sku)
-        standing = await self._rooms.join(sku, user_id, secrets.token_hex(8))
+        info, room, _ = await self._room(sku)
+        starts_ms = _ms(info.starts_at)
+        standing = await self._rooms.join(sku, user_id, secrets.token_hex(8), starts_ms)
         if standing.status == "sold_out":
             return None
         self._seen(sku, standing)
-        return {"ticket": standing.ticket, **_waiting(standing.position, room)}
+        return {"ticket": standing.ticket, **_waiting(standing.position, room, starts_ms)}
 
     async def poll(self, sku: str, ticket: str) -> dict[str, Any]:
         """Where ``ticket`` stands: waiting, admitted (with its token) or sold out.
 
         Raises :class:`UnknownSku`, :class:`NoWaitingRoom` or :class:`UnknownTicket`."""
-        room, signer = await self._room(sku)
-        standing = await self._rooms.poll(sku, ticket, room.admit_per_s)
+        info, room, signer = await self._room(sku)
+        starts_ms = _ms(info.starts_at)
+        standing = await self._rooms.poll(
+            sku, ticket, room.admit_per_s, starts_ms, room.shuffle_at_start
+        )
         if standing.status == "unknown":
             raise UnknownTicket(f"no ticket {ticket!r} for sku {sku!r}")
         if standing.status == "sold_out":
             return SOLD_OUT_BODY
         self._seen(sku, standing)
         if standing.status == "waiting":
-            return {"status": "waiting", **_waiting(standing.position, room)}
+            return {"status": "waiting", **_waiting(standing.position, room, starts_ms)}
         # Signed from Redis's admission time, so every poll gets the same token.
         expires_ms = standing.admitted_ms + room.token_ttl_s * 1000
         return {
             "status": "admitted",
             "admission_token": signer.sign(sku, standing.user_id, ticket, expires_ms),
-            "expires_at": _rfc3339(expires_ms),
+            "expires_at": rfc3339(datetime.fromtimestamp(expires_ms / 1000, UTC)),
         }
 
     async def purchase(self, purchase: Purchase, token: str | None) -> Result:
@@ -116,7 +120,7 @@ class Admissions:
                 return await self._purchases.purchase(purchase)
             self._refuse(Refusal.MISSING)
         purchase = purchase.identified()
-        ticket = await self._spend(purchase, token or "", info.waiting_room)
+        ticket = await self._spend(purchase, token or "")
         try:
             return await self._purchases.purchase(purchase)
         except GatewayError:
@@ -124,7 +128,7 @@ class Admissions:
             await self._rooms.give_back(purchase.sku, ticket, purchase.request_id)
             raise
 
-    async def _spend(self, purchase: Purchase, token: str, room: WaitingRoom) -> str:
+    async def _spend(self, purchase: Purchase, token: str) -> str:
         """Check the token's signature and spend it on this request; its ticket."""
         signer = self._require_signer()
         admission = signer.verify(token, purchase.sku, purchase.user_id)
@@ -144,11 +148,11 @@ class Admissions:
             self._refuse(Refusal.USED)
         return admission.ticket
 
-    async def _room(self, sku: str) -> tuple[WaitingRoom, Signer]:
+    async def _room(self, sku: str) -> tuple[SkuInfo, WaitingRoom, Signer]:
         info = await self._catalog.get(sku)
         if info.waiting_room is None:
             raise NoWaitingRoom(f"sku {sku!r} has no waiting room")
-        return info.waiting_room, self._require_signer()
+        return info, info.waiting_room, self._require_signer()
 
     def _require_signer(self) -> Signer:
         if self._signer is None:
@@ -167,16 +171,18 @@ class Admissions:
             self._observer.room_seen(sku, standing.waiting, standing.admitted_now)
 
 
-def _waiting(position: int, room: WaitingRoom) -> dict[str, int]:
-    """Position, estimated wait and when to poll again, for a ticket in line."""
-    eta_s = math.ceil(position / room.admit_per_s)
+def _waiting(position: int, room: WaitingRoom, starts_ms: int) -> dict[str, int]:
+    """Position, estimated wait (the start, if ahead, then the pace) and when to
+    poll again, for a ticket in line."""
+    until_start_s = max(0, math.ceil((starts_ms - _now_ms()) / 1000))
+    eta_s = until_start_s + math.ceil(position / room.admit_per_s)
     poll_after_s = min(MAX_POLL_S, max(MIN_POLL_S, eta_s // 2))
     return {"position": position, "eta_s": eta_s, "poll_after_s": poll_after_s}
 
 
-def _rfc3339(ms: int) -> str:
-    moment = datetime.fromtimestamp(ms / 1000, UTC)
-    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+def _ms(moment: datetime | None) -> int:
+    """A start as ms since the epoch, 0 for none (what the queue scripts take)."""
+    return 0 if moment is None else int(moment.timestamp() * 1000)
 
 
 def _now_ms() -> int:

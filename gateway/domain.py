@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass, replace
+from datetime import UTC, datetime
 from enum import StrEnum
 
 
@@ -115,6 +116,8 @@ class SkuInfo:
     per_user_limit: int
     # None: anyone may buy without queueing first.
     waiting_room: WaitingRoom | None = None
+    # When the sale starts (timezone-aware); None: it has.
+    starts_at: datetime | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,3 +129,9 @@ class StockReport:
     redis_stock: int | None
     pending: int
     sold: int
+
+
+def rfc3339(moment: datetime) -> str:
+    """An aware datetime as RFC 3339 in UTC, to the millisecond: ``...T12:00:00.000Z``."""
+    utc = moment.astimezone(UTC)
+    return utc.isoformat(timespec="milliseconds").replace("+00:00", "Z")

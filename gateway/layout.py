@@ -140,6 +140,8 @@ class QueueKeys:
     ``...:q:tickets``  hash    ticket -> ``user_id`` while waiting, ``user_id|admitted_ms`` after
     ``...:q:recent``   zset    ticket -> admitted_ms of the admissions of the last second
     ``...:q:seq``      string  the last join sequence given out
+    ``...:q:early``    string  the last join sequence given out before the sale's start
+    ``...:q:shuffled`` string  set once the early arrivals were shuffled at the start
     ``...:q:used:<ticket>``  string  the request id that spent the ticket's token
     """
 
@@ -148,14 +150,15 @@ class QueueKeys:
     tickets: str
     recent: str
     seq: str
+    early: str
+    shuffled: str
 
     @classmethod
     def of(cls, prefix: str, sku: str) -> QueueKeys:
         """The waiting-room keys of ``sku`` under ``prefix``."""
         base = f"{sku_base(prefix, sku)}:q"
-        return cls(
-            f"{base}:wait", f"{base}:users", f"{base}:tickets", f"{base}:recent", f"{base}:seq"
-        )
+        names = ("wait", "users", "tickets", "recent", "seq", "early", "shuffled")
+        return cls(*(f"{base}:{name}" for name in names))
 
     def used(self, ticket: str) -> str:
         """The key recording which request spent ``ticket``'s admission token."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 import asyncpg
@@ -68,7 +69,7 @@ DATABASE_OID = """
 SELECT '?:' || (SELECT oid FROM pg_database WHERE datname = current_database())::text
 """
 SKU_INFO = """
-SELECT per_user_limit, room_admit_per_s, room_token_ttl_s, room_shuffle_at_start
+SELECT per_user_limit, room_admit_per_s, room_token_ttl_s, room_shuffle_at_start, starts_at
 FROM inventory WHERE sku = $1
 """
 SKU_STOCK = "SELECT stock FROM inventory WHERE sku = $1"
@@ -94,7 +95,8 @@ UPDATE inventory SET stock = stock + $2, updated_at = now() WHERE sku = $1 RETUR
 """
 # A PUT replaces the whole sku, so no waiting room in it means none any more.
 SET_WAITING_ROOM = """
-UPDATE inventory SET room_admit_per_s = $2, room_token_ttl_s = $3, room_shuffle_at_start = $4
+UPDATE inventory
+SET room_admit_per_s = $2, room_token_ttl_s = $3, room_shuffle_at_start = $4, starts_at = $5
 WHERE sku = $1
 """
 RECORD_MOVEMENT = """
@@ -245,7 +247,7 @@ class Orders:
             room = WaitingRoom(
                 row["room_admit_per_s"], row["room_token_ttl_s"], row["room_shuffle_at_start"]
             )
-        return SkuInfo(sku, row["per_user_limit"], room)
+        return SkuInfo(sku, row["per_user_limit"], room, row["starts_at"])
 
     async def stock(self, sku: str) -> int | None:
         """Database stock of a sku, or None when it does not exist."""
@@ -285,7 +287,12 @@ class Orders:
             raise PostgresUnavailable(_cause(exc)) from exc
 
     async def put_sku(
-        self, sku: str, stock: int, per_user_limit: int, room: WaitingRoom | None = None
+        self,
+        sku: str,
+        stock: int,
+        per_user_limit: int,
+        room: WaitingRoom | None = None,
+        starts_at: datetime | None = None,
     ) -> int:
         """Create a sku or reset its stock, recording the movement; returns the stock."""
         try:
@@ -300,6 +307,7 @@ class Orders:
                     room and room.admit_per_s,
                     room and room.token_ttl_s,
                     bool(room and room.shuffle_at_start),
+                    starts_at,
                 )
                 await con.execute(RECORD_MOVEMENT, sku, stock - old["stock"], "set", stock)
                 return stock

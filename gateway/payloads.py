@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from datetime import datetime
 from typing import Any
 
 import orjson
@@ -23,7 +24,7 @@ MAX_INT = 2**50
 MAX_LIMIT = 2**31 - 1
 
 PURCHASE_FIELDS = frozenset({"sku", "user_id", "qty", "request_id"})
-SKU_FIELDS = frozenset({"stock", "per_user_limit", "waiting_room"})
+SKU_FIELDS = frozenset({"stock", "per_user_limit", "waiting_room", "starts_at"})
 ROOM_FIELDS = frozenset({"admit_per_s", "token_ttl_s", "shuffle_at_start"})
 QUEUE_FIELDS = frozenset({"user_id"})
 # A day: a token is meant to be spent within minutes of admission.
@@ -129,3 +130,20 @@ def waiting_room(data: Mapping[str, Any]) -> WaitingRoom | None:
         token_ttl_s=integer(room, "token_ttl_s", low=1, high=MAX_TOKEN_TTL_S),
         shuffle_at_start=shuffle,
     )
+
+
+def moment(data: Mapping[str, Any], name: str) -> datetime | None:
+    """An optional RFC 3339 timestamp with its offset (``2026-12-01T20:00:00Z``);
+    raises :class:`InvalidRequest`."""
+    raw = data.get(name)
+    if raw is None:
+        return None
+    if not isinstance(raw, str) or len(raw) > 40:
+        raise InvalidRequest(f"{name} must be an RFC 3339 timestamp")
+    try:
+        parsed = datetime.fromisoformat(raw)
+    except ValueError:
+        raise InvalidRequest(f"{name} must be an RFC 3339 timestamp") from None
+    if parsed.tzinfo is None:
+        raise InvalidRequest(f"{name} needs a UTC offset or Z")
+    return parsed

@@ -111,7 +111,8 @@ async def put_sku(request: web.Request) -> web.Response:
     stock = payloads.integer(data, "stock", low=0)
     limit = payloads.integer(data, "per_user_limit", low=1, high=payloads.MAX_LIMIT, default=1)
     room = payloads.waiting_room(data)
-    return json_response(await admin.put_sku(sku, stock, limit, room))
+    starts_at = payloads.moment(data, "starts_at")
+    return json_response(await admin.put_sku(sku, stock, limit, room, starts_at))
 
 
 async def restock(request: web.Request) -> web.Response:

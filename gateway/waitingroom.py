@@ -8,6 +8,7 @@ shares one pace. Driver errors become :class:`gateway.errors.RedisUnavailable`.
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Literal, TypeVar
@@ -70,23 +71,29 @@ class WaitingRooms:
         for script in self.scripts:
             await script.load(self._redis)
 
-    async def join(self, sku: str, user_id: str, fresh_ticket: str) -> Standing:
+    async def join(self, sku: str, user_id: str, fresh_ticket: str, starts_ms: int) -> Standing:
         """Queue ``user_id`` for ``sku`` with ``fresh_ticket``, or find the ticket
-        they already hold; ``sold_out`` when the sku is settled sold out."""
+        they already hold; ``sold_out`` when the sku is settled sold out.
+        ``starts_ms`` is the sale's start (0: none), to tell early arrivals apart."""
         q, s = QueueKeys.of(self._prefix, sku), SkuKeys.of(self._prefix, sku)
-        keys = (q.wait, q.users, q.tickets, q.seq, s.stock, s.pending)
-        raw = await _guard(
-            self._join(self._redis, keys, (user_id, fresh_ticket, self._retention_ms))
-        )
+        keys = (q.wait, q.users, q.tickets, q.seq, s.stock, s.pending, q.early)
+        args = (user_id, fresh_ticket, self._retention_ms, starts_ms)
+        raw = await _guard(self._join(self._redis, keys, args))
         if raw[0] == "sold_out":
             return _SOLD_OUT
         return Standing("waiting", raw[1], user_id, int(raw[2]), waiting=int(raw[3]))
 
-    async def poll(self, sku: str, ticket: str, admit_per_s: int) -> Standing:
-        """Let the next people in if the pace allows, then where ``ticket`` stands."""
+    async def poll(
+        self, sku: str, ticket: str, admit_per_s: int, starts_ms: int, shuffle: bool
+    ) -> Standing:
+        """Let the next people in if the sale has started and the pace allows (the
+        early arrivals shuffled first, once, if ``shuffle``), then where ``ticket``
+        stands."""
         q, s = QueueKeys.of(self._prefix, sku), SkuKeys.of(self._prefix, sku)
-        keys = (q.wait, q.tickets, q.recent, s.stock, s.pending)
-        raw = await _guard(self._poll(self._redis, keys, (ticket, admit_per_s, self._retention_ms)))
+        keys = (q.wait, q.tickets, q.recent, s.stock, s.pending, q.early, q.shuffled)
+        salt = secrets.token_hex(8)
+        args = (ticket, admit_per_s, self._retention_ms, starts_ms, int(shuffle), salt)
+        raw = await _guard(self._poll(self._redis, keys, args))
         kind = raw[0]
         if kind == "unknown":
             return _UNKNOWN

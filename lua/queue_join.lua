@@ -8,8 +8,10 @@
 -- KEYS[4] seq      string: last join sequence
 -- KEYS[5] stock    string: the sku's units not yet reserved (read only)
 -- KEYS[6] pending  hash:   the sku's reservation ledger (read only)
+-- KEYS[7] early    string: the last join sequence given out before the start
 -- ARGV[1] user_id, ARGV[2] a fresh ticket, used only if the user has none
 -- ARGV[3] retention in ms: the queue's keys live that long after a join
+-- ARGV[4] the sale's start in ms since the epoch, 0 when it has no start
 --
 -- Returns one of:
 --   {"sold_out"}                          stock is 0 and nothing is pending
@@ -34,6 +36,11 @@ if not ticket then
   redis.call("HSET", KEYS[3], ticket, user)
   for i = 1, 4 do
     redis.call("PEXPIRE", KEYS[i], retention)
+  end
+  -- Early arrivals are told apart by Redis's clock, not the gateway's.
+  local time = redis.call("TIME")
+  if tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000) < tonumber(ARGV[4]) then
+    redis.call("SET", KEYS[7], seq, "PX", retention)
   end
 end
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from redis.asyncio import Redis
@@ -20,6 +21,11 @@ from tests.support.rooms import (
     poll,
     put_room_sku,
 )
+
+
+async def queue_line(redis: Redis, wait_key: str) -> list[str]:
+    """The tickets waiting, head first, as Redis holds them."""
+    return [str(t, "utf-8") for t in await redis.zrange(wait_key, 0, -1) if isinstance(t, bytes)]
 
 
 class TestJoining:
@@ -237,3 +243,45 @@ class TestSoldOut:
         await wait_for(told, what="waiting ticket told sold out")
         status, body = await join(client, sku, "late")
         assert (status, body) == (409, {"status": "sold_out"})
+
+
+class TestStart:
+    """Before starts_at nobody is let in; with shuffle_at_start the early arrivals
+    are dealt a random order once, at the start, ahead of later arrivals."""
+
+    async def test_early_arrivals_are_shuffled_once_at_the_start(
+        self, start_gateway: Any, sku: str, redis: Redis, key_prefix: str
+    ) -> None:
+        """Thirty people join before the start: polls admit nobody; after it one
+        person is let in, and the other 29 wait in an order that is not their join
+        order; someone joining after the start is last, and a later poll does not
+        shuffle again."""
+        client = await start_gateway(admission_secret=SECRET)
+        starts_at = datetime.now(UTC) + timedelta(seconds=2)
+        body = {
+            "stock": 50,
+            "starts_at": starts_at.isoformat(),
+            "waiting_room": {"admit_per_s": 1, "token_ttl_s": 60, "shuffle_at_start": True},
+        }
+        resp = await client.put(f"/admin/skus/{sku}", json=body, headers=ADMIN_HEADERS)
+        assert resp.status == 200 and (await resp.json())["starts_at"].endswith("Z")
+        tickets = [(await join(client, sku, f"early{i}"))[1]["ticket"] for i in range(30)]
+        before = await poll(client, sku, tickets[0])
+        assert before["status"] == "waiting" and before["eta_s"] >= 2
+        wait_key = QueueKeys.of(key_prefix, sku).wait
+
+        async def someone_in() -> bool:
+            await poll(client, sku, tickets[0])
+            return bool(await redis.zcard(wait_key) == 29)
+
+        await wait_for(someone_in, within=10, what="the first admission after the start")
+        _, late = await join(client, sku, "late")
+        assert late["position"] == 30
+        line = await queue_line(redis, wait_key)
+        assert line[-1] == late["ticket"]
+        early_line = line[:-1]
+        assert len(set(tickets) - set(early_line)) == 1 and set(early_line) <= set(tickets)
+        assert early_line != [t for t in tickets if t in early_line], "not shuffled"
+        await poll(client, sku, tickets[1])
+        now_line = (await queue_line(redis, wait_key))[:-1]
+        assert now_line == early_line[len(early_line) - len(now_line) :], "shuffled twice"
