@@ -106,6 +106,13 @@ class Admissions:
             "expires_at": rfc3339(datetime.fromtimestamp(expires_ms / 1000, UTC)),
         }
 
+    def open_door(self, sku: str) -> bool:
+        """Whether ``sku`` is known, without I/O, to have no waiting room: then the
+        caller buys through :class:`Purchases` directly, and the sold-out path
+        pays one dict lookup for the waiting rooms, not a coroutine."""
+        info = self._catalog.cached(sku)
+        return info is not None and info.waiting_room is None
+
     async def purchase(self, purchase: Purchase, token: str | None) -> Result:
         """Decide a purchase, spending its admission token when the sku has a room.
 
