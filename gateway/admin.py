@@ -7,10 +7,11 @@ flush lock so no flush commits in between.
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from gateway.catalog import Catalog
-from gateway.domain import StockReport
+from gateway.domain import StockReport, WaitingRoom, rfc3339
 from gateway.errors import UnknownSku
 from gateway.inventory import Inventory
 from gateway.orders import Orders
@@ -36,10 +37,17 @@ class StockAdmin:
         self._catalog = catalog
         self._soldout = soldout
 
-    async def put_sku(self, sku: str, stock: int, per_user_limit: int) -> dict[str, Any]:
+    async def put_sku(
+        self,
+        sku: str,
+        stock: int,
+        per_user_limit: int,
+        room: WaitingRoom | None = None,
+        starts_at: datetime | None = None,
+    ) -> dict[str, Any]:
         """Create ``sku`` or reset its remaining stock (orders stay)."""
         async with self._locks.held(sku):
-            await self._orders.put_sku(sku, stock, per_user_limit)
+            await self._orders.put_sku(sku, stock, per_user_limit, room, starts_at)
             redis_stock = await self._inventory.load_stock(sku, stock, reset=True)
         self._forget(sku)
         return {
@@ -47,6 +55,8 @@ class StockAdmin:
             "stock": stock,
             "per_user_limit": per_user_limit,
             "redis_stock": redis_stock,
+            **({"waiting_room": room.as_json()} if room is not None else {}),
+            **({"starts_at": rfc3339(starts_at)} if starts_at is not None else {}),
         }
 
     async def restock(self, sku: str, delta: int) -> dict[str, Any]:

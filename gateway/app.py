@@ -21,8 +21,12 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from gateway import views
 from gateway.admin import StockAdmin
+from gateway.admintokens import AdminTokens
+from gateway.admission import Admissions
 from gateway.appkeys import (
     ADMIN,
+    ADMIN_TOKENS,
+    ADMISSIONS,
     BATCHER,
     INVENTORY,
     METRICS,
@@ -53,6 +57,8 @@ from gateway.reconciler import Reconciler
 from gateway.settings import Settings
 from gateway.skulocks import sku_locks
 from gateway.soldout import SoldOut
+from gateway.tokens import Signer
+from gateway.waitingroom import WaitingRooms
 
 QUEUE_SAMPLE_S = 0.5
 # Longest a stopping gateway waits for its PostgreSQL connections to close cleanly.
@@ -140,6 +146,19 @@ async def service_ctx(app: web.Application) -> AsyncIterator[None]:
         flusher=flusher,
         observer=metrics,
     )
+    rooms = WaitingRooms(redis, settings, on_noscript=metrics.noscript_reload)
+    await rooms.load_scripts()
+    signer = None
+    if settings.admission_secret is not None:
+        signer = Signer(settings.admission_secret, settings.admission_secret_previous)
+    app[ADMISSIONS] = Admissions(
+        catalog=catalog,
+        soldout=soldout,
+        purchases=app[PURCHASES],
+        rooms=rooms,
+        signer=signer,
+        observer=metrics,
+    )
     app[ADMIN] = StockAdmin(
         inventory=inventory, orders=orders, locks=locks, catalog=catalog, soldout=soldout
     )
@@ -206,6 +225,7 @@ def create_app(settings: Settings) -> web.Application:
     app[METRICS] = metrics
     app[STOPPING] = asyncio.Event()
     app[PROXIES] = TrustedProxies(parse_networks(settings.trusted_proxies))
+    app[ADMIN_TOKENS] = AdminTokens(settings.admin_token, settings.admin_token_file)
     app.cleanup_ctx.extend([redis_ctx, database_ctx, service_ctx])
     app.on_shutdown.append(drain)
     app.add_routes(views.routes(with_metrics=settings.metrics))

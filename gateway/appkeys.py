@@ -7,6 +7,8 @@ import asyncio
 from aiohttp import web
 
 from gateway.admin import StockAdmin
+from gateway.admintokens import AdminTokens
+from gateway.admission import Admissions
 from gateway.batcher import Batcher
 from gateway.clients import TrustedProxies
 from gateway.connections import RedisClient
@@ -32,3 +34,6 @@ ADMIN = web.AppKey("admin", StockAdmin)
 RECONCILER = web.AppKey("reconciler", Reconciler)
 # A purchase response carries its outcome to the metrics middleware.
 OUTCOME = web.ResponseKey("outcome", str)
+# Waiting rooms in front of the purchases, and the admin tokens (with their file).
+ADMISSIONS = web.AppKey("admissions", Admissions)
+ADMIN_TOKENS = web.AppKey("admin_tokens", AdminTokens)

@@ -39,6 +39,10 @@ class Catalog:
         self._known[sku] = found
         return found
 
+    def cached(self, sku: str) -> SkuInfo | None:
+        """The sku's info if this instance has it at hand, without I/O."""
+        return self._known.get(sku)
+
     def forget(self, sku: str) -> None:
         """Drop what is cached of a sku (it was created or changed)."""
         self._known.pop(sku, None)

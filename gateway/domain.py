@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass, replace
+from datetime import UTC, datetime
 from enum import StrEnum
 
 
@@ -90,11 +91,33 @@ IN_PROGRESS = Result(Outcome.IN_PROGRESS)
 
 
 @dataclass(frozen=True, slots=True)
+class WaitingRoom:
+    """A sku's waiting room: how many people a second are let through, how long
+    their admission token lasts, and whether early arrivals are shuffled."""
+
+    admit_per_s: int
+    token_ttl_s: int
+    shuffle_at_start: bool = False
+
+    def as_json(self) -> dict[str, int | bool]:
+        """The waiting room as the admin API shows it."""
+        return {
+            "admit_per_s": self.admit_per_s,
+            "token_ttl_s": self.token_ttl_s,
+            "shuffle_at_start": self.shuffle_at_start,
+        }
+
+
+@dataclass(frozen=True, slots=True)
 class SkuInfo:
     """What the gateway needs to know of a sku before reserving it."""
 
     sku: str
     per_user_limit: int
+    # None: anyone may buy without queueing first.
+    waiting_room: WaitingRoom | None = None
+    # When the sale starts (timezone-aware); None: it has.
+    starts_at: datetime | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,3 +129,9 @@ class StockReport:
     redis_stock: int | None
     pending: int
     sold: int
+
+
+def rfc3339(moment: datetime) -> str:
+    """An aware datetime as RFC 3339 in UTC, to the millisecond: ``...T12:00:00.000Z``."""
+    utc = moment.astimezone(UTC)
+    return utc.isoformat(timespec="milliseconds").replace("+00:00", "Z")

@@ -142,3 +142,29 @@ class StockGuardRefused(PostgresUnavailable):
     row without it; the guard is the floor that holds all the same."""
 
     reason = "stock_guard"
+
+
+class AdmissionRequired(GatewayError):
+    """A waiting-room sku was bought without an ``Admission-Token`` header."""
+
+    status = 428
+    code = "admission_required"
+
+
+class AdmissionInvalid(GatewayError):
+    """The admission token is forged, expired, for another user or sku, or spent."""
+
+    status = 403
+    code = "admission_invalid"
+
+
+class UnknownTicket(NotFound):
+    """No such ticket in the sku's waiting room."""
+
+    code = "unknown_ticket"
+
+
+class NoWaitingRoom(NotFound):
+    """The sku exists but has no waiting room."""
+
+    code = "no_waiting_room"

@@ -129,3 +129,37 @@ def decode_confirmed(sku: str, request_id: str, record: str) -> Order:
     """A done-hash record back into its :class:`Order`."""
     order_id, user, qty = record.split(SEPARATOR)
     return Order(order_id, request_id, sku, user, int(qty))
+
+
+@dataclass(frozen=True, slots=True)
+class QueueKeys:
+    """The Redis keys of one sku's waiting room (``gateway.waitingroom``), in its slot.
+
+    ``...:q:wait``     zset    ticket -> join sequence: who waits, in order
+    ``...:q:users``    hash    user_id -> ticket (joining twice finds it)
+    ``...:q:tickets``  hash    ticket -> ``user_id`` while waiting, ``user_id|admitted_ms`` after
+    ``...:q:recent``   zset    ticket -> admitted_ms of the admissions of the last second
+    ``...:q:seq``      string  the last join sequence given out
+    ``...:q:early``    string  the last join sequence given out before the sale's start
+    ``...:q:shuffled`` string  set once the early arrivals were shuffled at the start
+    ``...:q:used:<ticket>``  string  the request id that spent the ticket's token
+    """
+
+    wait: str
+    users: str
+    tickets: str
+    recent: str
+    seq: str
+    early: str
+    shuffled: str
+
+    @classmethod
+    def of(cls, prefix: str, sku: str) -> QueueKeys:
+        """The waiting-room keys of ``sku`` under ``prefix``."""
+        base = f"{sku_base(prefix, sku)}:q"
+        names = ("wait", "users", "tickets", "recent", "seq", "early", "shuffled")
+        return cls(*(f"{base}:{name}" for name in names))
+
+    def used(self, ticket: str) -> str:
+        """The key recording which request spent ``ticket``'s admission token."""
+        return f"{self.wait.removesuffix(':wait')}:used:{ticket}"

@@ -118,6 +118,35 @@ class Metrics:
         self.shed = Counter(
             "flashsale_shed", "Purchases refused with 503 because the queue was full.", registry=r
         )
+        self.room_length = Gauge(
+            "flashsale_waiting_room_length",
+            "People waiting in a sku's waiting room (as last seen by a join or poll).",
+            ["sku"],
+            registry=r,
+            multiprocess_mode="mostrecent",
+        )
+        self.room_admitted = Counter(
+            "flashsale_waiting_room_admitted",
+            "People let through a sku's waiting room (rate() gives admitted/s).",
+            ["sku"],
+            registry=r,
+        )
+        self.admissions_refused = Counter(
+            "flashsale_admissions_refused",
+            "Purchases of waiting-room skus refused for their admission token, by reason.",
+            ["reason"],
+            registry=r,
+        )
+        self.connections_refused = Counter(
+            "flashsale_connections_refused",
+            "Connections closed at once because GATEWAY_MAX_CONNECTIONS were open.",
+            registry=r,
+        )
+        self.read_timeouts = Counter(
+            "flashsale_request_read_timeouts",
+            "Connections dropped for not sending a request within GATEWAY_REQUEST_READ_TIMEOUT_S.",
+            registry=r,
+        )
 
     def render(self) -> bytes:
         """The exposition text of every metric (of every worker, with several)."""
@@ -166,6 +195,26 @@ class Metrics:
     def shed_one(self) -> None:
         """A purchase was refused because the queue was full."""
         self.shed.inc()
+
+    # The waiting rooms' observer (gateway.admission.AdmissionObserver).
+    def room_seen(self, sku: str, waiting: int, admitted_now: int) -> None:
+        """A join or poll saw ``waiting`` people queued and let ``admitted_now`` in."""
+        self.room_length.labels(sku).set(waiting)
+        if admitted_now:
+            self.room_admitted.labels(sku).inc(admitted_now)
+
+    def admission_refused(self, reason: str) -> None:
+        """A purchase's admission token was refused (missing, forged, expired, used)."""
+        self.admissions_refused.labels(reason).inc()
+
+    # The connection guard's observer (gateway.guard.GuardObserver).
+    def connection_refused(self) -> None:
+        """A connection beyond the cap was closed."""
+        self.connections_refused.inc()
+
+    def read_timed_out(self) -> None:
+        """A connection was dropped for sending its request too slowly."""
+        self.read_timeouts.inc()
 
     def noscript_reload(self, script: str) -> None:
         """Redis had forgotten a script."""

@@ -13,11 +13,22 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 import asyncpg
 
-from gateway.domain import DUPLICATE, SOLD_OUT, Order, Outcome, Purchase, Result, SkuInfo, Verdict
+from gateway.domain import (
+    DUPLICATE,
+    SOLD_OUT,
+    Order,
+    Outcome,
+    Purchase,
+    Result,
+    SkuInfo,
+    Verdict,
+    WaitingRoom,
+)
 from gateway.errors import (
     FencedOut,
     GatewayError,
@@ -57,7 +68,10 @@ SELECT (SELECT system_identifier FROM pg_control_system())::text || ':'
 DATABASE_OID = """
 SELECT '?:' || (SELECT oid FROM pg_database WHERE datname = current_database())::text
 """
-SKU_INFO = "SELECT per_user_limit FROM inventory WHERE sku = $1"
+SKU_INFO = """
+SELECT per_user_limit, room_admit_per_s, room_token_ttl_s, room_shuffle_at_start, starts_at
+FROM inventory WHERE sku = $1
+"""
 SKU_STOCK = "SELECT stock FROM inventory WHERE sku = $1"
 ALL_SKUS = "SELECT sku FROM inventory ORDER BY sku"
 ORDERS_BY_REQUESTS = """
@@ -78,6 +92,12 @@ UPDATE inventory SET stock = $2, per_user_limit = $3, updated_at = now() WHERE s
 """
 RESTOCK = """
 UPDATE inventory SET stock = stock + $2, updated_at = now() WHERE sku = $1 RETURNING stock
+"""
+# A PUT replaces the whole sku, so no waiting room in it means none any more.
+SET_WAITING_ROOM = """
+UPDATE inventory
+SET room_admit_per_s = $2, room_token_ttl_s = $3, room_shuffle_at_start = $4, starts_at = $5
+WHERE sku = $1
 """
 RECORD_MOVEMENT = """
 INSERT INTO stock_movements (sku, delta, reason, stock_after) VALUES ($1, $2, $3, $4)
@@ -215,9 +235,19 @@ class Orders:
         return value
 
     async def sku_info(self, sku: str) -> SkuInfo | None:
-        """The sku's per-user limit, or None when it does not exist."""
-        limit = await self._fetchval(SKU_INFO, sku)
-        return None if limit is None else SkuInfo(sku, limit)
+        """The sku's per-user limit and waiting room, or None when it does not exist."""
+        try:
+            row = await self.pool.fetchrow(SKU_INFO, sku)
+        except DB_ERRORS as exc:
+            raise PostgresUnavailable(_cause(exc)) from exc
+        if row is None:
+            return None
+        room = None
+        if row["room_admit_per_s"] is not None:
+            room = WaitingRoom(
+                row["room_admit_per_s"], row["room_token_ttl_s"], row["room_shuffle_at_start"]
+            )
+        return SkuInfo(sku, row["per_user_limit"], room, row["starts_at"])
 
     async def stock(self, sku: str) -> int | None:
         """Database stock of a sku, or None when it does not exist."""
@@ -256,7 +286,14 @@ class Orders:
         except DB_ERRORS as exc:
             raise PostgresUnavailable(_cause(exc)) from exc
 
-    async def put_sku(self, sku: str, stock: int, per_user_limit: int) -> int:
+    async def put_sku(
+        self,
+        sku: str,
+        stock: int,
+        per_user_limit: int,
+        room: WaitingRoom | None = None,
+        starts_at: datetime | None = None,
+    ) -> int:
         """Create a sku or reset its stock, recording the movement; returns the stock."""
         try:
             async with self.pool.acquire() as con, con.transaction():
@@ -264,6 +301,14 @@ class Orders:
                 old = await con.fetchrow(LOCK_INVENTORY_ROW, sku)
                 assert old is not None  # created above; skus are never deleted
                 await con.execute(SET_SKU, sku, stock, per_user_limit)
+                await con.execute(
+                    SET_WAITING_ROOM,
+                    sku,
+                    room and room.admit_per_s,
+                    room and room.token_ttl_s,
+                    bool(room and room.shuffle_at_start),
+                    starts_at,
+                )
                 await con.execute(RECORD_MOVEMENT, sku, stock - old["stock"], "set", stock)
                 return stock
         except DB_ERRORS as exc:

@@ -26,7 +26,8 @@ from aiohttp import web
 from prometheus_client.multiprocess import mark_process_dead
 
 from gateway.app import create_app, drain, lame_duck
-from gateway.appkeys import BATCHER
+from gateway.appkeys import BATCHER, METRICS
+from gateway.guard import GuardedSite
 from gateway.settings import Settings, worker_environment
 
 log = structlog.get_logger(__name__)
@@ -44,7 +45,7 @@ async def run(settings: Settings, on_startup: StartupHook | None = None) -> None
     )
     await runner.setup()
     try:
-        site = web.TCPSite(runner, settings.host, settings.port, reuse_port=True)
+        site = GuardedSite(runner, settings, observer=app[METRICS])
         await site.start()
         log.info("serving", host=settings.host, port=settings.port)
         await _stop_signal()

@@ -64,6 +64,18 @@ class Settings:
     # Set for workers by their supervisor (PROMETHEUS_MULTIPROC_DIR): where
     # prometheus-client keeps the values every worker's /metrics adds up.
     multiproc_dir: str | None = None
+    # A file of admin bearer tokens, one a line (two during a rotation), read
+    # again whenever its mtime, size or inode changes; with admin_token, both count.
+    admin_token_file: str | None = None
+    # Waiting rooms: the key signing admission tokens, and the one before it,
+    # still accepted (never used to sign) while a rotation is under way.
+    admission_secret: str | None = None
+    admission_secret_previous: str | None = None
+    # Hostile clients: a request's head and body must arrive within this long of
+    # its first byte (and a new connection's first request within this long).
+    request_read_timeout_s: float = 10.0
+    # Open connections per gateway process; those beyond get a 503 and are closed.
+    max_connections: int = 10_000
 
     def __post_init__(self) -> None:
         if self.redis_sentinels and self.redis_cluster_nodes:
@@ -160,6 +172,19 @@ def _text(raw: str) -> str:
     return raw
 
 
+def _file(raw: str) -> str:
+    if not os.path.isfile(raw):
+        raise ValueError("must name a readable file")
+    return raw
+
+
+def _secret(raw: str) -> str:
+    # An HMAC key guessable by brute force would let anyone mint admission tokens.
+    if len(raw) < 16 or any(c.isspace() for c in raw):
+        raise ValueError("must be at least 16 characters without spaces")
+    return raw
+
+
 _PARSERS: Mapping[str, Callable[[str], Any]] = {
     "host": _text,
     "port": _int(0),
@@ -188,6 +213,11 @@ _PARSERS: Mapping[str, Callable[[str], Any]] = {
     "metrics": _bool,
     "workers": _int(1),
     "multiproc_dir": _text,
+    "admin_token_file": _file,
+    "admission_secret": _secret,
+    "admission_secret_previous": _secret,
+    "request_read_timeout_s": _float(0.1),
+    "max_connections": _int(1),
 }
 
 

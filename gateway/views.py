@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
-import hmac
 from typing import Any
 
 import orjson
+import structlog
 from aiohttp import web
 
 from gateway import payloads
 from gateway.admin import StockAdmin
 from gateway.appkeys import (
     ADMIN,
+    ADMIN_TOKENS,
+    ADMISSIONS,
     BATCHER,
     INVENTORY,
     METRICS,
@@ -19,12 +21,13 @@ from gateway.appkeys import (
     OUTCOME,
     PURCHASES,
     RECONCILER,
-    SETTINGS,
     STOPPING,
 )
 from gateway.domain import Outcome, Result
-from gateway.errors import Forbidden, NotFound, TooLarge, Unauthorized
+from gateway.errors import Forbidden, InvalidRequest, NotFound, TooLarge, Unauthorized
 from gateway.metrics import CONTENT_TYPE
+
+log = structlog.get_logger(__name__)
 
 JSON = "application/json"
 _SOLD_OUT = orjson.dumps({"status": "sold_out"})
@@ -66,7 +69,11 @@ async def purchase(request: web.Request) -> web.Response:
     """POST /v1/purchase."""
     body = await read_body(request)
     p = payloads.purchase(body, request.headers.get("Idempotency-Key"))
-    return purchase_response(await request.app[PURCHASES].purchase(p))
+    admissions = request.app[ADMISSIONS]
+    if admissions.open_door(p.sku):
+        return purchase_response(await request.app[PURCHASES].purchase(p))
+    token = request.headers.get("Admission-Token")
+    return purchase_response(await admissions.purchase(p, token))
 
 
 async def get_order(request: web.Request) -> web.Response:
@@ -85,30 +92,35 @@ async def get_sku(request: web.Request) -> web.Response:
     return json_response({"sku": sku, "available": available})
 
 
-def _admin(request: web.Request) -> StockAdmin:
-    """The admin use cases, once the bearer token checks out (in constant time)."""
-    token = request.app[SETTINGS].admin_token
-    if token is None:
-        raise Forbidden("admin routes are off: GATEWAY_ADMIN_TOKEN is not set")
-    given = request.headers.get("Authorization", "")
-    if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+def _admin(request: web.Request, change: str | None = None) -> StockAdmin:
+    """The admin use cases, once the bearer token checks out (in constant time);
+    a ``change`` is logged with the fingerprint of the token that made it."""
+    tokens = request.app[ADMIN_TOKENS]
+    if not tokens.configured:
+        raise Forbidden("admin routes are off: GATEWAY_ADMIN_TOKEN(_FILE) is not set")
+    fingerprint = tokens.check(request.headers.get("Authorization", ""))
+    if fingerprint is None:
         raise Unauthorized("missing or wrong bearer token")
+    if change is not None:
+        log.info("admin_change", change=change, path=request.path, token=fingerprint)
     return request.app[ADMIN]
 
 
 async def put_sku(request: web.Request) -> web.Response:
     """PUT /admin/skus/{sku}: create the sku or reset its remaining stock."""
-    admin = _admin(request)
+    admin = _admin(request, "put_sku")
     sku = payloads.identifier(request.match_info["sku"], "sku")
     data = payloads.parse_object(await read_body(request), payloads.SKU_FIELDS)
     stock = payloads.integer(data, "stock", low=0)
     limit = payloads.integer(data, "per_user_limit", low=1, high=payloads.MAX_LIMIT, default=1)
-    return json_response(await admin.put_sku(sku, stock, limit))
+    room = payloads.waiting_room(data)
+    starts_at = payloads.moment(data, "starts_at")
+    return json_response(await admin.put_sku(sku, stock, limit, room, starts_at))
 
 
 async def restock(request: web.Request) -> web.Response:
     """POST /admin/skus/{sku}/restock: add stock."""
-    admin = _admin(request)
+    admin = _admin(request, "restock")
     sku = payloads.identifier(request.match_info["sku"], "sku")
     data = payloads.parse_object(await read_body(request), payloads.RESTOCK_FIELDS)
     return json_response(await admin.restock(sku, payloads.integer(data, "delta", low=1)))
@@ -130,9 +142,30 @@ async def sku_report(request: web.Request) -> web.Response:
 
 async def reconcile(request: web.Request) -> web.Response:
     """POST /admin/reconcile: run a reconciliation pass now; what it did per sku."""
-    _admin(request)
+    _admin(request, "reconcile")
     done = await request.app[RECONCILER].reconcile_all()
     return json_response({sku: r.as_json() for sku, r in done.items()})
+
+
+async def join_queue(request: web.Request) -> web.Response:
+    """POST /v1/queue/{sku}: a ticket in the sku's waiting room (the same one again
+    for a user who joined before), or 409 sold_out."""
+    sku = payloads.identifier(request.match_info["sku"], "sku")
+    data = payloads.parse_object(await read_body(request), payloads.QUEUE_FIELDS)
+    if "user_id" not in data:
+        raise InvalidRequest("user_id is required")
+    user_id = payloads.identifier(data["user_id"], "user_id")
+    place = await request.app[ADMISSIONS].join(sku, user_id)
+    if place is None:
+        return web.Response(body=_SOLD_OUT, status=409, content_type=JSON)
+    return json_response(place)
+
+
+async def poll_queue(request: web.Request) -> web.Response:
+    """GET /v1/queue/{sku}/{ticket}: waiting, admitted (with a token), or sold out."""
+    sku = payloads.identifier(request.match_info["sku"], "sku")
+    ticket = payloads.identifier(request.match_info["ticket"], "ticket")
+    return json_response(await request.app[ADMISSIONS].poll(sku, ticket))
 
 
 async def healthz(request: web.Request) -> web.Response:
@@ -167,6 +200,8 @@ def routes(with_metrics: bool) -> list[web.RouteDef]:
         web.post("/admin/skus/{sku}/restock", restock),
         web.get("/admin/skus/{sku}", sku_report),
         web.post("/admin/reconcile", reconcile),
+        web.post("/v1/queue/{sku}", join_queue),
+        web.get("/v1/queue/{sku}/{ticket}", poll_queue),
         web.get("/healthz", healthz),
         web.get("/readyz", readyz),
         *([web.get("/metrics", metrics)] if with_metrics else []),

@@ -197,6 +197,8 @@ class Harness:
             }
         )
         env.setdefault("GATEWAY_DRAIN_S", "5")
+        # Waiting-room skus (the waiting_room Locust profile) need admission tokens.
+        env.setdefault("GATEWAY_ADMISSION_SECRET", secrets.token_hex(16))
         # One process unless asked otherwise: its pid is then the server's.
         env.setdefault("GATEWAY_WORKERS", "1")
         env.update(settings or {})

@@ -8,7 +8,9 @@ Pick a scenario by user class (``loadtests/profiles.py`` lists them) or by tag::
 Classes and tags: ``FlashCrowdUser`` (flash_crowd), ``SoldOutStormUser``
 (sold_out_storm), ``DuplicateClickerUser`` (duplicate_clickers),
 ``RestockBuyerUser`` + ``RestockAdminUser`` (restock_mid_sale) and
-``MixedBrowseUser`` (mixed_browse_buy).
+``MixedBrowseUser`` (mixed_browse_buy), ``WaitingRoomUser`` (waiting_room: join
+the sku's waiting room, poll until let in, buy with the admission token; the
+gateway needs ``GATEWAY_ADMISSION_SECRET``).
 
 On test start the master (or the only process) creates the skus through the
 admin API with ``GATEWAY_ADMIN_TOKEN``; ``LOCUST_SETUP=0`` skips that (skus
@@ -43,12 +45,21 @@ SOLD_OUT_SKU = f"{SKU_PREFIX}-soldout"
 DUPLICATE_SKU = f"{SKU_PREFIX}-dupes"
 RESTOCK_SKU = f"{SKU_PREFIX}-restock"
 BROWSE_SKU = f"{SKU_PREFIX}-browse"
+ROOM_SKU = f"{SKU_PREFIX}-room"
 STOCKS = {
     FLASH_SKU: int(os.environ.get("LOCUST_FLASH_STOCK", "5000")),
     SOLD_OUT_SKU: 0,
     DUPLICATE_SKU: 10_000_000,
     RESTOCK_SKU: int(os.environ.get("LOCUST_RESTOCK_STOCK", "20")),
     BROWSE_SKU: 10_000_000,
+    ROOM_SKU: int(os.environ.get("LOCUST_ROOM_STOCK", "1000")),
+}
+# Skus sold through a waiting room, and its settings.
+ROOMS = {
+    ROOM_SKU: {
+        "admit_per_s": int(os.environ.get("LOCUST_ROOM_ADMIT_PER_S", "200")),
+        "token_ttl_s": 60,
+    }
 }
 RESTOCK_EVERY_S = float(os.environ.get("LOCUST_RESTOCK_EVERY", "1.0"))
 RESTOCK_DELTA = int(os.environ.get("LOCUST_RESTOCK_DELTA", "10"))
@@ -72,7 +83,10 @@ def create_skus(environment: Environment, **_: Any) -> None:
     # urllib would honour http_proxy from the environment; talk to the host directly.
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     for sku, stock in STOCKS.items():
-        body = json.dumps({"stock": stock, "per_user_limit": 1}).encode()
+        sku_body: dict[str, Any] = {"stock": stock, "per_user_limit": 1}
+        if sku in ROOMS:
+            sku_body["waiting_room"] = ROOMS[sku]
+        body = json.dumps(sku_body).encode()
         request = urllib.request.Request(
             f"{environment.host}/admin/skus/{sku}", data=body, method="PUT"
         )
@@ -130,6 +144,7 @@ class Shopper(FastHttpUser):
         allowed: frozenset[tuple[int, str | None]] = BUY_OUTCOMES,
         user_id: str | None = None,
         request_id: str | None = None,
+        admission_token: str | None = None,
     ) -> tuple[int, dict[str, Any]]:
         """POST /v1/purchase, one unit; returns (status, body)."""
         body = {
@@ -137,10 +152,13 @@ class Shopper(FastHttpUser):
             "user_id": user_id or new_id(),
             "request_id": request_id or new_id(),
         }
+        headers = JSON_HEADERS
+        if admission_token is not None:
+            headers = {**JSON_HEADERS, "Admission-Token": admission_token}
         with self.client.post(
             "/v1/purchase",
             data=json.dumps(body),
-            headers=JSON_HEADERS,
+            headers=headers,
             name=name,
             catch_response=True,
         ) as response:
@@ -264,3 +282,49 @@ class MixedBrowseUser(Shopper):
     def purchase(self) -> None:
         """One new shopper buys one unit."""
         self.buy(BROWSE_SKU, "purchase [mixed_browse_buy]")
+
+
+class WaitingRoomUser(Shopper):
+    """A shopper of a waiting-room sku: join, poll until let in, buy with the token,
+    then a new shopper takes their place. Sold out ends each shopper's wait."""
+
+    wait_time = between(0.1, 0.3)
+    user_id = ""
+    ticket: str | None = None
+
+    def on_start(self) -> None:
+        """Start as a new shopper."""
+        self._next_shopper()
+
+    def _next_shopper(self) -> None:
+        self.user_id, self.ticket = new_id(), None
+
+    @tag("waiting_room")
+    @task
+    def step(self) -> None:
+        """Join if not yet in line, else poll, and buy once admitted."""
+        if self.ticket is None:
+            self._join()
+            return
+        with self.client.get(
+            f"/v1/queue/{ROOM_SKU}/{self.ticket}", name="poll [waiting_room]", catch_response=True
+        ) as response:
+            body = judge(response, frozenset({(200, None)}))
+        if body.get("status") == "admitted":
+            token = str(body["admission_token"])
+            name = "purchase [waiting_room]"
+            self.buy(ROOM_SKU, name, user_id=self.user_id, admission_token=token)
+            self._next_shopper()
+        elif body.get("status") == "sold_out":
+            self._next_shopper()
+
+    def _join(self) -> None:
+        with self.client.post(
+            f"/v1/queue/{ROOM_SKU}",
+            data=json.dumps({"user_id": self.user_id}),
+            headers=JSON_HEADERS,
+            name="join [waiting_room]",
+            catch_response=True,
+        ) as response:
+            body = judge(response, frozenset({(200, None), (409, "sold_out")}))
+        self.ticket = body.get("ticket")

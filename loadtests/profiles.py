@@ -59,5 +59,12 @@ PROFILES: dict[str, Profile] = {
             spawn_rate=50,
             description="GET /v1/skus/{sku} five times as often as purchases",
         ),
+        Profile(
+            "waiting_room",
+            ("WaitingRoomUser",),
+            users=200,
+            spawn_rate=200,
+            description="shoppers join a sku's waiting room, poll until let in, buy with the token",
+        ),
     )
 }

@@ -1,0 +1,49 @@
+-- queue_join.lua: put a user in a sku's waiting room, or find their ticket.
+--
+-- Keys and records are gateway/layout.py's (QueueKeys, SkuKeys).
+--
+-- KEYS[1] wait     zset:   ticket -> join sequence
+-- KEYS[2] users    hash:   user_id -> ticket
+-- KEYS[3] tickets  hash:   ticket -> "user_id" or "user_id|admitted_ms"
+-- KEYS[4] seq      string: last join sequence
+-- KEYS[5] stock    string: the sku's units not yet reserved (read only)
+-- KEYS[6] pending  hash:   the sku's reservation ledger (read only)
+-- KEYS[7] early    string: the last join sequence given out before the start
+-- ARGV[1] user_id, ARGV[2] a fresh ticket, used only if the user has none
+-- ARGV[3] retention in ms: the queue's keys live that long after a join
+-- ARGV[4] the sale's start in ms since the epoch, 0 when it has no start
+--
+-- Returns one of:
+--   {"sold_out"}                          stock is 0 and nothing is pending
+--   {"joined", ticket, position, waiting} position 1 is the head; 0 when the
+--                                         ticket was already admitted
+--
+-- Sold out is decided here, with the join, so nobody is queued for a sku that
+-- is already gone; a missing stock key is not sold out (it is reloaded on the
+-- next purchase).
+local stock = redis.call("GET", KEYS[5])
+if stock and tonumber(stock) <= 0 and redis.call("HLEN", KEYS[6]) == 0 then
+  return {"sold_out"}
+end
+
+local user, retention = ARGV[1], ARGV[3]
+local ticket = redis.call("HGET", KEYS[2], user)
+if not ticket then
+  ticket = ARGV[2]
+  local seq = redis.call("INCR", KEYS[4])
+  redis.call("ZADD", KEYS[1], seq, ticket)
+  redis.call("HSET", KEYS[2], user, ticket)
+  redis.call("HSET", KEYS[3], ticket, user)
+  for i = 1, 4 do
+    redis.call("PEXPIRE", KEYS[i], retention)
+  end
+  -- Early arrivals are told apart by Redis's clock, not the gateway's.
+  local time = redis.call("TIME")
+  if tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000) < tonumber(ARGV[4]) then
+    redis.call("SET", KEYS[7], seq, "PX", retention)
+  end
+end
+
+local rank = redis.call("ZRANK", KEYS[1], ticket)
+local position = rank and rank + 1 or 0
+return {"joined", ticket, position, redis.call("ZCARD", KEYS[1])}
