@@ -34,12 +34,14 @@ from gateway.appkeys import (
     REDIS,
     SETTINGS,
     STOPPING,
+    TRACKER,
 )
 from gateway.batcher import Batcher
 from gateway.catalog import Catalog
 from gateway.clients import TrustedProxies, parse_networks
 from gateway.connections import create_redis
 from gateway.database import create_pool, migrate
+from gateway.domain import Strategy
 from gateway.events import ChangeFeed
 from gateway.flusher import Flusher
 from gateway.inventory import Inventory
@@ -54,6 +56,9 @@ from gateway.reconciler import Reconciler
 from gateway.settings import Settings
 from gateway.skulocks import sku_locks
 from gateway.soldout import SoldOut
+from gateway.streams import Streams
+from gateway.tracking import OrderTracker
+from gateway.writer import QueueWriter
 
 QUEUE_SAMPLE_S = 0.5
 # Longest a stopping gateway waits for its PostgreSQL connections to close cleanly.
@@ -132,6 +137,9 @@ async def service_ctx(app: web.Application) -> AsyncIterator[None]:
         on_idle=flusher.idle,
     )
     app[INVENTORY], app[BATCHER] = inventory, batcher
+    streams = Streams(redis, settings)
+    app[TRACKER] = OrderTracker(orders=orders, streams=streams)
+    queued = settings.strategy == Strategy.QUEUE
     app[PURCHASES] = Purchases(
         catalog=catalog,
         soldout=soldout,
@@ -140,6 +148,8 @@ async def service_ctx(app: web.Application) -> AsyncIterator[None]:
         batcher=batcher,
         flusher=flusher,
         observer=metrics,
+        strategy=settings.strategy,
+        streams=streams,
     )
     app[ADMIN] = StockAdmin(
         inventory=inventory, orders=orders, locks=locks, catalog=catalog, soldout=soldout
@@ -151,6 +161,7 @@ async def service_ctx(app: web.Application) -> AsyncIterator[None]:
         timeout_s=settings.reservation_timeout_s,
         interval_s=settings.reconcile_interval_s,
         publish=metrics.sku_state,
+        queued=streams.queued_ids if queued else None,
     )
     feed = ChangeFeed(redis, channel(settings.key_prefix), soldout, catalog)
     tasks = [
@@ -158,6 +169,9 @@ async def service_ctx(app: web.Application) -> AsyncIterator[None]:
         asyncio.create_task(reconciler.run(), name="reconciler"),
         asyncio.create_task(_sample_queue(batcher, metrics), name="queue-sampler"),
     ]
+    if queued and settings.queue_writer:
+        writer = _writer(settings, streams, flusher, orders, metrics)
+        tasks.append(asyncio.create_task(writer.run(), name="queue-writer"))
     yield
     await batcher.close()
     await subscriber.aclose()
@@ -165,6 +179,47 @@ async def service_ctx(app: web.Application) -> AsyncIterator[None]:
         task.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await asyncio.gather(*tasks)
+
+
+def _writer(
+    settings: Settings, streams: Streams, flusher: Flusher, orders: Orders, metrics: Metrics
+) -> QueueWriter:
+    """A queue writer; it looks for a dead writer's entries twice per claim idle time."""
+    return QueueWriter(
+        streams=streams,
+        flusher=flusher,
+        orders=orders,
+        claim_every_s=settings.writer_claim_idle_s / 2,
+        observer=metrics,
+    )
+
+
+async def writer_ctx(app: web.Application) -> AsyncIterator[None]:
+    """A stream writer on its own (``flashsale-gateway writer``): no HTTP, no batcher."""
+    settings, metrics = app[SETTINGS], app[METRICS]
+    redis, orders = app[REDIS], app[ORDERS]
+    inventory = Inventory(redis, settings, on_noscript=metrics.noscript_reload)
+    await _patiently("redis", settings.startup_wait_s, inventory.load_scripts)
+    await load_lock_scripts(redis)
+    subscriber = LockSubscriber(redis, client_name=f"{settings.key_prefix}-lock-sub")
+    locks = sku_locks(settings, redis, orders.pool, subscriber, metrics)
+    flusher = Flusher(inventory=inventory, orders=orders, locks=locks, observer=metrics)
+    writer = _writer(settings, Streams(redis, settings), flusher, orders, metrics)
+    task = asyncio.create_task(writer.run(), name="queue-writer")
+    yield
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    await subscriber.aclose()
+
+
+def create_writer_app(settings: Settings) -> web.Application:
+    """An application that only runs a queue writer (started without a listener)."""
+    app = web.Application()
+    app[SETTINGS] = settings
+    app[METRICS] = Metrics(settings.multiproc_dir)
+    app.cleanup_ctx.extend([redis_ctx, database_ctx, writer_ctx])
+    return app
 
 
 async def _sample_queue(batcher: Batcher, metrics: Metrics) -> None:

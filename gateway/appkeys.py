@@ -16,6 +16,7 @@ from gateway.orders import Orders
 from gateway.purchases import Purchases
 from gateway.reconciler import Reconciler
 from gateway.settings import Settings
+from gateway.tracking import OrderTracker
 
 SETTINGS = web.AppKey("settings", Settings)
 METRICS = web.AppKey("metrics", Metrics)
@@ -32,3 +33,5 @@ ADMIN = web.AppKey("admin", StockAdmin)
 RECONCILER = web.AppKey("reconciler", Reconciler)
 # A purchase response carries its outcome to the metrics middleware.
 OUTCOME = web.ResponseKey("outcome", str)
+# What became of a request id (GET /v1/orders/{request_id}).
+TRACKER = web.AppKey("tracker", OrderTracker)

@@ -14,6 +14,8 @@ class Outcome(StrEnum):
     SOLD_OUT = "sold_out"
     DUPLICATE = "duplicate"
     IN_PROGRESS = "in_progress"
+    # Queue strategy: the purchase is in the sku's durable stream, not yet decided.
+    ACCEPTED = "accepted"
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +64,8 @@ class Result:
 
     outcome: Outcome
     order: Order | None = None
+    # The request id an ACCEPTED purchase is followed by (GET /v1/orders/{id}).
+    request_id: str = ""
 
 
 class Verdict(StrEnum):
@@ -106,3 +110,13 @@ class StockReport:
     redis_stock: int | None
     pending: int
     sold: int
+
+
+class Strategy(StrEnum):
+    """How a purchase takes its stock (``GATEWAY_STRATEGY``)."""
+
+    RESERVE_BATCH = "reserve-batch"
+    SQL_DIRECT = "sql-direct"
+    OPTIMISTIC = "optimistic"
+    PESSIMISTIC = "pessimistic"
+    QUEUE = "queue"

@@ -16,6 +16,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from gateway.clients import parse_networks
+from gateway.domain import Strategy
 
 
 class SettingsError(ValueError):
@@ -64,6 +65,19 @@ class Settings:
     # Set for workers by their supervisor (PROMETHEUS_MULTIPROC_DIR): where
     # prometheus-client keeps the values every worker's /metrics adds up.
     multiproc_dir: str | None = None
+    # How purchases take their stock (gateway.domain.Strategy).
+    strategy: Strategy = Strategy.RESERVE_BATCH
+    # Queue strategy: run a stream writer inside each gateway process too (the
+    # CLI's ``writer`` command runs writers on their own).
+    queue_writer: bool = True
+    # Longest a writer's XREADGROUP waits for a first entry (below the socket timeout).
+    writer_block_ms: int = 1000
+    # A stream entry delivered this long ago and not acknowledged belongs to a
+    # writer presumed dead: another one claims it (XAUTOCLAIM).
+    writer_claim_idle_s: float = 10.0
+    # Entries a sku's stream holds at most (queued and in a writer's hands):
+    # beyond it purchases are refused with 503 before anything is reserved.
+    stream_max: int = 100_000
 
     def __post_init__(self) -> None:
         if self.redis_sentinels and self.redis_cluster_nodes:
@@ -160,6 +174,13 @@ def _text(raw: str) -> str:
     return raw
 
 
+def _writer_block(value: int) -> int:
+    # The Redis client's socket timeout is 5 s: a longer block would read as a timeout.
+    if value > 4000:
+        raise ValueError("must be <= 4000")
+    return value
+
+
 _PARSERS: Mapping[str, Callable[[str], Any]] = {
     "host": _text,
     "port": _int(0),
@@ -188,6 +209,11 @@ _PARSERS: Mapping[str, Callable[[str], Any]] = {
     "metrics": _bool,
     "workers": _int(1),
     "multiproc_dir": _text,
+    "strategy": lambda raw: Strategy(_choice(*Strategy)(raw)),
+    "queue_writer": _bool,
+    "writer_block_ms": lambda raw: _writer_block(_int(1)(raw)),
+    "writer_claim_idle_s": _float(0.1),
+    "stream_max": _int(1),
 }
 
 
