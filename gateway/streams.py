@@ -68,8 +68,11 @@ class Streams:
     async def ensure_group(self, sku: str) -> None:
         """Create the writers' group on the sku's stream, reading from its start:
         entries queued before the group existed are read too."""
+        key = stream_key(self._prefix, sku)
         try:
-            await self.redis.xgroup_create(stream_key(self._prefix, sku), WRITERS_GROUP, "0", True)
+            await self.redis.xgroup_create(key, WRITERS_GROUP, "0", True)
+            # MKSTREAM may have made an empty stream: it expires like a used one.
+            await self.redis.pexpire(key, self._retention_ms, nx=True)
         except ResponseError as exc:
             if "BUSYGROUP" not in str(exc):
                 raise RedisUnavailable(f"redis: {exc}") from exc
