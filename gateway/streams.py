@@ -24,6 +24,11 @@ from gateway.layout import WRITERS_GROUP, rejected_key, request_key, stream_key
 from gateway.settings import Settings
 
 
+class StreamGone(Exception):
+    """The sku's stream (and with it the writers' group) no longer exists: it
+    expired, or was dropped. Its writer stops until a purchase makes it again."""
+
+
 @dataclass(frozen=True, slots=True)
 class Entry:
     """One stream entry: a reserved purchase waiting for its commit."""
@@ -82,7 +87,7 @@ class Streams:
     async def read(self, sku: str, consumer: str, *, new: bool) -> list[Entry]:
         """A batch of entries for ``consumer``: new ones (waiting up to the block
         time for the first), or with ``new`` false the ones it read before and
-        has not acknowledged (a batch that failed)."""
+        has not acknowledged (a batch that failed). Raises :class:`StreamGone`."""
         key = stream_key(self._prefix, sku)
         try:
             reply: Any = await self.redis.xreadgroup(
@@ -94,17 +99,25 @@ class Streams:
             )
         except ResponseError as exc:
             if "NOGROUP" in str(exc):
-                # The stream expired or was dropped with its group: start again.
-                await self.ensure_group(sku)
-                return []
+                raise StreamGone(sku) from exc
             raise RedisUnavailable(f"redis: {exc}") from exc
         except RedisError as exc:
             raise RedisUnavailable(f"redis: {type(exc).__name__}") from exc
         return [e for _, raw in reply or [] for e in _entries(sku, raw)]
 
+    async def existing(self, skus: Sequence[str]) -> list[str]:
+        """The skus among ``skus`` whose stream exists (one pipeline): the ones
+        a purchase was queued for within the retention time."""
+        pipe = self.redis.pipeline(transaction=False)
+        for sku in skus:
+            pipe.exists(stream_key(self._prefix, sku))
+        found = await self._guard(pipe.execute())
+        return [sku for sku, exists in zip(skus, found, strict=True) if exists]
+
     async def claim(self, sku: str, consumer: str) -> list[Entry]:
         """Take over entries another writer read and left unacknowledged for the
-        claim idle time: that writer is presumed dead (XAUTOCLAIM)."""
+        claim idle time: that writer is presumed dead (XAUTOCLAIM). Raises
+        :class:`StreamGone`."""
         key = stream_key(self._prefix, sku)
         try:
             reply: Any = await self.redis.xautoclaim(
@@ -112,7 +125,7 @@ class Streams:
             )
         except ResponseError as exc:
             if "NOGROUP" in str(exc):
-                return []
+                raise StreamGone(sku) from exc
             raise RedisUnavailable(f"redis: {exc}") from exc
         except RedisError as exc:
             raise RedisUnavailable(f"redis: {type(exc).__name__}") from exc

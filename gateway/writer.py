@@ -1,7 +1,8 @@
 """The queue strategy's writers: commit what the sku streams hold.
 
 Each writer is one consumer of the group ``writers`` on every sku's stream (a
-task per sku, the skus found in the inventory). A batch read by XREADGROUP is
+task per sku, for the skus of the inventory whose stream exists; each holds a
+Redis connection in its blocking read). A batch read by XREADGROUP is
 committed by the flusher's guarded batch transaction (``Flusher.commit``: the
 sku's lock, one ``flush_batch()`` call, then ``settle.lua``); only then are its
 refusals recorded and its entries acknowledged (``Streams.finish``). A batch
@@ -31,7 +32,7 @@ from gateway.errors import Unavailable
 from gateway.flusher import Flusher
 from gateway.lock.errors import LockError
 from gateway.orders import Orders
-from gateway.streams import Depth, Entry, Streams
+from gateway.streams import Depth, Entry, StreamGone, Streams
 
 log = structlog.get_logger(__name__)
 
@@ -94,7 +95,8 @@ class QueueWriter:
             await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _discover(self) -> None:
-        for sku in await self._orders.skus():
+        # Only skus with a stream: a blocking read holds a Redis connection.
+        for sku in await self._streams.existing(await self._orders.skus()):
             task = self._tasks.get(sku)
             if task is None or task.done():
                 self._tasks[sku] = asyncio.create_task(self._write(sku), name=f"writer-{sku}")
@@ -103,7 +105,8 @@ class QueueWriter:
                 self._observer.stream_depth(sku, depth.length, depth.pending)
 
     async def _write(self, sku: str) -> None:
-        """The sku's loop: retry own failed entries, claim a dead writer's, read new ones."""
+        """The sku's loop: retry own failed entries, claim a dead writer's, read new
+        ones; it ends when the stream is gone (discovery starts it again)."""
         loop = asyncio.get_running_loop()
         pause, claim_at, retry = RETRY_PAUSE_S[0], 0.0, True
         while True:
@@ -126,6 +129,9 @@ class QueueWriter:
                     # Nothing queued: let other instances have the sku's lock.
                     await self._flusher.idle(sku)
                 retry, pause = False, RETRY_PAUSE_S[0]
+            except StreamGone:
+                await self._flusher.idle(sku)
+                return
             except Exception as exc:
                 # The batch stays pending for this writer (or, if it dies, another).
                 if self._observer is not None:

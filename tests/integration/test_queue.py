@@ -141,13 +141,22 @@ class TestRefused:
 class TestStorm:
     """Under a storm the queue sells exactly the stock, to distinct users."""
 
+    @pytest.mark.parametrize("flush_lock", ["redis", "postgres", "none"])
     async def test_two_thousand_purchases_sell_exactly_one_hundred(
-        self, start_gateway: Any, sku: str, database_url: str, redis: Redis, key_prefix: str
+        self,
+        start_gateway: Any,
+        sku: str,
+        database_url: str,
+        redis: Redis,
+        key_prefix: str,
+        flush_lock: str,
     ) -> None:
         """1,000 users buy twice at once through two gateways (two writers): every
         202 ends 200, every other answer is 409; 100 orders, 100 users, Redis and
-        the database at zero, the ledger and the stream empty."""
-        first, second = await start_gateway(**QUEUE), await start_gateway(**QUEUE)
+        the database at zero, the ledger and the stream empty; with each flush
+        lock backend and with none (then the row lock alone orders the writers)."""
+        first = await start_gateway(**QUEUE, flush_lock=flush_lock)
+        second = await start_gateway(**QUEUE, flush_lock=flush_lock)
         await put_sku(first, sku, 100)
         calls = [
             buy((first, second)[n], sku, f"user{i}", f"r{i}-{n}")
@@ -170,6 +179,20 @@ class TestStorm:
             + (await client_metric(second, "flashsale_writer_batches_total"))
             >= 1
         )
+
+    async def test_skus_without_a_queued_purchase_hold_no_connection(
+        self, start_gateway: Any, sku: str, database_url: str
+    ) -> None:
+        """With 30 skus in the inventory and 4 Redis connections, a purchase of
+        one sku is still confirmed at once: the writer only reads the streams
+        that exist, so idle skus hold no blocking read."""
+        client = await start_gateway(**QUEUE, redis_pool_size=4)
+        for n in range(30):
+            await put_sku(client, f"{sku}-idle{n}", 1)
+        await put_sku(client, sku, 1)
+        assert (await buy(client, sku, "zed", "r1"))[0] == 202
+        assert (await final_status(client, f"{sku}.r1"))[0] == 200
+        assert await db_state(database_url, sku) == (0, 1, 1)
 
     async def test_full_stream_sheds_503_without_reserving(
         self, start_gateway: Any, sku: str, redis: Redis, key_prefix: str
