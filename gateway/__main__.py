@@ -1,8 +1,9 @@
-"""The command line: ``flashsale-gateway [serve|migrate|audit] [--flags]``.
+"""The command line: ``flashsale-gateway [serve|migrate|audit|writer] [--flags]``.
 
 ``serve`` (the default) runs the gateway on uvloop without an access log;
 ``migrate`` creates the database if needed and applies the migrations;
-``audit`` checks the books of every sku (or ``--sku``), see gateway.audit.
+``audit`` checks the books of every sku (or ``--sku``), see gateway.audit;
+``writer`` runs a queue strategy's stream writer alone until SIGTERM.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The CLI: one flag per setting, plus the subcommand."""
     parser = argparse.ArgumentParser(prog="flashsale-gateway", description=__doc__)
     parser.add_argument(
-        "command", nargs="?", default="serve", choices=["serve", "migrate", "audit"]
+        "command", nargs="?", default="serve", choices=["serve", "migrate", "audit", "writer"]
     )
     parser.add_argument(
         "--demo",
@@ -76,6 +77,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "migrate":
         asyncio.run(run_migrate(config))
         return 0
+    if args.command == "writer":
+        return server.serve_writer(config)
     argv = sys.argv[1:] if argv is None else list(argv)
     return server.serve(config, argv, _create_demo_sku if args.demo else None)
 

@@ -11,6 +11,7 @@ batcher drains: new purchases get 503, queued batches finish.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TypeVar
 
@@ -37,12 +38,14 @@ from gateway.appkeys import (
     REDIS,
     SETTINGS,
     STOPPING,
+    TRACKER,
 )
 from gateway.batcher import Batcher
 from gateway.catalog import Catalog
 from gateway.clients import TrustedProxies, parse_networks
 from gateway.connections import create_redis
 from gateway.database import create_pool, migrate
+from gateway.domain import Strategy
 from gateway.events import ChangeFeed
 from gateway.flusher import Flusher
 from gateway.inventory import Inventory
@@ -57,8 +60,11 @@ from gateway.reconciler import Reconciler
 from gateway.settings import Settings
 from gateway.skulocks import sku_locks
 from gateway.soldout import SoldOut
+from gateway.streams import Streams
 from gateway.tokens import Signer
+from gateway.tracking import OrderTracker
 from gateway.waitingroom import WaitingRooms
+from gateway.writer import QueueWriter
 
 QUEUE_SAMPLE_S = 0.5
 # Longest a stopping gateway waits for its PostgreSQL connections to close cleanly.
@@ -137,6 +143,9 @@ async def service_ctx(app: web.Application) -> AsyncIterator[None]:
         on_idle=flusher.idle,
     )
     app[INVENTORY], app[BATCHER] = inventory, batcher
+    streams = Streams(redis, settings)
+    app[TRACKER] = OrderTracker(orders=orders, streams=streams)
+    queued = settings.strategy == Strategy.QUEUE
     app[PURCHASES] = Purchases(
         catalog=catalog,
         soldout=soldout,
@@ -145,6 +154,8 @@ async def service_ctx(app: web.Application) -> AsyncIterator[None]:
         batcher=batcher,
         flusher=flusher,
         observer=metrics,
+        strategy=settings.strategy,
+        streams=streams,
     )
     rooms = WaitingRooms(redis, settings, on_noscript=metrics.noscript_reload)
     await rooms.load_scripts()
@@ -169,6 +180,7 @@ async def service_ctx(app: web.Application) -> AsyncIterator[None]:
         timeout_s=settings.reservation_timeout_s,
         interval_s=settings.reconcile_interval_s,
         publish=metrics.sku_state,
+        queued=streams.queued_ids if queued else None,
     )
     feed = ChangeFeed(redis, channel(settings.key_prefix), soldout, catalog)
     tasks = [
@@ -176,6 +188,9 @@ async def service_ctx(app: web.Application) -> AsyncIterator[None]:
         asyncio.create_task(reconciler.run(), name="reconciler"),
         asyncio.create_task(_sample_queue(batcher, metrics), name="queue-sampler"),
     ]
+    if queued and settings.queue_writer:
+        writer = _writer(settings, streams, flusher, orders, metrics)
+        tasks.append(asyncio.create_task(writer.run(), name="queue-writer"))
     yield
     await batcher.close()
     await subscriber.aclose()
@@ -187,6 +202,47 @@ async def service_ctx(app: web.Application) -> AsyncIterator[None]:
         # raised, so the rest of shutdown (pools, connections) still runs.
         if isinstance(outcome, Exception):
             log.error("background_task_failed", task=task.get_name(), cause=repr(outcome))
+
+
+def _writer(
+    settings: Settings, streams: Streams, flusher: Flusher, orders: Orders, metrics: Metrics
+) -> QueueWriter:
+    """A queue writer; it looks for a dead writer's entries twice per claim idle time."""
+    return QueueWriter(
+        streams=streams,
+        flusher=flusher,
+        orders=orders,
+        claim_every_s=settings.writer_claim_idle_s / 2,
+        observer=metrics,
+    )
+
+
+async def writer_ctx(app: web.Application) -> AsyncIterator[None]:
+    """A stream writer on its own (``flashsale-gateway writer``): no HTTP, no batcher."""
+    settings, metrics = app[SETTINGS], app[METRICS]
+    redis, orders = app[REDIS], app[ORDERS]
+    inventory = Inventory(redis, settings, on_noscript=metrics.noscript_reload)
+    await _patiently("redis", settings.startup_wait_s, inventory.load_scripts)
+    await load_lock_scripts(redis)
+    subscriber = LockSubscriber(redis, client_name=f"{settings.key_prefix}-lock-sub")
+    locks = sku_locks(settings, redis, orders.pool, subscriber, metrics)
+    flusher = Flusher(inventory=inventory, orders=orders, locks=locks, observer=metrics)
+    writer = _writer(settings, Streams(redis, settings), flusher, orders, metrics)
+    task = asyncio.create_task(writer.run(), name="queue-writer")
+    yield
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    await subscriber.aclose()
+
+
+def create_writer_app(settings: Settings) -> web.Application:
+    """An application that only runs a queue writer (started without a listener)."""
+    app = web.Application()
+    app[SETTINGS] = settings
+    app[METRICS] = Metrics(settings.multiproc_dir)
+    app.cleanup_ctx.extend([redis_ctx, database_ctx, writer_ctx])
+    return app
 
 
 async def _sample_queue(batcher: Batcher, metrics: Metrics) -> None:

@@ -18,6 +18,7 @@ from gateway.orders import Orders
 from gateway.purchases import Purchases
 from gateway.reconciler import Reconciler
 from gateway.settings import Settings
+from gateway.tracking import OrderTracker
 
 SETTINGS = web.AppKey("settings", Settings)
 METRICS = web.AppKey("metrics", Metrics)
@@ -37,3 +38,5 @@ OUTCOME = web.ResponseKey("outcome", str)
 # Waiting rooms in front of the purchases, and the admin tokens (with their file).
 ADMISSIONS = web.AppKey("admissions", Admissions)
 ADMIN_TOKENS = web.AppKey("admin_tokens", AdminTokens)
+# What became of a request id (GET /v1/orders/{request_id}).
+TRACKER = web.AppKey("tracker", OrderTracker)

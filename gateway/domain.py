@@ -15,6 +15,8 @@ class Outcome(StrEnum):
     SOLD_OUT = "sold_out"
     DUPLICATE = "duplicate"
     IN_PROGRESS = "in_progress"
+    # Queue strategy: the purchase is in the sku's durable stream, not yet decided.
+    ACCEPTED = "accepted"
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +65,8 @@ class Result:
 
     outcome: Outcome
     order: Order | None = None
+    # The request id an ACCEPTED purchase is followed by (GET /v1/orders/{id}).
+    request_id: str = ""
 
 
 class Verdict(StrEnum):
@@ -135,3 +139,13 @@ def rfc3339(moment: datetime) -> str:
     """An aware datetime as RFC 3339 in UTC, to the millisecond: ``...T12:00:00.000Z``."""
     utc = moment.astimezone(UTC)
     return utc.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+class Strategy(StrEnum):
+    """How a purchase takes its stock (``GATEWAY_STRATEGY``)."""
+
+    RESERVE_BATCH = "reserve-batch"
+    SQL_DIRECT = "sql-direct"
+    OPTIMISTIC = "optimistic"
+    PESSIMISTIC = "pessimistic"
+    QUEUE = "queue"

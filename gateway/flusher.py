@@ -63,25 +63,32 @@ class Flusher:
     async def flush(self, sku: str, batch: Sequence[Purchase]) -> list[Result | BaseException]:
         """Commit a batch and settle its reservations; one result per purchase."""
         started = time.perf_counter()
+        try:
+            decision = await self.commit(sku, batch)
+        except Exception as exc:
+            return await self._failed(sku, batch, exc)
+        if self._observer is not None:
+            self._observer.flushed(len(batch), time.perf_counter() - started)
+        return [decision.decisions[p.request_id].result for p in batch]
+
+    async def commit(self, sku: str, batch: Sequence[Purchase]) -> BatchDecision:
+        """Commit a batch under the sku's lock and settle it; what was decided.
+
+        A fenced-out flush or a lost lock is retried under a fresh acquisition.
+        Raises the last failure, and gives nothing back: :meth:`flush` does for
+        the batcher, while the queue's writers keep the purchases queued.
+        """
         failure: Exception = Unavailable("flush failed")
         for _ in range(FLUSH_ATTEMPTS):
             try:
-                decision = await self._flush_once(sku, batch)
+                return await self._flush_once(sku, batch)
             except FencedOut as exc:
                 if self._observer is not None:
                     self._observer.fenced_out()
                 failure = exc
-                continue
             except LockLost as exc:
                 failure = exc
-                continue
-            except Exception as exc:
-                failure = exc
-                break
-            if self._observer is not None:
-                self._observer.flushed(len(batch), time.perf_counter() - started)
-            return [decision.decisions[p.request_id].result for p in batch]
-        return await self._failed(sku, batch, failure)
+        raise failure
 
     async def give_back(self, sku: str, batch: Sequence[Purchase]) -> None:
         """Release reservations that will not be flushed: stock and buyers go back."""

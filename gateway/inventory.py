@@ -27,9 +27,11 @@ from gateway.layout import (
     encode_confirmed,
     identity_key,
     ledger,
+    rejected_key,
     sku_state_pattern,
+    stream_key,
 )
-from gateway.scripts import AutoPipeline, Script, read_script
+from gateway.scripts import AutoPipeline, Script, read_composed, read_script
 from gateway.settings import Settings
 
 # Orders written back per round trip when rebuilding a sku's hashes.
@@ -38,7 +40,7 @@ RESTORE_CHUNK = 1000
 SCAN_CHUNK = 5000
 
 ReplyKind = Literal[
-    "ok", "confirmed", "mismatch", "in_progress", "missing", "duplicate", "sold_out"
+    "ok", "confirmed", "mismatch", "in_progress", "missing", "duplicate", "sold_out", "busy"
 ]
 
 
@@ -62,7 +64,14 @@ class Settlement:
     order_id: str = ""
 
 
-_SIMPLE_KINDS: tuple[ReplyKind, ...] = ("ok", "mismatch", "in_progress", "missing", "duplicate")
+_SIMPLE_KINDS: tuple[ReplyKind, ...] = (
+    "ok",
+    "mismatch",
+    "in_progress",
+    "missing",
+    "duplicate",
+    "busy",
+)
 _SIMPLE: dict[str, Reply] = {kind: Reply(kind) for kind in _SIMPLE_KINDS}
 _SOLD_OUT = Reply("sold_out")
 _SOLD_OUT_SETTLED = Reply("sold_out", settled=True)
@@ -87,15 +96,18 @@ class Inventory:
         self._reserve = read_script("reserve")
         self._settle = read_script("settle")
         self._load_stock = read_script("load_stock")
+        self._enqueue = read_composed("enqueue", "reserve")
+        self._stream_max = settings.stream_max
         for script in self.scripts:
             script.on_reload = on_noscript
         # The one call made per purchase goes out coalesced.
         self._reserve_pipelined = AutoPipeline(redis, self._reserve)
+        self._enqueue_pipelined = AutoPipeline(redis, self._enqueue)
 
     @property
     def scripts(self) -> tuple[Script, ...]:
         """The scripts this adapter calls."""
-        return (self._reserve, self._settle, self._load_stock)
+        return (self._reserve, self._settle, self._load_stock, self._enqueue)
 
     def keys(self, sku: str) -> SkuKeys:
         """The (cached) keys of a sku."""
@@ -111,15 +123,34 @@ class Inventory:
 
     async def reserve(self, purchase: Purchase) -> Reply:
         """Reserve stock for one purchase (reserve.lua), stamped ``reserved_at_ms``."""
-        args = (
+        return await self._reserve_with(
+            self._reserve_pipelined, self.keys(purchase.sku).all(), purchase
+        )
+
+    async def enqueue(self, purchase: Purchase) -> Reply:
+        """Reserve stock for one purchase and queue it in the sku's stream, in one
+        script (enqueue.lua); "busy" when the stream is full."""
+        sku = purchase.sku
+        keys = (
+            *self.keys(sku).all(),
+            stream_key(self._prefix, sku),
+            rejected_key(self._prefix, sku),
+        )
+        return await self._reserve_with(self._enqueue_pipelined, keys, purchase, self._stream_max)
+
+    async def _reserve_with(
+        self, script: AutoPipeline, keys: Sequence[str], purchase: Purchase, *extra: int
+    ) -> Reply:
+        args: tuple[str | int, ...] = (
             purchase.request_id,
             purchase.user_id,
             purchase.qty,
             purchase.reserved_at_ms,
             self._retention_ms,
+            *extra,
         )
         try:
-            raw = await self._reserve_pipelined(self.keys(purchase.sku).all(), args)
+            raw = await script(keys, args)
         except RedisError as exc:
             raise RedisUnavailable(f"redis: {type(exc).__name__}") from exc
         kind = raw[0]

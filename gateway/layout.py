@@ -9,13 +9,22 @@ through KEYS and write the records below; their contracts point here.
 ``<prefix>:{<sku>}:pending``  hash    request_id -> ledger record ``user_id|qty|reserved_at_ms``
 ``<prefix>:{<sku>}:done``     hash    request_id -> confirmed record ``order_id|user_id|qty``
 ``<prefix>:{<sku>}:lock``     the sku's flush lock (see ``gateway.lock``)
+``<prefix>:{<sku>}:stream``   stream  queue strategy: reserved purchases waiting for a
+                              writer, entry fields ``rid``, ``user``, ``qty``, ``at``
+                              (request id, user id, qty, reserved_at_ms); consumer
+                              group ``writers``; an entry is deleted once acknowledged
+``<prefix>:{<sku>}:rejected`` hash    queue strategy: request_id -> verdict letter of a
+                              queued purchase the database refused (S, D, R or X)
+``<prefix>:request:{<rid>}``  string  queue strategy: the sku a request id was queued
+                              for, so ``GET /v1/orders/{rid}`` finds its state
 ``<prefix>:events``           channel of sku changes: ``avail:<sku>`` (stock came back),
                               ``meta:<sku>`` (an admin changed the sku) and ``reset:*``
                               (every sku's state was dropped)
 ``<prefix>:db``               the identity of the database this state came from
 
 The four keys of a sku expire ``GATEWAY_SALE_RETENTION_S`` after the last write
-(a reservation, a settle, a reload); the scripts renew them together.
+(a reservation, a settle, a reload); the scripts renew them together. The
+stream, the rejections and a request's sku expire as long after their last write.
 """
 
 from __future__ import annotations
@@ -163,3 +172,22 @@ class QueueKeys:
     def used(self, ticket: str) -> str:
         """The key recording which request spent ``ticket``'s admission token."""
         return f"{self.wait.removesuffix(':wait')}:used:{ticket}"
+
+
+# The consumer group of the queue strategy's writers, on every sku's stream.
+WRITERS_GROUP = "writers"
+
+
+def stream_key(prefix: str, sku: str) -> str:
+    """The queue strategy's stream of ``sku``, in the sku's slot."""
+    return f"{sku_base(prefix, sku)}:stream"
+
+
+def rejected_key(prefix: str, sku: str) -> str:
+    """The hash of ``sku``'s queued purchases the database refused, in the sku's slot."""
+    return f"{sku_base(prefix, sku)}:rejected"
+
+
+def request_key(prefix: str, request_id: str) -> str:
+    """The key naming the sku a request id was queued for (its own slot)."""
+    return f"{prefix}:request:{{{request_id}}}"

@@ -11,7 +11,15 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.multiprocess import MultiProcessCollector
 
-OUTCOMES = ("confirmed", "sold_out", "duplicate", "in_progress", "invalid", "unavailable")
+OUTCOMES = (
+    "confirmed",
+    "sold_out",
+    "duplicate",
+    "in_progress",
+    "invalid",
+    "unavailable",
+    "accepted",
+)
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -148,6 +156,39 @@ class Metrics:
             registry=r,
         )
 
+        # The queue strategy's streams and writers.
+        self.stream_length = Gauge(
+            "flashsale_stream_length",
+            "Queued purchases in a sku's stream, read or not (sampled by its writers).",
+            ["sku"],
+            registry=r,
+            multiprocess_mode="max",
+        )
+        self.stream_pending = Gauge(
+            "flashsale_stream_pending",
+            "Stream entries a writer has read and not yet acknowledged.",
+            ["sku"],
+            registry=r,
+            multiprocess_mode="max",
+        )
+        self.stream_reclaims = Counter(
+            "flashsale_stream_reclaimed",
+            "Stream entries claimed from a writer presumed dead (XAUTOCLAIM).",
+            registry=r,
+        )
+        self.writer_batches = Counter(
+            "flashsale_writer_batches",
+            "Batches of stream entries a writer committed, or failed to.",
+            ["result"],
+            registry=r,
+        )
+        self.writer_batch_size = Histogram(
+            "flashsale_writer_batch_size",
+            "Stream entries per committed writer batch.",
+            buckets=BATCH_BUCKETS,
+            registry=r,
+        )
+
     def render(self) -> bytes:
         """The exposition text of every metric (of every worker, with several)."""
         if self._multiproc_dir is None:
@@ -253,3 +294,19 @@ class Metrics:
     def fenced_out(self) -> None:
         """A flush was fenced out."""
         self.fenced.inc()
+
+    # The queue writers' observer (gateway.writer.WriterObserver).
+    def writer_batch(self, size: int, failed: bool) -> None:
+        """A writer committed a batch of ``size`` entries, or failed one."""
+        self.writer_batches.labels("failed" if failed else "committed").inc()
+        if not failed:
+            self.writer_batch_size.observe(size)
+
+    def stream_reclaimed(self, count: int) -> None:
+        """A writer claimed ``count`` entries of a dead one."""
+        self.stream_reclaims.inc(count)
+
+    def stream_depth(self, sku: str, length: int, pending: int) -> None:
+        """A sku's stream length and pending entries, as a writer sampled them."""
+        self.stream_length.labels(sku).set(length)
+        self.stream_pending.labels(sku).set(pending)

@@ -19,12 +19,21 @@ import structlog
 
 from gateway.batcher import Batcher
 from gateway.catalog import Catalog
-from gateway.domain import DUPLICATE, IN_PROGRESS, SOLD_OUT, Outcome, Purchase, Result
+from gateway.domain import (
+    DUPLICATE,
+    IN_PROGRESS,
+    SOLD_OUT,
+    Outcome,
+    Purchase,
+    Result,
+    Strategy,
+)
 from gateway.errors import IdempotencyMismatch, InvalidRequest, ShuttingDown, Unavailable
 from gateway.flusher import Flusher
 from gateway.inventory import Inventory, Reply
 from gateway.orders import Orders
 from gateway.soldout import ConfirmedIds, SoldOut
+from gateway.streams import Streams
 
 log = structlog.get_logger(__name__)
 
@@ -52,6 +61,8 @@ class Purchases:
         batcher: Batcher,
         flusher: Flusher,
         observer: PurchaseObserver | None = None,
+        strategy: Strategy = Strategy.RESERVE_BATCH,
+        streams: Streams | None = None,
     ) -> None:
         self._catalog = catalog
         self._soldout = soldout
@@ -60,6 +71,8 @@ class Purchases:
         self._batcher = batcher
         self._flusher = flusher
         self._observer = observer
+        self._strategy = strategy
+        self._streams = streams
         self._reloads: dict[str, asyncio.Future[None]] = {}
         # A sku's sold-out mark being built, in the background: the requests
         # that saw it sold out are answered at once, not after the build.
@@ -80,12 +93,17 @@ class Purchases:
         structlog.contextvars.bind_contextvars(request_id=purchase.request_id, sku=purchase.sku)
         self._admit()
         generation = self._soldout.generation(purchase.sku)
+        # The one place the strategy is chosen.
+        queued = self._strategy == Strategy.QUEUE
+        reserve = self._inventory.enqueue if queued else self._inventory.reserve
         purchase = replace(purchase, reserved_at_ms=_now_ms())
-        reply = await self._inventory.reserve(purchase)
+        reply = await reserve(purchase)
         if reply.kind == "missing":
             await self._reload_once(purchase.sku)
             purchase = replace(purchase, reserved_at_ms=_now_ms())
-            reply = await self._inventory.reserve(purchase)
+            reply = await reserve(purchase)
+        if queued and reply.kind in ("ok", "in_progress", "busy"):
+            return await self._queued(purchase, reply.kind)
         if reply.kind == "ok":
             try:
                 return await self._batcher.submit(purchase)
@@ -104,6 +122,20 @@ class Purchases:
         if available is None:
             available = await self._orders.stock(sku) or 0
         return available
+
+    async def _queued(self, purchase: Purchase, kind: str) -> Result:
+        """The answer of the queue strategy once enqueue.lua ran: 202 as soon
+        as the purchase is in the stream (now, or by an earlier request with
+        this id), 503 when the stream was full."""
+        if kind == "busy":
+            if self._observer is not None:
+                self._observer.shed_one()
+            raise Unavailable("queue full")
+        if self._streams is not None:
+            # Already durable: a failure here is a 503 whose retry answers 202.
+            # Also on a retry, in case the first request died before this.
+            await self._streams.remember(purchase.request_id, purchase.sku)
+        return Result(Outcome.ACCEPTED, request_id=purchase.request_id)
 
     def _admit(self) -> None:
         """Refuse a purchase before reserving when draining or the queue is full."""

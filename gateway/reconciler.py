@@ -11,13 +11,17 @@ flush lock (so one reconciler, and no flush, touches the sku at a time) and:
    a difference and are left to step 1; any other drift is repaired from the
    database and logged. Without a lock a drift may be a flush caught between
    its commit and its settle, so it is repaired only when seen twice alike.
+
+A reservation of the queue strategy still in its sku's stream is not stale,
+however old: a writer will commit it (step 1 skips it); its units count as
+pending in step 2 like any reservation's.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
 
 import structlog
@@ -60,6 +64,7 @@ class Reconciler:
         timeout_s: float,
         interval_s: float,
         publish: Callable[[str, int, int], None] | None = None,
+        queued: Callable[[str], Awaitable[set[str]]] | None = None,
     ) -> None:
         self._inventory = inventory
         self._orders = orders
@@ -67,6 +72,9 @@ class Reconciler:
         self._timeout_ms = int(timeout_s * 1000)
         self._interval = interval_s
         self._publish = publish
+        # The queue strategy's request ids still in a sku's stream: reserved and
+        # durably queued, so never stale however long they wait for a writer.
+        self._queued = queued
         self._suspect: dict[str, int] = {}
 
     async def run(self) -> None:
@@ -102,6 +110,9 @@ class Reconciler:
         inventory, orders = self._inventory, self._orders
         stale_before = int(time.time() * 1000) - self._timeout_ms
         stale = [p for p in await inventory.pending(sku) if p.reserved_at_ms < stale_before]
+        if stale and self._queued is not None:
+            waiting = await self._queued(sku)
+            stale = [p for p in stale if p.request_id not in waiting]
         found = (
             await orders.release_stale(sku, [(p.request_id, p.reserved_at_ms) for p in stale])
             if stale

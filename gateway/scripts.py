@@ -71,6 +71,15 @@ def read_script(name: str, lua_dir: Traversable = LUA_DIR) -> Script:
     return Script(name=name, source=(lua_dir / f"{name}.lua").read_text())
 
 
+def read_composed(name: str, inner: str, lua_dir: Traversable = LUA_DIR) -> Script:
+    """``lua/<name>.lua`` preceded by ``lua/<inner>.lua`` wrapped as the local
+    function ``<inner>()``: one script that calls another's whole body, so the
+    two run atomically and the inner one's logic is not copied."""
+    body = (lua_dir / f"{inner}.lua").read_text()
+    outer = (lua_dir / f"{name}.lua").read_text()
+    return Script(name=name, source=f"local function {inner}()\n{body}\nend\n{outer}")
+
+
 class AutoPipeline:
     """Coalesces the calls of one script made in one event-loop turn into one pipeline.
 

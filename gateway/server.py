@@ -25,7 +25,7 @@ import uvloop
 from aiohttp import web
 from prometheus_client.multiprocess import mark_process_dead
 
-from gateway.app import create_app, drain, lame_duck
+from gateway.app import create_app, create_writer_app, drain, lame_duck
 from gateway.appkeys import BATCHER, METRICS
 from gateway.guard import GuardedSite
 from gateway.settings import Settings, worker_environment
@@ -86,6 +86,26 @@ def serve(settings: Settings, argv: Sequence[str], on_startup: StartupHook | Non
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         runner.run(run(settings, on_startup))
     return 0
+
+
+def serve_writer(settings: Settings) -> int:
+    """Run a queue writer alone, on uvloop, until SIGTERM or SIGINT; the exit status."""
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(run_writer(settings))
+    return 0
+
+
+async def run_writer(settings: Settings) -> None:
+    """Write the sku streams until a stop signal. The batch in hand when it comes
+    is abandoned: it stays pending, and another writer commits it again safely."""
+    runner = web.AppRunner(create_writer_app(settings), handle_signals=False)
+    await runner.setup()
+    try:
+        log.info("writing", prefix=settings.key_prefix)
+        await _stop_signal()
+    finally:
+        await runner.cleanup()
+    log.info("stopped")
 
 
 def supervise(workers: int, argv: Sequence[str]) -> int:

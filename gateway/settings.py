@@ -16,6 +16,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from gateway.clients import parse_networks
+from gateway.domain import Strategy
 
 
 class SettingsError(ValueError):
@@ -76,6 +77,19 @@ class Settings:
     request_read_timeout_s: float = 10.0
     # Open connections per gateway process; those beyond get a 503 and are closed.
     max_connections: int = 10_000
+    # How purchases take their stock (gateway.domain.Strategy).
+    strategy: Strategy = Strategy.RESERVE_BATCH
+    # Queue strategy: run a stream writer inside each gateway process too (the
+    # CLI's ``writer`` command runs writers on their own).
+    queue_writer: bool = True
+    # Longest a writer's XREADGROUP waits for a first entry (below the socket timeout).
+    writer_block_ms: int = 1000
+    # A stream entry delivered this long ago and not acknowledged belongs to a
+    # writer presumed dead: another one claims it (XAUTOCLAIM).
+    writer_claim_idle_s: float = 10.0
+    # Entries a sku's stream holds at most (queued and in a writer's hands):
+    # beyond it purchases are refused with 503 before anything is reserved.
+    stream_max: int = 100_000
 
     def __post_init__(self) -> None:
         if self.redis_sentinels and self.redis_cluster_nodes:
@@ -185,6 +199,13 @@ def _secret(raw: str) -> str:
     return raw
 
 
+def _writer_block(value: int) -> int:
+    # The Redis client's socket timeout is 5 s: a longer block would read as a timeout.
+    if value > 4000:
+        raise ValueError("must be <= 4000")
+    return value
+
+
 _PARSERS: Mapping[str, Callable[[str], Any]] = {
     "host": _text,
     "port": _int(0),
@@ -218,6 +239,11 @@ _PARSERS: Mapping[str, Callable[[str], Any]] = {
     "admission_secret_previous": _secret,
     "request_read_timeout_s": _float(0.1),
     "max_connections": _int(1),
+    "strategy": lambda raw: Strategy(_choice(*Strategy)(raw)),
+    "queue_writer": _bool,
+    "writer_block_ms": lambda raw: _writer_block(_int(1)(raw)),
+    "writer_claim_idle_s": _float(0.1),
+    "stream_max": _int(1),
 }
 
 

@@ -22,10 +22,12 @@ from gateway.appkeys import (
     PURCHASES,
     RECONCILER,
     STOPPING,
+    TRACKER,
 )
 from gateway.domain import Outcome, Result
 from gateway.errors import Forbidden, InvalidRequest, NotFound, TooLarge, Unauthorized
 from gateway.metrics import CONTENT_TYPE
+from gateway.tracking import MAX_WAIT_S
 
 log = structlog.get_logger(__name__)
 
@@ -53,6 +55,8 @@ def purchase_response(result: Result) -> web.Response:
     """The HTTP answer of a purchase outcome, tagged with it for the metrics."""
     if result.outcome is Outcome.CONFIRMED and result.order is not None:
         resp = json_response({"status": "confirmed", **result.order.as_json()}, status=201)
+    elif result.outcome is Outcome.ACCEPTED:
+        resp = json_response({"status": "accepted", "request_id": result.request_id}, status=202)
     elif result.outcome is Outcome.SOLD_OUT:
         resp = web.Response(body=_SOLD_OUT, status=409, content_type=JSON)
     elif result.outcome is Outcome.DUPLICATE:
@@ -79,10 +83,27 @@ async def purchase(request: web.Request) -> web.Response:
 async def get_order(request: web.Request) -> web.Response:
     """GET /v1/orders/{request_id}."""
     request_id = payloads.identifier(request.match_info["request_id"], "request_id")
-    order = await request.app[ORDERS].order(request_id)
-    if order is None:
+    result = await request.app[TRACKER].status(request_id, _wait_s(request))
+    if result is None:
         raise NotFound(f"no order for request {request_id!r}")
-    return json_response(order.as_json())
+    if result.outcome is Outcome.CONFIRMED and result.order is not None:
+        return json_response(result.order.as_json())
+    # Queued (202) or refused (409): the purchase's own answer.
+    return purchase_response(result)
+
+
+def _wait_s(request: web.Request) -> float:
+    """The ``?wait=S`` of a long poll: seconds, 0 to MAX_WAIT_S; 0 when absent."""
+    raw = request.query.get("wait")
+    if raw is None:
+        return 0.0
+    try:
+        wait = float(raw)
+    except ValueError:
+        raise InvalidRequest("wait must be a number of seconds") from None
+    if not 0 <= wait <= MAX_WAIT_S:
+        raise InvalidRequest(f"wait must be from 0 to {MAX_WAIT_S:g} seconds")
+    return wait
 
 
 async def get_sku(request: web.Request) -> web.Response:
