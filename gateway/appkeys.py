@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 
@@ -16,6 +17,9 @@ from gateway.orders import Orders
 from gateway.purchases import Purchases
 from gateway.reconciler import Reconciler
 from gateway.settings import Settings
+
+if TYPE_CHECKING:
+    from gateway.lock.zk_session import ZkSession
 
 SETTINGS = web.AppKey("settings", Settings)
 METRICS = web.AppKey("metrics", Metrics)
@@ -32,3 +36,5 @@ ADMIN = web.AppKey("admin", StockAdmin)
 RECONCILER = web.AppKey("reconciler", Reconciler)
 # A purchase response carries its outcome to the metrics middleware.
 OUTCOME = web.ResponseKey("outcome", str)
+# The ZooKeeper session of the flush locks (None unless GATEWAY_FLUSH_LOCK=zookeeper).
+ZOOKEEPER: web.AppKey[ZkSession | None] = web.AppKey("zookeeper")

@@ -64,6 +64,8 @@ class Settings:
     # Set for workers by their supervisor (PROMETHEUS_MULTIPROC_DIR): where
     # prometheus-client keeps the values every worker's /metrics adds up.
     multiproc_dir: str | None = None
+    # "host:port,host:port" of the ZooKeeper ensemble (GATEWAY_FLUSH_LOCK=zookeeper).
+    zookeeper_hosts: str = "127.0.0.1:2181"
 
     def __post_init__(self) -> None:
         if self.redis_sentinels and self.redis_cluster_nodes:
@@ -173,7 +175,7 @@ _PARSERS: Mapping[str, Callable[[str], Any]] = {
     "batch_max": _int(1),
     "batch_wait_ms": _float(0.0),
     "reservation_timeout_s": _float(0.1),
-    "flush_lock": _choice("redis", "postgres", "none"),
+    "flush_lock": _choice("redis", "postgres", "zookeeper", "none"),
     "lock_lease_s": _float(0.05),
     "queue_max": _int(1),
     "redis_pool_size": _int(1),
@@ -188,6 +190,7 @@ _PARSERS: Mapping[str, Callable[[str], Any]] = {
     "metrics": _bool,
     "workers": _int(1),
     "multiproc_dir": _text,
+    "zookeeper_hosts": _addresses,
 }
 
 

@@ -24,14 +24,14 @@ from collections.abc import Callable
 from typing import Any
 
 from kazoo.client import CLOSED_STATES, KazooClient
-from kazoo.exceptions import ConnectionLoss, NoNodeError, NodeExistsError, SessionExpiredError
+from kazoo.exceptions import ConnectionLoss, NoNodeError, SessionExpiredError
 from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.protocol.states import EventType
 
 # kazoo errors that say "the server could not be reached", as opposed to a verdict.
 UNREACHABLE: tuple[type[Exception], ...] = (ConnectionLoss, SessionExpiredError)
 
-__all__ = ["UNREACHABLE", "NoNodeError", "NodeExistsError", "ZkNode", "ZkSession", "ZkStat"]
+__all__ = ["UNREACHABLE", "ZkNode", "ZkSession", "ZkStat"]
 
 ZkStat = Any  # kazoo.protocol.states.ZnodeStat: czxid, ephemeralOwner, ...
 ZkNode = tuple[str, ZkStat]  # (path, stat) of a node just created
@@ -62,6 +62,13 @@ class ZkSession:
         """The id of the current session, None while disconnected."""
         client_id = self._client.client_id
         return None if client_id is None else int(client_id[0])
+
+    @property
+    def client_id(self) -> tuple[int, bytes] | None:
+        """(session id, password) of the current session, None while disconnected: what
+        another client needs to join the session (as a test does to expire it)."""
+        client_id = self._client.client_id
+        return None if client_id is None else (int(client_id[0]), bytes(client_id[1]))
 
     @property
     def connected(self) -> bool:
@@ -105,9 +112,7 @@ class ZkSession:
             return []
         return names
 
-    async def exists(
-        self, path: str, watch: Callable[[bool], None] | None = None
-    ) -> ZkStat | None:
+    async def exists(self, path: str, watch: Callable[[bool], None] | None = None) -> ZkStat | None:
         """The stat of ``path`` or None. ``watch(gone)`` is called once on the loop at
         the node's next event: ``gone`` is True when it was deleted or the session
         ended, False when it changed or the connection dropped (state unknown)."""

@@ -43,6 +43,7 @@ import asyncio
 import contextlib
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from gateway.lock.base import BaseLock
@@ -146,7 +147,7 @@ class ZooKeeperLock(BaseLock[ZkHold]):
                 return None
             turn = asyncio.Event()
             before = f"{self.path}/{queue[ahead - 1]}"
-            if await self._session.exists(before, watch=lambda _gone: turn.set()) is None:
+            if await self._session.exists(before, watch=_waking(turn)) is None:
                 continue
             # Look again at least once a session timeout: an expiry may drop the watch.
             wait = self._session.session_timeout
@@ -213,6 +214,11 @@ class ZooKeeperLock(BaseLock[ZkHold]):
                 if name.startswith(f"{token}-"):
                     await self._delete_patiently(f"{self.path}/{name}")
             return
+
+
+def _waking(event: asyncio.Event) -> Callable[[bool], None]:
+    """A watch that sets ``event`` whatever happened to the node."""
+    return lambda _gone: event.set()
 
 
 def _sequence(node_name: str) -> int:

@@ -226,7 +226,6 @@ class Backend:
             if row["granted"]:
                 await self.pool.execute("SELECT pg_terminate_backend($1)", row["pid"])
 
-
     @property
     def _zk_path(self) -> str:
         return f"{ZK_ROOT}/{self.name}"
