@@ -491,11 +491,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the comparison and write its results; 1 if any row oversold or lost stock."""
     opts = parse(argv)
     started = time.monotonic()
+    load_before = machine.load_average()
     rows, pinning = run_all(opts)
     command = "make compare" if argv is None and len(sys.argv) <= 1 else " ".join(sys.argv)
     write_results(
         rows,
-        machine=machine.describe(),
+        # Others share this machine: how busy it was says how far to trust the numbers.
+        machine={
+            **machine.describe(),
+            "load_average_before": load_before,
+            "load_average_after": machine.load_average(),
+        },
         pinning=pinning.describe(),
         command=command,
         options=dataclasses.asdict(opts),

@@ -41,6 +41,10 @@ NOT_RUN = """\
 """
 
 
+def _load(averages: Any) -> str:
+    return "unknown" if not averages else " / ".join(f"{a:.1f}" for a in averages)
+
+
 def cell_ms(value: float) -> str:
     """Milliseconds, short."""
     if value == float("inf"):
@@ -170,7 +174,9 @@ second in. Lock lease {1.0:g} s. Then the reconciler settles what the fault left
 
 **Machine:** {machine.get("nproc")} cores ({machine.get("cpu_model")}), {machine.get("mem_total")},
 Python {machine.get("python")}, {machine.get("wrk")}, commit {machine.get("commit")}
-{"(with uncommitted changes)" if machine.get("dirty") else ""}; {pinning}.
+{"(with uncommitted changes)" if machine.get("dirty") else ""}; {pinning}; load average
+(1, 5, 15 min) {_load(machine.get("load_average_before"))} before the run and
+{_load(machine.get("load_average_after"))} after: other work on the machine slows every row alike.
 
 ## Conditions
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import itertools
 import signal
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import asyncpg
@@ -16,6 +16,7 @@ from redis.asyncio import Redis
 
 from gateway.lock import LockSubscriber, RedisLock
 from tests.integration.lock_support import (
+    AnyLock,
     Backend,
     workers,
 )
@@ -97,6 +98,43 @@ async def table(database_url: str, key_prefix: str) -> AsyncIterator[str]:
     await con.close()
 
 
+async def stopped_holder_is_fenced_out(
+    args: list[str],
+    *,
+    tmp: Path,
+    database_url: str,
+    table: str,
+    freed: Callable[[], Awaitable[bool]],
+    take_over: Callable[[], AnyLock],
+) -> None:
+    """Start a ``stale`` worker, SIGSTOP it, wait until ``freed()``, take the lock with
+    ``take_over()`` and write under it, then wake the worker: it must hear of the loss
+    and its writes after waking must be rejected by the fence."""
+    pool = await asyncpg.create_pool(database_url, min_size=1, max_size=2)
+    try:
+        async with workers(args, tmp=tmp) as (stale,):
+            stale_fence = int((await stale.expect("ACQUIRED", within=20))[1])
+            assert (await stale.expect("WROTE"))[1] == "1"
+            stale.signal(signal.SIGSTOP)
+            await wait_for(freed, within=5, what="the stopped holder's lock freed")
+            lock = take_over()
+            async with lock(wait=5):
+                assert lock.fence > stale_fence
+                assert await fenced_write(pool, table, "B", lock.fence) == 1
+                stale.signal(signal.SIGCONT)
+                lines = await stale.lines_until("LATE", within=10)
+                final = await pool.fetchrow(f"SELECT value, fence FROM {table} WHERE id = 1")
+                assert final is not None and tuple(final) == ("B", lock.fence)
+    finally:
+        await pool.close()
+    assert ["LOCKLOST", "1"] in lines, lines
+    assert lines[-1] == ["LATE", "0"]
+    # Lines from before the stop may still have been in the pipe ("WROTE 1"); whatever
+    # it wrote after waking, before hearing of the loss, was rejected ("WROTE 0").
+    wrote = [int(words[1]) for words in lines if words[0] == "WROTE"]
+    assert wrote == sorted(wrote, reverse=True), lines
+
+
 class TestStaleHolder:
     """A holder stopped past its lease loses the lock to another process; woken, it is
     told (``lost``, LockLost) and its fenced write is rejected by PostgreSQL."""
@@ -108,31 +146,18 @@ class TestStaleHolder:
         subscriber = LockSubscriber(redis)
         backend = Backend("redis", redis, None, name, subscriber)
         args = worker_args("stale", backend, database_url, "--lease", "0.5", "--table", table)
-        pool = await asyncpg.create_pool(database_url, min_size=1, max_size=2)
         try:
-            async with workers(args, tmp=tmp_path) as (stale,):
-                stale_fence = int((await stale.expect("ACQUIRED", within=20))[1])
-                assert (await stale.expect("WROTE"))[1] == "1"
-                stale.signal(signal.SIGSTOP)
+            await stopped_holder_is_fenced_out(
+                args,
+                tmp=tmp_path,
+                database_url=database_url,
+                table=table,
                 # Nobody renews the stopped holder's lease: it runs out.
-                await wait_for(lambda: _gone(redis, name), within=5, what="the lock key gone")
-                lock = RedisLock(redis, name, lease=5, subscriber=subscriber)
-                async with lock(wait=5):
-                    assert lock.fence > stale_fence
-                    assert await fenced_write(pool, table, "B", lock.fence) == 1
-                    stale.signal(signal.SIGCONT)
-                    lines = await stale.lines_until("LATE", within=10)
-                    final = await pool.fetchrow(f"SELECT value, fence FROM {table} WHERE id = 1")
-                    assert final is not None and tuple(final) == ("B", lock.fence)
+                freed=lambda: _gone(redis, name),
+                take_over=lambda: RedisLock(redis, name, lease=5, subscriber=subscriber),
+            )
         finally:
-            await pool.close()
             await subscriber.aclose()
-        assert ["LOCKLOST", "1"] in lines, lines
-        assert lines[-1] == ["LATE", "0"]
-        # Lines from before the stop may still have been in the pipe ("WROTE 1"); whatever
-        # it wrote after waking, before hearing of the loss, was rejected ("WROTE 0").
-        wrote = [int(words[1]) for words in lines if words[0] == "WROTE"]
-        assert wrote == sorted(wrote, reverse=True), lines
 
 
 class TestStaleZooKeeperHolder:
@@ -148,29 +173,15 @@ class TestStaleZooKeeperHolder:
         self, backend: Backend, database_url: str, table: str, tmp_path: Path
     ) -> None:
         assert backend.zookeeper is not None
-        args = worker_args("stale", backend, database_url, "--lease", "0.5", "--table", table)
-        pool = await asyncpg.create_pool(database_url, min_size=1, max_size=2)
-        try:
-            async with workers(args, tmp=tmp_path) as (stale,):
-                stale_fence = int((await stale.expect("ACQUIRED", within=20))[1])
-                assert (await stale.expect("WROTE"))[1] == "1"
-                stale.signal(signal.SIGSTOP)
-                # The stopped holder sends no heartbeat: the server expires its session.
-                await wait_for(backend.is_free, within=5, what="the holder's node gone")
-                lock = backend.new(lease=5)
-                async with lock(wait=5):
-                    assert lock.fence > stale_fence
-                    assert await fenced_write(pool, table, "B", lock.fence) == 1
-                    stale.signal(signal.SIGCONT)
-                    lines = await stale.lines_until("LATE", within=10)
-                    final = await pool.fetchrow(f"SELECT value, fence FROM {table} WHERE id = 1")
-                    assert final is not None and tuple(final) == ("B", lock.fence)
-        finally:
-            await pool.close()
-        assert ["LOCKLOST", "1"] in lines, lines
-        assert lines[-1] == ["LATE", "0"]
-        wrote = [int(words[1]) for words in lines if words[0] == "WROTE"]
-        assert wrote == sorted(wrote, reverse=True), lines
+        await stopped_holder_is_fenced_out(
+            worker_args("stale", backend, database_url, "--lease", "0.5", "--table", table),
+            tmp=tmp_path,
+            database_url=database_url,
+            table=table,
+            # The stopped holder sends no heartbeat: the server expires its session.
+            freed=backend.is_free,
+            take_over=lambda: backend.new(lease=5),
+        )
 
 
 async def _gone(redis: Redis, key: str) -> bool:
