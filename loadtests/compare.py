@@ -4,7 +4,7 @@ For each combination that makes sense (:func:`matrix`) and each condition
 (``loadtests.compare_faults``), two gateway processes share one database, one
 Redis key prefix and one sku of ``--stock`` units; two wrk processes (one per
 gateway, every request a new buyer) send far more purchases than there is stock
-for ``--seconds``, while the fault, if any, strikes one second in. Then the
+for ``--seconds``, while the fault, if any, strikes 0.3 s in. Then the
 reconciler settles what the fault left, ``flashsale-gateway audit`` checks the
 books, and the run records (see :func:`measure`): confirmed/s, latency
 p50/p99/p99.9, the seed's three health signals from ``/metrics`` (lock wait,
@@ -16,7 +16,7 @@ Results go to ``loadtests/results/compare.json`` and ``docs/strategies.md``
 (with ``docs/strategies.png``), see ``loadtests.compare_report``.
 
     python -m loadtests.compare [--strategies a,b] [--locks a,b] [--conditions a,b]
-        [--seconds 3] [--stock 1000] [--connections 32] [--no-pin]
+        [--seconds 3] [--stock 2000] [--connections 32] [--no-pin]
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ from loadtests.compare_faults import (
     holder_pid,
     stall_holder,
 )
-from loadtests.compare_report import write_results
+from loadtests.compare_report import cell_ms, write_results
 from loadtests.harness import Harness
 from loadtests.options import REPO_ROOT
 from loadtests.pinning import Pinning, choose
@@ -61,7 +61,8 @@ LOCKS = ("redis", "postgres", "zookeeper", "none")
 # Strategies that write each purchase in its own transaction take no flush lock.
 LOCKLESS = ("sql-direct", "optimistic", "pessimistic")
 LEASE_S = 1.0  # short, so a stall passes it within a round
-FAULT_AT_S = 1.0
+# Early, so the fault strikes while the stock is still selling even on a fast machine.
+FAULT_AT_S = 0.3
 SETTLE_S = 30.0
 
 
@@ -132,12 +133,19 @@ class Round:
     redis_url: str
     sku: str
     gateways: list[Target] = dataclasses.field(default_factory=list)
+    # The gateway a stall stopped: latency is read from the other one.
+    stopped: Target | None = None
+
+    @property
+    def faulted(self) -> bool:
+        """Whether this round strikes a fault (and so runs longer, to show recovery)."""
+        return self.condition != "none"
 
 
 def run_round(
     rnd: Round, opts: Options, servers: Servers, pinning: Pinning, fault: Callable[[], str] | None
 ) -> dict[str, Any]:
-    """Load both gateways with wrk, strike the fault one second in; the raw results."""
+    """Load both gateways with wrk, strike the fault early on; the raw results."""
     gateways = rnd.gateways
     gateways[0].put_sku(rnd.sku, opts.stock)
     sampler = SoldSampler(rnd.database_url, rnd.sku)
@@ -150,7 +158,8 @@ def run_round(
                 g.url,
                 sku=rnd.sku,
                 tag=f"{rnd.condition[0]}{i}",
-                duration_s=opts.seconds,
+                # A fault lasts about two leases: the round goes on past it to recover.
+                duration_s=opts.seconds + (FAULT_AT_S + 2 * LEASE_S + 1 if rnd.faulted else 0),
                 connections=opts.connections,
                 threads=1,
                 timeout_s=5.0,
@@ -279,7 +288,12 @@ def measure(
         for status, count in result["statuses"].items():
             statuses[str(status)] = statuses.get(str(status), 0) + int(count)
     requests = sum(int(r["requests"]) for r in raw["raws"])
-    latency = raw["raws"][0]["latency_us"]  # the gateway never stopped
+    observed = next(i for i, g in enumerate(rnd.gateways) if g is not rnd.stopped)
+    seen = raw["raws"][observed]
+    # A gateway that completed nothing in the round has no latency to speak of.
+    latency = {
+        q: seen["latency_us"][k] / 1000 if seen["requests"] else None for q, k in LATENCY_KEYS
+    }
     sold, db_stock = books["sold"], books["db_stock"]
     sold_in = next((t for t, n in raw["sold_curve"] if n >= sold), raw["elapsed_s"])
     unavailable = _series(found, "flashsale_purchases_total", "outcome").get("unavailable", 0.0)
@@ -293,7 +307,7 @@ def measure(
         "statuses": statuses,
         "confirmed": sold,
         "confirmed_per_s": round(sold / sold_in, 1) if sold and sold_in > 0 else 0.0,
-        "latency_ms": {q: latency[k] / 1000 for q, k in LATENCY_KEYS},
+        "latency_ms": latency,
         "lock_wait_ms": {
             "mean": _mean_ms(found, "flashsale_lock_wait_seconds"),
             "p99": _quantile_ms(found, "flashsale_lock_wait_seconds", 0.99),
@@ -394,7 +408,8 @@ def _fault(
                 prefix=rnd.settings["GATEWAY_KEY_PREFIX"],
                 sku=rnd.sku,
             )
-            return stall_holder(rnd.gateways, pid, 2 * LEASE_S)
+            done, rnd.stopped = stall_holder(rnd.gateways, pid, 2 * LEASE_S)
+            return done
 
         return stall
     if rnd.condition == "failover":
@@ -452,7 +467,7 @@ def run_all(opts: Options) -> tuple[list[dict[str, Any]], Pinning]:
 def one_line(row: dict[str, Any]) -> str:
     """A row's headline numbers, for the console."""
     return (
-        f"{row['confirmed_per_s']:,.0f} confirmed/s, p99 {row['latency_ms']['p99']:.1f} ms,"
+        f"{row['confirmed_per_s']:,.0f} confirmed/s, p99 {cell_ms(row['latency_ms']['p99'])} ms,"
         f" lost locks {row['locks_lost']:g}, oversell {row['oversell']}, lost {row['lost']}"
     )
 
@@ -464,7 +479,7 @@ def parse(argv: Sequence[str] | None) -> Options:
     parser.add_argument("--locks", default=",".join(LOCKS))
     parser.add_argument("--conditions", default=",".join(CONDITIONS))
     parser.add_argument("--seconds", type=float, default=3.0)
-    parser.add_argument("--stock", type=int, default=1000)
+    parser.add_argument("--stock", type=int, default=2000)
     parser.add_argument("--connections", type=int, default=32, help="per gateway")
     parser.add_argument("--no-pin", action="store_true", help="leave wrk and servers unpinned")
     args = parser.parse_args(argv)
@@ -504,7 +519,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         },
         pinning=pinning.describe(),
         command=command,
-        options=dataclasses.asdict(opts),
+        options={**dataclasses.asdict(opts), "lease_s": LEASE_S, "fault_at_s": FAULT_AT_S},
         seconds=time.monotonic() - started,
     )
     bad = [r for r in rows if "skipped" not in r and (r["oversell"] or r["lost"])]

@@ -98,9 +98,9 @@ def holder_pid(lock: str, *, redis_url: str, zk_hosts: str | None, prefix: str, 
     return 0
 
 
-def stall_holder(gateways: list[Target], pid: int, seconds: float) -> str:
+def stall_holder(gateways: list[Target], pid: int, seconds: float) -> tuple[str, Target]:
     """SIGSTOP the holder (``pid`` if it is one of ``gateways``, else the last) for
-    ``seconds``, then SIGCONT; what was done, for the results."""
+    ``seconds``, then SIGCONT; what was done, for the results, and whom."""
     victim = next((g for g in gateways if g.pid == pid), gateways[-1])
     victim.process.send_signal(signal.SIGSTOP)
     try:
@@ -108,7 +108,7 @@ def stall_holder(gateways: list[Target], pid: int, seconds: float) -> str:
     finally:
         victim.process.send_signal(signal.SIGCONT)
     known = "the lock holder" if victim.pid == pid else "a gateway (holder unknown)"
-    return f"SIGSTOP {known} {victim.name} for {seconds:g}s"
+    return f"SIGSTOP {known} {victim.name} for {seconds:g}s", victim
 
 
 def fail_over(cluster: RedisSentinelCluster) -> str:

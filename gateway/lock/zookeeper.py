@@ -31,7 +31,9 @@ and checking that the current session still owns it. A read that succeeds proves
 the session alive when it was sent, and the server keeps a session at least its
 timeout after the last request it heard; so with ``lease <= session timeout`` a
 holder's local deadline (last proof + lease) passes before anyone else can be
-granted the lock. A session that expired (SUSPENDED then LOST, a holder stopped
+granted the lock. The server may cut the timeout it was asked for to its
+``maxSessionTimeout`` (20 ticks, 40 s, by default), which kazoo does not report:
+keep the lease within it. A session that expired (SUSPENDED then LOST, a holder stopped
 past its timeout) fires the node's watch, or fails the next renewal: the hold is
 lost and the ``async with`` body cancelled. Deleting the node behind the holder's
 back does the same at once.

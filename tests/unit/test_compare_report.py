@@ -107,3 +107,10 @@ def test_a_hand_written_recommendation_survives_regeneration() -> None:
     mine = first.replace(first.split(BEGIN)[1].split(END)[0], "\nUse reserve-batch.\n")
     again = document(rows, previous=mine, **kwargs)
     assert f"{BEGIN}\nUse reserve-batch.\n{END}" in again
+
+
+def test_a_gateway_that_completed_nothing_shows_no_latency() -> None:
+    """A row whose observed gateway completed no request shows "-", not 0 ms."""
+    stuck = row("reserve-batch", "zookeeper", "failover")
+    stuck["latency_ms"] = {"p50": None, "p99": None, "p99.9": None}
+    assert "| 1,234 | - | - | - |" in table([stuck])
