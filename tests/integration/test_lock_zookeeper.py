@@ -15,7 +15,7 @@ from gateway.lock import LockLost
 from gateway.lock.zk_session import ZkSession
 from gateway.lock.zookeeper import ROOT, ZooKeeperLock
 from tests.support.polling import wait_for
-from tests.support.zookeeper_servers import ZooKeeperServer
+from tests.support.zookeeper_servers import ZooKeeperEnsemble, ZooKeeperServer
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -118,6 +118,34 @@ class TestQueue:
         assert not await waiter.acquire(wait=0.2)
         await wait_for(lambda: _nodes(session, name, 1), what="only the holder's node")
         await holder.release()
+
+
+class TestEnsemble:
+    """Three members, the leader killed under a held lock: a new leader is elected,
+    the holder's session moves to a survivor, the lock stays its own and exclusive."""
+
+    async def test_the_lock_survives_the_leader_killed_and_stays_exclusive(self, name: str) -> None:
+        async with ZooKeeperEnsemble() as ensemble:
+            sessions = [ZkSession(ensemble.hosts, session_timeout=5.0) for _ in range(2)]
+            for started in sessions:
+                await started.start(wait=30)
+            try:
+                holder, contender = (ZooKeeperLock(s, name) for s in sessions)
+                async with holder:
+                    first, fence = sessions[0].session_id, holder.fence
+                    await (await ensemble.leader()).kill()
+                    survivors = [m for m in ensemble.members if m.running]
+                    for member in survivors:
+                        await wait_for(member.serving, within=20, what="a new quorum")
+                    await wait_for(lambda: sessions[0].connected, within=10, what="reconnected")
+                    assert not await asyncio.create_task(contender.acquire(wait=0.5))
+                    assert holder.held and not holder.lost.is_set()
+                    assert sessions[0].session_id == first  # the same session, moved
+                assert await asyncio.create_task(contender.acquire(wait=5))
+                assert contender.fence > fence
+            finally:
+                for started in sessions:
+                    await started.stop()
 
 
 async def _nodes(session: ZkSession, name: str, count: int) -> bool:
