@@ -9,7 +9,7 @@ DEV_TOKEN ?= dev-admin-token
 export GATEWAY_DATABASE_URL ?= postgresql://postgres@127.0.0.1:5432/flashsale
 export GATEWAY_REDIS_URL ?= redis://127.0.0.1:6379/0
 
-.PHONY: run test lint typecheck pytest services bench locust chaos audit clean
+.PHONY: run test lint typecheck pytest services bench locust chaos audit clean compare
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -53,3 +53,10 @@ locust: $(STAMP) services
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache
 	git clean -fqX loadtests/results
+
+# Every deduction strategy x lock family under the same wrk load and three faults
+# (none, a stalled lock holder, a Redis failover / ZooKeeper session expiry);
+# writes loadtests/results/compare.json and docs/strategies.md (+ .png).
+compare: $(STAMP) services
+	@bash scripts/bench_tools.sh
+	$(BIN)/python -m loadtests.compare $(COMPARE_ARGS)

@@ -39,6 +39,7 @@ from gateway.appkeys import (
     SETTINGS,
     STOPPING,
     TRACKER,
+    ZOOKEEPER,
 )
 from gateway.batcher import Batcher
 from gateway.catalog import Catalog
@@ -122,6 +123,25 @@ async def database_ctx(app: web.Application) -> AsyncIterator[None]:
         pool.terminate()
 
 
+async def zookeeper_ctx(app: web.Application) -> AsyncIterator[None]:
+    """The ZooKeeper session of the flush locks, with GATEWAY_FLUSH_LOCK=zookeeper only;
+    its timeout is the lock's lease (see gateway/lock/zookeeper.py)."""
+    settings = app[SETTINGS]
+    session = None
+    if settings.flush_lock == "zookeeper":
+        try:
+            from gateway.lock.zk_session import ZkSession
+        except ModuleNotFoundError as exc:
+            extra = "pip install 'flashsale-gateway[zookeeper]'"
+            raise RuntimeError(f"GATEWAY_FLUSH_LOCK=zookeeper needs kazoo: {extra}") from exc
+        session = ZkSession(settings.zookeeper_hosts, session_timeout=settings.lock_lease_s)
+        await session.start(wait=max(settings.startup_wait_s, 1.0))
+    app[ZOOKEEPER] = session
+    yield
+    if session is not None:
+        await session.stop()
+
+
 async def service_ctx(app: web.Application) -> AsyncIterator[None]:
     """The use cases: scripts loaded, change feed subscribed; drained on stop."""
     settings, metrics = app[SETTINGS], app[METRICS]
@@ -132,7 +152,8 @@ async def service_ctx(app: web.Application) -> AsyncIterator[None]:
     if await inventory.adopt(await orders.identity()):
         log.warning("redis_state_dropped", reason="another database")
     subscriber = LockSubscriber(redis, client_name=f"{settings.key_prefix}-lock-sub")
-    locks = sku_locks(settings, redis, orders.pool, subscriber, metrics)
+    locks = sku_locks(settings, redis, orders.pool, subscriber, metrics, app[ZOOKEEPER])
+    metrics.lock_lease.set(settings.lock_lease_s)
     catalog, soldout = Catalog(orders), SoldOut()
     flusher = Flusher(inventory=inventory, orders=orders, locks=locks, observer=metrics)
     batcher = Batcher(
@@ -282,7 +303,7 @@ def create_app(settings: Settings) -> web.Application:
     app[STOPPING] = asyncio.Event()
     app[PROXIES] = TrustedProxies(parse_networks(settings.trusted_proxies))
     app[ADMIN_TOKENS] = AdminTokens(settings.admin_token, settings.admin_token_file)
-    app.cleanup_ctx.extend([redis_ctx, database_ctx, service_ctx])
+    app.cleanup_ctx.extend([redis_ctx, database_ctx, zookeeper_ctx, service_ctx])
     app.on_shutdown.append(drain)
     app.add_routes(views.routes(with_metrics=settings.metrics))
     return app

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 
@@ -19,6 +20,9 @@ from gateway.purchases import Purchases
 from gateway.reconciler import Reconciler
 from gateway.settings import Settings
 from gateway.tracking import OrderTracker
+
+if TYPE_CHECKING:
+    from gateway.lock.zk_session import ZkSession
 
 SETTINGS = web.AppKey("settings", Settings)
 METRICS = web.AppKey("metrics", Metrics)
@@ -40,3 +44,5 @@ ADMISSIONS = web.AppKey("admissions", Admissions)
 ADMIN_TOKENS = web.AppKey("admin_tokens", AdminTokens)
 # What became of a request id (GET /v1/orders/{request_id}).
 TRACKER = web.AppKey("tracker", OrderTracker)
+# The ZooKeeper session of the flush locks (None unless GATEWAY_FLUSH_LOCK=zookeeper).
+ZOOKEEPER: web.AppKey[ZkSession | None] = web.AppKey("zookeeper")

@@ -22,6 +22,8 @@ OUTCOMES = (
 )
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+# Lock holds: fine where flushes are, coarse up to the largest sensible lease.
+HOLD_BUCKETS = (*LATENCY_BUCKETS, 10.0, 30.0, 60.0)
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
@@ -188,6 +190,19 @@ class Metrics:
             buckets=BATCH_BUCKETS,
             registry=r,
         )
+        # The lease rule of thumb (gateway/leaserule.py): p99 hold against lease / 3.
+        self.lock_hold = Histogram(
+            "flashsale_lock_hold_seconds",
+            "Time a flush lock was held, acquisition to release.",
+            buckets=HOLD_BUCKETS,
+            registry=r,
+        )
+        self.lock_lease = Gauge(
+            "flashsale_lock_lease_seconds",
+            "The flush lock's lease (GATEWAY_LOCK_LEASE_S).",
+            registry=r,
+            multiprocess_mode="max",
+        )
 
     def render(self) -> bytes:
         """The exposition text of every metric (of every worker, with several)."""
@@ -273,7 +288,8 @@ class Metrics:
         self.lock_acquisitions.labels("true" if contended else "false").inc()
 
     def released(self, held_s: float) -> None:
-        """A normal release (held time is not exported)."""
+        """A normal release after ``held_s`` seconds held."""
+        self.lock_hold.observe(held_s)
 
     def timed_out(self) -> None:
         """An acquisition gave up."""

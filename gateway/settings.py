@@ -90,6 +90,8 @@ class Settings:
     # Entries a sku's stream holds at most (queued and in a writer's hands):
     # beyond it purchases are refused with 503 before anything is reserved.
     stream_max: int = 100_000
+    # "host:port,host:port" of the ZooKeeper ensemble (GATEWAY_FLUSH_LOCK=zookeeper).
+    zookeeper_hosts: str = "127.0.0.1:2181"
 
     def __post_init__(self) -> None:
         if self.redis_sentinels and self.redis_cluster_nodes:
@@ -219,7 +221,7 @@ _PARSERS: Mapping[str, Callable[[str], Any]] = {
     "batch_max": _int(1),
     "batch_wait_ms": _float(0.0),
     "reservation_timeout_s": _float(0.1),
-    "flush_lock": _choice("redis", "postgres", "none"),
+    "flush_lock": _choice("redis", "postgres", "zookeeper", "none"),
     "lock_lease_s": _float(0.05),
     "queue_max": _int(1),
     "redis_pool_size": _int(1),
@@ -244,6 +246,7 @@ _PARSERS: Mapping[str, Callable[[str], Any]] = {
     "writer_block_ms": lambda raw: _writer_block(_int(1)(raw)),
     "writer_claim_idle_s": _float(0.1),
     "stream_max": _int(1),
+    "zookeeper_hosts": _addresses,
 }
 
 

@@ -3,21 +3,27 @@
 The flusher, the admin changes and the reconciler each take a sku's lock
 through :class:`SkuLocks`, so they agree on the lock and on how long to wait.
 With ``GATEWAY_FLUSH_LOCK=none`` there is no lock: the database's row lock and
-stock guard alone keep writers honest.
+stock guard alone keep writers honest. ``zookeeper`` needs the optional extra
+``flashsale-gateway[zookeeper]`` (kazoo), imported only when chosen. Every lock
+reports its holds to the sku's :class:`LeaseRule` as well as to the metrics.
 """
 
 from __future__ import annotations
 
 import asyncio
 from contextlib import AbstractAsyncContextManager, nullcontext
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import asyncpg
 
 from gateway.connections import RedisClient
 from gateway.layout import lock_key
+from gateway.leaserule import LeaseRule
 from gateway.lock import LockMetrics, LockSubscriber, PgAdvisoryLock, RedisLock
 from gateway.settings import Settings
+
+if TYPE_CHECKING:
+    from gateway.lock.zk_session import ZkSession
 
 
 class FlushLock(Protocol):
@@ -84,16 +90,32 @@ def sku_locks(
     pool: asyncpg.Pool[Any],
     subscriber: LockSubscriber,
     metrics: LockMetrics,
+    zookeeper: ZkSession | None = None,
 ) -> SkuLocks:
-    """The flush locks ``settings`` ask for, on this Redis client or PostgreSQL pool."""
+    """The flush locks ``settings`` ask for, on this Redis client, PostgreSQL pool or
+    ZooKeeper session (which ``zookeeper`` must be given)."""
     prefix, lease = settings.key_prefix, settings.lock_lease_s
+    rule = LeaseRule(lease)
 
     def redis_lock(sku: str) -> FlushLock:
-        name = lock_key(prefix, sku)
-        return RedisLock(redis, name, lease=lease, metrics=metrics, subscriber=subscriber)
+        name, watched = lock_key(prefix, sku), rule.metrics_for(sku, metrics)
+        return RedisLock(redis, name, lease=lease, metrics=watched, subscriber=subscriber)
 
     def pg_lock(sku: str) -> FlushLock:
-        return PgAdvisoryLock(pool, lock_key(prefix, sku), lease=lease, metrics=metrics)
+        watched = rule.metrics_for(sku, metrics)
+        return PgAdvisoryLock(pool, lock_key(prefix, sku), lease=lease, metrics=watched)
 
-    makers: dict[str, _Maker | None] = {"redis": redis_lock, "postgres": pg_lock, "none": None}
+    def zk_lock(sku: str) -> FlushLock:
+        from gateway.lock.zookeeper import ZooKeeperLock  # the optional extra
+
+        assert zookeeper is not None, "GATEWAY_FLUSH_LOCK=zookeeper without a session"
+        watched = rule.metrics_for(sku, metrics)
+        return ZooKeeperLock(zookeeper, lock_key(prefix, sku), lease=lease, metrics=watched)
+
+    makers: dict[str, _Maker | None] = {
+        "redis": redis_lock,
+        "postgres": pg_lock,
+        "zookeeper": zk_lock,
+        "none": None,
+    }
     return SkuLocks(settings.flush_lock, lease, makers[settings.flush_lock])

@@ -15,7 +15,9 @@ fencing token where the data is written.
 
 The package stands alone: its Lua scripts are package data (``lua/``), its one piece
 of SQL schema is created by :func:`create_fence_sequence`, and its only dependencies
-are redis-py and asyncpg.
+are redis-py and asyncpg. ``gateway.lock.zookeeper.ZooKeeperLock`` (same interface,
+on a ``gateway.lock.zk_session.ZkSession``) needs kazoo, the optional extra
+``flashsale-gateway[zookeeper]``, so it is imported from its module, not from here.
 """
 
 from __future__ import annotations

@@ -87,6 +87,10 @@ class HoldTable(Generic[R]):
         if hold.count <= 0:
             self.forget(hold)
 
+    def of_resource(self, resource: R) -> Hold[R] | None:
+        """The hold that keeps ``resource``, if any (for a backend's callbacks)."""
+        return next((h for h in self._by_task.values() if h.resource is resource), None)
+
     def visible(self) -> Hold[R] | None:
         """The calling task's hold, else the latest one (None before any)."""
         try:

@@ -10,8 +10,17 @@ from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 
 from gateway.lock import LockSubscriber
+from gateway.lock.zk_session import ZkSession
 from tests.integration.lock_support import Backend, close_pg_pool, open_pg_pool
 from tests.support.redis_cluster import LocalRedisCluster
+from tests.support.zookeeper_servers import ZooKeeperServer
+
+# The ZooKeeper session of the in-process locks: long enough for any lease a test
+# asks for (the lock's default lease is the session timeout).
+ZK_SESSION_TIMEOUT_S = 10.0
+
+# The servers a lock family needs started for the session, if any.
+Servers = LocalRedisCluster | ZooKeeperServer | None
 
 
 @pytest.fixture(scope="session")
@@ -27,28 +36,48 @@ def redis_cluster() -> Iterator[LocalRedisCluster]:
         asyncio.run(cluster.close())
 
 
-@pytest.fixture(params=["redis", "postgres", "cluster"])
-def backend_kind(request: pytest.FixtureRequest) -> tuple[str, LocalRedisCluster | None]:
-    """Which lock backend, and the session's cluster when that is the one (started
-    here, outside the test's event loop, and only when a cluster test runs)."""
-    cluster = request.getfixturevalue("redis_cluster") if request.param == "cluster" else None
-    return request.param, cluster
+@pytest.fixture(scope="session")
+def zookeeper_server() -> Iterator[ZooKeeperServer]:
+    """A private standalone ZooKeeper (Debian's package, installed when missing),
+    started once per session on first use and stopped at its end. Tests share it
+    under lock names of their own."""
+    server = ZooKeeperServer()
+    try:
+        asyncio.run(server.start())
+        yield server
+    finally:
+        asyncio.run(server.close())
+
+
+@pytest.fixture(params=["redis", "postgres", "cluster", "zookeeper"])
+def backend_kind(request: pytest.FixtureRequest) -> tuple[str, Servers]:
+    """Which lock backend, and the session's cluster or ZooKeeper when that is the one
+    (started here, outside the test's event loop, and only when such a test runs)."""
+    fixture = {"cluster": "redis_cluster", "zookeeper": "zookeeper_server"}.get(request.param)
+    return request.param, None if fixture is None else request.getfixturevalue(fixture)
 
 
 @pytest.fixture
 async def backend(
-    backend_kind: tuple[str, LocalRedisCluster | None],
+    backend_kind: tuple[str, Servers],
     redis: Redis,
     key_prefix: str,
     database_url: str,
 ) -> AsyncIterator[Backend]:
     """The lock backend under test, on a lock name of this test's own: the shared
     Redis, PostgreSQL, or the session's Redis Cluster."""
-    kind, cluster = backend_kind
+    kind, servers = backend_kind
     pool = await open_pg_pool(database_url) if kind == "postgres" else None
+    cluster = servers if isinstance(servers, LocalRedisCluster) else None
     client: Redis | RedisCluster = redis if cluster is None else cluster.client()
     subscriber = LockSubscriber(client)
-    yield Backend(kind, client, pool, f"{key_prefix}:{{lock}}:lock", subscriber)
+    zookeeper = None
+    if isinstance(servers, ZooKeeperServer):
+        zookeeper = ZkSession(servers.hosts, session_timeout=ZK_SESSION_TIMEOUT_S)
+        await zookeeper.start(wait=10)
+    yield Backend(kind, client, pool, f"{key_prefix}:{{lock}}:lock", subscriber, zookeeper)
+    if zookeeper is not None:
+        await zookeeper.stop()
     await subscriber.aclose()
     if pool is not None:
         await close_pg_pool(pool)

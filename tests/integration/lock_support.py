@@ -27,10 +27,13 @@ from gateway.lock import (
     advisory_key,
     create_fence_sequence,
 )
+from gateway.lock.zk_session import ZkSession
+from gateway.lock.zookeeper import ROOT as ZK_ROOT
+from gateway.lock.zookeeper import ZooKeeperLock
 
 ROOT = Path(__file__).resolve().parents[2]
 
-AnyLock = RedisLock | PgAdvisoryLock
+AnyLock = RedisLock | PgAdvisoryLock | ZooKeeperLock
 
 
 # --------------------------------------------------------------------- worker processes
@@ -168,9 +171,13 @@ class Backend:
     name: str
     # The one unlock subscriber every Redis lock of the test shares.
     subscriber: LockSubscriber
+    # The ZooKeeper session every ZooKeeper lock of the test shares (that family only).
+    zookeeper: ZkSession | None = None
 
     def new(self, **kwargs: Any) -> AnyLock:
         """A new lock object on the test's lock name."""
+        if self.zookeeper is not None:
+            return ZooKeeperLock(self.zookeeper, self.name, **kwargs)
         if self.pool is not None:
             return PgAdvisoryLock(self.pool, self.name, **kwargs)
         return RedisLock(self.redis, self.name, subscriber=self.subscriber, **kwargs)
@@ -185,12 +192,17 @@ class Backend:
 
     async def snapshot(self) -> Any:
         """The backend's view of the lock, to compare before and after."""
+        if self.zookeeper is not None:
+            return sorted(await self.zookeeper.children(self._zk_path))
         if self.pool is None:
             return await self.redis.hgetall(self.name)
         return [tuple(r) for r in await self.pool.fetch(_PG_LOCKS, *_pg_key_parts(self.name))]
 
     async def waiting(self) -> int:
-        """How many acquisitions wait in this process (Redis) or in the server (PostgreSQL)."""
+        """How many acquisitions wait in this process (Redis) or in the server (PostgreSQL,
+        ZooKeeper: the nodes behind the holder's)."""
+        if self.zookeeper is not None:
+            return max(len(await self.zookeeper.children(self._zk_path)) - 1, 0)
         if self.pool is None:
             return self.subscriber.waiting
         rows = await self.pool.fetch(_PG_LOCKS, *_pg_key_parts(self.name))
@@ -202,6 +214,10 @@ class Backend:
 
     async def break_lock(self) -> None:
         """Take the lock away from its holder behind its back."""
+        if self.zookeeper is not None:
+            for child in await self.zookeeper.children(self._zk_path):
+                await self.zookeeper.delete(f"{self._zk_path}/{child}")
+            return
         if self.pool is None:
             await self.redis.delete(self.name)
             return
@@ -209,6 +225,10 @@ class Backend:
         for row in rows:
             if row["granted"]:
                 await self.pool.execute("SELECT pg_terminate_backend($1)", row["pid"])
+
+    @property
+    def _zk_path(self) -> str:
+        return f"{ZK_ROOT}/{self.name}"
 
 
 _PG_LOCKS = """

@@ -1,7 +1,10 @@
 """A lock-holding process for the multi-process lock tests.
 
-    python -m tests.integration.lock_worker MODE --backend redis|postgres
-        --redis-url URL --dsn DSN --name LOCK [mode options]
+    python -m tests.integration.lock_worker MODE --backend redis|postgres|zookeeper
+        --redis-url URL --dsn DSN --name LOCK [--zookeeper HOSTS] [mode options]
+
+With ``--backend zookeeper`` the process opens its own ZooKeeper session whose
+timeout is the lease, as the gateway does.
 
 Modes (each prints one word per event on stdout, one line at a time):
 
@@ -9,7 +12,7 @@ Modes (each prints one word per event on stdout, one line at a time):
            ``--rounds`` times and do a non-atomic GET/SET increment of ``--counter``,
            appending their fence to the list ``--log``; prints DONE.
 ``hold``   takes the lock with ``--lease``, prints ``ACQUIRED <fence>``, holds forever.
-``stale``  (Redis) takes the lock with ``--lease``, prints ``ACQUIRED <fence>``, then
+``stale``  takes the lock with ``--lease``, prints ``ACQUIRED <fence>``, then
            writes ``A`` under its fence to row 1 of ``--table`` every 50 ms, printing
            ``WROTE <rows>``, until the lock is lost: ``LOCKLOST <lost event set>``.
            Then it writes once more with its stale fence and prints ``LATE <rows>``.
@@ -26,6 +29,10 @@ import asyncpg
 from redis.asyncio import Redis
 
 from gateway.lock import LockLost, LockSubscriber, PgAdvisoryLock, RedisLock
+from gateway.lock.zk_session import ZkSession
+from gateway.lock.zookeeper import ZooKeeperLock
+
+AnyLock = RedisLock | PgAdvisoryLock | ZooKeeperLock
 
 FENCED_WRITE = "UPDATE {table} SET value = $1, fence = $2 WHERE id = 1 AND fence <= $2"
 
@@ -40,7 +47,7 @@ async def fenced_write(pool: asyncpg.Pool[Any], table: str, value: str, fence: i
     return int(status.split()[-1])
 
 
-async def count(args: argparse.Namespace, lock: RedisLock | PgAdvisoryLock, redis: Redis) -> None:
+async def count(args: argparse.Namespace, lock: AnyLock, redis: Redis) -> None:
     say("READY")
     await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
 
@@ -57,13 +64,13 @@ async def count(args: argparse.Namespace, lock: RedisLock | PgAdvisoryLock, redi
     say("DONE")
 
 
-async def hold(lock: RedisLock | PgAdvisoryLock) -> None:
+async def hold(lock: AnyLock) -> None:
     await lock.acquire()
     say("ACQUIRED", lock.fence)
     await asyncio.Event().wait()
 
 
-async def stale(args: argparse.Namespace, lock: RedisLock | PgAdvisoryLock) -> None:
+async def stale(args: argparse.Namespace, lock: AnyLock) -> None:
     pool = await asyncpg.create_pool(args.dsn, min_size=1, max_size=2)
     fence = 0
     try:
@@ -83,9 +90,15 @@ async def stale(args: argparse.Namespace, lock: RedisLock | PgAdvisoryLock) -> N
 async def main(args: argparse.Namespace) -> None:
     redis = Redis.from_url(args.redis_url)
     pool = None
+    zookeeper = None
+    lock: AnyLock
     if args.backend == "postgres":
         pool = await asyncpg.create_pool(args.dsn, min_size=1, max_size=4)
-        lock: RedisLock | PgAdvisoryLock = PgAdvisoryLock(pool, args.name, lease=args.lease)
+        lock = PgAdvisoryLock(pool, args.name, lease=args.lease)
+    elif args.backend == "zookeeper":
+        zookeeper = ZkSession(args.zookeeper, session_timeout=args.lease)
+        await zookeeper.start(wait=10)
+        lock = ZooKeeperLock(zookeeper, args.name, lease=args.lease)
     else:
         lock = RedisLock(redis, args.name, lease=args.lease, subscriber=LockSubscriber(redis))
     if args.mode == "count":
@@ -96,13 +109,16 @@ async def main(args: argparse.Namespace) -> None:
         await stale(args, lock)
     if pool is not None:
         await pool.close()
+    if zookeeper is not None:
+        await zookeeper.stop()
     await redis.aclose()
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="lock_worker")
     parser.add_argument("mode", choices=("count", "hold", "stale"))
-    parser.add_argument("--backend", choices=("redis", "postgres"), default="redis")
+    parser.add_argument("--backend", choices=("redis", "postgres", "zookeeper"), default="redis")
+    parser.add_argument("--zookeeper", default="", help="host:port,... (zookeeper backend)")
     parser.add_argument("--redis-url", required=True)
     parser.add_argument("--dsn", required=True)
     parser.add_argument("--name", required=True)

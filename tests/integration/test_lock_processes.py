@@ -1,12 +1,13 @@
 """The lock across OS processes: mutual exclusion, a killed holder, and a stopped
-holder that wakes up after its lease and is fenced out by PostgreSQL."""
+holder that wakes up after its lease (ZooKeeper: its session expired) and is fenced
+out by PostgreSQL."""
 
 from __future__ import annotations
 
 import itertools
 import signal
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import asyncpg
@@ -15,27 +16,32 @@ from redis.asyncio import Redis
 
 from gateway.lock import LockSubscriber, RedisLock
 from tests.integration.lock_support import (
+    AnyLock,
     Backend,
     workers,
 )
 from tests.integration.lock_worker import fenced_write
 from tests.support.polling import wait_for
 from tests.support.services import REDIS_URL
+from tests.support.zookeeper_servers import ZooKeeperServer
 
 pytestmark = pytest.mark.timeout(60)
 
 
-@pytest.fixture(params=["redis", "postgres"])
-def backend_kind(request: pytest.FixtureRequest) -> tuple[str, None]:
-    """The workers speak to one Redis URL or PostgreSQL: no cluster backend here."""
-    return request.param, None
+@pytest.fixture(params=["redis", "postgres", "zookeeper"])
+def backend_kind(request: pytest.FixtureRequest) -> tuple[str, ZooKeeperServer | None]:
+    """The workers speak to one Redis URL, PostgreSQL or the session's ZooKeeper: no
+    cluster backend here."""
+    server = request.getfixturevalue("zookeeper_server") if request.param == "zookeeper" else None
+    return request.param, server
 
 
 def worker_args(mode: str, backend: Backend, database_url: str, *extra: str) -> list[str]:
+    zookeeper = [] if backend.zookeeper is None else ["--zookeeper", backend.zookeeper.hosts]
     return [
         mode,
         *("--backend", backend.kind, "--redis-url", REDIS_URL, "--dsn", database_url),
-        *("--name", backend.name, *extra),
+        *("--name", backend.name, *zookeeper, *extra),
     ]
 
 
@@ -63,7 +69,8 @@ async def test_a_killed_holder_frees_the_lock_within_its_lease(
     backend: Backend, database_url: str, tmp_path: Path
 ) -> None:
     """SIGKILL the holder: another process gets the lock within lease + a small margin
-    (Redis: the lease runs out; PostgreSQL: the session ends with the process)."""
+    (Redis: the lease runs out; PostgreSQL: the session ends with the process;
+    ZooKeeper: the server expires the session, whose timeout is the lease)."""
     lease = 1.0
     async with workers(
         worker_args("hold", backend, database_url, "--lease", str(lease)), tmp=tmp_path
@@ -79,19 +86,58 @@ async def test_a_killed_holder_frees_the_lock_within_its_lease(
         await other.release()
 
 
+@pytest.fixture
+async def table(database_url: str, key_prefix: str) -> AsyncIterator[str]:
+    """A one-row table written only under a fence (``fence <= $fence``)."""
+    table = f"fenced_{key_prefix}"
+    con = await asyncpg.connect(database_url)
+    await con.execute(f"CREATE TABLE {table} (id int PRIMARY KEY, value text, fence bigint)")
+    await con.execute(f"INSERT INTO {table} VALUES (1, 'initial', 0)")
+    yield table
+    await con.execute(f"DROP TABLE {table}")
+    await con.close()
+
+
+async def stopped_holder_is_fenced_out(
+    args: list[str],
+    *,
+    tmp: Path,
+    database_url: str,
+    table: str,
+    freed: Callable[[], Awaitable[bool]],
+    take_over: Callable[[], AnyLock],
+) -> None:
+    """Start a ``stale`` worker, SIGSTOP it, wait until ``freed()``, take the lock with
+    ``take_over()`` and write under it, then wake the worker: it must hear of the loss
+    and its writes after waking must be rejected by the fence."""
+    pool = await asyncpg.create_pool(database_url, min_size=1, max_size=2)
+    try:
+        async with workers(args, tmp=tmp) as (stale,):
+            stale_fence = int((await stale.expect("ACQUIRED", within=20))[1])
+            assert (await stale.expect("WROTE"))[1] == "1"
+            stale.signal(signal.SIGSTOP)
+            await wait_for(freed, within=5, what="the stopped holder's lock freed")
+            lock = take_over()
+            async with lock(wait=5):
+                assert lock.fence > stale_fence
+                assert await fenced_write(pool, table, "B", lock.fence) == 1
+                stale.signal(signal.SIGCONT)
+                lines = await stale.lines_until("LATE", within=10)
+                final = await pool.fetchrow(f"SELECT value, fence FROM {table} WHERE id = 1")
+                assert final is not None and tuple(final) == ("B", lock.fence)
+    finally:
+        await pool.close()
+    assert ["LOCKLOST", "1"] in lines, lines
+    assert lines[-1] == ["LATE", "0"]
+    # Lines from before the stop may still have been in the pipe ("WROTE 1"); whatever
+    # it wrote after waking, before hearing of the loss, was rejected ("WROTE 0").
+    wrote = [int(words[1]) for words in lines if words[0] == "WROTE"]
+    assert wrote == sorted(wrote, reverse=True), lines
+
+
 class TestStaleHolder:
     """A holder stopped past its lease loses the lock to another process; woken, it is
     told (``lost``, LockLost) and its fenced write is rejected by PostgreSQL."""
-
-    @pytest.fixture
-    async def table(self, database_url: str, key_prefix: str) -> AsyncIterator[str]:
-        table = f"fenced_{key_prefix}"
-        con = await asyncpg.connect(database_url)
-        await con.execute(f"CREATE TABLE {table} (id int PRIMARY KEY, value text, fence bigint)")
-        await con.execute(f"INSERT INTO {table} VALUES (1, 'initial', 0)")
-        yield table
-        await con.execute(f"DROP TABLE {table}")
-        await con.close()
 
     async def test_a_stopped_holder_is_fenced_out(
         self, redis: Redis, database_url: str, key_prefix: str, table: str, tmp_path: Path
@@ -100,31 +146,42 @@ class TestStaleHolder:
         subscriber = LockSubscriber(redis)
         backend = Backend("redis", redis, None, name, subscriber)
         args = worker_args("stale", backend, database_url, "--lease", "0.5", "--table", table)
-        pool = await asyncpg.create_pool(database_url, min_size=1, max_size=2)
         try:
-            async with workers(args, tmp=tmp_path) as (stale,):
-                stale_fence = int((await stale.expect("ACQUIRED", within=20))[1])
-                assert (await stale.expect("WROTE"))[1] == "1"
-                stale.signal(signal.SIGSTOP)
+            await stopped_holder_is_fenced_out(
+                args,
+                tmp=tmp_path,
+                database_url=database_url,
+                table=table,
                 # Nobody renews the stopped holder's lease: it runs out.
-                await wait_for(lambda: _gone(redis, name), within=5, what="the lock key gone")
-                lock = RedisLock(redis, name, lease=5, subscriber=subscriber)
-                async with lock(wait=5):
-                    assert lock.fence > stale_fence
-                    assert await fenced_write(pool, table, "B", lock.fence) == 1
-                    stale.signal(signal.SIGCONT)
-                    lines = await stale.lines_until("LATE", within=10)
-                    final = await pool.fetchrow(f"SELECT value, fence FROM {table} WHERE id = 1")
-                    assert final is not None and tuple(final) == ("B", lock.fence)
+                freed=lambda: _gone(redis, name),
+                take_over=lambda: RedisLock(redis, name, lease=5, subscriber=subscriber),
+            )
         finally:
-            await pool.close()
             await subscriber.aclose()
-        assert ["LOCKLOST", "1"] in lines, lines
-        assert lines[-1] == ["LATE", "0"]
-        # Lines from before the stop may still have been in the pipe ("WROTE 1"); whatever
-        # it wrote after waking, before hearing of the loss, was rejected ("WROTE 0").
-        wrote = [int(words[1]) for words in lines if words[0] == "WROTE"]
-        assert wrote == sorted(wrote, reverse=True), lines
+
+
+class TestStaleZooKeeperHolder:
+    """A ZooKeeper holder stopped past its session timeout: the server expires the
+    session and deletes its node, another process takes the lock with a larger czxid;
+    woken, the old holder is told and its fenced write is rejected."""
+
+    @pytest.fixture
+    def backend_kind(self, zookeeper_server: ZooKeeperServer) -> tuple[str, ZooKeeperServer]:
+        return "zookeeper", zookeeper_server
+
+    async def test_a_stopped_holder_is_fenced_out(
+        self, backend: Backend, database_url: str, table: str, tmp_path: Path
+    ) -> None:
+        assert backend.zookeeper is not None
+        await stopped_holder_is_fenced_out(
+            worker_args("stale", backend, database_url, "--lease", "0.5", "--table", table),
+            tmp=tmp_path,
+            database_url=database_url,
+            table=table,
+            # The stopped holder sends no heartbeat: the server expires its session.
+            freed=backend.is_free,
+            take_over=lambda: backend.new(lease=5),
+        )
 
 
 async def _gone(redis: Redis, key: str) -> bool:

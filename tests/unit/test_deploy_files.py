@@ -69,14 +69,22 @@ def test_gateways_trust_haproxy_and_outlast_their_stop() -> None:
 
 
 def test_prometheus_scrapes_every_gateway_and_loads_the_alerts() -> None:
-    """One target per gateway service; the rule file it loads is docs/grafana/alerts.yml."""
+    """One target per gateway service; the rule files it loads are docs/grafana/alerts.yml
+    and deploy/rules/locks.yml (the lease rule of thumb)."""
     config = load("deploy/prometheus.yml")
     [job] = [j for j in config["scrape_configs"] if j["job_name"] == "flashsale-gateway"]
     targets = [t for group in job["static_configs"] for t in group["targets"]]
     assert targets == [f"{name}:8080" for name in GATEWAYS]
     rules = mounts("prometheus")
-    assert [rules[path] for path in config["rule_files"]] == [ROOT / "docs/grafana/alerts.yml"]
+    assert [rules[path] for path in config["rule_files"]] == [
+        ROOT / "docs/grafana/alerts.yml",
+        ROOT / "deploy/rules/locks.yml",
+    ]
     assert load("docs/grafana/alerts.yml")["groups"][0]["rules"]
+    [lease] = load("deploy/rules/locks.yml")["groups"][0]["rules"]
+    # The metrics it compares are the ones gateway/metrics.py exports.
+    assert "flashsale_lock_hold_seconds_bucket" in lease["expr"]
+    assert "flashsale_lock_lease_seconds) / 3" in lease["expr"]
 
 
 def test_grafana_provisions_the_datasource_and_dashboard() -> None:

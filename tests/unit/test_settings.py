@@ -38,7 +38,8 @@ def test_environment_and_flags() -> None:
         ({"GATEWAY_BATCH_WAIT_MS": "nan"}, "GATEWAY_BATCH_WAIT_MS"),
         ({"GATEWAY_REDIS_URL": "http://x"}, "GATEWAY_REDIS_URL"),
         ({"GATEWAY_DATABASE_URL": "mysql://x"}, "GATEWAY_DATABASE_URL"),
-        ({"GATEWAY_FLUSH_LOCK": "zookeeper"}, "GATEWAY_FLUSH_LOCK"),
+        ({"GATEWAY_FLUSH_LOCK": "etcd"}, "GATEWAY_FLUSH_LOCK"),
+        ({"GATEWAY_ZOOKEEPER_HOSTS": "zk1"}, "GATEWAY_ZOOKEEPER_HOSTS"),
         ({"GATEWAY_ADMIN_TOKEN": ""}, "GATEWAY_ADMIN_TOKEN"),
     ],
 )
