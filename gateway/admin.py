@@ -2,7 +2,9 @@
 
 Each change writes the database (with its stock movement) and then sets the
 Redis counter to database stock minus the pending ledger, under the sku's
-flush lock so no flush commits in between.
+flush lock so no flush commits in between. A sku whose strategy keeps no Redis
+state (``gateway.domain.REDIS_FREE``) has no counter: putting it there deletes
+the counter, and restocking it touches the database alone.
 """
 
 from __future__ import annotations
@@ -10,8 +12,8 @@ from __future__ import annotations
 from typing import Any
 
 from gateway.catalog import Catalog
-from gateway.domain import StockReport
-from gateway.errors import UnknownSku
+from gateway.domain import REDIS_FREE, StockReport, Strategy
+from gateway.errors import InvalidRequest, UnknownSku
 from gateway.inventory import Inventory
 from gateway.orders import Orders
 from gateway.skulocks import SkuLocks
@@ -29,28 +31,53 @@ class StockAdmin:
         locks: SkuLocks,
         catalog: Catalog,
         soldout: SoldOut,
+        served: frozenset[Strategy] = frozenset({Strategy.RESERVE_BATCH}),
     ) -> None:
         self._inventory = inventory
         self._orders = orders
         self._locks = locks
         self._catalog = catalog
         self._soldout = soldout
+        self._served = served
 
-    async def put_sku(self, sku: str, stock: int, per_user_limit: int) -> dict[str, Any]:
-        """Create ``sku`` or reset its remaining stock (orders stay)."""
+    async def put_sku(
+        self, sku: str, stock: int, per_user_limit: int, strategy: Strategy | None = None
+    ) -> dict[str, Any]:
+        """Create ``sku`` or reset its remaining stock (orders stay) and its strategy
+        (None: the gateway's); raises :class:`InvalidRequest` for a strategy this
+        gateway does not serve."""
+        if strategy is not None and strategy not in self._served:
+            raise InvalidRequest(f"strategy {strategy} is not served by this gateway")
+        selling = strategy or self._catalog.default_strategy
+        redis_stock: int | None = None
         async with self._locks.held(sku):
-            await self._orders.put_sku(sku, stock, per_user_limit)
-            redis_stock = await self._inventory.load_stock(sku, stock, reset=True)
+            await self._orders.put_sku(sku, stock, per_user_limit, strategy)
+            if selling in REDIS_FREE:
+                await self._inventory.forget_stock(sku)
+            else:
+                if await self._inventory.available(sku) is None:
+                    # The buyers and confirmed ids first, as a reload does: the
+                    # sku may have sold under a strategy that wrote none of them.
+                    orders = await self._orders.sku_orders(sku)
+                    await self._inventory.restore_orders(sku, orders)
+                redis_stock = await self._inventory.load_stock(sku, stock, reset=True)
         self._forget(sku)
         return {
             "sku": sku,
             "stock": stock,
             "per_user_limit": per_user_limit,
+            "strategy": selling.value,
             "redis_stock": redis_stock,
         }
 
     async def restock(self, sku: str, delta: int) -> dict[str, Any]:
         """Add ``delta`` units to ``sku``; raises :class:`UnknownSku`."""
+        if await self._catalog.strategy(sku) in REDIS_FREE:
+            # No counter to keep in step: the row lock of the UPDATE is enough.
+            stock = await self._orders.restock(sku, delta)
+            if stock is None:
+                raise UnknownSku(f"no sku {sku!r}")
+            return {"sku": sku, "stock": stock, "redis_stock": None}
         async with self._locks.held(sku):
             stock = await self._orders.restock(sku, delta)
             if stock is None:

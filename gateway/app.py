@@ -40,6 +40,7 @@ from gateway.catalog import Catalog
 from gateway.clients import TrustedProxies, parse_networks
 from gateway.connections import create_redis
 from gateway.database import create_pool, migrate
+from gateway.domain import Strategy
 from gateway.events import ChangeFeed
 from gateway.flusher import Flusher
 from gateway.inventory import Inventory
@@ -51,9 +52,14 @@ from gateway.orders import Orders
 from gateway.payloads import MAX_BODY
 from gateway.purchases import Purchases
 from gateway.reconciler import Reconciler
-from gateway.settings import Settings
+from gateway.settings import Settings, SettingsError, env_name
 from gateway.skulocks import sku_locks
 from gateway.soldout import SoldOut
+from gateway.strategies import Deduction
+from gateway.strategies.optimistic import Optimistic
+from gateway.strategies.pessimistic import Pessimistic
+from gateway.strategies.rows import Rows
+from gateway.strategies.sql_direct import SqlDirect
 
 QUEUE_SAMPLE_S = 0.5
 # Longest a stopping gateway waits for its PostgreSQL connections to close cleanly.
@@ -122,7 +128,11 @@ async def service_ctx(app: web.Application) -> AsyncIterator[None]:
         log.warning("redis_state_dropped", reason="another database")
     subscriber = LockSubscriber(redis, client_name=f"{settings.key_prefix}-lock-sub")
     locks = sku_locks(settings, redis, orders.pool, subscriber, metrics)
-    catalog, soldout = Catalog(orders), SoldOut()
+    deductions = synchronous_strategies(app)
+    served = frozenset({Strategy.RESERVE_BATCH, *deductions})
+    if settings.strategy not in served:
+        raise SettingsError(f"{env_name('strategy')}={settings.strategy}: not served here")
+    catalog, soldout = Catalog(orders, settings.strategy), SoldOut()
     flusher = Flusher(inventory=inventory, orders=orders, locks=locks, observer=metrics)
     batcher = Batcher(
         flusher.flush,
@@ -140,9 +150,15 @@ async def service_ctx(app: web.Application) -> AsyncIterator[None]:
         batcher=batcher,
         flusher=flusher,
         observer=metrics,
+        deductions=deductions,
     )
     app[ADMIN] = StockAdmin(
-        inventory=inventory, orders=orders, locks=locks, catalog=catalog, soldout=soldout
+        inventory=inventory,
+        orders=orders,
+        locks=locks,
+        catalog=catalog,
+        soldout=soldout,
+        served=served,
     )
     app[RECONCILER] = reconciler = Reconciler(
         inventory=inventory,
@@ -151,6 +167,7 @@ async def service_ctx(app: web.Application) -> AsyncIterator[None]:
         timeout_s=settings.reservation_timeout_s,
         interval_s=settings.reconcile_interval_s,
         publish=metrics.sku_state,
+        catalog=catalog,
     )
     feed = ChangeFeed(redis, channel(settings.key_prefix), soldout, catalog)
     tasks = [
@@ -165,6 +182,16 @@ async def service_ctx(app: web.Application) -> AsyncIterator[None]:
         task.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await asyncio.gather(*tasks)
+
+
+def synchronous_strategies(app: web.Application) -> dict[Strategy, Deduction]:
+    """The strategies that decide in PostgreSQL alone, by name (gateway.strategies)."""
+    rows = Rows(app[ORDERS].pool)
+    return {
+        Strategy.SQL_DIRECT: SqlDirect(rows),
+        Strategy.OPTIMISTIC: Optimistic(rows, app[SETTINGS], app[METRICS]),
+        Strategy.PESSIMISTIC: Pessimistic(rows),
+    }
 
 
 async def _sample_queue(batcher: Batcher, metrics: Metrics) -> None:

@@ -142,3 +142,10 @@ class StockGuardRefused(PostgresUnavailable):
     row without it; the guard is the floor that holds all the same."""
 
     reason = "stock_guard"
+
+
+class Contended(Unavailable):
+    """An optimistic purchase lost the race for its sku's row on every attempt of
+    its budget. Nothing was written; the client may retry with the same request id."""
+
+    reason = "contended"

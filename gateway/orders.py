@@ -17,7 +17,17 @@ from typing import Any
 
 import asyncpg
 
-from gateway.domain import DUPLICATE, SOLD_OUT, Order, Outcome, Purchase, Result, SkuInfo, Verdict
+from gateway.domain import (
+    DUPLICATE,
+    SOLD_OUT,
+    Order,
+    Outcome,
+    Purchase,
+    Result,
+    SkuInfo,
+    Strategy,
+    Verdict,
+)
 from gateway.errors import (
     FencedOut,
     GatewayError,
@@ -57,7 +67,7 @@ SELECT (SELECT system_identifier FROM pg_control_system())::text || ':'
 DATABASE_OID = """
 SELECT '?:' || (SELECT oid FROM pg_database WHERE datname = current_database())::text
 """
-SKU_INFO = "SELECT per_user_limit FROM inventory WHERE sku = $1"
+SKU_INFO = "SELECT per_user_limit, strategy FROM inventory WHERE sku = $1"
 SKU_STOCK = "SELECT stock FROM inventory WHERE sku = $1"
 ALL_SKUS = "SELECT sku FROM inventory ORDER BY sku"
 ORDERS_BY_REQUESTS = """
@@ -74,7 +84,8 @@ CREATE_SKU = """
 INSERT INTO inventory (sku, stock, per_user_limit) VALUES ($1, 0, $2) ON CONFLICT (sku) DO NOTHING
 """
 SET_SKU = """
-UPDATE inventory SET stock = $2, per_user_limit = $3, updated_at = now() WHERE sku = $1
+UPDATE inventory SET stock = $2, per_user_limit = $3, strategy = $4, updated_at = now()
+WHERE sku = $1
 """
 RESTOCK = """
 UPDATE inventory SET stock = stock + $2, updated_at = now() WHERE sku = $1 RETURNING stock
@@ -215,9 +226,15 @@ class Orders:
         return value
 
     async def sku_info(self, sku: str) -> SkuInfo | None:
-        """The sku's per-user limit, or None when it does not exist."""
-        limit = await self._fetchval(SKU_INFO, sku)
-        return None if limit is None else SkuInfo(sku, limit)
+        """The sku's per-user limit and strategy, or None when it does not exist."""
+        try:
+            row = await self.pool.fetchrow(SKU_INFO, sku)
+        except DB_ERRORS as exc:
+            raise PostgresUnavailable(_cause(exc)) from exc
+        if row is None:
+            return None
+        strategy = None if row["strategy"] is None else Strategy(row["strategy"])
+        return SkuInfo(sku, row["per_user_limit"], strategy)
 
     async def stock(self, sku: str) -> int | None:
         """Database stock of a sku, or None when it does not exist."""
@@ -256,14 +273,17 @@ class Orders:
         except DB_ERRORS as exc:
             raise PostgresUnavailable(_cause(exc)) from exc
 
-    async def put_sku(self, sku: str, stock: int, per_user_limit: int) -> int:
-        """Create a sku or reset its stock, recording the movement; returns the stock."""
+    async def put_sku(
+        self, sku: str, stock: int, per_user_limit: int, strategy: Strategy | None = None
+    ) -> int:
+        """Create a sku or reset its stock and strategy (None: the gateway's), recording
+        the movement; returns the stock."""
         try:
             async with self.pool.acquire() as con, con.transaction():
                 await con.execute(CREATE_SKU, sku, per_user_limit)
                 old = await con.fetchrow(LOCK_INVENTORY_ROW, sku)
                 assert old is not None  # created above; skus are never deleted
-                await con.execute(SET_SKU, sku, stock, per_user_limit)
+                await con.execute(SET_SKU, sku, stock, per_user_limit, strategy)
                 await con.execute(RECORD_MOVEMENT, sku, stock - old["stock"], "set", stock)
                 return stock
         except DB_ERRORS as exc:

@@ -13,7 +13,7 @@ from typing import Any
 
 import orjson
 
-from gateway.domain import Purchase
+from gateway.domain import Purchase, Strategy
 from gateway.errors import InvalidRequest
 
 ID_PATTERN = re.compile(r"[A-Za-z0-9._:-]{1,64}")
@@ -23,7 +23,7 @@ MAX_INT = 2**50
 MAX_LIMIT = 2**31 - 1
 
 PURCHASE_FIELDS = frozenset({"sku", "user_id", "qty", "request_id"})
-SKU_FIELDS = frozenset({"stock", "per_user_limit"})
+SKU_FIELDS = frozenset({"stock", "per_user_limit", "strategy"})
 RESTOCK_FIELDS = frozenset({"delta"})
 
 
@@ -65,6 +65,18 @@ def integer(
     if not low <= value <= high:
         raise InvalidRequest(f"{name} must be from {low} to {high}")
     return value
+
+
+def strategy(data: Mapping[str, Any]) -> Strategy | None:
+    """Read an optional ``strategy`` (absent or null: the gateway's); raises
+    :class:`InvalidRequest` for anything but a known strategy's name."""
+    value = data.get("strategy")
+    if value is None:
+        return None
+    try:
+        return Strategy(value)
+    except ValueError:
+        raise InvalidRequest(f"strategy must be one of {', '.join(Strategy)}") from None
 
 
 def idempotency_key(header: str | None) -> str | None:

@@ -4,6 +4,10 @@ A request walks: the catalog (the sku exists, the quantity is allowed), the
 in-process sold-out mark, ``reserve.lua`` in Redis (``Inventory.reserve``), then
 the batcher, whose flusher commits it in PostgreSQL. A stock key Redis lost is
 reloaded from PostgreSQL once for all the requests that find it missing.
+
+That is the ``reserve-batch`` strategy. A sku on another strategy (its own, or
+``GATEWAY_STRATEGY``) is handed to that strategy's :class:`Deduction` right
+after the catalog (``gateway.strategies``).
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import asyncio
 import contextvars
 import functools
 import time
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import Protocol
 
@@ -19,12 +24,22 @@ import structlog
 
 from gateway.batcher import Batcher
 from gateway.catalog import Catalog
-from gateway.domain import DUPLICATE, IN_PROGRESS, SOLD_OUT, Outcome, Purchase, Result
+from gateway.domain import (
+    DUPLICATE,
+    IN_PROGRESS,
+    REDIS_FREE,
+    SOLD_OUT,
+    Outcome,
+    Purchase,
+    Result,
+    Strategy,
+)
 from gateway.errors import IdempotencyMismatch, InvalidRequest, ShuttingDown, Unavailable
 from gateway.flusher import Flusher
 from gateway.inventory import Inventory, Reply
 from gateway.orders import Orders
 from gateway.soldout import ConfirmedIds, SoldOut
+from gateway.strategies import Deduction
 
 log = structlog.get_logger(__name__)
 
@@ -52,6 +67,7 @@ class Purchases:
         batcher: Batcher,
         flusher: Flusher,
         observer: PurchaseObserver | None = None,
+        deductions: Mapping[Strategy, Deduction] | None = None,
     ) -> None:
         self._catalog = catalog
         self._soldout = soldout
@@ -60,6 +76,8 @@ class Purchases:
         self._batcher = batcher
         self._flusher = flusher
         self._observer = observer
+        # The strategies other than reserve-batch this gateway serves.
+        self._deductions = dict(deductions or {})
         self._reloads: dict[str, asyncio.Future[None]] = {}
         # A sku's sold-out mark being built, in the background: the requests
         # that saw it sold out are answered at once, not after the build.
@@ -70,6 +88,9 @@ class Purchases:
         info = await self._catalog.get(purchase.sku)
         if purchase.qty > info.per_user_limit:
             raise InvalidRequest(f"qty exceeds the per-user limit of {info.per_user_limit}")
+        strategy = self._catalog.strategy_of(info)
+        if strategy is not Strategy.RESERVE_BATCH:
+            return await self._deduct(strategy, purchase)
         confirmed = self._soldout.lookup(purchase.sku)
         if confirmed is not None:
             # Without a request id, or with one that has no order: no I/O.
@@ -98,12 +119,29 @@ class Purchases:
         return _answer(reply, purchase.request_id)
 
     async def available(self, sku: str) -> int:
-        """Units left to reserve: Redis's count, else the database's; raises UnknownSku."""
-        await self._catalog.get(sku)
+        """Units left to reserve: Redis's count, else the database's (the only count
+        of a sku whose strategy keeps no Redis state); raises UnknownSku."""
+        if await self._catalog.strategy(sku) in REDIS_FREE:
+            return await self._orders.stock(sku) or 0
         available = await self._inventory.available(sku)
         if available is None:
             available = await self._orders.stock(sku) or 0
         return available
+
+    async def strategy(self, sku: str) -> Strategy:
+        """The strategy ``sku`` sells under; raises UnknownSku."""
+        return await self._catalog.strategy(sku)
+
+    async def _deduct(self, strategy: Strategy, purchase: Purchase) -> Result:
+        """Hand a purchase to its sku's strategy (no Redis reservation, no batch)."""
+        deduction = self._deductions.get(strategy)
+        if deduction is None:
+            raise Unavailable(f"strategy {strategy} is not served by this gateway")
+        if self._batcher.closing:
+            raise ShuttingDown()
+        purchase = purchase.identified()
+        structlog.contextvars.bind_contextvars(request_id=purchase.request_id, sku=purchase.sku)
+        return await deduction.purchase(purchase)
 
     def _admit(self) -> None:
         """Refuse a purchase before reserving when draining or the queue is full."""

@@ -11,6 +11,11 @@ flush lock (so one reconciler, and no flush, touches the sku at a time) and:
    a difference and are left to step 1; any other drift is repaired from the
    database and logged. Without a lock a drift may be a flush caught between
    its commit and its settle, so it is repaired only when seen twice alike.
+
+A sku whose strategy keeps no Redis state (``gateway.domain.REDIS_FREE``) has
+no counter to compare: step 1 still settles what an earlier reserve-batch sale
+left in its ledger, step 2 is skipped. Its books (stock + sold = provided) are
+the database's alone, which the audit checks.
 """
 
 from __future__ import annotations
@@ -23,7 +28,8 @@ from dataclasses import asdict, dataclass
 import structlog
 from redis.exceptions import RedisError
 
-from gateway.domain import Verdict
+from gateway.catalog import Catalog
+from gateway.domain import REDIS_FREE, Verdict
 from gateway.errors import Unavailable
 from gateway.inventory import Inventory, Settlement
 from gateway.lock.errors import LockError
@@ -60,6 +66,7 @@ class Reconciler:
         timeout_s: float,
         interval_s: float,
         publish: Callable[[str, int, int], None] | None = None,
+        catalog: Catalog | None = None,
     ) -> None:
         self._inventory = inventory
         self._orders = orders
@@ -67,6 +74,7 @@ class Reconciler:
         self._timeout_ms = int(timeout_s * 1000)
         self._interval = interval_s
         self._publish = publish
+        self._catalog = catalog
         self._suspect: dict[str, int] = {}
 
     async def run(self) -> None:
@@ -118,7 +126,10 @@ class Reconciler:
         if settlements:
             await inventory.settle(sku, settlements, None)
             log.warning("reservations_settled", sku=sku, count=len(settlements))
-        drift, pending, repaired = await self._check(sku, exact=exact)
+        if self._catalog is not None and await self._catalog.strategy(sku) in REDIS_FREE:
+            drift, pending, repaired = 0, sum(p.qty for p in await inventory.pending(sku)), False
+        else:
+            drift, pending, repaired = await self._check(sku, exact=exact)
         if self._publish is not None:
             self._publish(sku, pending, drift)
         confirmed = sum(1 for s in settlements if s.verdict is Verdict.CONFIRMED)

@@ -16,6 +16,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from gateway.clients import parse_networks
+from gateway.domain import Strategy
 
 
 class SettingsError(ValueError):
@@ -64,6 +65,13 @@ class Settings:
     # Set for workers by their supervisor (PROMETHEUS_MULTIPROC_DIR): where
     # prometheus-client keeps the values every worker's /metrics adds up.
     multiproc_dir: str | None = None
+    # How a sku without a strategy of its own takes stock (docs: README, Settings).
+    strategy: Strategy = Strategy.RESERVE_BATCH
+    # The optimistic strategy's retry budget: attempts per purchase, and the
+    # first and the largest pause between them (full jitter, doubling).
+    optimistic_attempts: int = 8
+    optimistic_backoff_ms: float = 2.0
+    optimistic_backoff_max_ms: float = 50.0
 
     def __post_init__(self) -> None:
         if self.redis_sentinels and self.redis_cluster_nodes:
@@ -118,6 +126,13 @@ def _choice(*options: str) -> Callable[[str], str]:
         return raw
 
     return parse
+
+
+def _strategy(raw: str) -> Strategy:
+    try:
+        return Strategy(raw)
+    except ValueError:
+        raise ValueError(f"must be one of {', '.join(Strategy)}") from None
 
 
 def _url(*schemes: str) -> Callable[[str], str]:
@@ -188,6 +203,10 @@ _PARSERS: Mapping[str, Callable[[str], Any]] = {
     "metrics": _bool,
     "workers": _int(1),
     "multiproc_dir": _text,
+    "strategy": _strategy,
+    "optimistic_attempts": _int(1),
+    "optimistic_backoff_ms": _float(0.0),
+    "optimistic_backoff_max_ms": _float(0.0),
 }
 
 

@@ -79,10 +79,11 @@ async def get_order(request: web.Request) -> web.Response:
 
 
 async def get_sku(request: web.Request) -> web.Response:
-    """GET /v1/skus/{sku}: what Redis has left to reserve."""
+    """GET /v1/skus/{sku}: what is left to buy, and the strategy it sells under."""
     sku = payloads.identifier(request.match_info["sku"], "sku")
     available = await request.app[PURCHASES].available(sku)
-    return json_response({"sku": sku, "available": available})
+    strategy = await request.app[PURCHASES].strategy(sku)
+    return json_response({"sku": sku, "available": available, "strategy": strategy.value})
 
 
 def _admin(request: web.Request) -> StockAdmin:
@@ -103,7 +104,8 @@ async def put_sku(request: web.Request) -> web.Response:
     data = payloads.parse_object(await read_body(request), payloads.SKU_FIELDS)
     stock = payloads.integer(data, "stock", low=0)
     limit = payloads.integer(data, "per_user_limit", low=1, high=payloads.MAX_LIMIT, default=1)
-    return json_response(await admin.put_sku(sku, stock, limit))
+    strategy = payloads.strategy(data)
+    return json_response(await admin.put_sku(sku, stock, limit, strategy))
 
 
 async def restock(request: web.Request) -> web.Response:
