@@ -60,7 +60,7 @@ async def storm(client: Client, sku: str, users: int) -> collections.Counter[str
     results = await asyncio.gather(*calls)
     confirmed = [b["user_id"] for s, b in results if s == 201]
     assert len(confirmed) == len(set(confirmed)), "a buyer got two orders"
-    return collections.Counter(b.get("status", b.get("error")) for _, b in results)
+    return collections.Counter(str(b.get("status", b.get("error"))) for _, b in results)
 
 
 class TestStorm:
