@@ -91,13 +91,17 @@ class StockAdmin:
         db_stock = await self._orders.stock(sku)
         if db_stock is None:
             raise UnknownSku(f"no sku {sku!r}")
+        sold = await self._orders.units_sold(sku)
+        if await self._catalog.strategy(sku) in REDIS_FREE:
+            # Nothing of it in Redis: the report needs no Redis either.
+            return StockReport(sku=sku, db_stock=db_stock, redis_stock=None, pending=0, sold=sold)
         pending = sum(p.qty for p in await self._inventory.pending(sku))
         return StockReport(
             sku=sku,
             db_stock=db_stock,
             redis_stock=await self._inventory.available(sku),
             pending=pending,
-            sold=await self._orders.units_sold(sku),
+            sold=sold,
         )
 
     def _forget(self, sku: str) -> None:

@@ -151,6 +151,7 @@ async def service_ctx(app: web.Application) -> AsyncIterator[None]:
         flusher=flusher,
         observer=metrics,
         deductions=deductions,
+        deductions_max=settings.queue_max,
     )
     app[ADMIN] = StockAdmin(
         inventory=inventory,

@@ -68,6 +68,7 @@ class Purchases:
         flusher: Flusher,
         observer: PurchaseObserver | None = None,
         deductions: Mapping[Strategy, Deduction] | None = None,
+        deductions_max: int = 10_000,
     ) -> None:
         self._catalog = catalog
         self._soldout = soldout
@@ -78,6 +79,10 @@ class Purchases:
         self._observer = observer
         # The strategies other than reserve-batch this gateway serves.
         self._deductions = dict(deductions or {})
+        # Their purchases in flight (most of them queued for a pool connection),
+        # bounded as the batcher's queue is: beyond it a storm is shed with 503.
+        self._deducting = 0
+        self._deductions_max = deductions_max
         self._reloads: dict[str, asyncio.Future[None]] = {}
         # A sku's sold-out mark being built, in the background: the requests
         # that saw it sold out are answered at once, not after the build.
@@ -139,9 +144,17 @@ class Purchases:
             raise Unavailable(f"strategy {strategy} is not served by this gateway")
         if self._batcher.closing:
             raise ShuttingDown()
+        if self._deducting >= self._deductions_max:
+            if self._observer is not None:
+                self._observer.shed_one()
+            raise Unavailable("gateway busy")
         purchase = purchase.identified()
         structlog.contextvars.bind_contextvars(request_id=purchase.request_id, sku=purchase.sku)
-        return await deduction.purchase(purchase)
+        self._deducting += 1
+        try:
+            return await deduction.purchase(purchase)
+        finally:
+            self._deducting -= 1
 
     def _admit(self) -> None:
         """Refuse a purchase before reserving when draining or the queue is full."""

@@ -109,6 +109,11 @@ class TestStrategyField:
                     200,
                     {"sku": s, "available": 0, "strategy": strategy},
                 )
+                report = await call(http, "GET", f"{url}/admin/skus/{s}", None, cluster.admin_token)
+                assert report == (
+                    200,
+                    {"db_stock": 0, "redis_stock": None, "pending": 0, "sold": 2},
+                )
                 settings = Settings(
                     database_url=database_url, redis_url=redis_server.url(), key_prefix=key_prefix
                 )

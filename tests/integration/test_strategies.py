@@ -148,19 +148,21 @@ class TestAnswers:
         assert await db_state(database_url, sku) == (4, 1, 1)
 
 
-async def _waiting_on_the_row(database_url: str, count: int) -> None:
-    """Wait until ``count`` optimistic UPDATEs wait for the inventory row's lock."""
+async def _waiting_on_the_row(database_url: str, count: int, needle: str = "version = $3") -> None:
+    """Wait until ``count`` statements containing ``needle`` (by default the
+    optimistic UPDATE) wait for a row lock."""
     con = await asyncpg.connect(database_url)
     try:
 
         async def waiting() -> bool:
             n = await con.fetchval(
                 "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
-                " AND wait_event_type = 'Lock' AND query LIKE '%version = $3%'"
+                " AND wait_event_type = 'Lock' AND position($1 in query) > 0",
+                needle,
             )
             return bool(n >= count)
 
-        await wait_for(waiting, within=10, what=f"{count} optimistic UPDATEs waiting")
+        await wait_for(waiting, within=10, what=f"{count} statements waiting on a row lock")
     finally:
         await con.close()
 
@@ -344,3 +346,32 @@ class TestSelection:
         )
         assert (await resp.json())["strategy"] == "sql-direct"
         assert (await sku_json(client, sku))["strategy"] == "sql-direct"
+
+
+class TestShedding:
+    """Synchronous purchases waiting for the database are bounded like the batch queue."""
+
+    async def test_beyond_the_queue_bound_a_purchase_is_shed_with_503(
+        self, start_gateway: Any, sku: str, database_url: str
+    ) -> None:
+        """With GATEWAY_QUEUE_MAX=2 and the sku's row locked elsewhere, two sql-direct
+        purchases wait; a third is answered 503 at once and counted as shed; once
+        the row is free the two waiting ones are confirmed."""
+        client = await start_gateway(queue_max=2)
+        await put_sku(client, sku, 5, strategy="sql-direct")
+        con = await asyncpg.connect(database_url)
+        try:
+            holder = con.transaction()
+            await holder.start()
+            await con.execute("SELECT 1 FROM inventory WHERE sku = $1 FOR UPDATE", sku)
+            waiting = [asyncio.create_task(buy(client, sku, f"u{i}", f"r{i}")) for i in range(2)]
+            await _waiting_on_the_row(database_url, 2, "stock >= $2")
+            status, body = await buy(client, sku, "late", "late")
+            await holder.rollback()
+            results = await asyncio.gather(*waiting)
+        finally:
+            await con.close()
+        assert (status, body["error"]) == (503, "unavailable")
+        assert await client_metric(client, "flashsale_shed_total") == 1
+        assert [s for s, _ in results] == [201, 201]
+        assert await db_state(database_url, sku) == (3, 2, 2)
