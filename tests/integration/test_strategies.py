@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import collections
-from collections.abc import Callable
+import contextlib
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import asyncpg
@@ -27,6 +28,8 @@ from tests.support.purchases import (
 )
 
 SYNCHRONOUS = ["sql-direct", "optimistic", "pessimistic"]
+# Test-only: moves the version under the optimistic readers' feet (no stock taken).
+BUMP_VERSION = "UPDATE inventory SET version = version + 1 WHERE sku = $1"
 # How often a client resends a purchase answered 503 (same request id) in a storm.
 RESENDS = 20
 
@@ -167,6 +170,19 @@ async def _waiting_on_the_row(database_url: str, count: int, needle: str = "vers
         await con.close()
 
 
+@contextlib.asynccontextmanager
+async def row_held(database_url: str, sku: str, statement: str) -> AsyncIterator[None]:
+    """Run ``statement`` on the sku's row in a transaction of another connection that
+    stays open, holding the row's lock, until the block ends; then commit it."""
+    con = await asyncpg.connect(database_url)
+    try:
+        async with con.transaction():
+            await con.execute(statement, sku)
+            yield
+    finally:
+        await con.close()
+
+
 class TestOptimisticRetries:
     """A lost race is retried outside the transaction, shows in the metrics, and a
     spent budget is a 503, never a false 201."""
@@ -179,18 +195,10 @@ class TestOptimisticRetries:
         confirmed, and conflicts and retries count at least four each."""
         client = await start_gateway()
         await put_sku(client, sku, 10, strategy="optimistic")
-        con = await asyncpg.connect(database_url)
-        try:
-            bump = con.transaction()
-            await bump.start()
-            # Test-only: moves the version under the readers' feet (no stock taken).
-            await con.execute("UPDATE inventory SET version = version + 1 WHERE sku = $1", sku)
+        async with row_held(database_url, sku, BUMP_VERSION):
             buys = [asyncio.create_task(buy(client, sku, f"u{i}", f"r{i}")) for i in range(4)]
             await _waiting_on_the_row(database_url, 4)
-            await bump.commit()
-            results = await asyncio.gather(*buys)
-        finally:
-            await con.close()
+        results = await asyncio.gather(*buys)
         assert [status for status, _ in results] == [201] * 4
         assert await client_metric(client, "flashsale_optimistic_conflicts_total") >= 4
         assert await client_metric(client, "flashsale_optimistic_retries_total") >= 4
@@ -204,19 +212,12 @@ class TestOptimisticRetries:
         writes nothing; the same request id sent again is confirmed."""
         client = await start_gateway(optimistic_attempts=1)
         await put_sku(client, sku, 3, strategy="optimistic")
-        con = await asyncpg.connect(database_url)
-        try:
-            bump = con.transaction()
-            await bump.start()
-            await con.execute("UPDATE inventory SET version = version + 1 WHERE sku = $1", sku)
+        async with row_held(database_url, sku, BUMP_VERSION):
             lost = asyncio.create_task(
                 client.post("/v1/purchase", json={"sku": sku, "user_id": "u", "request_id": "x1"})
             )
             await _waiting_on_the_row(database_url, 1)
-            await bump.commit()
-            resp = await lost
-        finally:
-            await con.close()
+        resp = await lost
         assert resp.status == 503
         assert resp.headers["Retry-After"] == "1"
         assert (await resp.json())["error"] == "unavailable"
@@ -359,18 +360,11 @@ class TestShedding:
         the row is free the two waiting ones are confirmed."""
         client = await start_gateway(queue_max=2)
         await put_sku(client, sku, 5, strategy="sql-direct")
-        con = await asyncpg.connect(database_url)
-        try:
-            holder = con.transaction()
-            await holder.start()
-            await con.execute("SELECT 1 FROM inventory WHERE sku = $1 FOR UPDATE", sku)
+        async with row_held(database_url, sku, "SELECT 1 FROM inventory WHERE sku = $1 FOR UPDATE"):
             waiting = [asyncio.create_task(buy(client, sku, f"u{i}", f"r{i}")) for i in range(2)]
             await _waiting_on_the_row(database_url, 2, "stock >= $2")
             status, body = await buy(client, sku, "late", "late")
-            await holder.rollback()
-            results = await asyncio.gather(*waiting)
-        finally:
-            await con.close()
+        results = await asyncio.gather(*waiting)
         assert (status, body["error"]) == (503, "unavailable")
         assert await client_metric(client, "flashsale_shed_total") == 1
         assert [s for s, _ in results] == [201, 201]
