@@ -3,7 +3,7 @@
 Each change writes the database (with its stock movement) and then sets the
 Redis counter to database stock minus the pending ledger, under the sku's
 flush lock so no flush commits in between. A sku whose strategy keeps no Redis
-state (``gateway.domain.REDIS_FREE``) has no counter: putting it there deletes
+state (``gateway.strategies.REDIS_FREE``) has no counter: putting it there deletes
 the counter, and restocking it touches the database alone.
 """
 
@@ -12,12 +12,13 @@ from __future__ import annotations
 from typing import Any
 
 from gateway.catalog import Catalog
-from gateway.domain import REDIS_FREE, StockReport, Strategy
+from gateway.domain import StockReport, Strategy
 from gateway.errors import InvalidRequest, UnknownSku
 from gateway.inventory import Inventory
 from gateway.orders import Orders
 from gateway.skulocks import SkuLocks
 from gateway.soldout import SoldOut
+from gateway.strategies import REDIS_FREE
 
 
 class StockAdmin:

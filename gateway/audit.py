@@ -22,7 +22,7 @@ Definitions, per sku (one SQL statement, so one snapshot even during a sale):
   pending)``, only when the Redis stock key exists. A reservation moves units
   from Redis stock to the ledger, and a flush takes them from the database and
   the ledger, so a quiet sku has no drift. A sku whose strategy keeps no Redis
-  state (``gateway.domain.REDIS_FREE``) has no counter and no ledger: Redis is
+  state (``gateway.strategies.REDIS_FREE``) has no counter and no ledger: Redis is
   not read for it (``redis_stock`` and ``drift`` show ``-``), and its books are
   checked all the same.
 
@@ -48,10 +48,11 @@ import asyncpg
 from redis.exceptions import RedisError
 
 from gateway.connections import create_redis
-from gateway.domain import REDIS_FREE, Strategy
+from gateway.domain import Strategy
 from gateway.errors import GatewayError, Unavailable, UnknownSku
 from gateway.layout import SkuKeys, decode_pending
 from gateway.settings import Settings
+from gateway.strategies import REDIS_FREE
 
 # One statement, so the movements, orders and stock come from one snapshot.
 # $1 is a sku, or NULL for every sku.

@@ -64,21 +64,6 @@ class Result:
     order: Order | None = None
 
 
-class Strategy(StrEnum):
-    """How a sku's purchases take stock (``GATEWAY_STRATEGY``, or the sku's own)."""
-
-    RESERVE_BATCH = "reserve-batch"
-    SQL_DIRECT = "sql-direct"
-    OPTIMISTIC = "optimistic"
-    PESSIMISTIC = "pessimistic"
-    QUEUE = "queue"
-
-
-# Strategies that decide in PostgreSQL alone: a sku on one of them has no Redis
-# state (no counter, no ledger) for the reconciler or the audit to compare.
-REDIS_FREE = frozenset({Strategy.SQL_DIRECT, Strategy.OPTIMISTIC, Strategy.PESSIMISTIC})
-
-
 class Verdict(StrEnum):
     """The database's decision on one reserved purchase of a flushed batch.
 
@@ -123,3 +108,13 @@ class StockReport:
     redis_stock: int | None
     pending: int
     sold: int
+
+
+class Strategy(StrEnum):
+    """How a purchase takes its stock (``GATEWAY_STRATEGY``)."""
+
+    RESERVE_BATCH = "reserve-batch"
+    SQL_DIRECT = "sql-direct"
+    OPTIMISTIC = "optimistic"
+    PESSIMISTIC = "pessimistic"
+    QUEUE = "queue"

@@ -27,7 +27,6 @@ from gateway.catalog import Catalog
 from gateway.domain import (
     DUPLICATE,
     IN_PROGRESS,
-    REDIS_FREE,
     SOLD_OUT,
     Outcome,
     Purchase,
@@ -39,7 +38,7 @@ from gateway.flusher import Flusher
 from gateway.inventory import Inventory, Reply
 from gateway.orders import Orders
 from gateway.soldout import ConfirmedIds, SoldOut
-from gateway.strategies import Deduction
+from gateway.strategies import REDIS_FREE, Deduction
 
 log = structlog.get_logger(__name__)
 

@@ -12,7 +12,7 @@ flush lock (so one reconciler, and no flush, touches the sku at a time) and:
    database and logged. Without a lock a drift may be a flush caught between
    its commit and its settle, so it is repaired only when seen twice alike.
 
-A sku whose strategy keeps no Redis state (``gateway.domain.REDIS_FREE``) has
+A sku whose strategy keeps no Redis state (``gateway.strategies.REDIS_FREE``) has
 no counter to compare: step 1 still settles what an earlier reserve-batch sale
 left in its ledger, step 2 is skipped. Its books (stock + sold = provided) are
 the database's alone, which the audit checks.
@@ -29,12 +29,13 @@ import structlog
 from redis.exceptions import RedisError
 
 from gateway.catalog import Catalog
-from gateway.domain import REDIS_FREE, Verdict
+from gateway.domain import Verdict
 from gateway.errors import Unavailable
 from gateway.inventory import Inventory, Settlement
 from gateway.lock.errors import LockError
 from gateway.orders import Orders
 from gateway.skulocks import SkuLocks
+from gateway.strategies import REDIS_FREE
 
 log = structlog.get_logger(__name__)
 

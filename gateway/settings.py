@@ -65,7 +65,7 @@ class Settings:
     # Set for workers by their supervisor (PROMETHEUS_MULTIPROC_DIR): where
     # prometheus-client keeps the values every worker's /metrics adds up.
     multiproc_dir: str | None = None
-    # How a sku without a strategy of its own takes stock (docs: README, Settings).
+    # How purchases take their stock (gateway.domain.Strategy).
     strategy: Strategy = Strategy.RESERVE_BATCH
     # The optimistic strategy's retry budget: attempts per purchase, and the
     # first and the largest pause between them (full jitter, doubling).
@@ -126,13 +126,6 @@ def _choice(*options: str) -> Callable[[str], str]:
         return raw
 
     return parse
-
-
-def _strategy(raw: str) -> Strategy:
-    try:
-        return Strategy(raw)
-    except ValueError:
-        raise ValueError(f"must be one of {', '.join(Strategy)}") from None
 
 
 def _url(*schemes: str) -> Callable[[str], str]:
@@ -203,7 +196,7 @@ _PARSERS: Mapping[str, Callable[[str], Any]] = {
     "metrics": _bool,
     "workers": _int(1),
     "multiproc_dir": _text,
-    "strategy": _strategy,
+    "strategy": lambda raw: Strategy(_choice(*Strategy)(raw)),
     "optimistic_attempts": _int(1),
     "optimistic_backoff_ms": _float(0.0),
     "optimistic_backoff_max_ms": _float(0.0),
