@@ -15,6 +15,7 @@ from redis.asyncio import Redis
 
 from gateway.audit import Finding, audit
 from gateway.domain import Strategy
+from gateway.layout import SkuKeys
 from gateway.settings import Settings
 from tests.support.polling import wait_for
 from tests.support.purchases import (
@@ -246,7 +247,8 @@ class TestSelection:
         optimistic and three others sell reserve-batch, sql-direct and pessimistic,
         all in one storm: each sells exactly its stock; only the reserve-batch sku
         has Redis state; GET /v1/skus names each one's strategy; the reconciler
-        and the audit find nothing to repair."""
+        and the audit compare no Redis counter for the others (not even a stale one
+        left behind), so they find nothing to repair."""
         client = await start_gateway(strategy=Strategy.OPTIMISTIC)
         chosen = {"plain": None, "rb": "reserve-batch", "sd": "sql-direct", "pe": "pessimistic"}
         for name, strategy in chosen.items():
@@ -260,6 +262,8 @@ class TestSelection:
             assert shown == {"sku": s, "available": 0, "strategy": strategy or "optimistic"}
             expected_redis = (0, 0) if name == "rb" else (None, 0)
             assert await redis_state(redis, key_prefix, s) == expected_redis
+        stale = SkuKeys.of(key_prefix, f"{sku}-sd").stock
+        await redis.set(stale, 7)  # as a reserve-batch sale long ago might have left it
         resp = await client.post("/admin/reconcile", headers=ADMIN_HEADERS)
         done = await resp.json()
         for name in chosen:
@@ -273,6 +277,7 @@ class TestSelection:
         rows = [r for r in await audit(make_settings()) if r.sku.startswith(sku)]
         assert [r.verdict for r in rows] == [Finding.OK] * 4
         assert await redis_state(redis, key_prefix, f"{sku}-plain") == (None, 0)
+        assert await redis.get(stale) == b"7"
 
     async def test_switching_strategies_keeps_every_order_and_buyer(
         self,
