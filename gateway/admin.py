@@ -2,7 +2,9 @@
 
 Each change writes the database (with its stock movement) and then sets the
 Redis counter to database stock minus the pending ledger, under the sku's
-flush lock so no flush commits in between.
+flush lock so no flush commits in between. A sku whose strategy keeps no Redis
+state (``gateway.strategies.REDIS_FREE``) has no counter: putting it there deletes
+the counter, and restocking it touches the database alone.
 """
 
 from __future__ import annotations
@@ -11,12 +13,13 @@ from datetime import datetime
 from typing import Any
 
 from gateway.catalog import Catalog
-from gateway.domain import StockReport, WaitingRoom, rfc3339
+from gateway.domain import StockReport, Strategy, WaitingRoom, rfc3339
 from gateway.errors import UnknownSku
 from gateway.inventory import Inventory
 from gateway.orders import Orders
 from gateway.skulocks import SkuLocks
 from gateway.soldout import SoldOut
+from gateway.strategies import REDIS_FREE
 
 
 class StockAdmin:
@@ -44,16 +47,29 @@ class StockAdmin:
         per_user_limit: int,
         room: WaitingRoom | None = None,
         starts_at: datetime | None = None,
+        strategy: Strategy | None = None,
     ) -> dict[str, Any]:
-        """Create ``sku`` or reset its remaining stock (orders stay)."""
+        """Create ``sku`` or reset its remaining stock (orders stay), its waiting
+        room, start and strategy (None: the gateway's)."""
+        selling = strategy or self._catalog.default_strategy
+        redis_stock: int | None = None
         async with self._locks.held(sku):
-            await self._orders.put_sku(sku, stock, per_user_limit, room, starts_at)
-            redis_stock = await self._inventory.load_stock(sku, stock, reset=True)
+            await self._orders.put_sku(sku, stock, per_user_limit, room, starts_at, strategy)
+            if selling in REDIS_FREE:
+                await self._inventory.forget_stock(sku)
+            else:
+                if await self._inventory.available(sku) is None:
+                    # The buyers and confirmed ids first, as a reload does: the
+                    # sku may have sold under a strategy that wrote none of them.
+                    orders = await self._orders.sku_orders(sku)
+                    await self._inventory.restore_orders(sku, orders)
+                redis_stock = await self._inventory.load_stock(sku, stock, reset=True)
         self._forget(sku)
         return {
             "sku": sku,
             "stock": stock,
             "per_user_limit": per_user_limit,
+            "strategy": selling.value,
             "redis_stock": redis_stock,
             **({"waiting_room": room.as_json()} if room is not None else {}),
             **({"starts_at": rfc3339(starts_at)} if starts_at is not None else {}),
@@ -61,6 +77,12 @@ class StockAdmin:
 
     async def restock(self, sku: str, delta: int) -> dict[str, Any]:
         """Add ``delta`` units to ``sku``; raises :class:`UnknownSku`."""
+        if await self._catalog.strategy(sku) in REDIS_FREE:
+            # No counter to keep in step: the row lock of the UPDATE is enough.
+            stock = await self._orders.restock(sku, delta)
+            if stock is None:
+                raise UnknownSku(f"no sku {sku!r}")
+            return {"sku": sku, "stock": stock, "redis_stock": None}
         async with self._locks.held(sku):
             stock = await self._orders.restock(sku, delta)
             if stock is None:
@@ -74,13 +96,17 @@ class StockAdmin:
         db_stock = await self._orders.stock(sku)
         if db_stock is None:
             raise UnknownSku(f"no sku {sku!r}")
+        sold = await self._orders.units_sold(sku)
+        if await self._catalog.strategy(sku) in REDIS_FREE:
+            # Nothing of it in Redis: the report needs no Redis either.
+            return StockReport(sku=sku, db_stock=db_stock, redis_stock=None, pending=0, sold=sold)
         pending = sum(p.qty for p in await self._inventory.pending(sku))
         return StockReport(
             sku=sku,
             db_stock=db_stock,
             redis_stock=await self._inventory.available(sku),
             pending=pending,
-            sold=await self._orders.units_sold(sku),
+            sold=sold,
         )
 
     def _forget(self, sku: str) -> None:

@@ -61,6 +61,11 @@ from gateway.reconciler import Reconciler
 from gateway.settings import Settings
 from gateway.skulocks import sku_locks
 from gateway.soldout import SoldOut
+from gateway.strategies import Deduction
+from gateway.strategies.optimistic import Optimistic
+from gateway.strategies.pessimistic import Pessimistic
+from gateway.strategies.rows import Rows
+from gateway.strategies.sql_direct import SqlDirect
 from gateway.streams import Streams
 from gateway.tokens import Signer
 from gateway.tracking import OrderTracker
@@ -154,7 +159,8 @@ async def service_ctx(app: web.Application) -> AsyncIterator[None]:
     subscriber = LockSubscriber(redis, client_name=f"{settings.key_prefix}-lock-sub")
     locks = sku_locks(settings, redis, orders.pool, subscriber, metrics, app[ZOOKEEPER])
     metrics.lock_lease.set(settings.lock_lease_s)
-    catalog, soldout = Catalog(orders), SoldOut()
+    deductions = synchronous_strategies(app)
+    catalog, soldout = Catalog(orders, settings.strategy), SoldOut()
     flusher = Flusher(inventory=inventory, orders=orders, locks=locks, observer=metrics)
     batcher = Batcher(
         flusher.flush,
@@ -166,7 +172,6 @@ async def service_ctx(app: web.Application) -> AsyncIterator[None]:
     app[INVENTORY], app[BATCHER] = inventory, batcher
     streams = Streams(redis, settings)
     app[TRACKER] = OrderTracker(orders=orders, streams=streams)
-    queued = settings.strategy == Strategy.QUEUE
     app[PURCHASES] = Purchases(
         catalog=catalog,
         soldout=soldout,
@@ -175,8 +180,9 @@ async def service_ctx(app: web.Application) -> AsyncIterator[None]:
         batcher=batcher,
         flusher=flusher,
         observer=metrics,
-        strategy=settings.strategy,
         streams=streams,
+        deductions=deductions,
+        deductions_max=settings.queue_max,
     )
     rooms = WaitingRooms(redis, settings, on_noscript=metrics.noscript_reload)
     await rooms.load_scripts()
@@ -192,7 +198,11 @@ async def service_ctx(app: web.Application) -> AsyncIterator[None]:
         observer=metrics,
     )
     app[ADMIN] = StockAdmin(
-        inventory=inventory, orders=orders, locks=locks, catalog=catalog, soldout=soldout
+        inventory=inventory,
+        orders=orders,
+        locks=locks,
+        catalog=catalog,
+        soldout=soldout,
     )
     app[RECONCILER] = reconciler = Reconciler(
         inventory=inventory,
@@ -201,7 +211,8 @@ async def service_ctx(app: web.Application) -> AsyncIterator[None]:
         timeout_s=settings.reservation_timeout_s,
         interval_s=settings.reconcile_interval_s,
         publish=metrics.sku_state,
-        queued=streams.queued_ids if queued else None,
+        queued=streams.queued_ids,
+        catalog=catalog,
     )
     feed = ChangeFeed(redis, channel(settings.key_prefix), soldout, catalog)
     tasks = [
@@ -209,7 +220,9 @@ async def service_ctx(app: web.Application) -> AsyncIterator[None]:
         asyncio.create_task(reconciler.run(), name="reconciler"),
         asyncio.create_task(_sample_queue(batcher, metrics), name="queue-sampler"),
     ]
-    if queued and settings.queue_writer:
+    # Any sku may be put on the queue strategy: the writer serves those whose
+    # stream exists, found once a second.
+    if settings.queue_writer:
         writer = _writer(settings, streams, flusher, orders, metrics)
         tasks.append(asyncio.create_task(writer.run(), name="queue-writer"))
     yield
@@ -264,6 +277,16 @@ def create_writer_app(settings: Settings) -> web.Application:
     app[METRICS] = Metrics(settings.multiproc_dir)
     app.cleanup_ctx.extend([redis_ctx, database_ctx, writer_ctx])
     return app
+
+
+def synchronous_strategies(app: web.Application) -> dict[Strategy, Deduction]:
+    """The strategies that decide in PostgreSQL alone, by name (gateway.strategies)."""
+    rows = Rows(app[ORDERS].pool)
+    return {
+        Strategy.SQL_DIRECT: SqlDirect(rows),
+        Strategy.OPTIMISTIC: Optimistic(rows, app[SETTINGS], app[METRICS]),
+        Strategy.PESSIMISTIC: Pessimistic(rows),
+    }
 
 
 async def _sample_queue(batcher: Batcher, metrics: Metrics) -> None:

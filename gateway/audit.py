@@ -21,7 +21,10 @@ Definitions, per sku (one SQL statement, so one snapshot even during a sale):
 - ``pending`` = units in the Redis ledger; ``drift = db_stock - (redis_stock +
   pending)``, only when the Redis stock key exists. A reservation moves units
   from Redis stock to the ledger, and a flush takes them from the database and
-  the ledger, so a quiet sku has no drift.
+  the ledger, so a quiet sku has no drift. A sku whose strategy keeps no Redis
+  state (``gateway.strategies.REDIS_FREE``) has no counter and no ledger: Redis is
+  not read for it (``redis_stock`` and ``drift`` show ``-``), and its books are
+  checked all the same.
 
 Findings, worst first; the first four are failures, the last a warning:
 
@@ -45,9 +48,11 @@ import asyncpg
 from redis.exceptions import RedisError
 
 from gateway.connections import create_redis
+from gateway.domain import Strategy
 from gateway.errors import GatewayError, Unavailable, UnknownSku
 from gateway.layout import SkuKeys, decode_pending
 from gateway.settings import Settings
+from gateway.strategies import REDIS_FREE
 
 # One statement, so the movements, orders and stock come from one snapshot.
 # $1 is a sku, or NULL for every sku.
@@ -64,7 +69,7 @@ WITH movements AS (
         GROUP BY sku, user_id HAVING count(*) > 1
     ) AS repeats GROUP BY sku
 )
-SELECT i.sku, i.stock AS db_stock,
+SELECT i.sku, i.stock AS db_stock, i.strategy,
     COALESCE(m.provided, 0)::bigint AS provided,
     COALESCE(s.orders, 0)::bigint AS orders,
     COALESCE(s.sold, 0)::bigint AS sold,
@@ -159,7 +164,9 @@ async def audit(settings: Settings, sku: str | None = None) -> list[SkuAudit]:
     books = await _read_books(settings.database_url, sku)
     if sku is not None and not books:
         raise UnknownSku(f"no sku {sku!r}")
-    counters = await _read_counters(settings, [row["sku"] for row in books])
+    with_redis = [row["sku"] for row in books if _keeps_redis_state(row, settings)]
+    read = dict(zip(with_redis, await _read_counters(settings, with_redis), strict=True))
+    counters = [read.get(row["sku"], (None, 0)) for row in books]
     return [
         SkuAudit(
             sku=row["sku"],
@@ -174,6 +181,12 @@ async def audit(settings: Settings, sku: str | None = None) -> list[SkuAudit]:
         )
         for row, (redis_stock, pending) in zip(books, counters, strict=True)
     ]
+
+
+def _keeps_redis_state(row: asyncpg.Record, settings: Settings) -> bool:
+    """Whether the sku's strategy (its own, else the gateway's) keeps Redis state."""
+    strategy = settings.strategy if row["strategy"] is None else Strategy(row["strategy"])
+    return strategy not in REDIS_FREE
 
 
 async def _read_books(database_url: str, sku: str | None) -> list[asyncpg.Record]:

@@ -1,4 +1,4 @@
-"""What the gateway knows of each sku before reserving: existence and limit.
+"""What the gateway knows of each sku before reserving: existence, limit, strategy.
 
 Cached in-process because every purchase needs it; a sku change announced on
 pub/sub drops the entry. Unknown skus are remembered briefly so a storm of
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 
-from gateway.domain import SkuInfo
+from gateway.domain import SkuInfo, Strategy
 from gateway.errors import UnknownSku
 from gateway.orders import Orders
 
@@ -19,8 +19,9 @@ UNKNOWN_TTL_S = 1.0
 class Catalog:
     """A cache of :class:`SkuInfo` in front of the database."""
 
-    def __init__(self, orders: Orders) -> None:
+    def __init__(self, orders: Orders, default_strategy: Strategy = Strategy.RESERVE_BATCH) -> None:
         self._orders = orders
+        self.default_strategy = default_strategy
         self._known: dict[str, SkuInfo] = {}
         self._unknown: dict[str, float] = {}
 
@@ -42,6 +43,14 @@ class Catalog:
     def cached(self, sku: str) -> SkuInfo | None:
         """The sku's info if this instance has it at hand, without I/O."""
         return self._known.get(sku)
+
+    def strategy_of(self, info: SkuInfo) -> Strategy:
+        """The strategy a sku sells under: its own, else the gateway's default."""
+        return info.strategy or self.default_strategy
+
+    async def strategy(self, sku: str) -> Strategy:
+        """The strategy ``sku`` sells under; raises :class:`UnknownSku`."""
+        return self.strategy_of(await self.get(sku))
 
     def forget(self, sku: str) -> None:
         """Drop what is cached of a sku (it was created or changed)."""

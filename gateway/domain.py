@@ -122,6 +122,8 @@ class SkuInfo:
     waiting_room: WaitingRoom | None = None
     # When the sale starts (timezone-aware); None: it has.
     starts_at: datetime | None = None
+    # The sku's own strategy; None sells it under the gateway's GATEWAY_STRATEGY.
+    strategy: Strategy | None = None
 
 
 @dataclass(frozen=True, slots=True)

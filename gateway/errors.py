@@ -168,3 +168,10 @@ class NoWaitingRoom(NotFound):
     """The sku exists but has no waiting room."""
 
     code = "no_waiting_room"
+
+
+class Contended(Unavailable):
+    """An optimistic purchase lost the race for its sku's row on every attempt of
+    its budget. Nothing was written; the client may retry with the same request id."""
+
+    reason = "contended"

@@ -185,6 +185,14 @@ class Inventory:
         raw = await self._call(self._load_stock, self.keys(sku).all(), args)
         return int(raw[1])
 
+    async def forget_stock(self, sku: str) -> None:
+        """Delete a sku's stock counter and announce the change (``meta:<sku>``): its
+        strategy keeps no Redis stock now. The ledger stays, for the flushes still
+        on their way; a later reserve-batch purchase or reset finds the counter
+        missing and loads it from the database."""
+        await self._guard(self.redis.delete(self.keys(sku).stock))
+        await self._guard(self.redis.publish(self._channel, f"{Change.META}:{sku}"))
+
     async def restore_orders(self, sku: str, orders: Sequence[Order]) -> None:
         """Write committed orders back into the buyers and done hashes.
 

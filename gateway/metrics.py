@@ -203,6 +203,21 @@ class Metrics:
             registry=r,
             multiprocess_mode="max",
         )
+        self.optimistic_conflicts = Counter(
+            "flashsale_optimistic_conflicts",
+            "Optimistic UPDATEs that found the row at another version (nothing written).",
+            registry=r,
+        )
+        self.optimistic_retries = Counter(
+            "flashsale_optimistic_retries",
+            "Optimistic purchases tried again after a conflict.",
+            registry=r,
+        )
+        self.optimistic_exhausted_total = Counter(
+            "flashsale_optimistic_exhausted",
+            "Optimistic purchases answered 503: every attempt of the budget conflicted.",
+            registry=r,
+        )
 
     def render(self) -> bytes:
         """The exposition text of every metric (of every worker, with several)."""
@@ -326,3 +341,16 @@ class Metrics:
         """A sku's stream length and pending entries, as a writer sampled them."""
         self.stream_length.labels(sku).set(length)
         self.stream_pending.labels(sku).set(pending)
+
+    # The optimistic strategy's observer (gateway.strategies.optimistic).
+    def optimistic_conflict(self) -> None:
+        """An optimistic UPDATE lost the race for the row."""
+        self.optimistic_conflicts.inc()
+
+    def optimistic_retry(self) -> None:
+        """An optimistic purchase is tried again."""
+        self.optimistic_retries.inc()
+
+    def optimistic_exhausted(self) -> None:
+        """An optimistic purchase spent its budget of attempts."""
+        self.optimistic_exhausted_total.inc()

@@ -26,6 +26,7 @@ from gateway.domain import (
     Purchase,
     Result,
     SkuInfo,
+    Strategy,
     Verdict,
     WaitingRoom,
 )
@@ -69,7 +70,8 @@ DATABASE_OID = """
 SELECT '?:' || (SELECT oid FROM pg_database WHERE datname = current_database())::text
 """
 SKU_INFO = """
-SELECT per_user_limit, room_admit_per_s, room_token_ttl_s, room_shuffle_at_start, starts_at
+SELECT per_user_limit, room_admit_per_s, room_token_ttl_s, room_shuffle_at_start, starts_at,
+       strategy
 FROM inventory WHERE sku = $1
 """
 SKU_STOCK = "SELECT stock FROM inventory WHERE sku = $1"
@@ -88,7 +90,8 @@ CREATE_SKU = """
 INSERT INTO inventory (sku, stock, per_user_limit) VALUES ($1, 0, $2) ON CONFLICT (sku) DO NOTHING
 """
 SET_SKU = """
-UPDATE inventory SET stock = $2, per_user_limit = $3, updated_at = now() WHERE sku = $1
+UPDATE inventory SET stock = $2, per_user_limit = $3, strategy = $4, updated_at = now()
+WHERE sku = $1
 """
 RESTOCK = """
 UPDATE inventory SET stock = stock + $2, updated_at = now() WHERE sku = $1 RETURNING stock
@@ -235,7 +238,8 @@ class Orders:
         return value
 
     async def sku_info(self, sku: str) -> SkuInfo | None:
-        """The sku's per-user limit and waiting room, or None when it does not exist."""
+        """The sku's per-user limit, waiting room, start and strategy, or None when it
+        does not exist."""
         try:
             row = await self.pool.fetchrow(SKU_INFO, sku)
         except DB_ERRORS as exc:
@@ -247,7 +251,8 @@ class Orders:
             room = WaitingRoom(
                 row["room_admit_per_s"], row["room_token_ttl_s"], row["room_shuffle_at_start"]
             )
-        return SkuInfo(sku, row["per_user_limit"], room, row["starts_at"])
+        strategy = None if row["strategy"] is None else Strategy(row["strategy"])
+        return SkuInfo(sku, row["per_user_limit"], room, row["starts_at"], strategy)
 
     async def stock(self, sku: str) -> int | None:
         """Database stock of a sku, or None when it does not exist."""
@@ -293,14 +298,16 @@ class Orders:
         per_user_limit: int,
         room: WaitingRoom | None = None,
         starts_at: datetime | None = None,
+        strategy: Strategy | None = None,
     ) -> int:
-        """Create a sku or reset its stock, recording the movement; returns the stock."""
+        """Create a sku or reset its stock, waiting room, start and strategy (None:
+        the gateway's), recording the movement; returns the stock."""
         try:
             async with self.pool.acquire() as con, con.transaction():
                 await con.execute(CREATE_SKU, sku, per_user_limit)
                 old = await con.fetchrow(LOCK_INVENTORY_ROW, sku)
                 assert old is not None  # created above; skus are never deleted
-                await con.execute(SET_SKU, sku, stock, per_user_limit)
+                await con.execute(SET_SKU, sku, stock, per_user_limit, strategy)
                 await con.execute(
                     SET_WAITING_ROOM,
                     sku,

@@ -14,7 +14,7 @@ from typing import Any
 
 import orjson
 
-from gateway.domain import Purchase, WaitingRoom
+from gateway.domain import Purchase, Strategy, WaitingRoom
 from gateway.errors import InvalidRequest
 
 ID_PATTERN = re.compile(r"[A-Za-z0-9._:-]{1,64}")
@@ -24,7 +24,7 @@ MAX_INT = 2**50
 MAX_LIMIT = 2**31 - 1
 
 PURCHASE_FIELDS = frozenset({"sku", "user_id", "qty", "request_id"})
-SKU_FIELDS = frozenset({"stock", "per_user_limit", "waiting_room", "starts_at"})
+SKU_FIELDS = frozenset({"stock", "per_user_limit", "waiting_room", "starts_at", "strategy"})
 ROOM_FIELDS = frozenset({"admit_per_s", "token_ttl_s", "shuffle_at_start"})
 QUEUE_FIELDS = frozenset({"user_id"})
 # A day: a token is meant to be spent within minutes of admission.
@@ -70,6 +70,18 @@ def integer(
     if not low <= value <= high:
         raise InvalidRequest(f"{name} must be from {low} to {high}")
     return value
+
+
+def strategy(data: Mapping[str, Any]) -> Strategy | None:
+    """Read an optional ``strategy`` (absent or null: the gateway's); raises
+    :class:`InvalidRequest` for anything but a known strategy's name."""
+    value = data.get("strategy")
+    if value is None:
+        return None
+    try:
+        return Strategy(value)
+    except ValueError:
+        raise InvalidRequest(f"strategy must be one of {', '.join(Strategy)}") from None
 
 
 def idempotency_key(header: str | None) -> str | None:

@@ -4,6 +4,10 @@ A request walks: the catalog (the sku exists, the quantity is allowed), the
 in-process sold-out mark, ``reserve.lua`` in Redis (``Inventory.reserve``), then
 the batcher, whose flusher commits it in PostgreSQL. A stock key Redis lost is
 reloaded from PostgreSQL once for all the requests that find it missing.
+
+That is the ``reserve-batch`` strategy. A sku on another strategy (its own, or
+``GATEWAY_STRATEGY``) is handed to that strategy's :class:`Deduction` right
+after the catalog (``gateway.strategies``).
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import asyncio
 import contextvars
 import functools
 import time
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import Protocol
 
@@ -33,10 +38,14 @@ from gateway.flusher import Flusher
 from gateway.inventory import Inventory, Reply
 from gateway.orders import Orders
 from gateway.soldout import ConfirmedIds, SoldOut
+from gateway.strategies import REDIS_FREE, Deduction
 from gateway.streams import Streams
 
 log = structlog.get_logger(__name__)
 
+# The strategies whose purchases reserve in Redis first (the others decide in
+# PostgreSQL alone, gateway.strategies).
+_RESERVING = frozenset({Strategy.RESERVE_BATCH, Strategy.QUEUE})
 _ANSWERS = {"sold_out": SOLD_OUT, "duplicate": DUPLICATE, "in_progress": IN_PROGRESS}
 
 
@@ -61,8 +70,9 @@ class Purchases:
         batcher: Batcher,
         flusher: Flusher,
         observer: PurchaseObserver | None = None,
-        strategy: Strategy = Strategy.RESERVE_BATCH,
         streams: Streams | None = None,
+        deductions: Mapping[Strategy, Deduction] | None = None,
+        deductions_max: int = 10_000,
     ) -> None:
         self._catalog = catalog
         self._soldout = soldout
@@ -71,8 +81,13 @@ class Purchases:
         self._batcher = batcher
         self._flusher = flusher
         self._observer = observer
-        self._strategy = strategy
         self._streams = streams
+        # The strategies other than reserve-batch this gateway serves.
+        self._deductions = dict(deductions or {})
+        # Their purchases in flight (most of them queued for a pool connection),
+        # bounded as the batcher's queue is: beyond it a storm is shed with 503.
+        self._deducting = 0
+        self._deductions_max = deductions_max
         self._reloads: dict[str, asyncio.Future[None]] = {}
         # A sku's sold-out mark being built, in the background: the requests
         # that saw it sold out are answered at once, not after the build.
@@ -83,6 +98,10 @@ class Purchases:
         info = await self._catalog.get(purchase.sku)
         if purchase.qty > info.per_user_limit:
             raise InvalidRequest(f"qty exceeds the per-user limit of {info.per_user_limit}")
+        # The one place the strategy is chosen: the sku's own, else the gateway's.
+        strategy = self._catalog.strategy_of(info)
+        if strategy not in _RESERVING:
+            return await self._deduct(strategy, purchase)
         confirmed = self._soldout.lookup(purchase.sku)
         if confirmed is not None:
             # Without a request id, or with one that has no order: no I/O.
@@ -93,8 +112,7 @@ class Purchases:
         structlog.contextvars.bind_contextvars(request_id=purchase.request_id, sku=purchase.sku)
         self._admit()
         generation = self._soldout.generation(purchase.sku)
-        # The one place the strategy is chosen.
-        queued = self._strategy == Strategy.QUEUE
+        queued = strategy is Strategy.QUEUE
         reserve = self._inventory.enqueue if queued else self._inventory.reserve
         purchase = replace(purchase, reserved_at_ms=_now_ms())
         reply = await reserve(purchase)
@@ -116,8 +134,10 @@ class Purchases:
         return _answer(reply, purchase.request_id)
 
     async def available(self, sku: str) -> int:
-        """Units left to reserve: Redis's count, else the database's; raises UnknownSku."""
-        await self._catalog.get(sku)
+        """Units left to reserve: Redis's count, else the database's (the only count
+        of a sku whose strategy keeps no Redis state); raises UnknownSku."""
+        if await self._catalog.strategy(sku) in REDIS_FREE:
+            return await self._orders.stock(sku) or 0
         available = await self._inventory.available(sku)
         if available is None:
             available = await self._orders.stock(sku) or 0
@@ -136,6 +156,29 @@ class Purchases:
             # Also on a retry, in case the first request died before this.
             await self._streams.remember(purchase.request_id, purchase.sku)
         return Result(Outcome.ACCEPTED, request_id=purchase.request_id)
+
+    async def strategy(self, sku: str) -> Strategy:
+        """The strategy ``sku`` sells under; raises UnknownSku."""
+        return await self._catalog.strategy(sku)
+
+    async def _deduct(self, strategy: Strategy, purchase: Purchase) -> Result:
+        """Hand a purchase to its sku's strategy (no Redis reservation, no batch)."""
+        deduction = self._deductions.get(strategy)
+        if deduction is None:
+            raise Unavailable(f"strategy {strategy} is not served by this gateway")
+        if self._batcher.closing:
+            raise ShuttingDown()
+        if self._deducting >= self._deductions_max:
+            if self._observer is not None:
+                self._observer.shed_one()
+            raise Unavailable("gateway busy")
+        purchase = purchase.identified()
+        structlog.contextvars.bind_contextvars(request_id=purchase.request_id, sku=purchase.sku)
+        self._deducting += 1
+        try:
+            return await deduction.purchase(purchase)
+        finally:
+            self._deducting -= 1
 
     def _admit(self) -> None:
         """Refuse a purchase before reserving when draining or the queue is full."""

@@ -15,6 +15,11 @@ flush lock (so one reconciler, and no flush, touches the sku at a time) and:
 A reservation of the queue strategy still in its sku's stream is not stale,
 however old: a writer will commit it (step 1 skips it); its units count as
 pending in step 2 like any reservation's.
+
+A sku whose strategy keeps no Redis state (``gateway.strategies.REDIS_FREE``) has
+no counter to compare: step 1 still settles what an earlier reserve-batch sale
+left in its ledger, step 2 is skipped. Its books (stock + sold = provided) are
+the database's alone, which the audit checks.
 """
 
 from __future__ import annotations
@@ -27,12 +32,14 @@ from dataclasses import asdict, dataclass
 import structlog
 from redis.exceptions import RedisError
 
+from gateway.catalog import Catalog
 from gateway.domain import Verdict
 from gateway.errors import Unavailable
 from gateway.inventory import Inventory, Settlement
 from gateway.lock.errors import LockError
 from gateway.orders import Orders
 from gateway.skulocks import SkuLocks
+from gateway.strategies import REDIS_FREE
 
 log = structlog.get_logger(__name__)
 
@@ -65,6 +72,7 @@ class Reconciler:
         interval_s: float,
         publish: Callable[[str, int, int], None] | None = None,
         queued: Callable[[str], Awaitable[set[str]]] | None = None,
+        catalog: Catalog | None = None,
     ) -> None:
         self._inventory = inventory
         self._orders = orders
@@ -75,6 +83,7 @@ class Reconciler:
         # The queue strategy's request ids still in a sku's stream: reserved and
         # durably queued, so never stale however long they wait for a writer.
         self._queued = queued
+        self._catalog = catalog
         self._suspect: dict[str, int] = {}
 
     async def run(self) -> None:
@@ -129,7 +138,10 @@ class Reconciler:
         if settlements:
             await inventory.settle(sku, settlements, None)
             log.warning("reservations_settled", sku=sku, count=len(settlements))
-        drift, pending, repaired = await self._check(sku, exact=exact)
+        if self._catalog is not None and await self._catalog.strategy(sku) in REDIS_FREE:
+            drift, pending, repaired = 0, sum(p.qty for p in await inventory.pending(sku)), False
+        else:
+            drift, pending, repaired = await self._check(sku, exact=exact)
         if self._publish is not None:
             self._publish(sku, pending, drift)
         confirmed = sum(1 for s in settlements if s.verdict is Verdict.CONFIRMED)

@@ -92,6 +92,11 @@ class Settings:
     stream_max: int = 100_000
     # "host:port,host:port" of the ZooKeeper ensemble (GATEWAY_FLUSH_LOCK=zookeeper).
     zookeeper_hosts: str = "127.0.0.1:2181"
+    # The optimistic strategy's retry budget: attempts per purchase, and the
+    # first and the largest pause between them (full jitter, doubling).
+    optimistic_attempts: int = 8
+    optimistic_backoff_ms: float = 2.0
+    optimistic_backoff_max_ms: float = 50.0
 
     def __post_init__(self) -> None:
         if self.redis_sentinels and self.redis_cluster_nodes:
@@ -247,6 +252,9 @@ _PARSERS: Mapping[str, Callable[[str], Any]] = {
     "writer_claim_idle_s": _float(0.1),
     "stream_max": _int(1),
     "zookeeper_hosts": _addresses,
+    "optimistic_attempts": _int(1),
+    "optimistic_backoff_ms": _float(0.0),
+    "optimistic_backoff_max_ms": _float(0.0),
 }
 
 

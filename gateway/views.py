@@ -107,10 +107,11 @@ def _wait_s(request: web.Request) -> float:
 
 
 async def get_sku(request: web.Request) -> web.Response:
-    """GET /v1/skus/{sku}: what Redis has left to reserve."""
+    """GET /v1/skus/{sku}: what is left to buy, and the strategy it sells under."""
     sku = payloads.identifier(request.match_info["sku"], "sku")
     available = await request.app[PURCHASES].available(sku)
-    return json_response({"sku": sku, "available": available})
+    strategy = await request.app[PURCHASES].strategy(sku)
+    return json_response({"sku": sku, "available": available, "strategy": strategy.value})
 
 
 def _admin(request: web.Request, change: str | None = None) -> StockAdmin:
@@ -136,7 +137,8 @@ async def put_sku(request: web.Request) -> web.Response:
     limit = payloads.integer(data, "per_user_limit", low=1, high=payloads.MAX_LIMIT, default=1)
     room = payloads.waiting_room(data)
     starts_at = payloads.moment(data, "starts_at")
-    return json_response(await admin.put_sku(sku, stock, limit, room, starts_at))
+    strategy = payloads.strategy(data)
+    return json_response(await admin.put_sku(sku, stock, limit, room, starts_at, strategy))
 
 
 async def restock(request: web.Request) -> web.Response:

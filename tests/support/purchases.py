@@ -20,11 +20,15 @@ ADMIN_TOKEN = "test-admin-token"
 ADMIN_HEADERS = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 
 
-async def put_sku(client: Client, sku: str, stock: int, limit: int = 1) -> None:
-    """Create or reset a sku through the admin API (asserts a 200)."""
-    resp = await client.put(
-        f"/admin/skus/{sku}", json={"stock": stock, "per_user_limit": limit}, headers=ADMIN_HEADERS
-    )
+async def put_sku(
+    client: Client, sku: str, stock: int, limit: int = 1, strategy: str | None = None
+) -> None:
+    """Create or reset a sku through the admin API (asserts a 200); with ``strategy``
+    the sku sells under that strategy instead of the gateway's."""
+    body: dict[str, Any] = {"stock": stock, "per_user_limit": limit}
+    if strategy is not None:
+        body["strategy"] = strategy
+    resp = await client.put(f"/admin/skus/{sku}", json=body, headers=ADMIN_HEADERS)
     assert resp.status == 200, await resp.text()
 
 

@@ -7,6 +7,7 @@ import sys
 
 import pytest
 
+from gateway.domain import Strategy
 from gateway.settings import Settings, SettingsError, load
 
 
@@ -93,3 +94,22 @@ def test_cluster_nodes() -> None:
     both = {"GATEWAY_REDIS_CLUSTER_NODES": "h:1", "GATEWAY_REDIS_SENTINELS": "h:2"}
     with pytest.raises(SettingsError, match="not both"):
         load(both)
+
+
+def test_strategy_and_the_optimistic_budget() -> None:
+    """GATEWAY_STRATEGY defaults to reserve-batch and takes each strategy's name;
+    the optimistic budget is read too; an unknown strategy names the setting."""
+    assert load({}).strategy is Strategy.RESERVE_BATCH
+    s = load(
+        {"GATEWAY_STRATEGY": "optimistic", "GATEWAY_OPTIMISTIC_ATTEMPTS": "3"},
+        {"optimistic_backoff_ms": "1.5"},
+    )
+    assert (s.strategy, s.optimistic_attempts, s.optimistic_backoff_ms) == (
+        Strategy.OPTIMISTIC,
+        3,
+        1.5,
+    )
+    with pytest.raises(SettingsError, match=r"^GATEWAY_STRATEGY='fastest': must be one of"):
+        load({"GATEWAY_STRATEGY": "fastest"})
+    with pytest.raises(SettingsError, match=r"^GATEWAY_OPTIMISTIC_ATTEMPTS"):
+        load({"GATEWAY_OPTIMISTIC_ATTEMPTS": "0"})

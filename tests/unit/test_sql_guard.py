@@ -59,3 +59,13 @@ def test_the_scan_catches_a_planted_unguarded_statement(tmp_path: Path) -> None:
         "UPDATE inventory SET stock = stock - 1 WHERE sku = 'y' AND stock > 0;\n"
     )
     assert unguarded(tmp_path) == ["gateway/bad.py:2", "sql/900_bad.sql#0"]
+
+
+def test_the_scan_covers_every_strategys_statements() -> None:
+    """The synchronous strategies' statements that take stock are among those scanned
+    (and so guarded): sql-direct's, and optimistic's beside its version check."""
+    takers = {w.split(":")[0] for w, text in statements(ROOT) if TAKES_STOCK.search(text)}
+    assert {
+        "gateway/strategies/sql_direct.py",
+        "gateway/strategies/optimistic.py",
+    } <= takers

@@ -1,0 +1,98 @@
+"""The PostgreSQL adapter of the synchronous strategies: one purchase, one transaction.
+
+:meth:`Rows.decide` runs the part every strategy shares: the request id's prior
+order (a replay, or a mismatch) and the buyer's (a duplicate), then the
+strategy's own step that takes the stock (:data:`Take`), then the INSERT of the
+order. The unique constraints on ``orders`` (one order per request id, one per
+sku and buyer) decide a race between two such transactions: the loser's INSERT
+fails, its transaction rolls back with the stock it took, and it is answered
+from the winner's row. Driver errors become
+:class:`gateway.errors.PostgresUnavailable` here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+import asyncpg
+
+from gateway.database import Connection
+from gateway.domain import DUPLICATE, SOLD_OUT, Order, Outcome, Purchase, Result
+from gateway.errors import IdempotencyMismatch, PostgresUnavailable
+from gateway.orders import DB_ERRORS
+
+# The request id's own order, and any order of this buyer of this sku: one
+# round trip for the replay and the duplicate checks.
+PRIOR_ORDERS = """
+SELECT order_id::text, request_id, sku, user_id, qty FROM orders
+WHERE request_id = $1 OR (sku = $2 AND user_id = $3)
+"""
+INSERT_ORDER = """
+INSERT INTO orders (request_id, sku, user_id, qty) VALUES ($1, $2, $3, $4) RETURNING order_id::text
+"""
+
+
+# A strategy's step: take ``purchase.qty`` units of its sku on ``con``, inside
+# the transaction; False when too little stock is left (sold out). Each carries
+# its stock >= guard; an exception it raises rolls the transaction back.
+Take = Callable[[Connection, Purchase], Awaitable[bool]]
+
+
+def _answer(row: asyncpg.Record, purchase: Purchase) -> Result:
+    """The answer an existing order gives ``purchase``."""
+    if row["request_id"] != purchase.request_id:
+        return DUPLICATE  # the buyer's order of this sku, under another request id
+    if (row["sku"], row["user_id"], row["qty"]) != (purchase.sku, purchase.user_id, purchase.qty):
+        raise IdempotencyMismatch(purchase.request_id)
+    order = Order(row["order_id"], row["request_id"], row["sku"], row["user_id"], row["qty"])
+    return Result(Outcome.CONFIRMED, order)
+
+
+async def _prior(con: Connection, purchase: Purchase) -> Result | None:
+    """The answer the orders already give (replay, mismatch, duplicate), if any."""
+    rows = await con.fetch(PRIOR_ORDERS, purchase.request_id, purchase.sku, purchase.user_id)
+    # The request id's own order decides before the buyer's other order does.
+    rows.sort(key=lambda r: r["request_id"] != purchase.request_id)
+    return _answer(rows[0], purchase) if rows else None
+
+
+class Rows:
+    """Purchases decided one per transaction on the inventory row and the orders."""
+
+    def __init__(self, pool: asyncpg.Pool) -> None:
+        self.pool = pool
+
+    async def decide(self, purchase: Purchase, take: Take) -> Result:
+        """Decide ``purchase`` in one transaction with ``take``.
+
+        Raises what ``take`` raises (after the rollback);
+        :class:`IdempotencyMismatch` when the request id holds another purchase;
+        :class:`PostgresUnavailable` when PostgreSQL failed: then nothing was
+        written, or (the connection broke at the commit) the order may exist,
+        which a retry of the same request id answers with.
+        """
+        try:
+            async with self.pool.acquire() as con:
+                try:
+                    return await self._decide(con, purchase, take)
+                except asyncpg.UniqueViolationError:
+                    # Rolled back, stock and all: another transaction committed
+                    # this request id or this buyer's order first.
+                    settled = await _prior(con, purchase)
+                    if settled is None:  # its order is gone again: an admin's doing
+                        raise PostgresUnavailable("order conflict; retry") from None
+                    return settled
+        except DB_ERRORS as exc:
+            raise PostgresUnavailable(f"postgres: {type(exc).__name__}") from exc
+
+    @staticmethod
+    async def _decide(con: Connection, purchase: Purchase, take: Take) -> Result:
+        async with con.transaction():
+            prior = await _prior(con, purchase)
+            if prior is not None:
+                return prior
+            if not await take(con, purchase):
+                return SOLD_OUT
+            p = purchase
+            order_id = await con.fetchval(INSERT_ORDER, p.request_id, p.sku, p.user_id, p.qty)
+            return Result(Outcome.CONFIRMED, Order(order_id, p.request_id, p.sku, p.user_id, p.qty))
