@@ -11,7 +11,6 @@ batcher drains: new purchases get 503, queued batches finish.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TypeVar
 
@@ -73,6 +72,8 @@ from gateway.waitingroom import WaitingRooms
 from gateway.writer import QueueWriter
 
 QUEUE_SAMPLE_S = 0.5
+# Longest a stopping gateway waits for its background loops to end once cancelled.
+TASK_STOP_S = 5.0
 # Longest a stopping gateway waits for its PostgreSQL connections to close cleanly.
 POOL_CLOSE_S = 2.0
 
@@ -228,14 +229,21 @@ async def service_ctx(app: web.Application) -> AsyncIterator[None]:
     yield
     await batcher.close()
     await subscriber.aclose()
+    await _stop(tasks)
+
+
+async def _stop(tasks: list[asyncio.Task[None]]) -> None:
+    """Cancel the background loops and wait for them, boundedly: one that died is
+    reported, not raised, and one that does not stop is left behind with a log
+    line, so the rest of shutdown (pools, connections) still runs."""
     for task in tasks:
         task.cancel()
-    outcomes = await asyncio.gather(*tasks, return_exceptions=True)
-    for task, outcome in zip(tasks, outcomes, strict=True):
-        # Each loop outlives its errors; one that died anyway is reported, not
-        # raised, so the rest of shutdown (pools, connections) still runs.
-        if isinstance(outcome, Exception):
-            log.error("background_task_failed", task=task.get_name(), cause=repr(outcome))
+    done, stuck = await asyncio.wait(tasks, timeout=TASK_STOP_S)
+    for task in done:
+        if not task.cancelled() and task.exception() is not None:
+            log.error("background_task_failed", task=task.get_name(), cause=repr(task.exception()))
+    for task in stuck:
+        log.error("background_task_stuck", task=task.get_name())
 
 
 def _writer(
@@ -264,9 +272,7 @@ async def writer_ctx(app: web.Application) -> AsyncIterator[None]:
     writer = _writer(settings, Streams(redis, settings), flusher, orders, metrics)
     task = asyncio.create_task(writer.run(), name="queue-writer")
     yield
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
+    await _stop([task])
     await subscriber.aclose()
 
 

@@ -74,12 +74,17 @@ class QueueWriter:
 
     async def run(self) -> None:
         """Write every sku's stream until cancelled, starting skus as they appear."""
+        me = asyncio.current_task()
         try:
             while True:
                 try:
                     await self._discover()
                 except (Unavailable, LockError, RedisError) as exc:
                     log.warning("writer_discovery_failed", cause=repr(exc))
+                if me is not None and me.cancelling():
+                    # A cancel that a client library swallowed mid-call (seen at
+                    # shutdown) must still end the loop, or the stop waits forever.
+                    raise asyncio.CancelledError
                 await asyncio.sleep(DISCOVER_S)
         finally:
             await self.close()
