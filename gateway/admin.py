@@ -14,6 +14,7 @@ from gateway.domain import StockReport
 from gateway.errors import UnknownSku
 from gateway.inventory import Inventory
 from gateway.orders import Orders
+from gateway.rules import NO_RULES, Rate, SaleRules
 from gateway.skulocks import SkuLocks
 from gateway.soldout import SoldOut
 
@@ -36,10 +37,14 @@ class StockAdmin:
         self._catalog = catalog
         self._soldout = soldout
 
-    async def put_sku(self, sku: str, stock: int, per_user_limit: int) -> dict[str, Any]:
-        """Create ``sku`` or reset its remaining stock (orders stay)."""
+    async def put_sku(
+        self, sku: str, stock: int, per_user_limit: int, rules: SaleRules | None = None
+    ) -> dict[str, Any]:
+        """Create ``sku`` or reset its remaining stock (orders stay); ``rules``
+        replaces its window and rates."""
+        rules = rules or NO_RULES
         async with self._locks.held(sku):
-            await self._orders.put_sku(sku, stock, per_user_limit)
+            await self._orders.put_sku(sku, stock, per_user_limit, rules)
             redis_stock = await self._inventory.load_stock(sku, stock, reset=True)
         self._forget(sku)
         return {
@@ -47,6 +52,9 @@ class StockAdmin:
             "stock": stock,
             "per_user_limit": per_user_limit,
             "redis_stock": redis_stock,
+            **rules.window_json(),
+            "user_rate": _shown(rules.user_rate),
+            "client_rate": _shown(rules.client_rate),
         }
 
     async def restock(self, sku: str, delta: int) -> dict[str, Any]:
@@ -77,3 +85,8 @@ class StockAdmin:
         # This instance's own caches; the others learn from pub/sub.
         self._catalog.forget(sku)
         self._soldout.clear(sku)
+
+
+def _shown(rate: Rate | str | None) -> str | None:
+    """A sku's own rate as the API shows it (None: the instance's default)."""
+    return None if rate is None else str(rate)

@@ -6,6 +6,8 @@ import uuid
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
+from gateway.rules import NO_RULES, SaleRules
+
 
 class Outcome(StrEnum):
     """What a purchase ended as; the value is the ``status`` the client sees."""
@@ -95,6 +97,7 @@ class SkuInfo:
 
     sku: str
     per_user_limit: int
+    rules: SaleRules = NO_RULES
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,7 +11,17 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.multiprocess import MultiProcessCollector
 
-OUTCOMES = ("confirmed", "sold_out", "duplicate", "in_progress", "invalid", "unavailable")
+OUTCOMES = (
+    "confirmed",
+    "sold_out",
+    "duplicate",
+    "in_progress",
+    "invalid",
+    "unavailable",
+    "not_started",
+    "ended",
+    "rate_limited",
+)
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"

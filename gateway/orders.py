@@ -27,6 +27,7 @@ from gateway.errors import (
     StockGuardRefused,
     Unavailable,
 )
+from gateway.rules import NO_RULES, Rate, SaleRules, rate_from_db
 
 # Serializes writers of one sku (admin changes lock the row too).
 LOCK_INVENTORY_ROW = "SELECT stock, fence FROM inventory WHERE sku = $1 FOR UPDATE"
@@ -57,7 +58,9 @@ SELECT (SELECT system_identifier FROM pg_control_system())::text || ':'
 DATABASE_OID = """
 SELECT '?:' || (SELECT oid FROM pg_database WHERE datname = current_database())::text
 """
-SKU_INFO = "SELECT per_user_limit FROM inventory WHERE sku = $1"
+SKU_INFO = """
+SELECT per_user_limit, starts_at, ends_at, user_rate, client_rate FROM inventory WHERE sku = $1
+"""
 SKU_STOCK = "SELECT stock FROM inventory WHERE sku = $1"
 ALL_SKUS = "SELECT sku FROM inventory ORDER BY sku"
 ORDERS_BY_REQUESTS = """
@@ -75,6 +78,9 @@ INSERT INTO inventory (sku, stock, per_user_limit) VALUES ($1, 0, $2) ON CONFLIC
 """
 SET_SKU = """
 UPDATE inventory SET stock = $2, per_user_limit = $3, updated_at = now() WHERE sku = $1
+"""
+SET_SALE_RULES = """
+UPDATE inventory SET starts_at = $2, ends_at = $3, user_rate = $4, client_rate = $5 WHERE sku = $1
 """
 RESTOCK = """
 UPDATE inventory SET stock = stock + $2, updated_at = now() WHERE sku = $1 RETURNING stock
@@ -215,9 +221,20 @@ class Orders:
         return value
 
     async def sku_info(self, sku: str) -> SkuInfo | None:
-        """The sku's per-user limit, or None when it does not exist."""
-        limit = await self._fetchval(SKU_INFO, sku)
-        return None if limit is None else SkuInfo(sku, limit)
+        """The sku's per-user limit and sale rules, or None when it does not exist."""
+        try:
+            row = await self.pool.fetchrow(SKU_INFO, sku)
+        except DB_ERRORS as exc:
+            raise PostgresUnavailable(_cause(exc)) from exc
+        if row is None:
+            return None
+        rules = SaleRules(
+            row["starts_at"],
+            row["ends_at"],
+            rate_from_db(row["user_rate"]),
+            rate_from_db(row["client_rate"]),
+        )
+        return SkuInfo(sku, row["per_user_limit"], rules)
 
     async def stock(self, sku: str) -> int | None:
         """Database stock of a sku, or None when it does not exist."""
@@ -256,14 +273,26 @@ class Orders:
         except DB_ERRORS as exc:
             raise PostgresUnavailable(_cause(exc)) from exc
 
-    async def put_sku(self, sku: str, stock: int, per_user_limit: int) -> int:
-        """Create a sku or reset its stock, recording the movement; returns the stock."""
+    async def put_sku(
+        self, sku: str, stock: int, per_user_limit: int, rules: SaleRules | None = None
+    ) -> int:
+        """Create a sku or reset its stock, recording the movement; returns the
+        stock. ``rules`` replaces the sku's window and rates (None: none)."""
+        rules = rules or NO_RULES
         try:
             async with self.pool.acquire() as con, con.transaction():
                 await con.execute(CREATE_SKU, sku, per_user_limit)
                 old = await con.fetchrow(LOCK_INVENTORY_ROW, sku)
                 assert old is not None  # created above; skus are never deleted
                 await con.execute(SET_SKU, sku, stock, per_user_limit)
+                await con.execute(
+                    SET_SALE_RULES,
+                    sku,
+                    rules.starts_at,
+                    rules.ends_at,
+                    _rate_text(rules.user_rate),
+                    _rate_text(rules.client_rate),
+                )
                 await con.execute(RECORD_MOVEMENT, sku, stock - old["stock"], "set", stock)
                 return stock
         except DB_ERRORS as exc:
@@ -292,3 +321,8 @@ class Orders:
             return await self.pool.fetchval(sql, *args)
         except DB_ERRORS as exc:
             raise PostgresUnavailable(_cause(exc)) from exc
+
+
+def _rate_text(rate: Rate | str | None) -> str | None:
+    """A rate as its column holds it: ``N/s:burst``, ``off`` or NULL."""
+    return None if rate is None else str(rate)

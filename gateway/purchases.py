@@ -12,6 +12,7 @@ import asyncio
 import contextvars
 import functools
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Protocol
 
@@ -19,11 +20,20 @@ import structlog
 
 from gateway.batcher import Batcher
 from gateway.catalog import Catalog
-from gateway.domain import DUPLICATE, IN_PROGRESS, SOLD_OUT, Outcome, Purchase, Result
-from gateway.errors import IdempotencyMismatch, InvalidRequest, ShuttingDown, Unavailable
+from gateway.domain import DUPLICATE, IN_PROGRESS, SOLD_OUT, Outcome, Purchase, Result, SkuInfo
+from gateway.errors import (
+    Ended,
+    IdempotencyMismatch,
+    InvalidRequest,
+    NotStarted,
+    RateLimited,
+    ShuttingDown,
+    Unavailable,
+)
 from gateway.flusher import Flusher
 from gateway.inventory import Inventory, Reply
 from gateway.orders import Orders
+from gateway.rules import SaleRules
 from gateway.soldout import ConfirmedIds, SoldOut
 
 log = structlog.get_logger(__name__)
@@ -65,8 +75,12 @@ class Purchases:
         # that saw it sold out are answered at once, not after the build.
         self._marking: dict[str, asyncio.Task[None]] = {}
 
-    async def purchase(self, purchase: Purchase) -> Result:
-        """Decide one purchase; raises a :class:`GatewayError` for 4xx/503 answers."""
+    async def purchase(
+        self, purchase: Purchase, client: Callable[[], str | None] | None = None
+    ) -> Result:
+        """Decide one purchase; ``client`` names the client's address (asked only
+        when a client rate limit applies). Raises a :class:`GatewayError` for
+        4xx/503 answers (not_started, ended and rate_limited included)."""
         info = await self._catalog.get(purchase.sku)
         if purchase.qty > info.per_user_limit:
             raise InvalidRequest(f"qty exceeds the per-user limit of {info.per_user_limit}")
@@ -80,13 +94,13 @@ class Purchases:
         structlog.contextvars.bind_contextvars(request_id=purchase.request_id, sku=purchase.sku)
         self._admit()
         generation = self._soldout.generation(purchase.sku)
-        purchase = replace(purchase, reserved_at_ms=_now_ms())
-        reply = await self._inventory.reserve(purchase)
+        reply = await self._inventory.reserve(purchase, info, client)
         if reply.kind == "missing":
             await self._reload_once(purchase.sku)
-            purchase = replace(purchase, reserved_at_ms=_now_ms())
-            reply = await self._inventory.reserve(purchase)
+            reply = await self._inventory.reserve(purchase, info, client)
         if reply.kind == "ok":
+            # Stamped by Redis's clock, like every reservation of every instance.
+            purchase = replace(purchase, reserved_at_ms=reply.reserved_at_ms)
             try:
                 return await self._batcher.submit(purchase)
             except ShuttingDown:
@@ -95,7 +109,7 @@ class Purchases:
                 raise
         if reply.kind == "sold_out" and reply.settled:
             self._mark_in_background(purchase.sku, generation)
-        return _answer(reply, purchase.request_id)
+        return _answer(reply, purchase.request_id, info)
 
     async def available(self, sku: str) -> int:
         """Units left to reserve: Redis's count, else the database's; raises UnknownSku."""
@@ -104,6 +118,10 @@ class Purchases:
         if available is None:
             available = await self._orders.stock(sku) or 0
         return available
+
+    async def rules(self, sku: str) -> SaleRules:
+        """The sku's window and own rates; raises UnknownSku."""
+        return (await self._catalog.get(sku)).rules
 
     def _admit(self) -> None:
         """Refuse a purchase before reserving when draining or the queue is full."""
@@ -184,17 +202,20 @@ class Purchases:
         log.warning("stock_reloaded", sku=sku, stock=stock)
 
 
-def _answer(reply: Reply, request_id: str) -> Result:
+def _answer(reply: Reply, request_id: str, info: SkuInfo) -> Result:
     """The outcome of a reservation that did not reserve."""
     if reply.kind == "confirmed":
         return Result(Outcome.CONFIRMED, reply.order)
     if reply.kind == "mismatch":
         raise IdempotencyMismatch(request_id)
+    if reply.kind == "rate_limited":
+        raise RateLimited(reply.wait_ms)
+    if reply.kind == "not_started":
+        starts_at = info.rules.window_json()["starts_at"]
+        raise NotStarted(starts_at or "", reply.wait_ms)
+    if reply.kind == "ended":
+        raise Ended()
     result = _ANSWERS.get(reply.kind)
     if result is None:
         raise Unavailable("stock not loaded")
     return result
-
-
-def _now_ms() -> int:
-    return int(time.time() * 1000)

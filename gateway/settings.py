@@ -16,6 +16,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from gateway.clients import parse_networks
+from gateway.rules import Rate, parse_rate
 
 
 class SettingsError(ValueError):
@@ -64,6 +65,10 @@ class Settings:
     # Set for workers by their supervisor (PROMETHEUS_MULTIPROC_DIR): where
     # prometheus-client keeps the values every worker's /metrics adds up.
     multiproc_dir: str | None = None
+    # Token buckets "N/s:burst" per user and per client address, per sku (a
+    # sku's own rate wins); None: off.
+    user_rate: str | None = None
+    client_rate: str | None = None
 
     def __post_init__(self) -> None:
         if self.redis_sentinels and self.redis_cluster_nodes:
@@ -76,6 +81,16 @@ class Settings:
     def sentinel_addresses(self) -> list[tuple[str, int]]:
         """The Sentinels as (host, port) pairs; empty when not using Sentinel."""
         return _pairs(self.redis_sentinels)
+
+    @property
+    def user_rate_limit(self) -> Rate | None:
+        """The default per-user rate of a sku, None when off."""
+        return None if self.user_rate is None else parse_rate(self.user_rate)
+
+    @property
+    def client_rate_limit(self) -> Rate | None:
+        """The default per-client-address rate of a sku, None when off."""
+        return None if self.client_rate is None else parse_rate(self.client_rate)
 
     @property
     def cluster_addresses(self) -> list[tuple[str, int]]:
@@ -154,6 +169,11 @@ def _networks(raw: str) -> str:
     return raw
 
 
+def _rate(raw: str) -> str:
+    parse_rate(raw)
+    return raw
+
+
 def _text(raw: str) -> str:
     if not raw or any(c.isspace() for c in raw):
         raise ValueError("must be non-empty without spaces")
@@ -188,6 +208,8 @@ _PARSERS: Mapping[str, Callable[[str], Any]] = {
     "metrics": _bool,
     "workers": _int(1),
     "multiproc_dir": _text,
+    "user_rate": _rate,
+    "client_rate": _rate,
 }
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hmac
 from typing import Any
 
@@ -17,6 +18,7 @@ from gateway.appkeys import (
     METRICS,
     ORDERS,
     OUTCOME,
+    PROXIES,
     PURCHASES,
     RECONCILER,
     SETTINGS,
@@ -66,7 +68,9 @@ async def purchase(request: web.Request) -> web.Response:
     """POST /v1/purchase."""
     body = await read_body(request)
     p = payloads.purchase(body, request.headers.get("Idempotency-Key"))
-    return purchase_response(await request.app[PURCHASES].purchase(p))
+    # The client address is worked out only if a client rate limit applies.
+    client = functools.partial(request.app[PROXIES].client, request.remote, request.headers)
+    return purchase_response(await request.app[PURCHASES].purchase(p, client))
 
 
 async def get_order(request: web.Request) -> web.Response:
@@ -82,7 +86,8 @@ async def get_sku(request: web.Request) -> web.Response:
     """GET /v1/skus/{sku}: what Redis has left to reserve."""
     sku = payloads.identifier(request.match_info["sku"], "sku")
     available = await request.app[PURCHASES].available(sku)
-    return json_response({"sku": sku, "available": available})
+    rules = await request.app[PURCHASES].rules(sku)
+    return json_response({"sku": sku, "available": available, **rules.window_json()})
 
 
 def _admin(request: web.Request) -> StockAdmin:
@@ -103,7 +108,8 @@ async def put_sku(request: web.Request) -> web.Response:
     data = payloads.parse_object(await read_body(request), payloads.SKU_FIELDS)
     stock = payloads.integer(data, "stock", low=0)
     limit = payloads.integer(data, "per_user_limit", low=1, high=payloads.MAX_LIMIT, default=1)
-    return json_response(await admin.put_sku(sku, stock, limit))
+    rules = payloads.sale_rules(data)
+    return json_response(await admin.put_sku(sku, stock, limit, rules))
 
 
 async def restock(request: web.Request) -> web.Response:
