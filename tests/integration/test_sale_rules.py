@@ -293,14 +293,10 @@ async def test_reserve_many_on_a_cluster_with_rate_limits(
     skus = [f"{sku}-{i}" for i in range(4)]
     for name in skus:
         await put_rules(client, name, 5, client_rate="1000/s:1000")
-    calls = [
-        buy(client, name, f"u{i}", f"r{i}-{n}") for name in skus for i in range(8) for n in range(3)
-    ]
-    results = await asyncio.gather(*calls)
-    by_sku = collections.defaultdict(collections.Counter)
-    for (status, body), call_sku in zip(
-        results, [name for name in skus for _ in range(24)], strict=True
-    ):
+    attempts = [(name, f"u{i}", f"r{i}-{n}") for name in skus for i in range(8) for n in range(3)]
+    results = await asyncio.gather(*(buy(client, *attempt) for attempt in attempts))
+    by_sku: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
+    for (status, body), (call_sku, _, _) in zip(results, attempts, strict=True):
         by_sku[call_sku][body.get("status") or body.get("error")] += 1
         assert status < 500, body
     for name in skus:
