@@ -297,7 +297,7 @@ async def test_reserve_many_on_a_cluster_with_rate_limits(
     results = await asyncio.gather(*(buy(client, *attempt) for attempt in attempts))
     by_sku: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
     for (status, body), (call_sku, _, _) in zip(results, attempts, strict=True):
-        by_sku[call_sku][body.get("status") or body.get("error")] += 1
+        by_sku[call_sku][str(body.get("status") or body.get("error"))] += 1
         assert status < 500, body
     for name in skus:
         outcomes = by_sku[name]
