@@ -10,9 +10,10 @@ further left were written by whoever that client is, and prove nothing).
 forwardfor`` appends to it while passing a client's own ``Forwarded`` on
 untouched.
 
-The address is logged, never used to decide a purchase, and resolving it
-costs header parsing, so a request only binds itself (:func:`bind_request`)
-and the address is worked out when a log line is rendered (:func:`add_client`).
+The address is logged and keys the per-client rate limit (reserve.lua), and
+resolving it costs header parsing, so a request only binds itself
+(:func:`bind_request`) and the address is worked out when a log line is
+rendered (:func:`add_client`) or a client rate limit applies to the purchase.
 """
 
 from __future__ import annotations
