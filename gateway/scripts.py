@@ -21,7 +21,7 @@ from importlib.resources.abc import Traversable
 from typing import Any, Generic, TypeVar
 
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError, RedisError
+from redis.exceptions import NoScriptError, RedisError, ResponseError
 
 from gateway.connections import RedisClient
 
@@ -140,6 +140,11 @@ class ScriptBatcher(Generic[E]):
 
 def _resolve(group: list[tuple[E, asyncio.Future[Any]]], reply: Any) -> None:
     """Hand each entry of a group its reply, or every entry the group's error."""
+    if not isinstance(reply, BaseException) and (
+        not isinstance(reply, list) or len(reply) != len(group)
+    ):
+        # Never leave a caller waiting on a reply that will not come.
+        reply = ResponseError(f"expected {len(group)} replies, got {reply!r:.200}")
     if isinstance(reply, BaseException):
         for _, future in group:
             if not future.done():
