@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import hmac
 from typing import Any
 
@@ -18,12 +17,12 @@ from gateway.appkeys import (
     METRICS,
     ORDERS,
     OUTCOME,
-    PROXIES,
     PURCHASES,
     RECONCILER,
     SETTINGS,
     STOPPING,
 )
+from gateway.clients import current_client
 from gateway.domain import Outcome, Result
 from gateway.errors import Forbidden, NotFound, TooLarge, Unauthorized
 from gateway.metrics import CONTENT_TYPE
@@ -68,9 +67,9 @@ async def purchase(request: web.Request) -> web.Response:
     """POST /v1/purchase."""
     body = await read_body(request)
     p = payloads.purchase(body, request.headers.get("Idempotency-Key"))
-    # The client address is worked out only if a client rate limit applies.
-    client = functools.partial(request.app[PROXIES].client, request.remote, request.headers)
-    return purchase_response(await request.app[PURCHASES].purchase(p, client))
+    # The client address is worked out only if a client rate limit applies:
+    # nothing is parsed or allocated for it on the sold-out path.
+    return purchase_response(await request.app[PURCHASES].purchase(p, current_client))
 
 
 async def get_order(request: web.Request) -> web.Response:
