@@ -20,7 +20,6 @@ from importlib import resources
 from importlib.resources.abc import Traversable
 from typing import Any, Generic, TypeVar
 
-from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, RedisError, ResponseError
 
@@ -82,7 +81,7 @@ class ScriptBatcher(Generic[E]):
     turns a group's entries into the call's keys and args; every key must be in
     the group's cluster slot (the ``{sku}`` hash tag). A NOSCRIPT reply reloads
     the script and retries that group's call alone. On a Redis Cluster the
-    calls go out each on its own, at once (see :meth:`_each`).
+    pipeline is split by node, one write per node.
     """
 
     def __init__(
@@ -118,48 +117,25 @@ class ScriptBatcher(Generic[E]):
         task.add_done_callback(self._tasks.discard)
 
     async def _execute(self, groups: list[list[tuple[E, asyncio.Future[Any]]]]) -> None:
+        sha = self._script.sha
         calls = [self._build([entry for entry, _ in group]) for group in groups]
-        if isinstance(self._redis, RedisCluster):
-            replies = await self._each(calls)
-        else:
-            replies = await self._pipelined(calls)
+        pipe = self._redis.pipeline(transaction=False)
+        for keys, args in calls:
+            # Not pipe.evalsha: a cluster pipeline refuses it, since it cannot know
+            # the keys share a slot; execute_command routes EVALSHA by its keys.
+            pipe.execute_command("EVALSHA", sha, len(keys), *keys, *args)
+        try:
+            replies = await pipe.execute(raise_on_error=False)
+        except Exception as exc:  # the connection failed: every caller learns why
+            if not isinstance(exc, RedisError):
+                # redis-py 8.1's cluster pipeline can fail with a bare AttributeError
+                # when a failover closes a connection it is writing on: a lost connection.
+                exc = RedisConnectionError(f"pipeline failed: {exc!r}")
+            replies = [exc] * len(groups)
         for group, (keys, args), reply in zip(groups, calls, replies, strict=True):
             if isinstance(reply, NoScriptError):
                 reply = await _settle(self._script(self._redis, keys, args))
             _resolve(group, reply)
-
-    async def _pipelined(self, calls: list[tuple[Sequence[KeyArg], Sequence[ScriptArg]]]) -> Any:
-        """Every call in one pipeline: one write, one read."""
-        pipe = self._redis.pipeline(transaction=False)
-        for keys, args in calls:
-            pipe.execute_command("EVALSHA", self._script.sha, len(keys), *keys, *args)
-        try:
-            return await pipe.execute(raise_on_error=False)
-        except Exception as exc:  # the connection failed: every caller learns why
-            if not isinstance(exc, RedisError):
-                exc = RedisConnectionError(f"pipeline failed: {exc!r}")
-            return [exc] * len(calls)
-
-    async def _each(self, calls: list[tuple[Sequence[KeyArg], Sequence[ScriptArg]]]) -> Any:
-        """Every call on its own, at once, each routed by its keys' slot.
-
-        Not a cluster pipeline: when one node's part of it fails (a full pool,
-        a lost connection) redis-py 8.1 sends the whole pipeline again, and the
-        calls that had already run on the other nodes run twice, their buyers
-        then told ``in_progress`` about their own reservations.
-        """
-        sha = self._script.sha
-        replies = await asyncio.gather(
-            *(self._redis.evalsha(sha, len(keys), *keys, *args) for keys, args in calls),
-            return_exceptions=True,
-        )
-        return [
-            reply
-            if not isinstance(reply, Exception) or isinstance(reply, RedisError)
-            # A failover can surface as a bare AttributeError: a lost connection.
-            else RedisConnectionError(f"call failed: {reply!r}")
-            for reply in replies
-        ]
 
 
 def _resolve(group: list[tuple[E, asyncio.Future[Any]]], reply: Any) -> None:
