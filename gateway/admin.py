@@ -9,14 +9,14 @@ the counter, and restocking it touches the database alone.
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Any
 
 from gateway.catalog import Catalog
-from gateway.domain import StockReport, Strategy, WaitingRoom, rfc3339
+from gateway.domain import StockReport, Strategy, WaitingRoom
 from gateway.errors import UnknownSku
 from gateway.inventory import Inventory
 from gateway.orders import Orders
+from gateway.rules import NO_RULES, Rate, SaleRules
 from gateway.skulocks import SkuLocks
 from gateway.soldout import SoldOut
 from gateway.strategies import REDIS_FREE
@@ -45,16 +45,18 @@ class StockAdmin:
         sku: str,
         stock: int,
         per_user_limit: int,
+        rules: SaleRules | None = None,
         room: WaitingRoom | None = None,
-        starts_at: datetime | None = None,
         strategy: Strategy | None = None,
     ) -> dict[str, Any]:
-        """Create ``sku`` or reset its remaining stock (orders stay), its waiting
-        room, start and strategy (None: the gateway's)."""
+        """Create ``sku`` or reset its remaining stock (orders stay); ``rules``
+        replaces its window and rates, ``room`` its waiting room and ``strategy``
+        its strategy (None: the gateway's)."""
+        rules = rules or NO_RULES
         selling = strategy or self._catalog.default_strategy
         redis_stock: int | None = None
         async with self._locks.held(sku):
-            await self._orders.put_sku(sku, stock, per_user_limit, room, starts_at, strategy)
+            await self._orders.put_sku(sku, stock, per_user_limit, rules, room, strategy)
             if selling in REDIS_FREE:
                 await self._inventory.forget_stock(sku)
             else:
@@ -72,7 +74,9 @@ class StockAdmin:
             "strategy": selling.value,
             "redis_stock": redis_stock,
             **({"waiting_room": room.as_json()} if room is not None else {}),
-            **({"starts_at": rfc3339(starts_at)} if starts_at is not None else {}),
+            **rules.window_json(),
+            "user_rate": _shown(rules.user_rate),
+            "client_rate": _shown(rules.client_rate),
         }
 
     async def restock(self, sku: str, delta: int) -> dict[str, Any]:
@@ -113,3 +117,8 @@ class StockAdmin:
         # This instance's own caches; the others learn from pub/sub.
         self._catalog.forget(sku)
         self._soldout.clear(sku)
+
+
+def _shown(rate: Rate | str | None) -> str | None:
+    """A sku's own rate as the API shows it (None: the instance's default)."""
+    return None if rate is None else str(rate)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 import secrets
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any, NoReturn, Protocol
 
@@ -75,7 +76,7 @@ class Admissions:
 
         Raises :class:`UnknownSku` or :class:`NoWaitingRoom`."""
         info, room, _ = await self._room(sku)
-        starts_ms = _ms(info.starts_at)
+        starts_ms = _ms(info.rules.starts_at)
         standing = await self._rooms.join(sku, user_id, secrets.token_hex(8), starts_ms)
         if standing.status == "sold_out":
             return None
@@ -87,7 +88,7 @@ class Admissions:
 
         Raises :class:`UnknownSku`, :class:`NoWaitingRoom` or :class:`UnknownTicket`."""
         info, room, signer = await self._room(sku)
-        starts_ms = _ms(info.starts_at)
+        starts_ms = _ms(info.rules.starts_at)
         standing = await self._rooms.poll(
             sku, ticket, room.admit_per_s, starts_ms, room.shuffle_at_start
         )
@@ -113,23 +114,25 @@ class Admissions:
         info = self._catalog.cached(sku)
         return info is not None and info.waiting_room is None
 
-    async def purchase(self, purchase: Purchase, token: str | None) -> Result:
+    async def purchase(
+        self, purchase: Purchase, token: str | None, client: Callable[[], str | None] | None = None
+    ) -> Result:
         """Decide a purchase, spending its admission token when the sku has a room.
 
         Raises :class:`AdmissionRequired` (428) or :class:`AdmissionInvalid` (403),
         and whatever :meth:`Purchases.purchase` raises."""
         info = await self._catalog.get(purchase.sku)
         if info.waiting_room is None:
-            return await self._purchases.purchase(purchase)
+            return await self._purchases.purchase(purchase, client)
         if token is None:
             if self._soldout.lookup(purchase.sku) is not None:
                 # Sold out is the fastest answer, token or not (replays included).
-                return await self._purchases.purchase(purchase)
+                return await self._purchases.purchase(purchase, client)
             self._refuse(Refusal.MISSING)
         purchase = purchase.identified()
         ticket = await self._spend(purchase, token or "")
         try:
-            return await self._purchases.purchase(purchase)
+            return await self._purchases.purchase(purchase, client)
         except GatewayError:
             # Nothing was bought: the token may buy on the buyer's retry.
             await self._rooms.give_back(purchase.sku, ticket, purchase.request_id)

@@ -10,9 +10,10 @@ further left were written by whoever that client is, and prove nothing).
 forwardfor`` appends to it while passing a client's own ``Forwarded`` on
 untouched.
 
-The address is logged, never used to decide a purchase, and resolving it
-costs header parsing, so a request only binds itself (:func:`bind_request`)
-and the address is worked out when a log line is rendered (:func:`add_client`).
+The address is logged and keys the per-client rate limit (reserve.lua), and
+resolving it costs header parsing, so a request only binds itself
+(:func:`bind_request`) and the address is worked out when a log line is
+rendered (:func:`add_client`) or a client rate limit applies to the purchase.
 """
 
 from __future__ import annotations
@@ -118,8 +119,18 @@ def add_client(
 ) -> MutableMapping[str, Any]:
     """A structlog processor: ``client``, the address of the request being handled
     (see :meth:`TrustedProxies.client`), worked out only now that a line is written."""
-    handling = _HANDLING.get()
-    if handling is not None and "client" not in event:
-        request, proxies = handling
-        event["client"] = proxies.client(request.remote, request.headers)
+    if "client" not in event:
+        client = current_client()
+        if client is not None:
+            event["client"] = client
     return event
+
+
+def current_client() -> str | None:
+    """The client address of the request this context is handling (see
+    :meth:`TrustedProxies.client`), worked out now; None outside a request."""
+    handling = _HANDLING.get()
+    if handling is None:
+        return None
+    request, proxies = handling
+    return proxies.client(request.remote, request.headers)

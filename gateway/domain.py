@@ -7,6 +7,8 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from enum import StrEnum
 
+from gateway.rules import NO_RULES, SaleRules
+
 
 class Outcome(StrEnum):
     """What a purchase ended as; the value is the ``status`` the client sees."""
@@ -120,10 +122,9 @@ class SkuInfo:
     per_user_limit: int
     # None: anyone may buy without queueing first.
     waiting_room: WaitingRoom | None = None
-    # When the sale starts (timezone-aware); None: it has.
-    starts_at: datetime | None = None
     # The sku's own strategy; None sells it under the gateway's GATEWAY_STRATEGY.
     strategy: Strategy | None = None
+    rules: SaleRules = NO_RULES
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,6 +23,13 @@ class GatewayError(Exception):
         self.detail = detail
         self.headers = dict(headers or {})
 
+    def body(self) -> dict[str, str]:
+        """The JSON body of the answer."""
+        body = {"error": self.code}
+        if self.detail is not None and self.detail != self.code:
+            body["detail"] = self.detail
+        return body
+
 
 class InvalidRequest(GatewayError):
     """The request body or parameters are malformed."""
@@ -175,3 +182,44 @@ class Contended(Unavailable):
     its budget. Nothing was written; the client may retry with the same request id."""
 
     reason = "contended"
+
+
+def _seconds(ms: int) -> str:
+    """A Retry-After value: whole seconds, rounded up, at least one."""
+    return str(max(1, -(-ms // 1000)))
+
+
+class NotStarted(GatewayError):
+    """The sku's sale window has not opened yet (by Redis's clock)."""
+
+    status = 409
+    code = "not_started"
+
+    def __init__(self, starts_at: str, ms_to_start: int) -> None:
+        super().__init__(f"the sale starts at {starts_at}", {"Retry-After": _seconds(ms_to_start)})
+        self.starts_at = starts_at
+
+    def body(self) -> dict[str, str]:
+        """``{"status": "not_started", "starts_at": ...}``: an answer, not a fault."""
+        return {"status": self.code, "starts_at": self.starts_at}
+
+
+class Ended(GatewayError):
+    """The sku's sale window has closed (by Redis's clock)."""
+
+    status = 409
+    code = "ended"
+
+    def body(self) -> dict[str, str]:
+        """``{"status": "ended"}``."""
+        return {"status": self.code}
+
+
+class RateLimited(GatewayError):
+    """The user's or the client's token bucket for this sku is empty."""
+
+    status = 429
+    code = "rate_limited"
+
+    def __init__(self, ms_to_a_token: int) -> None:
+        super().__init__(None, {"Retry-After": _seconds(ms_to_a_token)})

@@ -15,7 +15,7 @@ from typing import Any, Literal
 from redis.exceptions import RedisError
 
 from gateway.connections import RedisClient
-from gateway.domain import Order, Purchase, Verdict
+from gateway.domain import Order, Purchase, SkuInfo, Verdict
 from gateway.errors import RedisUnavailable
 from gateway.layout import (
     STATE_SUFFIXES,
@@ -23,6 +23,7 @@ from gateway.layout import (
     Pending,
     SkuKeys,
     channel,
+    client_bucket_key,
     decode_confirmed,
     encode_confirmed,
     identity_key,
@@ -30,8 +31,10 @@ from gateway.layout import (
     rejected_key,
     sku_state_pattern,
     stream_key,
+    user_bucket_key,
 )
-from gateway.scripts import AutoPipeline, Script, read_composed, read_script
+from gateway.rules import effective, epoch_ms
+from gateway.scripts import Script, ScriptArg, ScriptBatcher, read_composed, read_script
 from gateway.settings import Settings
 
 # Orders written back per round trip when rebuilding a sku's hashes.
@@ -40,17 +43,37 @@ RESTORE_CHUNK = 1000
 SCAN_CHUNK = 5000
 
 ReplyKind = Literal[
-    "ok", "confirmed", "mismatch", "in_progress", "missing", "duplicate", "sold_out", "busy"
+    "ok",
+    "confirmed",
+    "mismatch",
+    "in_progress",
+    "missing",
+    "duplicate",
+    "sold_out",
+    "not_started",
+    "ended",
+    "rate_limited",
+    "busy",
 ]
 
 
 @dataclass(frozen=True, slots=True)
 class Reply:
-    """What reserve.lua answered."""
+    """What reserve.lua answered for one purchase."""
 
     kind: ReplyKind
     order: Order | None = None
     settled: bool = False
+    # "ok": when Redis reserved it, by Redis's clock (the ledger's stamp).
+    reserved_at_ms: int = 0
+    # "not_started", "rate_limited": how long until trying again makes sense.
+    wait_ms: int = 0
+
+
+# A purchase waiting for its sku's next reserve.lua call: the purchase, its
+# user's and its client's bucket keys ("" when that limit is off), and the
+# sku's leading ARGV (see ``Inventory._head``).
+_Entry = tuple[Purchase, str, str, tuple[ScriptArg, ...]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,11 +88,11 @@ class Settlement:
 
 
 _SIMPLE_KINDS: tuple[ReplyKind, ...] = (
-    "ok",
     "mismatch",
     "in_progress",
     "missing",
     "duplicate",
+    "ended",
     "busy",
 )
 _SIMPLE: dict[str, Reply] = {kind: Reply(kind) for kind in _SIMPLE_KINDS}
@@ -100,9 +123,11 @@ class Inventory:
         self._stream_max = settings.stream_max
         for script in self.scripts:
             script.on_reload = on_noscript
-        # The one call made per purchase goes out coalesced.
-        self._reserve_pipelined = AutoPipeline(redis, self._reserve)
-        self._enqueue_pipelined = AutoPipeline(redis, self._enqueue)
+        self._user_rate, self._client_rate = settings.user_rate_limit, settings.client_rate_limit
+        self._heads: dict[str, tuple[SkuInfo, tuple[ScriptArg, ...]]] = {}
+        # The one call made per purchase goes out coalesced: one per sku and turn.
+        self._reserve_many = ScriptBatcher(redis, self._reserve, self._reserve_call)
+        self._enqueue_many = ScriptBatcher(redis, self._enqueue, self._enqueue_call)
 
     @property
     def scripts(self) -> tuple[Script, ...]:
@@ -121,45 +146,103 @@ class Inventory:
         for script in self.scripts:
             await script.load(self.redis)
 
-    async def reserve(self, purchase: Purchase) -> Reply:
-        """Reserve stock for one purchase (reserve.lua), stamped ``reserved_at_ms``."""
-        return await self._reserve_with(
-            self._reserve_pipelined, self.keys(purchase.sku).all(), purchase
-        )
+    async def reserve(
+        self, purchase: Purchase, info: SkuInfo, client: Callable[[], str | None] | None = None
+    ) -> Reply:
+        """Reserve stock for one purchase (reserve.lua, with the sku's window and
+        rate limits from ``info``); ``client`` names the client address, asked
+        only when a client rate applies."""
+        return await self._reserve_with(self._reserve_many, purchase, info, client)
 
-    async def enqueue(self, purchase: Purchase) -> Reply:
-        """Reserve stock for one purchase and queue it in the sku's stream, in one
-        script (enqueue.lua); "busy" when the stream is full."""
-        sku = purchase.sku
-        keys = (
-            *self.keys(sku).all(),
-            stream_key(self._prefix, sku),
-            rejected_key(self._prefix, sku),
-        )
-        return await self._reserve_with(self._enqueue_pipelined, keys, purchase, self._stream_max)
+    async def enqueue(
+        self, purchase: Purchase, info: SkuInfo, client: Callable[[], str | None] | None = None
+    ) -> Reply:
+        """Reserve stock for one purchase as :meth:`reserve` does and queue it in
+        the sku's stream, in one script (enqueue.lua); "busy" when the stream is
+        full."""
+        return await self._reserve_with(self._enqueue_many, purchase, info, client)
 
     async def _reserve_with(
-        self, script: AutoPipeline, keys: Sequence[str], purchase: Purchase, *extra: int
+        self,
+        batcher: ScriptBatcher[_Entry],
+        purchase: Purchase,
+        info: SkuInfo,
+        client: Callable[[], str | None] | None,
     ) -> Reply:
-        args: tuple[str | int, ...] = (
-            purchase.request_id,
-            purchase.user_id,
-            purchase.qty,
-            purchase.reserved_at_ms,
-            self._retention_ms,
-            *extra,
-        )
+        head = self._head(info)
+        user_key = client_key = ""
+        if head[3]:
+            user_key = user_bucket_key(self._prefix, purchase.sku, purchase.user_id)
+        if head[5]:
+            address = None if client is None else client()
+            if address is not None:
+                client_key = client_bucket_key(self._prefix, purchase.sku, address)
         try:
-            raw = await script(keys, args)
+            raw = await batcher(purchase.sku, (purchase, user_key, client_key, head))
         except RedisError as exc:
             raise RedisUnavailable(f"redis: {type(exc).__name__}") from exc
         kind = raw[0]
+        if kind == "ok":
+            return Reply("ok", reserved_at_ms=int(raw[2]))
         if kind == "sold_out":
             return _SOLD_OUT_SETTLED if int(raw[1]) == 1 else _SOLD_OUT
         if kind == "confirmed":
             order = Order(raw[1], purchase.request_id, purchase.sku, raw[2], int(raw[3]))
             return Reply("confirmed", order)
+        if kind in ("not_started", "rate_limited"):
+            return Reply(kind, wait_ms=int(raw[1]))
         return _SIMPLE[kind]
+
+    def _head(self, info: SkuInfo) -> tuple[ScriptArg, ...]:
+        """reserve.lua's ARGV[1..7] for a sku: retention, window, effective rates;
+        worked out once per catalog entry."""
+        cached = self._heads.get(info.sku)
+        if cached is not None and cached[0] is info:
+            return cached[1]
+        rules = info.rules
+        user = effective(rules.user_rate, self._user_rate)
+        client = effective(rules.client_rate, self._client_rate)
+        starts, ends = epoch_ms(rules.starts_at), epoch_ms(rules.ends_at)
+        head: tuple[ScriptArg, ...] = (
+            self._retention_ms,
+            "" if starts is None else starts,
+            "" if ends is None else ends,
+            0 if user is None else user.per_s,
+            0 if user is None else user.burst,
+            0 if client is None else client.per_s,
+            0 if client is None else client.burst,
+        )
+        self._heads[info.sku] = (info, head)
+        return head
+
+    def _reserve_call(self, entries: list[_Entry]) -> tuple[list[str], list[ScriptArg]]:
+        """One reserve.lua call for a sku's queued purchases: its four keys and
+        the bucket keys (each once), the sku's head (the newest entry's), then
+        five args per purchase."""
+        keys: list[str] = list(self.keys(entries[0][0].sku).all())
+        index: dict[str, int] = {}
+        args: list[ScriptArg] = list(entries[-1][3])
+        for purchase, user_key, client_key, _ in entries:
+            args += (purchase.request_id, purchase.user_id, purchase.qty)
+            for bucket in (user_key, client_key):
+                if not bucket:
+                    args.append(0)
+                    continue
+                at = index.get(bucket)
+                if at is None:
+                    keys.append(bucket)
+                    at = index[bucket] = len(keys)
+                args.append(at)
+        return keys, args
+
+    def _enqueue_call(self, entries: list[_Entry]) -> tuple[list[str], list[ScriptArg]]:
+        """One enqueue.lua call: reserve.lua's, then the stream and rejections
+        keys last and the stream's bound as the last argument."""
+        keys, args = self._reserve_call(entries)
+        sku = entries[0][0].sku
+        keys += (stream_key(self._prefix, sku), rejected_key(self._prefix, sku))
+        args.append(self._stream_max)
+        return keys, args
 
     async def settle(
         self, sku: str, settlements: Iterable[Settlement], db_stock_after: int | None

@@ -17,6 +17,9 @@ through KEYS and write the records below; their contracts point here.
                               queued purchase the database refused (S, D, R or X)
 ``<prefix>:request:{<rid>}``  string  queue strategy: the sku a request id was queued
                               for, so ``GET /v1/orders/{rid}`` finds its state
+``<prefix>:{<sku>}:rl:u:<user_id>``  string  a user's token bucket ``tokens|at_ms`` for
+``<prefix>:{<sku>}:rl:c:<address>``  string  the sku, and a client address's (reserve.lua);
+                              each expires once it would be full again
 ``<prefix>:events``           channel of sku changes: ``avail:<sku>`` (stock came back),
                               ``meta:<sku>`` (an admin changed the sku) and ``reset:*``
                               (every sku's state was dropped)
@@ -65,6 +68,16 @@ def sku_base(prefix: str, sku: str) -> str:
 def lock_key(prefix: str, sku: str) -> str:
     """The key of ``sku``'s flush lock, in the sku's slot."""
     return f"{sku_base(prefix, sku)}:lock"
+
+
+def user_bucket_key(prefix: str, sku: str, user_id: str) -> str:
+    """The key of a user's rate-limit bucket for ``sku``, in the sku's slot."""
+    return f"{sku_base(prefix, sku)}:rl:u:{user_id}"
+
+
+def client_bucket_key(prefix: str, sku: str, address: str) -> str:
+    """The key of a client address's rate-limit bucket for ``sku``, in the sku's slot."""
+    return f"{sku_base(prefix, sku)}:rl:c:{address}"
 
 
 def identity_key(prefix: str) -> str:

@@ -30,12 +30,15 @@ _INTERNAL = orjson.dumps({"error": "internal"})
 
 def error_body(error: GatewayError) -> web.Response:
     """The JSON response of a gateway error."""
-    body: dict[str, str] = {"error": error.code}
-    if error.detail is not None and error.detail != error.code:
-        body["detail"] = error.detail
     resp = web.Response(
-        body=orjson.dumps(body), status=error.status, content_type=JSON, headers=error.headers
+        body=orjson.dumps(error.body()),
+        status=error.status,
+        content_type=JSON,
+        headers=error.headers,
     )
+    if error.status in (409, 429):
+        # A sale's answer (not_started, ended, rate_limited), counted by its name.
+        resp[OUTCOME] = error.code
     if error.close_connection:
         resp.force_close()
     return resp

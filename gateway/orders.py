@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
 
 import asyncpg
@@ -39,6 +38,7 @@ from gateway.errors import (
     StockGuardRefused,
     Unavailable,
 )
+from gateway.rules import NO_RULES, Rate, SaleRules, rate_from_db
 
 # Serializes writers of one sku (admin changes lock the row too).
 LOCK_INVENTORY_ROW = "SELECT stock, fence FROM inventory WHERE sku = $1 FOR UPDATE"
@@ -71,7 +71,7 @@ SELECT '?:' || (SELECT oid FROM pg_database WHERE datname = current_database()):
 """
 SKU_INFO = """
 SELECT per_user_limit, room_admit_per_s, room_token_ttl_s, room_shuffle_at_start, starts_at,
-       strategy
+       ends_at, user_rate, client_rate, strategy
 FROM inventory WHERE sku = $1
 """
 SKU_STOCK = "SELECT stock FROM inventory WHERE sku = $1"
@@ -93,13 +93,16 @@ SET_SKU = """
 UPDATE inventory SET stock = $2, per_user_limit = $3, strategy = $4, updated_at = now()
 WHERE sku = $1
 """
+SET_SALE_RULES = """
+UPDATE inventory SET starts_at = $2, ends_at = $3, user_rate = $4, client_rate = $5 WHERE sku = $1
+"""
 RESTOCK = """
 UPDATE inventory SET stock = stock + $2, updated_at = now() WHERE sku = $1 RETURNING stock
 """
 # A PUT replaces the whole sku, so no waiting room in it means none any more.
 SET_WAITING_ROOM = """
 UPDATE inventory
-SET room_admit_per_s = $2, room_token_ttl_s = $3, room_shuffle_at_start = $4, starts_at = $5
+SET room_admit_per_s = $2, room_token_ttl_s = $3, room_shuffle_at_start = $4
 WHERE sku = $1
 """
 RECORD_MOVEMENT = """
@@ -238,21 +241,27 @@ class Orders:
         return value
 
     async def sku_info(self, sku: str) -> SkuInfo | None:
-        """The sku's per-user limit, waiting room, start and strategy, or None when it
-        does not exist."""
+        """The sku's per-user limit, sale rules, waiting room and strategy, or None
+        when it does not exist."""
         try:
             row = await self.pool.fetchrow(SKU_INFO, sku)
         except DB_ERRORS as exc:
             raise PostgresUnavailable(_cause(exc)) from exc
         if row is None:
             return None
+        rules = SaleRules(
+            row["starts_at"],
+            row["ends_at"],
+            rate_from_db(row["user_rate"]),
+            rate_from_db(row["client_rate"]),
+        )
         room = None
         if row["room_admit_per_s"] is not None:
             room = WaitingRoom(
                 row["room_admit_per_s"], row["room_token_ttl_s"], row["room_shuffle_at_start"]
             )
         strategy = None if row["strategy"] is None else Strategy(row["strategy"])
-        return SkuInfo(sku, row["per_user_limit"], room, row["starts_at"], strategy)
+        return SkuInfo(sku, row["per_user_limit"], room, strategy, rules)
 
     async def stock(self, sku: str) -> int | None:
         """Database stock of a sku, or None when it does not exist."""
@@ -296,12 +305,14 @@ class Orders:
         sku: str,
         stock: int,
         per_user_limit: int,
+        rules: SaleRules | None = None,
         room: WaitingRoom | None = None,
-        starts_at: datetime | None = None,
         strategy: Strategy | None = None,
     ) -> int:
-        """Create a sku or reset its stock, waiting room, start and strategy (None:
-        the gateway's), recording the movement; returns the stock."""
+        """Create a sku or reset its stock, recording the movement; returns the
+        stock. ``rules`` replaces the sku's window and rates (None: none), ``room``
+        its waiting room, ``strategy`` its strategy (None: the gateway's)."""
+        rules = rules or NO_RULES
         try:
             async with self.pool.acquire() as con, con.transaction():
                 await con.execute(CREATE_SKU, sku, per_user_limit)
@@ -309,12 +320,19 @@ class Orders:
                 assert old is not None  # created above; skus are never deleted
                 await con.execute(SET_SKU, sku, stock, per_user_limit, strategy)
                 await con.execute(
+                    SET_SALE_RULES,
+                    sku,
+                    rules.starts_at,
+                    rules.ends_at,
+                    _rate_text(rules.user_rate),
+                    _rate_text(rules.client_rate),
+                )
+                await con.execute(
                     SET_WAITING_ROOM,
                     sku,
                     room and room.admit_per_s,
                     room and room.token_ttl_s,
                     bool(room and room.shuffle_at_start),
-                    starts_at,
                 )
                 await con.execute(RECORD_MOVEMENT, sku, stock - old["stock"], "set", stock)
                 return stock
@@ -344,3 +362,8 @@ class Orders:
             return await self.pool.fetchval(sql, *args)
         except DB_ERRORS as exc:
             raise PostgresUnavailable(_cause(exc)) from exc
+
+
+def _rate_text(rate: Rate | str | None) -> str | None:
+    """A rate as its column holds it: ``N/s:burst``, ``off`` or NULL."""
+    return None if rate is None else str(rate)

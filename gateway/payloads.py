@@ -16,6 +16,7 @@ import orjson
 
 from gateway.domain import Purchase, Strategy, WaitingRoom
 from gateway.errors import InvalidRequest
+from gateway.rules import OFF, Rate, SaleRules, parse_instant, parse_rate
 
 ID_PATTERN = re.compile(r"[A-Za-z0-9._:-]{1,64}")
 MAX_BODY = 4096
@@ -24,7 +25,18 @@ MAX_INT = 2**50
 MAX_LIMIT = 2**31 - 1
 
 PURCHASE_FIELDS = frozenset({"sku", "user_id", "qty", "request_id"})
-SKU_FIELDS = frozenset({"stock", "per_user_limit", "waiting_room", "starts_at", "strategy"})
+SKU_FIELDS = frozenset(
+    {
+        "stock",
+        "per_user_limit",
+        "starts_at",
+        "ends_at",
+        "user_rate",
+        "client_rate",
+        "waiting_room",
+        "strategy",
+    }
+)
 ROOM_FIELDS = frozenset({"admit_per_s", "token_ttl_s", "shuffle_at_start"})
 QUEUE_FIELDS = frozenset({"user_id"})
 # A day: a token is meant to be spent within minutes of admission.
@@ -144,18 +156,36 @@ def waiting_room(data: Mapping[str, Any]) -> WaitingRoom | None:
     )
 
 
-def moment(data: Mapping[str, Any], name: str) -> datetime | None:
-    """An optional RFC 3339 timestamp with its offset (``2026-12-01T20:00:00Z``);
-    raises :class:`InvalidRequest`."""
-    raw = data.get(name)
-    if raw is None:
+def sale_rules(data: Mapping[str, Any]) -> SaleRules:
+    """The window and rates of ``PUT /admin/skus/{sku}``: ``starts_at``/``ends_at``
+    in RFC 3339 (``null`` or absent: open), ``user_rate``/``client_rate`` as
+    ``N/s:burst`` or ``"off"`` (absent: the instance's default). Raises
+    :class:`InvalidRequest`, also when the window ends before it starts."""
+    starts, ends = _instant(data, "starts_at"), _instant(data, "ends_at")
+    if starts is not None and ends is not None and ends <= starts:
+        raise InvalidRequest("ends_at must be after starts_at")
+    return SaleRules(starts, ends, _rate(data, "user_rate"), _rate(data, "client_rate"))
+
+
+def _instant(data: Mapping[str, Any], name: str) -> datetime | None:
+    value = data.get(name)
+    if value is None:
         return None
-    if not isinstance(raw, str) or len(raw) > 40:
-        raise InvalidRequest(f"{name} must be an RFC 3339 timestamp")
+    if not isinstance(value, str):
+        raise InvalidRequest(f"{name} must be an RFC 3339 date-time string")
     try:
-        parsed = datetime.fromisoformat(raw)
-    except ValueError:
-        raise InvalidRequest(f"{name} must be an RFC 3339 timestamp") from None
-    if parsed.tzinfo is None:
-        raise InvalidRequest(f"{name} needs a UTC offset or Z")
-    return parsed
+        return parse_instant(value)
+    except ValueError as exc:
+        raise InvalidRequest(f"{name} {exc}") from None
+
+
+def _rate(data: Mapping[str, Any], name: str) -> Rate | str | None:
+    value = data.get(name)
+    if value is None or value == OFF:
+        return value
+    if not isinstance(value, str):
+        raise InvalidRequest(f'{name} must be a string "N/s:burst" or "off"')
+    try:
+        return parse_rate(value)
+    except ValueError as exc:
+        raise InvalidRequest(f"{name} {exc}") from None

@@ -16,7 +16,7 @@ import asyncio
 import contextvars
 import functools
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Protocol
 
@@ -31,12 +31,22 @@ from gateway.domain import (
     Outcome,
     Purchase,
     Result,
+    SkuInfo,
     Strategy,
 )
-from gateway.errors import IdempotencyMismatch, InvalidRequest, ShuttingDown, Unavailable
+from gateway.errors import (
+    Ended,
+    IdempotencyMismatch,
+    InvalidRequest,
+    NotStarted,
+    RateLimited,
+    ShuttingDown,
+    Unavailable,
+)
 from gateway.flusher import Flusher
 from gateway.inventory import Inventory, Reply
 from gateway.orders import Orders
+from gateway.rules import SaleRules
 from gateway.soldout import ConfirmedIds, SoldOut
 from gateway.strategies import REDIS_FREE, Deduction
 from gateway.streams import Streams
@@ -93,8 +103,12 @@ class Purchases:
         # that saw it sold out are answered at once, not after the build.
         self._marking: dict[str, asyncio.Task[None]] = {}
 
-    async def purchase(self, purchase: Purchase) -> Result:
-        """Decide one purchase; raises a :class:`GatewayError` for 4xx/503 answers."""
+    async def purchase(
+        self, purchase: Purchase, client: Callable[[], str | None] | None = None
+    ) -> Result:
+        """Decide one purchase; ``client`` names the client's address (asked only
+        when a client rate limit applies). Raises a :class:`GatewayError` for
+        4xx/503 answers (not_started, ended and rate_limited included)."""
         info = await self._catalog.get(purchase.sku)
         if purchase.qty > info.per_user_limit:
             raise InvalidRequest(f"qty exceeds the per-user limit of {info.per_user_limit}")
@@ -114,15 +128,15 @@ class Purchases:
         generation = self._soldout.generation(purchase.sku)
         queued = strategy is Strategy.QUEUE
         reserve = self._inventory.enqueue if queued else self._inventory.reserve
-        purchase = replace(purchase, reserved_at_ms=_now_ms())
-        reply = await reserve(purchase)
+        reply = await reserve(purchase, info, client)
         if reply.kind == "missing":
             await self._reload_once(purchase.sku)
-            purchase = replace(purchase, reserved_at_ms=_now_ms())
-            reply = await reserve(purchase)
+            reply = await reserve(purchase, info, client)
         if queued and reply.kind in ("ok", "in_progress", "busy"):
             return await self._queued(purchase, reply.kind)
         if reply.kind == "ok":
+            # Stamped by Redis's clock, like every reservation of every instance.
+            purchase = replace(purchase, reserved_at_ms=reply.reserved_at_ms)
             try:
                 return await self._batcher.submit(purchase)
             except ShuttingDown:
@@ -131,7 +145,7 @@ class Purchases:
                 raise
         if reply.kind == "sold_out" and reply.settled:
             self._mark_in_background(purchase.sku, generation)
-        return _answer(reply, purchase.request_id)
+        return _answer(reply, purchase.request_id, info)
 
     async def available(self, sku: str) -> int:
         """Units left to reserve: Redis's count, else the database's (the only count
@@ -179,6 +193,10 @@ class Purchases:
             return await deduction.purchase(purchase)
         finally:
             self._deducting -= 1
+
+    async def rules(self, sku: str) -> SaleRules:
+        """The sku's window and own rates; raises UnknownSku."""
+        return (await self._catalog.get(sku)).rules
 
     def _admit(self) -> None:
         """Refuse a purchase before reserving when draining or the queue is full."""
@@ -259,17 +277,20 @@ class Purchases:
         log.warning("stock_reloaded", sku=sku, stock=stock)
 
 
-def _answer(reply: Reply, request_id: str) -> Result:
+def _answer(reply: Reply, request_id: str, info: SkuInfo) -> Result:
     """The outcome of a reservation that did not reserve."""
     if reply.kind == "confirmed":
         return Result(Outcome.CONFIRMED, reply.order)
     if reply.kind == "mismatch":
         raise IdempotencyMismatch(request_id)
+    if reply.kind == "rate_limited":
+        raise RateLimited(reply.wait_ms)
+    if reply.kind == "not_started":
+        starts_at = info.rules.window_json()["starts_at"]
+        raise NotStarted(starts_at or "", reply.wait_ms)
+    if reply.kind == "ended":
+        raise Ended()
     result = _ANSWERS.get(reply.kind)
     if result is None:
         raise Unavailable("stock not loaded")
     return result
-
-
-def _now_ms() -> int:
-    return int(time.time() * 1000)

@@ -18,10 +18,10 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from importlib.resources.abc import Traversable
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError, RedisError
+from redis.exceptions import NoScriptError, RedisError, ResponseError
 
 from gateway.connections import RedisClient
 from gateway.lock.errors import connection_errors
@@ -31,6 +31,8 @@ LUA_DIR: Traversable = resources.files("gateway.lua")
 
 KeyArg = str | bytes
 ScriptArg = str | bytes | int | float
+# One queued call of a ScriptBatcher (whatever its build function takes).
+E = TypeVar("E")
 
 
 @dataclass(slots=True)
@@ -80,45 +82,57 @@ def read_composed(name: str, inner: str, lua_dir: Traversable = LUA_DIR) -> Scri
     return Script(name=name, source=f"local function {inner}()\n{body}\nend\n{outer}")
 
 
-class AutoPipeline:
-    """Coalesces the calls of one script made in one event-loop turn into one pipeline.
+class ScriptBatcher(Generic[E]):
+    """Coalesces the calls of one script made in one event-loop turn: one script
+    call per group (a sku), and every group's call in one pipeline.
 
-    Under a storm many requests reach the same script within a loop iteration;
-    sending them as one pipeline costs one connection checkout and one write
-    instead of one per request. Replies come back in order; a NOSCRIPT reply
-    reloads the script and retries that call alone. On a Redis Cluster the
-    pipeline is split by node, one write per node, each call routed by its keys'
-    slot; a node that forgot the script answers NOSCRIPT for its calls only.
+    Under a storm many requests reach the same script within a loop iteration.
+    Each group's entries go to the script as one call, whose reply is an array
+    with one reply per entry, in order: one command to encode, one reply to
+    parse and one slot to route per sku instead of one per request. ``build``
+    turns a group's entries into the call's keys and args; every key must be in
+    the group's cluster slot (the ``{sku}`` hash tag). A NOSCRIPT reply reloads
+    the script and retries that group's call alone. On a Redis Cluster the
+    pipeline is split by node, one write per node.
     """
 
-    def __init__(self, redis: RedisClient, script: Script) -> None:
+    def __init__(
+        self,
+        redis: RedisClient,
+        script: Script,
+        build: Callable[[list[E]], tuple[Sequence[KeyArg], Sequence[ScriptArg]]],
+    ) -> None:
         self._redis = redis
         self._script = script
-        self._queue: list[tuple[Sequence[KeyArg], Sequence[ScriptArg], asyncio.Future[Any]]] = []
+        self._build = build
+        self._groups: dict[str, list[tuple[E, asyncio.Future[Any]]]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
 
-    async def __call__(self, keys: Sequence[KeyArg], args: Sequence[ScriptArg]) -> Any:
-        """Run the script with these keys and args, in the next pipeline."""
+    async def __call__(self, group: str, entry: E) -> Any:
+        """Run the script for ``entry`` in its group's next call; its own reply."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
-        if not self._queue:
+        if not self._groups:
             loop.call_soon(self._send)
-        self._queue.append((keys, args, future))
+        queued = self._groups.get(group)
+        if queued is None:
+            self._groups[group] = [(entry, future)]
+        else:
+            queued.append((entry, future))
         return await future
 
     def _send(self) -> None:
-        batch, self._queue = self._queue, []
-        task = asyncio.ensure_future(self._execute(batch))
+        groups, self._groups = list(self._groups.values()), {}
+        task = asyncio.ensure_future(self._execute(groups))
         # Keep a reference until done: the loop only holds tasks weakly.
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _execute(
-        self, batch: list[tuple[Sequence[KeyArg], Sequence[ScriptArg], asyncio.Future[Any]]]
-    ) -> None:
+    async def _execute(self, groups: list[list[tuple[E, asyncio.Future[Any]]]]) -> None:
         sha = self._script.sha
+        calls = [self._build([entry for entry, _ in group]) for group in groups]
         pipe = self._redis.pipeline(transaction=False)
-        for keys, args, _ in batch:
+        for keys, args in calls:
             # Not pipe.evalsha: a cluster pipeline refuses it, since it cannot know
             # the keys share a slot; execute_command routes EVALSHA by its keys.
             pipe.execute_command("EVALSHA", sha, len(keys), *keys, *args)
@@ -129,19 +143,28 @@ class AutoPipeline:
                 # redis-py 8.1's cluster pipeline can fail with a bare AttributeError
                 # when a failover closes a connection it is writing on: a lost connection.
                 exc = RedisConnectionError(f"pipeline failed: {exc!r}")
-            for _, _, future in batch:
-                if not future.done():
-                    future.set_exception(exc)
-            return
-        for (keys, args, future), reply in zip(batch, replies, strict=True):
+            replies = [exc] * len(groups)
+        for group, (keys, args), reply in zip(groups, calls, replies, strict=True):
             if isinstance(reply, NoScriptError):
                 reply = await _settle(self._script(self._redis, keys, args))
-            if future.done():
-                continue
-            if isinstance(reply, BaseException):
+            _resolve(group, reply)
+
+
+def _resolve(group: list[tuple[E, asyncio.Future[Any]]], reply: Any) -> None:
+    """Hand each entry of a group its reply, or every entry the group's error."""
+    if not isinstance(reply, BaseException) and (
+        not isinstance(reply, list) or len(reply) != len(group)
+    ):
+        # Never leave a caller waiting on a reply that will not come.
+        reply = ResponseError(f"expected {len(group)} replies, got {reply!r:.200}")
+    if isinstance(reply, BaseException):
+        for _, future in group:
+            if not future.done():
                 future.set_exception(reply)
-            else:
-                future.set_result(reply)
+        return
+    for (_, future), own in zip(group, reply, strict=True):
+        if not future.done():
+            future.set_result(own)
 
 
 async def _settle(awaitable: Awaitable[Any]) -> Any:

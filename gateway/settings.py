@@ -17,6 +17,7 @@ from urllib.parse import urlsplit
 
 from gateway.clients import parse_networks
 from gateway.domain import Strategy
+from gateway.rules import Rate, parse_rate
 
 
 class SettingsError(ValueError):
@@ -97,6 +98,10 @@ class Settings:
     optimistic_attempts: int = 8
     optimistic_backoff_ms: float = 2.0
     optimistic_backoff_max_ms: float = 50.0
+    # Token buckets "N/s:burst" per user and per client address, per sku (a
+    # sku's own rate wins); None: off.
+    user_rate: str | None = None
+    client_rate: str | None = None
 
     def __post_init__(self) -> None:
         if self.redis_sentinels and self.redis_cluster_nodes:
@@ -109,6 +114,16 @@ class Settings:
     def sentinel_addresses(self) -> list[tuple[str, int]]:
         """The Sentinels as (host, port) pairs; empty when not using Sentinel."""
         return _pairs(self.redis_sentinels)
+
+    @property
+    def user_rate_limit(self) -> Rate | None:
+        """The default per-user rate of a sku, None when off."""
+        return None if self.user_rate is None else parse_rate(self.user_rate)
+
+    @property
+    def client_rate_limit(self) -> Rate | None:
+        """The default per-client-address rate of a sku, None when off."""
+        return None if self.client_rate is None else parse_rate(self.client_rate)
 
     @property
     def cluster_addresses(self) -> list[tuple[str, int]]:
@@ -187,6 +202,11 @@ def _networks(raw: str) -> str:
     return raw
 
 
+def _rate(raw: str) -> str:
+    parse_rate(raw)
+    return raw
+
+
 def _text(raw: str) -> str:
     if not raw or any(c.isspace() for c in raw):
         raise ValueError("must be non-empty without spaces")
@@ -255,6 +275,8 @@ _PARSERS: Mapping[str, Callable[[str], Any]] = {
     "optimistic_attempts": _int(1),
     "optimistic_backoff_ms": _float(0.0),
     "optimistic_backoff_max_ms": _float(0.0),
+    "user_rate": _rate,
+    "client_rate": _rate,
 }
 
 

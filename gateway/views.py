@@ -24,6 +24,7 @@ from gateway.appkeys import (
     STOPPING,
     TRACKER,
 )
+from gateway.clients import current_client
 from gateway.domain import Outcome, Result
 from gateway.errors import Forbidden, InvalidRequest, NotFound, TooLarge, Unauthorized
 from gateway.metrics import CONTENT_TYPE
@@ -75,9 +76,11 @@ async def purchase(request: web.Request) -> web.Response:
     p = payloads.purchase(body, request.headers.get("Idempotency-Key"))
     admissions = request.app[ADMISSIONS]
     if admissions.open_door(p.sku):
-        return purchase_response(await request.app[PURCHASES].purchase(p))
+        # The client address is worked out only if a client rate limit applies:
+        # nothing is parsed or allocated for it on the sold-out path.
+        return purchase_response(await request.app[PURCHASES].purchase(p, current_client))
     token = request.headers.get("Admission-Token")
-    return purchase_response(await admissions.purchase(p, token))
+    return purchase_response(await admissions.purchase(p, token, current_client))
 
 
 async def get_order(request: web.Request) -> web.Response:
@@ -110,8 +113,11 @@ async def get_sku(request: web.Request) -> web.Response:
     """GET /v1/skus/{sku}: what is left to buy, and the strategy it sells under."""
     sku = payloads.identifier(request.match_info["sku"], "sku")
     available = await request.app[PURCHASES].available(sku)
-    strategy = await request.app[PURCHASES].strategy(sku)
-    return json_response({"sku": sku, "available": available, "strategy": strategy.value})
+    purchases = request.app[PURCHASES]
+    strategy, rules = await purchases.strategy(sku), await purchases.rules(sku)
+    return json_response(
+        {"sku": sku, "available": available, "strategy": strategy.value, **rules.window_json()}
+    )
 
 
 def _admin(request: web.Request, change: str | None = None) -> StockAdmin:
@@ -135,10 +141,10 @@ async def put_sku(request: web.Request) -> web.Response:
     data = payloads.parse_object(await read_body(request), payloads.SKU_FIELDS)
     stock = payloads.integer(data, "stock", low=0)
     limit = payloads.integer(data, "per_user_limit", low=1, high=payloads.MAX_LIMIT, default=1)
+    rules = payloads.sale_rules(data)
     room = payloads.waiting_room(data)
-    starts_at = payloads.moment(data, "starts_at")
     strategy = payloads.strategy(data)
-    return json_response(await admin.put_sku(sku, stock, limit, room, starts_at, strategy))
+    return json_response(await admin.put_sku(sku, stock, limit, rules, room, strategy))
 
 
 async def restock(request: web.Request) -> web.Response:

@@ -1,67 +1,157 @@
--- reserve.lua: reserve stock for one purchase, atomically.
+-- reserve.lua: reserve stock for the purchases of one sku, atomically, in order.
 --
--- Keys, channels and record formats are gateway/layout.py's.
+-- Keys, channels and record formats are gateway/layout.py's. One call carries
+-- every reservation of the sku that arrived in one event-loop turn; each entry
+-- is decided as if it had had a call of its own, after the entries before it.
 --
 -- KEYS[1] stock    string: units not yet reserved
 -- KEYS[2] buyers   hash:   user_id -> request_id of that user's reservation or order
 -- KEYS[3] pending  hash:   request_id -> "user_id|qty|reserved_at_ms" (the ledger)
 -- KEYS[4] done     hash:   request_id -> "order_id|user_id|qty" (confirmed orders)
--- ARGV[1] request_id, ARGV[2] user_id, ARGV[3] qty (>= 1), ARGV[4] now in ms
--- ARGV[5] retention in ms: a reservation keeps all four keys that long
+-- KEYS[5..] token buckets "tokens|at_ms" of the entries' users and clients
+--           (<prefix>:{sku}:rl:u:<user>, <prefix>:{sku}:rl:c:<address>)
+-- ARGV[1] retention in ms: a reservation keeps the four sku keys that long
+-- ARGV[2] starts_at, ARGV[3] ends_at: the sale window in ms since the epoch,
+--         "" for none; decided against this Redis's TIME, not the caller's clock
+-- ARGV[4] user rate (tokens/s, 0 = off), ARGV[5] user burst
+-- ARGV[6] client rate (tokens/s, 0 = off), ARGV[7] client burst
+-- ARGV[8..] five per entry: request_id, user_id, qty (>= 1), the index in
+--           KEYS of the user's bucket and of the client's bucket (0: none)
 --
--- Returns one of:
---   {"ok", stock_left}                     reserved; the ledger holds the request
+-- Returns one reply per entry, in order, each one of:
+--   {"ok", stock_left, reserved_at_ms}     reserved (stamped with Redis TIME);
+--                                          the ledger holds the request
 --   {"confirmed", order_id, user_id, qty}  this request id already has an order
 --   {"mismatch"}                           this request id has an order or a
 --                                          reservation for another user or qty
 --   {"in_progress"}                        this request id is still being processed
+--   {"not_started", ms_to_start}           before the window
+--   {"ended"}                              after the window
 --   {"missing"}                            no stock key: reload it from PostgreSQL
+--   {"rate_limited", ms_to_a_token}        a bucket of the user or client is empty
 --   {"duplicate"}                          this user already reserved or bought
 --   {"sold_out", settled}                  too little stock; settled is 1 when
 --                                          stock is 0 and nothing is pending
 --
--- The request id is checked before the buyer, so replaying a confirmed request
--- returns its order rather than "duplicate", and the same id sent with another
--- payload (user, qty; the sku picks the keys) is refused rather than answered
--- with someone else's order; the buyer is checked before the
--- decrement, so repeat clicks never drain stock.
-local rid, user, qty = ARGV[1], ARGV[2], tonumber(ARGV[3])
+-- The request id is checked first, so a replay gets its outcome whatever the
+-- window and the limits; the buyer is checked before the decrement, so repeat
+-- clicks never drain stock. A request turned away by the window or a missing
+-- key takes no token; any other attempt takes one from each of its buckets,
+-- all or none. Sold out beats rate limited: nobody is told to come back for
+-- stock that is gone.
+local time = redis.call("TIME")
+local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+local starts, ends = tonumber(ARGV[2]), tonumber(ARGV[3])
+local rates = {tonumber(ARGV[4]), tonumber(ARGV[6])}
+local bursts = {tonumber(ARGV[5]), tonumber(ARGV[7])}
 
-local order = redis.call("HGET", KEYS[4], rid)
-if order then
-  local order_id, buyer, bought = string.match(order, "^([^|]*)|([^|]*)|([^|]*)$")
-  if buyer ~= user or tonumber(bought) ~= qty then
-    return {"mismatch"}
+local function refilled(key, rate, burst)
+  local state = redis.call("GET", key)
+  if not state then
+    return burst
   end
-  return {"confirmed", order_id, buyer, bought}
+  local tokens, at = string.match(state, "^([^|]*)|(.*)$")
+  return math.min(burst, tonumber(tokens) + (now - tonumber(at)) * rate / 1000)
 end
-local held = redis.call("HGET", KEYS[3], rid)
-if held then
-  local holder, held_qty = string.match(held, "^([^|]*)|([^|]*)|")
-  if holder ~= user or tonumber(held_qty) ~= qty then
-    return {"mismatch"}
+
+-- 0 when each bucket held a token (one is taken from each), else the ms until
+-- the emptiest has one again.
+local function take(bucket_keys)
+  local tokens, wait = {}, 0
+  for b = 1, 2 do
+    if bucket_keys[b] then
+      tokens[b] = refilled(bucket_keys[b], rates[b], bursts[b])
+      if tokens[b] < 1 then
+        wait = math.max(wait, math.ceil((1 - tokens[b]) * 1000 / rates[b]))
+      end
+    end
   end
-  return {"in_progress"}
+  if wait > 0 then
+    return wait
+  end
+  for b = 1, 2 do
+    if bucket_keys[b] then
+      local full_ms = math.ceil(bursts[b] * 1000 / rates[b]) + 1000
+      redis.call("SET", bucket_keys[b], (tokens[b] - 1) .. "|" .. now, "PX", full_ms)
+    end
+  end
+  return 0
 end
-local stock = redis.call("GET", KEYS[1])
-if not stock then
-  return {"missing"}
-end
-if redis.call("HEXISTS", KEYS[2], user) == 1 then
-  return {"duplicate"}
-end
-stock = tonumber(stock)
-if stock < qty then
-  local settled = 0
+
+local function sold_out(stock, qty)
   if stock <= 0 and redis.call("HLEN", KEYS[3]) == 0 then
-    settled = 1
+    return {"sold_out", 1}
   end
-  return {"sold_out", settled}
+  return {"sold_out", 0}
 end
-redis.call("DECRBY", KEYS[1], qty)
-redis.call("HSET", KEYS[2], user, rid)
-redis.call("HSET", KEYS[3], rid, user .. "|" .. qty .. "|" .. ARGV[4])
-for i = 1, 4 do
-  redis.call("PEXPIRE", KEYS[i], ARGV[5])
+
+local function replay(rid, user, qty)
+  local order = redis.call("HGET", KEYS[4], rid)
+  if order then
+    local order_id, buyer, bought = string.match(order, "^([^|]*)|([^|]*)|([^|]*)$")
+    if buyer ~= user or tonumber(bought) ~= qty then
+      return {"mismatch"}
+    end
+    return {"confirmed", order_id, buyer, bought}
+  end
+  local held = redis.call("HGET", KEYS[3], rid)
+  if held then
+    local holder, held_qty = string.match(held, "^([^|]*)|([^|]*)|")
+    if holder ~= user or tonumber(held_qty) ~= qty then
+      return {"mismatch"}
+    end
+    return {"in_progress"}
+  end
+  return nil
 end
-return {"ok", stock - qty}
+
+local reserved = false
+
+local function reserve(rid, user, qty, bucket_keys)
+  local answer = replay(rid, user, qty)
+  if answer then
+    return answer
+  end
+  if starts and now < starts then
+    return {"not_started", starts - now}
+  end
+  if ends and now >= ends then
+    return {"ended"}
+  end
+  local stock = redis.call("GET", KEYS[1])
+  if not stock then
+    return {"missing"}
+  end
+  stock = tonumber(stock)
+  local wait = take(bucket_keys)
+  if wait > 0 then
+    if stock < qty then
+      return sold_out(stock, qty)
+    end
+    return {"rate_limited", wait}
+  end
+  if redis.call("HEXISTS", KEYS[2], user) == 1 then
+    return {"duplicate"}
+  end
+  if stock < qty then
+    return sold_out(stock, qty)
+  end
+  redis.call("DECRBY", KEYS[1], qty)
+  redis.call("HSET", KEYS[2], user, rid)
+  redis.call("HSET", KEYS[3], rid, user .. "|" .. qty .. "|" .. now)
+  reserved = true
+  return {"ok", stock - qty, now}
+end
+
+local replies = {}
+for base = 8, #ARGV, 5 do
+  local user_key, client_key = tonumber(ARGV[base + 3]), tonumber(ARGV[base + 4])
+  local bucket_keys = {KEYS[user_key], KEYS[client_key]}
+  replies[#replies + 1] = reserve(ARGV[base], ARGV[base + 1], tonumber(ARGV[base + 2]), bucket_keys)
+end
+if reserved then
+  for i = 1, 4 do
+    redis.call("PEXPIRE", KEYS[i], ARGV[1])
+  end
+end
+return replies

@@ -70,6 +70,12 @@ if [ "${1:-}" = haproxy ]; then
   ensure_haproxy
   exit 0
 fi
+
+# `services.sh faketime`: libfaketime, for the test of a gateway with a skewed clock.
+if [ "${1:-}" = faketime ]; then
+  command -v faketime >/dev/null || apt_install faketime
+  exit 0
+fi
 ensure_redis
 ensure_cluster_tools
 ensure_postgres

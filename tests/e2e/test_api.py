@@ -94,12 +94,18 @@ class TestRoutes:
         assert (resp.status, (await resp.json())["error"]) == (405, "method_not_allowed")
 
     async def test_sku_availability(self, start_gateway: Any, sku: str) -> None:
-        """GET /v1/skus/{sku} shows what Redis has left and the strategy the sku
-        sells under; unknown skus are 404."""
+        """GET /v1/skus/{sku} shows what Redis has left, the strategy the sku
+        sells under and the sale window (none here); unknown skus are 404."""
         client = await start_gateway()
         await put_sku(client, sku, 3)
         resp = await client.get(f"/v1/skus/{sku}")
-        assert await resp.json() == {"sku": sku, "available": 3, "strategy": "reserve-batch"}
+        assert await resp.json() == {
+            "sku": sku,
+            "available": 3,
+            "strategy": "reserve-batch",
+            "starts_at": None,
+            "ends_at": None,
+        }
         assert (await client.get("/v1/skus/other-sku")).status == 404
 
     async def test_health_and_readiness(self, start_gateway: Any) -> None:

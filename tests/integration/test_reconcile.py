@@ -11,12 +11,18 @@ from redis.asyncio import Redis
 from structlog.contextvars import merge_contextvars
 from structlog.testing import capture_logs
 
-from gateway.appkeys import BATCHER, INVENTORY, ORDERS
-from gateway.domain import Purchase
-from gateway.layout import SkuKeys
+from gateway.appkeys import BATCHER, INVENTORY, ORDERS, SETTINGS
+from gateway.domain import Purchase, SkuInfo
+from gateway.layout import Pending, SkuKeys, encode_pending
 from tests.support.purchases import ADMIN_HEADERS, buy, put_sku, redis_state
 
 LONG_AGO_MS = 1_000
+
+
+def inventory_prefix(client: Any) -> str:
+    """The key prefix of the gateway behind ``client``."""
+    prefix: str = client.app[SETTINGS].key_prefix
+    return prefix
 
 
 async def crash_leftovers(client: Any, sku: str, database_url: str) -> None:
@@ -24,8 +30,12 @@ async def crash_leftovers(client: Any, sku: str, database_url: str) -> None:
     one whose order committed ("ghost-a") and one that never reached PostgreSQL."""
     inventory = client.app[INVENTORY]
     for user in ("a", "b"):
-        reply = await inventory.reserve(Purchase(sku, user, 1, f"{sku}.ghost-{user}", LONG_AGO_MS))
+        rid = f"{sku}.ghost-{user}"
+        reply = await inventory.reserve(Purchase(sku, user, 1, rid), SkuInfo(sku, 1))
         assert reply.kind == "ok"
+        # reserve.lua stamps with Redis's clock: backdate the ledger entry.
+        old = encode_pending(Pending(rid, user, 1, LONG_AGO_MS))
+        await inventory.redis.hset(SkuKeys.of(inventory_prefix(client), sku).pending, rid, old)
     con = await asyncpg.connect(database_url)
     try:
         async with con.transaction():
@@ -96,7 +106,7 @@ class TestReconciliation:
         client = await start_gateway(reconcile_interval_s=3600)
         await put_sku(client, sku, 5)
         inventory = client.app[INVENTORY]
-        await inventory.reserve(Purchase(sku, "z", 1, "fresh", int(time.time() * 1000)))
+        await inventory.reserve(Purchase(sku, "z", 1, "fresh"), SkuInfo(sku, 1))
         result = await (await client.post("/admin/reconcile", headers=ADMIN_HEADERS)).json()
         assert result[sku] == {
             "confirmed": 0,

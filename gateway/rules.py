@@ -1,0 +1,97 @@
+"""A sku's sale rules: its window and its rate limits. Pure: parsing and values.
+
+The window is ``starts_at``/``ends_at`` (RFC 3339 in the API, ``timestamptz`` in
+PostgreSQL, milliseconds since the epoch in ``lua/reserve.lua``, which decides
+it against Redis ``TIME``: one clock for every instance). A rate is a token
+bucket, written ``N/s:burst`` (``5/s:10``: five tokens a second, ten at most);
+``off`` on a sku switches off the instance-wide default.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+# "5/s:10", "0.5/s:1": tokens per second, then the bucket's size.
+_RATE = re.compile(r"(\d+(?:\.\d+)?)/s:(\d+)")
+OFF = "off"
+
+
+@dataclass(frozen=True, slots=True)
+class Rate:
+    """A token bucket: ``per_s`` tokens a second, at most ``burst`` saved up."""
+
+    per_s: float
+    burst: int
+
+    def __str__(self) -> str:
+        return f"{self.per_s:g}/s:{self.burst}"
+
+
+def parse_rate(text: str) -> Rate:
+    """``"N/s:burst"`` as a :class:`Rate`; raises ValueError on anything else."""
+    match = _RATE.fullmatch(text.strip())
+    if match is None:
+        raise ValueError("must be N/s:burst, for example 5/s:10")
+    per_s, burst = float(match[1]), int(match[2])
+    if not (0 < per_s < 1e6 and 1 <= burst < 1e6):
+        raise ValueError("rate and burst must be positive and below a million")
+    return Rate(per_s, burst)
+
+
+def parse_instant(text: str) -> datetime:
+    """An RFC 3339 date-time with its offset (``Z`` or ``+hh:mm``) as an aware
+    datetime; raises ValueError for anything else, a naive time included."""
+    # RFC 3339 allows a lower-case "t"/"z" and a space for "T"; fromisoformat
+    # takes all of these from Python 3.11, but not a missing offset.
+    if not re.fullmatch(r"\d{4}-\d\d-\d\d[Tt ]\d\d:\d\d:\d\d(\.\d+)?([Zz]|[+-]\d\d:\d\d)", text):
+        raise ValueError("must be an RFC 3339 date-time with an offset")
+    return datetime.fromisoformat(text.upper().replace(" ", "T"))
+
+
+def rfc3339(instant: datetime) -> str:
+    """An instant as the API shows it: UTC, milliseconds, ``Z``."""
+    return instant.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def epoch_ms(instant: datetime | None) -> int | None:
+    """Milliseconds since the epoch (what reserve.lua compares with TIME)."""
+    return None if instant is None else math.floor(instant.timestamp() * 1000)
+
+
+@dataclass(frozen=True, slots=True)
+class SaleRules:
+    """A sku's window and its own rates: None keeps the instance's default rate,
+    the string ``off`` switches it off for this sku."""
+
+    starts_at: datetime | None = None
+    ends_at: datetime | None = None
+    user_rate: Rate | str | None = None
+    client_rate: Rate | str | None = None
+
+    def window_json(self) -> dict[str, str | None]:
+        """The window as ``GET /v1/skus/{sku}`` shows it."""
+        return {
+            "starts_at": None if self.starts_at is None else rfc3339(self.starts_at),
+            "ends_at": None if self.ends_at is None else rfc3339(self.ends_at),
+        }
+
+
+# A sku with no window and the instance's default rates.
+NO_RULES = SaleRules()
+
+
+def effective(own: Rate | str | None, default: Rate | None) -> Rate | None:
+    """The rate that applies: the sku's own, else the default; None when off."""
+    if own is None:
+        return default
+    return own if isinstance(own, Rate) else None
+
+
+def rate_from_db(text: str | None) -> Rate | str | None:
+    """A rate column back into a rule (the admin API validated it when written)."""
+    if text is None or text == OFF:
+        return text
+    return parse_rate(text)
