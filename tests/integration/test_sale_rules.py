@@ -71,6 +71,7 @@ class TestSaleWindow:
         view = await (await client.get(f"/v1/skus/{sku}")).json()
         assert view == {
             "sku": sku,
+            "strategy": "reserve-batch",
             "available": 5,
             "starts_at": shown,
             "ends_at": ends.isoformat(timespec="milliseconds").replace("+00:00", "Z"),

@@ -259,7 +259,13 @@ class TestSelection:
             s = f"{sku}-{name}"
             assert await db_state(database_url, s) == (0, 20, 20)
             shown = await sku_json(client, s)
-            assert shown == {"sku": s, "available": 0, "strategy": strategy or "optimistic"}
+            assert shown == {
+                "sku": s,
+                "available": 0,
+                "strategy": strategy or "optimistic",
+                "starts_at": None,
+                "ends_at": None,
+            }
             expected_redis = (0, 0) if name == "rb" else (None, 0)
             assert await redis_state(redis, key_prefix, s) == expected_redis
         stale = SkuKeys.of(key_prefix, f"{sku}-sd").stock
@@ -304,6 +310,8 @@ class TestSelection:
             "sku": sku,
             "available": 5,
             "strategy": "reserve-batch",
+            "starts_at": None,
+            "ends_at": None,
         }
         assert await buy(client, sku, "bob", "b2") == (409, {"status": "duplicate"})
         assert await buy(client, sku, "bob", "b") == (201, bob)
@@ -337,6 +345,8 @@ class TestSelection:
             "sku": sku,
             "available": 3,
             "strategy": "pessimistic",
+            "starts_at": None,
+            "ends_at": None,
         }
 
     async def test_null_or_absent_strategy_sells_under_the_gateways(
