@@ -13,6 +13,7 @@ from gateway.connections import RedisClient
 from gateway.inventory import Inventory
 from gateway.metrics import Metrics
 from gateway.orders import Orders
+from gateway.overload import AnswerLog
 from gateway.purchases import Purchases
 from gateway.reconciler import Reconciler
 from gateway.settings import Settings
@@ -32,3 +33,5 @@ ADMIN = web.AppKey("admin", StockAdmin)
 RECONCILER = web.AppKey("reconciler", Reconciler)
 # A purchase response carries its outcome to the metrics middleware.
 OUTCOME = web.ResponseKey("outcome", str)
+# Samples per-request failure lines and logs the once-a-second answer summary.
+ANSWERS = web.AppKey("answers", AnswerLog)

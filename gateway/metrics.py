@@ -8,13 +8,26 @@ Each application gets its own registry, so several apps can share a process
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.multiprocess import MultiProcessCollector
 
-OUTCOMES = ("confirmed", "sold_out", "duplicate", "in_progress", "invalid", "unavailable")
+from gateway.requeststats import PURCHASE_ROUTE, RequestCollector, RequestStats
+
+OUTCOMES = (
+    "confirmed",
+    "sold_out",
+    "duplicate",
+    "in_progress",
+    "invalid",
+    "unavailable",
+    "rate_limited",
+)
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+REQUEST_DURATION = "flashsale_request_duration_seconds"
 
 
 class Metrics:
@@ -25,21 +38,24 @@ class Metrics:
         # (prometheus-client's multiprocess mode) and a scrape adds them up.
         self._multiproc_dir = multiproc_dir
         self.registry = r = CollectorRegistry(auto_describe=True)
-        self.purchases = Counter(
-            "flashsale_purchases", "Purchase requests by outcome.", ["outcome"], registry=r
-        )
-        self._outcome = {o: self.purchases.labels(o) for o in OUTCOMES}
+        # Purchases by outcome and request latency are plain integers in one
+        # process, summed at scrape time (gateway.requeststats); with several
+        # workers they go to the shared files as well, so any worker's scrape
+        # sums them all at once.
+        self.stats = RequestStats(OUTCOMES, LATENCY_BUCKETS)
+        self.request: Callable[[str, str, float], None] = self.stats.record
+        if multiproc_dir is None:
+            r.register(
+                RequestCollector(
+                    self.stats, purchases="flashsale_purchases", duration=REQUEST_DURATION
+                )
+            )
+        else:
+            self._shared = _SharedRequests(self.stats, r)
+            self.request = self._shared.record
         self.flush_failures = Counter(
             "flashsale_flush_failures", "Flushes that failed, by reason.", ["reason"], registry=r
         )
-        self.request_duration = Histogram(
-            "flashsale_request_duration_seconds",
-            "Request latency by route and outcome.",
-            ["route", "outcome"],
-            buckets=LATENCY_BUCKETS,
-            registry=r,
-        )
-        self._latency: dict[tuple[str, str], Histogram] = {}
         self.batch_size = Histogram(
             "flashsale_batch_size", "Purchases per flush.", buckets=BATCH_BUCKETS, registry=r
         )
@@ -131,18 +147,6 @@ class Metrics:
         """Record the current queue depth (sampled, not set on the hot path)."""
         self.queue_depth.set(depth)
 
-    # Requests.
-    def request(self, route: str, outcome: str, seconds: float) -> None:
-        """One request answered; purchases also count by outcome."""
-        child = self._latency.get((route, outcome))
-        if child is None:
-            child = self._latency[(route, outcome)] = self.request_duration.labels(route, outcome)
-        child.observe(seconds)
-        if route == "/v1/purchase":
-            counter = self._outcome.get(outcome)
-            if counter is not None:
-                counter.inc()
-
     # The service's observer.
     def flushed(self, size: int, seconds: float) -> None:
         """A batch committed and settled."""
@@ -166,6 +170,7 @@ class Metrics:
     def shed_one(self) -> None:
         """A purchase was refused because the queue was full."""
         self.shed.inc()
+        self.stats.shed += 1
 
     def noscript_reload(self, script: str) -> None:
         """Redis had forgotten a script."""
@@ -204,3 +209,35 @@ class Metrics:
     def fenced_out(self) -> None:
         """A flush was fenced out."""
         self.fenced.inc()
+
+
+class _SharedRequests:
+    """With several workers: each answer also goes to prometheus-client's shared
+    files, so a scrape of any worker sees every worker's counts at once."""
+
+    def __init__(self, stats: RequestStats, registry: CollectorRegistry) -> None:
+        self._stats = stats
+        purchases = Counter(
+            "flashsale_purchases", "Purchase requests by outcome.", ["outcome"], registry=registry
+        )
+        self._outcome = {o: purchases.labels(o) for o in OUTCOMES}
+        self._duration = Histogram(
+            REQUEST_DURATION,
+            "Request latency by route and outcome.",
+            ["route", "outcome"],
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self._latency: dict[tuple[str, str], Histogram] = {}
+
+    def record(self, route: str, outcome: str, seconds: float) -> None:
+        """One request answered; purchases also count by outcome."""
+        self._stats.record(route, outcome, seconds)
+        child = self._latency.get((route, outcome))
+        if child is None:
+            child = self._latency[(route, outcome)] = self._duration.labels(route, outcome)
+        child.observe(seconds)
+        if route == PURCHASE_ROUTE:
+            counter = self._outcome.get(outcome)
+            if counter is not None:
+                counter.inc()
