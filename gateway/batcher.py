@@ -26,11 +26,8 @@ FlushFn = Callable[[str, Sequence[Purchase]], Awaitable[Sequence[Result | BaseEx
 # Told that a sku's lane has nothing left to flush.
 IdleFn = Callable[[str], Awaitable[None]]
 
-# Weight of the newest gap between arrivals in a lane's moving average, and
-# the longest gap counted (in batch waits): a quiet minute must not take a
-# storm dozens of arrivals to forget.
+# Weight of the newest gap between arrivals in a lane's moving average.
 GAP_WEIGHT = 0.25
-GAP_CAP_WAITS = 4.0
 
 
 @dataclass(slots=True)
@@ -199,8 +196,13 @@ class Batcher:
 
 
 def _next_gap(average: float, gap: float, wait: float) -> float:
-    """The moving average of a lane's gaps between arrivals after one more ``gap``."""
-    gap = min(gap, GAP_CAP_WAITS * wait)
+    """The moving average of a lane's gaps between arrivals after one more ``gap``.
+
+    A gap longer than the wait counts as the wait: a quiet minute must not take
+    a storm many arrivals to forget, and one arrival within the wait after a
+    lone one is enough to hold batches again.
+    """
+    gap = min(gap, wait)
     if average == float("inf"):
         return gap
     return average + GAP_WEIGHT * (gap - average)

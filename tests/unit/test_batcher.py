@@ -143,7 +143,7 @@ async def test_a_storm_fills_batches() -> None:
     """Purchases arriving back to back (one per loop turn) are held for the
     batch wait, so after the first few the batches flush full."""
     flush = Recorder()
-    batcher = Batcher(flush, batch_max=5, batch_wait_s=10, queue_max=100)
+    batcher = Batcher(flush, batch_max=5, batch_wait_s=1, queue_max=100)
     waiting = []
     for i in range(40):
         waiting.append(asyncio.ensure_future(batcher.submit(purchase(i))))
