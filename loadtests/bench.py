@@ -57,6 +57,7 @@ from loadtests.bench_paths import (
 )
 from loadtests.bench_report import flush_note, report, summarize
 from loadtests.bench_sales import sell_sales
+from loadtests.cputime import cpu_seconds
 from loadtests.harness import Harness, passthrough_settings
 from loadtests.options import RESULTS_DIR, parse_seconds, parse_settings
 from loadtests.pinning import Pinning, choose
@@ -153,6 +154,7 @@ def drive(
     """One wrk run of ``path`` against ``target``; fails if the target died."""
     started = time.time()
     before = target.scrape()
+    cpu_before = cpu_seconds(target.pid)
     raw = wrk.run(
         target.url,
         sku=SKU_OF[path],
@@ -165,6 +167,9 @@ def drive(
     if target.process.poll() is not None:
         raise RuntimeError(f"{target.name} died under load:\n{target.log_tail()}")
     result = wrk.to_result(target.name, path, round_, raw, started)
+    if result.requests:
+        spent = cpu_seconds(target.pid) - cpu_before
+        result.extra["cpu_us_per_request"] = round(spent / result.requests * 1e6, 1)
     if before:
         result.extra["metrics"] = metrics_delta(before, target.scrape())
     return result

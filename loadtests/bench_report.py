@@ -44,6 +44,7 @@ def summarize(runs: Sequence[wrk.WrkResult]) -> list[dict[str, Any]]:
             for r in mine:
                 statuses.update(r.statuses)
             rps = statistics.median(r.rps for r in mine)
+            cpu = [r.extra["cpu_us_per_request"] for r in mine if "cpu_us_per_request" in r.extra]
             rows.append(
                 {
                     "target": name,
@@ -57,6 +58,7 @@ def summarize(runs: Sequence[wrk.WrkResult]) -> list[dict[str, Any]]:
                     "errors": sum(r.errors for r in mine),
                     "ratio_to_bare": rps / bare_rps if bare_rps else None,
                     "ratio_to_validating_bare": rps / validating_rps if validating_rps else None,
+                    "cpu_us_per_request": statistics.median(cpu) if cpu else None,
                     "statuses": dict(sorted(statuses.items())),
                 }
             )
@@ -72,8 +74,8 @@ def format_table(rows: Sequence[dict[str, Any]]) -> str:
     """The summary as a Markdown table (readable in a terminal too)."""
     lines = [
         "| target | path | requests/s median (min-max) | p50 ms | p99 ms | errors "
-        "| ratio to bare_min | to bare | statuses |",
-        "|---|---|--:|--:|--:|--:|--:|--:|---|",
+        "| ratio to bare_min | to bare | CPU µs/request | statuses |",
+        "|---|---|--:|--:|--:|--:|--:|--:|--:|---|",
     ]
     for row in rows:
         ratio = row["ratio_to_bare"]
@@ -83,6 +85,8 @@ def format_table(rows: Sequence[dict[str, Any]]) -> str:
         if small is not None:
             ratios += f" ({small:.2f} of the small sale)"
         second = "-" if validating is None else f"{validating:.2f}"
+        cpu = row.get("cpu_us_per_request")
+        second += " | -" if cpu is None else f" | {cpu:.0f}"
         statuses = " ".join(f"{k}:{v}" for k, v in row["statuses"].items())
         lines.append(
             f"| {row['target']} | {row['path']} | {row['rps']:,.0f} "

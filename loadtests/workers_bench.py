@@ -100,15 +100,21 @@ def table(runs: Sequence[wrk.WrkResult]) -> str:
     }
     reference = median[("bare_min", SOLD_OUT)]
     lines = [
-        "| target | path | requests/s median | p99 ms | to bare_min | to w1 |",
-        "|---|---|--:|--:|--:|--:|",
+        "| target | path | requests/s median | p99 ms | to bare_min | to w1 | CPU µs/request |",
+        "|---|---|--:|--:|--:|--:|--:|",
     ]
     for (name, path), rps in median.items():
         one = median.get(("w1", path))
         to_one = f"{rps / one:.2f}" if one and name != "bare_min" else "-"
+        cpu = [
+            r.extra["cpu_us_per_request"]
+            for r in runs
+            if (r.target, r.path) == (name, path) and "cpu_us_per_request" in r.extra
+        ]
         lines.append(
             f"| {name} | {path} | {rps:,.0f} | {p99[(name, path)]:.1f} | "
-            f"{rps / reference:.2f} | {to_one} |"
+            f"{rps / reference:.2f} | {to_one} | "
+            f"{statistics.median(cpu) if cpu else 0:.0f} |"
         )
     return "\n".join(lines)
 
