@@ -27,6 +27,7 @@ from gateway.appkeys import (
     ADMIN,
     ADMIN_TOKENS,
     ADMISSIONS,
+    ANSWERS,
     BATCHER,
     INVENTORY,
     METRICS,
@@ -52,8 +53,9 @@ from gateway.inventory import Inventory
 from gateway.layout import channel
 from gateway.lock import LockSubscriber, create_fence_sequence, load_lock_scripts
 from gateway.metrics import Metrics
-from gateway.middlewares import errors, measure
+from gateway.middlewares import gateway_middleware
 from gateway.orders import Orders
+from gateway.overload import AnswerLog
 from gateway.payloads import MAX_BODY
 from gateway.purchases import Purchases
 from gateway.reconciler import Reconciler
@@ -220,6 +222,7 @@ async def service_ctx(app: web.Application) -> AsyncIterator[None]:
         asyncio.create_task(feed.run(), name="change-feed"),
         asyncio.create_task(reconciler.run(), name="reconciler"),
         asyncio.create_task(_sample_queue(batcher, metrics), name="queue-sampler"),
+        asyncio.create_task(app[ANSWERS].run(), name="answer-summary"),
     ]
     # Any sku may be put on the queue strategy: the writer serves those whose
     # stream exists, found once a second.
@@ -325,12 +328,15 @@ async def drain(app: web.Application) -> None:
 def create_app(settings: Settings) -> web.Application:
     """Build the gateway application for ``settings``."""
     metrics = Metrics(settings.multiproc_dir)
-    middlewares = [measure(metrics), errors] if settings.metrics else [errors]
-    app = web.Application(middlewares=middlewares, client_max_size=MAX_BODY)
+    proxies = TrustedProxies(parse_networks(settings.trusted_proxies))
+    answers = AnswerLog(metrics.stats)
+    middleware = gateway_middleware(proxies, metrics, answers, timed=settings.metrics)
+    app = web.Application(middlewares=[middleware], client_max_size=MAX_BODY)
     app[SETTINGS] = settings
     app[METRICS] = metrics
     app[STOPPING] = asyncio.Event()
-    app[PROXIES] = TrustedProxies(parse_networks(settings.trusted_proxies))
+    app[PROXIES] = proxies
+    app[ANSWERS] = answers
     app[ADMIN_TOKENS] = AdminTokens(settings.admin_token, settings.admin_token_file)
     app.cleanup_ctx.extend([redis_ctx, database_ctx, zookeeper_ctx, service_ctx])
     app.on_shutdown.append(drain)

@@ -16,6 +16,7 @@ from gateway.connections import RedisClient
 from gateway.inventory import Inventory
 from gateway.metrics import Metrics
 from gateway.orders import Orders
+from gateway.overload import AnswerLog
 from gateway.purchases import Purchases
 from gateway.reconciler import Reconciler
 from gateway.settings import Settings
@@ -46,3 +47,5 @@ ADMIN_TOKENS = web.AppKey("admin_tokens", AdminTokens)
 TRACKER = web.AppKey("tracker", OrderTracker)
 # The ZooKeeper session of the flush locks (None unless GATEWAY_FLUSH_LOCK=zookeeper).
 ZOOKEEPER: web.AppKey[ZkSession | None] = web.AppKey("zookeeper")
+# Samples per-request failure lines and logs the once-a-second answer summary.
+ANSWERS = web.AppKey("answers", AnswerLog)

@@ -1,7 +1,9 @@
 """Per-sku batching of reserved purchases into one database flush.
 
 Purchases that survived the Redis reservation wait here until their sku's
-batch reaches ``batch_max`` or its oldest entry has waited ``batch_wait``.
+batch reaches ``batch_max`` or its oldest entry has waited ``batch_wait``; a
+batch is not held at all when, at the lane's recent pace of arrivals, no other
+purchase is due within the wait (a lone buyer is not kept waiting for nobody).
 One flush per sku runs at a time in this process; the next batch fills behind
 it, and when a sku's lane runs empty the flusher hears of it (``on_idle``).
 Closing stops new submissions and drains what is queued: a closing batcher is
@@ -24,6 +26,9 @@ FlushFn = Callable[[str, Sequence[Purchase]], Awaitable[Sequence[Result | BaseEx
 # Told that a sku's lane has nothing left to flush.
 IdleFn = Callable[[str], Awaitable[None]]
 
+# Weight of the newest gap between arrivals in a lane's moving average.
+GAP_WEIGHT = 0.25
+
 
 @dataclass(slots=True)
 class _Lane:
@@ -35,6 +40,10 @@ class _Lane:
     arrived: asyncio.Event = field(default_factory=asyncio.Event)
     full: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task[None] | None = None
+    # Arrivals: when the last one came, and a moving average of the gaps
+    # between them (seconds), from which the batch wait is decided.
+    last_at: float = 0.0
+    gap: float = float("inf")
 
 
 class Batcher:
@@ -96,8 +105,11 @@ class Batcher:
             )
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Result] = loop.create_future()
+        now = loop.time()
+        lane.gap = _next_gap(lane.gap, now - lane.last_at, self._wait)
+        lane.last_at = now
         if not lane.entries:
-            lane.first_at = loop.time()
+            lane.first_at = now
             lane.arrived.set()
         lane.entries.append((purchase, future))
         self._depth += 1
@@ -144,6 +156,12 @@ class Batcher:
                 await lane.arrived.wait()
                 continue
             remaining = self._wait - (loop.time() - lane.first_at)
+            # Wait only for a batch that will fill: when, at the recent pace,
+            # another purchase is due before the wait is over. A lone buyer is
+            # flushed at once; under a storm batches fill (and while a flush
+            # runs the next batch fills behind it anyway).
+            if remaining < lane.gap:
+                remaining = 0.0
             if len(lane.entries) < self._max and remaining > 0 and not self._closed:
                 lane.full.clear()
                 with contextlib.suppress(TimeoutError):
@@ -175,3 +193,16 @@ class Batcher:
                 future.set_exception(result)
             else:
                 future.set_result(result)
+
+
+def _next_gap(average: float, gap: float, wait: float) -> float:
+    """The moving average of a lane's gaps between arrivals after one more ``gap``.
+
+    A gap longer than the wait counts as the wait: a quiet minute must not take
+    a storm many arrivals to forget, and one arrival within the wait after a
+    lone one is enough to hold batches again.
+    """
+    gap = min(gap, wait)
+    if average == float("inf"):
+        return gap
+    return average + GAP_WEIGHT * (gap - average)

@@ -8,8 +8,12 @@ Each application gets its own registry, so several apps can share a process
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.multiprocess import MultiProcessCollector
+
+from gateway.requeststats import PURCHASE_ROUTE, RequestCollector, RequestStats
 
 OUTCOMES = (
     "confirmed",
@@ -28,6 +32,7 @@ BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 # Lock holds: fine where flushes are, coarse up to the largest sensible lease.
 HOLD_BUCKETS = (*LATENCY_BUCKETS, 10.0, 30.0, 60.0)
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+REQUEST_DURATION = "flashsale_request_duration_seconds"
 
 
 class Metrics:
@@ -38,21 +43,24 @@ class Metrics:
         # (prometheus-client's multiprocess mode) and a scrape adds them up.
         self._multiproc_dir = multiproc_dir
         self.registry = r = CollectorRegistry(auto_describe=True)
-        self.purchases = Counter(
-            "flashsale_purchases", "Purchase requests by outcome.", ["outcome"], registry=r
-        )
-        self._outcome = {o: self.purchases.labels(o) for o in OUTCOMES}
+        # Purchases by outcome and request latency are plain integers in one
+        # process, summed at scrape time (gateway.requeststats); with several
+        # workers they go to the shared files as well, so any worker's scrape
+        # sums them all at once.
+        self.stats = RequestStats(OUTCOMES, LATENCY_BUCKETS)
+        self.request: Callable[[str, str, float], None] = self.stats.record
+        if multiproc_dir is None:
+            r.register(
+                RequestCollector(
+                    self.stats, purchases="flashsale_purchases", duration=REQUEST_DURATION
+                )
+            )
+        else:
+            self._shared = _SharedRequests(self.stats, r)
+            self.request = self._shared.record
         self.flush_failures = Counter(
             "flashsale_flush_failures", "Flushes that failed, by reason.", ["reason"], registry=r
         )
-        self.request_duration = Histogram(
-            "flashsale_request_duration_seconds",
-            "Request latency by route and outcome.",
-            ["route", "outcome"],
-            buckets=LATENCY_BUCKETS,
-            registry=r,
-        )
-        self._latency: dict[tuple[str, str], Histogram] = {}
         self.batch_size = Histogram(
             "flashsale_batch_size", "Purchases per flush.", buckets=BATCH_BUCKETS, registry=r
         )
@@ -234,18 +242,6 @@ class Metrics:
         """Record the current queue depth (sampled, not set on the hot path)."""
         self.queue_depth.set(depth)
 
-    # Requests.
-    def request(self, route: str, outcome: str, seconds: float) -> None:
-        """One request answered; purchases also count by outcome."""
-        child = self._latency.get((route, outcome))
-        if child is None:
-            child = self._latency[(route, outcome)] = self.request_duration.labels(route, outcome)
-        child.observe(seconds)
-        if route == "/v1/purchase":
-            counter = self._outcome.get(outcome)
-            if counter is not None:
-                counter.inc()
-
     # The service's observer.
     def flushed(self, size: int, seconds: float) -> None:
         """A batch committed and settled."""
@@ -269,6 +265,7 @@ class Metrics:
     def shed_one(self) -> None:
         """A purchase was refused because the queue was full."""
         self.shed.inc()
+        self.stats.shed += 1
 
     # The waiting rooms' observer (gateway.admission.AdmissionObserver).
     def room_seen(self, sku: str, waiting: int, admitted_now: int) -> None:
@@ -357,3 +354,35 @@ class Metrics:
     def optimistic_exhausted(self) -> None:
         """An optimistic purchase spent its budget of attempts."""
         self.optimistic_exhausted_total.inc()
+
+
+class _SharedRequests:
+    """With several workers: each answer also goes to prometheus-client's shared
+    files, so a scrape of any worker sees every worker's counts at once."""
+
+    def __init__(self, stats: RequestStats, registry: CollectorRegistry) -> None:
+        self._stats = stats
+        purchases = Counter(
+            "flashsale_purchases", "Purchase requests by outcome.", ["outcome"], registry=registry
+        )
+        self._outcome = {o: purchases.labels(o) for o in OUTCOMES}
+        self._duration = Histogram(
+            REQUEST_DURATION,
+            "Request latency by route and outcome.",
+            ["route", "outcome"],
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self._latency: dict[tuple[str, str], Histogram] = {}
+
+    def record(self, route: str, outcome: str, seconds: float) -> None:
+        """One request answered; purchases also count by outcome."""
+        self._stats.record(route, outcome, seconds)
+        child = self._latency.get((route, outcome))
+        if child is None:
+            child = self._latency[(route, outcome)] = self._duration.labels(route, outcome)
+        child.observe(seconds)
+        if route == PURCHASE_ROUTE:
+            counter = self._outcome.get(outcome)
+            if counter is not None:
+                counter.inc()

@@ -6,6 +6,10 @@ reads, parses and validates the same body the gateway takes and answers
 the ceiling the gateway's sold-out path is measured against, so it must stay
 as cheap as the framework allows; it deliberately does not import ``gateway``,
 so optimising the gateway never moves the baseline.
+
+With ``--minimal`` the handler only parses the body with orjson (a 400 when
+it is not JSON) and answers 409: the floor of any aiohttp + uvloop + orjson
+purchase route, and the reference issue 14's targets are measured against.
 """
 
 from __future__ import annotations
@@ -88,15 +92,25 @@ async def purchase(request: web.Request) -> web.Response:
     return web.Response(body=SOLD_OUT, status=409, content_type=JSON)
 
 
+async def minimal_purchase(request: web.Request) -> web.Response:
+    """POST /v1/purchase with ``--minimal``: parse the body, then always sold out."""
+    try:
+        orjson.loads(await request.read())
+    except orjson.JSONDecodeError:
+        return web.Response(status=400)
+    return web.Response(body=SOLD_OUT, status=409, content_type=JSON)
+
+
 async def healthz(request: web.Request) -> web.Response:
     """GET /healthz: the process answers."""
     return web.Response(body=_HEALTHY, content_type=JSON)
 
 
-def create_app() -> web.Application:
-    """The bare application."""
+def create_app(minimal: bool = False) -> web.Application:
+    """The bare application (``minimal``: parse only, no validation)."""
     app = web.Application(client_max_size=MAX_BODY)
-    app.add_routes([web.post("/v1/purchase", purchase), web.get("/healthz", healthz)])
+    handler = minimal_purchase if minimal else purchase
+    app.add_routes([web.post("/v1/purchase", handler), web.get("/healthz", healthz)])
     return app
 
 
@@ -118,8 +132,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m loadtests.baseline", description=__doc__)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8081)
+    parser.add_argument("--minimal", action="store_true", help="parse the body only")
     args = parser.parse_args(argv)
-    serve(create_app(), args.host, args.port)
+    serve(create_app(args.minimal), args.host, args.port)
     return 0
 
 

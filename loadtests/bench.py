@@ -17,13 +17,16 @@ the reference for both.
 It prints one table, writes ``loadtests/results/latest.json`` and
 ``latest.png``, records the gateway's memory idle, after the big sale and after
 the load, the Redis memory of the big sale, and checks that the units sold match
-the 201s wrk saw. Everything it started or created is removed at the end,
+the 201s wrk saw. Then the open-loop latency runs (``loadtests.bench_openloop``:
+fixed rates at 50 % and 80 % of each target's closed-loop median, latency from
+the intended send time, HdrHistogram). Everything it started or created is removed at the end,
 including on failure and Ctrl-C.
 
 Environment (or the equivalent flags): ``BENCH_DURATION`` (3s),
 ``BENCH_WARMUP`` (1s), ``BENCH_ROUNDS`` (5), ``BENCH_CONNECTIONS`` (64),
 ``BENCH_THREADS`` (1 when pinned, else 2), ``BENCH_STOCK`` (10000000),
-``BENCH_BIG_STOCK`` (200000), ``BENCH_PIN`` (1; 0 leaves everything unpinned),
+``BENCH_BIG_STOCK`` (200000), ``BENCH_PIN`` (1; 0 leaves everything
+unpinned), ``BENCH_OPEN_DURATION`` (5s; 0 skips the open-loop runs),
 ``BENCH_PG_URL``, ``BENCH_REDIS_URL``, ``BENCH_DB_SETTINGS`` (``key=value,...``
 set on the bench databases); any other ``GATEWAY_*`` variable is passed to the
 gateway.
@@ -42,6 +45,7 @@ from typing import Any
 
 from loadtests import machine, wrk
 from loadtests.bench_checks import audit, audit_failures
+from loadtests.bench_openloop import open_rows, run_open_loop
 from loadtests.bench_paths import (
     BIG_SKU,
     IN_STOCK_SKU,
@@ -53,6 +57,7 @@ from loadtests.bench_paths import (
 )
 from loadtests.bench_report import flush_note, report, summarize
 from loadtests.bench_sales import sell_sales
+from loadtests.cputime import cpu_seconds
 from loadtests.harness import Harness, passthrough_settings
 from loadtests.options import RESULTS_DIR, parse_seconds, parse_settings
 from loadtests.pinning import Pinning, choose
@@ -75,6 +80,8 @@ class Config:
     pinning: Pinning
     out_dir: Path
     db_settings: dict[str, str]
+    # Seconds of each open-loop run (loadtests.bench_openloop); 0 skips them.
+    open_duration_s: float = 5.0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -90,6 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--stock", type=int, default=int(env("BENCH_STOCK", "10000000")))
     parser.add_argument("--big-stock", type=int, default=int(env("BENCH_BIG_STOCK", "200000")))
     parser.add_argument("--pin", type=int, default=int(env("BENCH_PIN", "1")))
+    parser.add_argument("--open-duration", default=env("BENCH_OPEN_DURATION", "5s"))
     parser.add_argument("--out", type=Path, default=Path(env("BENCH_OUT", str(RESULTS_DIR))))
     parser.add_argument(
         "--db-settings",
@@ -115,6 +123,7 @@ def config_from(argv: Sequence[str] | None) -> Config:
         pinning=pinning,
         out_dir=args.out,
         db_settings=parse_settings(args.db_settings),
+        open_duration_s=parse_seconds(args.open_duration),
     )
 
 
@@ -123,6 +132,7 @@ def start_targets(harness: Harness, config: Config) -> tuple[dict[str, Target], 
     # One database each, so neither's orders slow the other's inserts.
     databases = {name: harness.database(name) for name in WRITERS}
     targets = {
+        "bare_min": harness.start_bare("bare_min", minimal=True),
         "bare": harness.start_bare(),
         "gateway": harness.start_gateway(databases["gateway"]),
         "nometrics": harness.start_gateway(
@@ -144,6 +154,7 @@ def drive(
     """One wrk run of ``path`` against ``target``; fails if the target died."""
     started = time.time()
     before = target.scrape()
+    cpu_before = cpu_seconds(target.pid)
     raw = wrk.run(
         target.url,
         sku=SKU_OF[path],
@@ -156,6 +167,9 @@ def drive(
     if target.process.poll() is not None:
         raise RuntimeError(f"{target.name} died under load:\n{target.log_tail()}")
     result = wrk.to_result(target.name, path, round_, raw, started)
+    if result.requests:
+        spent = cpu_seconds(target.pid) - cpu_before
+        result.extra["cpu_us_per_request"] = round(spent / result.requests * 1e6, 1)
     if before:
         result.extra["metrics"] = metrics_delta(before, target.scrape())
     return result
@@ -233,6 +247,14 @@ def bench(harness: Harness, config: Config) -> dict[str, Any]:
         harness, targets, config.big_stock, connections=config.connections, pinning=config.pinning
     )
     runs = run_all(targets, config, harness.run_id)
+    if config.open_duration_s > 0:
+        runs += run_open_loop(
+            targets,
+            summarize(runs),
+            duration_s=config.open_duration_s,
+            pinning=config.pinning,
+            run_id=harness.run_id,
+        )
     for name, target in targets.items():
         memory[name]["end"] = target.memory()
     checks = audit(targets, databases, runs, config.stock)
@@ -249,6 +271,7 @@ def bench(harness: Harness, config: Config) -> dict[str, Any]:
         "sales": sales,
         "load_average": {"before": load_before, "after": machine.load_average()},
         "summary": rows,
+        "open_loop": open_rows(runs),
         "runs": [r.as_json() for r in runs],
         "memory_kib": memory,
         "audit": checks,

@@ -13,11 +13,21 @@ SOLD_OUT, BIG_SOLD_OUT, IN_STOCK = "sold_out", "big_sold_out", "in_stock"
 SOLD_OUT_SKU, BIG_SKU, IN_STOCK_SKU = "bench-soldout", "bench-bigsale", "bench-instock"
 SMALL_SALE = 10
 # "nometrics" is the gateway with GATEWAY_METRICS=false: what the metrics cost.
-TARGETS = ("bare", "gateway", "nometrics", "naive")
+# "bare_min" parses the body only; "bare" also validates it as the gateway does.
+# Ratios are taken to bare_min, the reference of issue 14's targets.
+TARGETS = ("bare_min", "bare", "gateway", "nometrics", "naive")
+REFERENCE, VALIDATING = "bare_min", "bare"
 PATH_TARGETS = {
-    SOLD_OUT: ("bare", "gateway", "nometrics", "naive"),
+    SOLD_OUT: ("bare_min", "bare", "gateway", "nometrics", "naive"),
     BIG_SOLD_OUT: ("gateway",),
     IN_STOCK: ("gateway", "nometrics", "naive"),
 }
 WRITERS = ("gateway", "nometrics", "naive")
 SKU_OF = {SOLD_OUT: SOLD_OUT_SKU, BIG_SOLD_OUT: BIG_SKU, IN_STOCK: IN_STOCK_SKU}
+# The open-loop latency runs (loadtests.bench_openloop): which targets per path,
+# each at these shares of its own closed-loop maximum from the same run.
+OPEN_TARGETS = {
+    SOLD_OUT: ("bare_min", "gateway"),
+    IN_STOCK: ("gateway", "naive"),
+}
+OPEN_LOADS = (0.5, 0.8)

@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from loadtests import wrk
-from loadtests.bench_paths import BIG_SOLD_OUT, PATH_TARGETS, SOLD_OUT
+from loadtests.bench_openloop import format_open_table, plot_open
+from loadtests.bench_paths import BIG_SOLD_OUT, PATH_TARGETS, REFERENCE, SOLD_OUT, VALIDATING
 
 
 def flush_note(result: wrk.WrkResult) -> str:
@@ -28,8 +29,11 @@ def flush_note(result: wrk.WrkResult) -> str:
 def summarize(runs: Sequence[wrk.WrkResult]) -> list[dict[str, Any]]:
     """One row per (target, path): medians over rounds, errors and statuses summed."""
     measured = [r for r in runs if r.round >= 0]
-    bare = [r.rps for r in measured if r.target == "bare"]
-    bare_rps = statistics.median(bare) if bare else 0.0
+    references = {}
+    for name in (REFERENCE, VALIDATING):
+        rates = [r.rps for r in measured if r.target == name]
+        references[name] = statistics.median(rates) if rates else 0.0
+    bare_rps, validating_rps = references[REFERENCE], references[VALIDATING]
     rows: list[dict[str, Any]] = []
     for path, names in PATH_TARGETS.items():
         for name in names:
@@ -40,6 +44,7 @@ def summarize(runs: Sequence[wrk.WrkResult]) -> list[dict[str, Any]]:
             for r in mine:
                 statuses.update(r.statuses)
             rps = statistics.median(r.rps for r in mine)
+            cpu = [r.extra["cpu_us_per_request"] for r in mine if "cpu_us_per_request" in r.extra]
             rows.append(
                 {
                     "target": name,
@@ -52,6 +57,8 @@ def summarize(runs: Sequence[wrk.WrkResult]) -> list[dict[str, Any]]:
                     "p99_ms": statistics.median(r.latency_ms["p99"] for r in mine),
                     "errors": sum(r.errors for r in mine),
                     "ratio_to_bare": rps / bare_rps if bare_rps else None,
+                    "ratio_to_validating_bare": rps / validating_rps if validating_rps else None,
+                    "cpu_us_per_request": statistics.median(cpu) if cpu else None,
                     "statuses": dict(sorted(statuses.items())),
                 }
             )
@@ -67,20 +74,24 @@ def format_table(rows: Sequence[dict[str, Any]]) -> str:
     """The summary as a Markdown table (readable in a terminal too)."""
     lines = [
         "| target | path | requests/s median (min-max) | p50 ms | p99 ms | errors "
-        "| ratio to bare | statuses |",
-        "|---|---|--:|--:|--:|--:|--:|---|",
+        "| ratio to bare_min | to bare | CPU µs/request | statuses |",
+        "|---|---|--:|--:|--:|--:|--:|--:|--:|---|",
     ]
     for row in rows:
         ratio = row["ratio_to_bare"]
+        validating = row.get("ratio_to_validating_bare")
         small = row.get("ratio_to_small_sale")
         ratios = "-" if ratio is None else f"{ratio:.2f}"
         if small is not None:
             ratios += f" ({small:.2f} of the small sale)"
+        second = "-" if validating is None else f"{validating:.2f}"
+        cpu = row.get("cpu_us_per_request")
+        second += " | -" if cpu is None else f" | {cpu:.0f}"
         statuses = " ".join(f"{k}:{v}" for k, v in row["statuses"].items())
         lines.append(
             f"| {row['target']} | {row['path']} | {row['rps']:,.0f} "
             f"({row['rps_min']:,.0f}-{row['rps_max']:,.0f}) | {row['p50_ms']:.2f} | "
-            f"{row['p99_ms']:.2f} | {row['errors']} | {ratios} | {statuses} |"
+            f"{row['p99_ms']:.2f} | {row['errors']} | {ratios} | {second} | {statuses} |"
         )
     return "\n".join(lines)
 
@@ -93,7 +104,13 @@ def plot(rows: Sequence[dict[str, Any]], path: Path, title: str) -> None:
     import matplotlib.pyplot as plt
 
     labels = [f"{r['target']}\n{r['path']}" for r in rows]
-    colors = {"bare": "#888888", "gateway": "#1f77b4", "nometrics": "#17becf", "naive": "#d62728"}
+    colors = {
+        "bare_min": "#bbbbbb",
+        "bare": "#888888",
+        "gateway": "#1f77b4",
+        "nometrics": "#17becf",
+        "naive": "#d62728",
+    }
     bar_colors = [colors.get(r["target"], "#2ca02c") for r in rows]
     xs = range(len(rows))
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.8))
@@ -159,3 +176,9 @@ def report(results: dict[str, Any], out_dir: Path) -> None:
     )
     plot(results["summary"], out_dir / "latest.png", title)
     print(f"wrote {out_dir / 'latest.json'} and {out_dir / 'latest.png'}")
+    opened = results.get("open_loop") or []
+    if opened:
+        print("\nopen loop (latency from the intended send time):\n")
+        print(format_open_table(opened))
+        plot_open(opened, out_dir / "openloop.png", f"open loop - {title}")
+        print(f"wrote {out_dir / 'openloop.png'}")

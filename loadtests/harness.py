@@ -150,10 +150,13 @@ class Harness:
             set_database_settings(name, self.db_settings, self.pg_url)
         return url
 
-    def start_bare(self, name: str = "bare") -> Target:
-        """Start the bare aiohttp baseline (``loadtests.baseline``)."""
+    def start_bare(self, name: str = "bare", *, minimal: bool = False) -> Target:
+        """Start the bare aiohttp baseline (``loadtests.baseline``; ``minimal``:
+        parsing the body only, without the gateway's validation)."""
         port = free_port()
         cmd = [sys.executable, "-m", "loadtests.baseline", "--port", str(port)]
+        if minimal:
+            cmd.append("--minimal")
         return self._start(name, port, cmd, _child_env())
 
     def start_naive(self, database_url: str, name: str = "naive") -> Target:

@@ -127,3 +127,29 @@ async def test_the_flusher_hears_when_a_lane_runs_empty() -> None:
     await asyncio.gather(*(batcher.submit(purchase(i, "a")) for i in range(3)))
     await batcher.close()
     assert "a" in idle
+
+
+async def test_a_lone_buyer_is_not_held_for_the_batch_wait() -> None:
+    """With nobody else arriving, a purchase is flushed at once, not after the
+    30 s batch wait: at that pace no other purchase would join its batch."""
+    flush = Recorder()
+    batcher = Batcher(flush, batch_max=100, batch_wait_s=30, queue_max=100)
+    assert await asyncio.wait_for(batcher.submit(purchase(0)), 5) == SOLD_OUT
+    assert flush.batches == [["r0"]]
+    await batcher.close()
+
+
+async def test_a_storm_fills_batches() -> None:
+    """Purchases arriving back to back (one per loop turn) are held for the
+    batch wait, so after the first few the batches flush full."""
+    flush = Recorder()
+    batcher = Batcher(flush, batch_max=5, batch_wait_s=1, queue_max=100)
+    waiting = []
+    for i in range(40):
+        waiting.append(asyncio.ensure_future(batcher.submit(purchase(i))))
+        await asyncio.sleep(0)
+    await asyncio.wait_for(asyncio.gather(*waiting), 5)
+    sizes = [len(b) for b in flush.batches]
+    assert sum(sizes) == 40
+    assert sizes.count(5) >= 5, sizes
+    await batcher.close()
