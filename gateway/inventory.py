@@ -8,6 +8,7 @@ cluster slot (``gateway.connections``). Driver errors become
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -22,6 +23,7 @@ from gateway.layout import (
     Change,
     Pending,
     SkuKeys,
+    call_key,
     channel,
     client_bucket_key,
     decode_confirmed,
@@ -216,10 +218,12 @@ class Inventory:
         return head
 
     def _reserve_call(self, entries: list[_Entry]) -> tuple[list[str], list[ScriptArg]]:
-        """One reserve.lua call for a sku's queued purchases: its four keys and
+        """One reserve.lua call for a sku's queued purchases: its four keys, the
+        call's own key (a fresh id, so a call sent again is recognised) and
         the bucket keys (each once), the sku's head (the newest entry's), then
         five args per purchase."""
-        keys: list[str] = list(self.keys(entries[0][0].sku).all())
+        sku = entries[0][0].sku
+        keys: list[str] = [*self.keys(sku).all(), call_key(self._prefix, sku, uuid.uuid4().hex)]
         index: dict[str, int] = {}
         args: list[ScriptArg] = list(entries[-1][3])
         for purchase, user_key, client_key, _ in entries:

@@ -20,6 +20,8 @@ through KEYS and write the records below; their contracts point here.
 ``<prefix>:{<sku>}:rl:u:<user_id>``  string  a user's token bucket ``tokens|at_ms`` for
 ``<prefix>:{<sku>}:rl:c:<address>``  string  the sku, and a client address's (reserve.lua);
                               each expires once it would be full again
+``<prefix>:{<sku>}:call:<id>``  string  the replies (JSON) of a reserve.lua call that
+                              reserved, for the call sent again; expires after 30 s
 ``<prefix>:events``           channel of sku changes: ``avail:<sku>`` (stock came back),
                               ``meta:<sku>`` (an admin changed the sku) and ``reset:*``
                               (every sku's state was dropped)
@@ -78,6 +80,13 @@ def user_bucket_key(prefix: str, sku: str, user_id: str) -> str:
 def client_bucket_key(prefix: str, sku: str, address: str) -> str:
     """The key of a client address's rate-limit bucket for ``sku``, in the sku's slot."""
     return f"{sku_base(prefix, sku)}:rl:c:{address}"
+
+
+def call_key(prefix: str, sku: str, call_id: str) -> str:
+    """The key holding the replies of one reservation call that reserved, in the
+    sku's slot: a client library that sends the call again (after a timeout, or
+    a cluster pipeline retried whole) gets the same replies back."""
+    return f"{sku_base(prefix, sku)}:call:{call_id}"
 
 
 def identity_key(prefix: str) -> str:

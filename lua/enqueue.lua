@@ -34,7 +34,12 @@ if redis.call("XLEN", stream) >= bound then
   return busy
 end
 
+-- A call sent again gets its first replies from reserve(): queue nothing twice.
+local again = redis.call("EXISTS", KEYS[5]) == 1
 local replies = reserve()
+if again then
+  return replies
+end
 local queued = false
 for i, reply in ipairs(replies) do
   if reply[1] == "ok" then

@@ -8,7 +8,8 @@
 -- KEYS[2] buyers   hash:   user_id -> request_id of that user's reservation or order
 -- KEYS[3] pending  hash:   request_id -> "user_id|qty|reserved_at_ms" (the ledger)
 -- KEYS[4] done     hash:   request_id -> "order_id|user_id|qty" (confirmed orders)
--- KEYS[5..] token buckets "tokens|at_ms" of the entries' users and clients
+-- KEYS[5] call     string: this call's replies, once it reserved (JSON)
+-- KEYS[6..] token buckets "tokens|at_ms" of the entries' users and clients
 --           (<prefix>:{sku}:rl:u:<user>, <prefix>:{sku}:rl:c:<address>)
 -- ARGV[1] retention in ms: a reservation keeps the four sku keys that long
 -- ARGV[2] starts_at, ARGV[3] ends_at: the sale window in ms since the epoch,
@@ -39,6 +40,15 @@
 -- key takes no token; any other attempt takes one from each of its buckets,
 -- all or none. Sold out beats rate limited: nobody is told to come back for
 -- stock that is gone.
+-- A call sent again (redis-py retries a command, or a whole cluster pipeline,
+-- after a timeout or a failed node even when this call already ran) gets the
+-- replies of its first run: run twice, its reservations would read as another
+-- request's "in_progress" and be held until the reconciler released them.
+local earlier = redis.call("GET", KEYS[5])
+if earlier then
+  return cjson.decode(earlier)
+end
+
 local time = redis.call("TIME")
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 local starts, ends = tonumber(ARGV[2]), tonumber(ARGV[3])
@@ -153,5 +163,6 @@ if reserved then
   for i = 1, 4 do
     redis.call("PEXPIRE", KEYS[i], ARGV[1])
   end
+  redis.call("SET", KEYS[5], cjson.encode(replies), "PX", 30000)
 end
 return replies

@@ -13,8 +13,9 @@ from redis.asyncio import Redis
 
 from gateway.appkeys import INVENTORY
 from gateway.domain import Purchase, SkuInfo
-from gateway.layout import SkuKeys
+from gateway.layout import SkuKeys, call_key
 from gateway.rules import Rate, SaleRules
+from gateway.scripts import read_script
 from tests.support.polling import wait_for
 from tests.support.purchases import ADMIN_HEADERS, buy, db_state, redis_state
 from tests.support.redis_cluster import LocalRedisCluster
@@ -261,6 +262,30 @@ class TestReserveMany:
                 b"u1": b"r1",
                 b"u3": b"r5",
             }
+
+    async def test_a_call_sent_again_gets_its_first_replies_and_reserves_once(
+        self, start_gateway: Any, sku: str, redis: Redis, key_prefix: str
+    ) -> None:
+        """redis-py sends a command again after a timeout, and a cluster pipeline
+        again whole when one node failed, even where the script already ran: the
+        same call (same call key) gets the replies of its first run, so its
+        purchases are not told "in_progress" by their own reservations."""
+        client = await start_gateway()
+        await put_rules(client, sku, 3)
+        script = read_script("reserve")
+        await script.load(redis)
+        keys = [*SkuKeys.of(key_prefix, sku).all(), call_key(key_prefix, sku, "c1")]
+        head = [60_000, "", "", 0, 0, 0, 0]
+        entries = ["r1", "u1", 1, 0, 0, "r2", "u2", 1, 0, 0]
+        first = await script(redis, keys, [*head, *entries])
+        again = await script(redis, keys, [*head, *entries])
+        assert [r[0] for r in first] == [b"ok", b"ok"]
+        assert again == first
+        assert await redis_state(redis, key_prefix, sku) == (1, 2)
+        # Another call of the same purchases is a replay, not the same call.
+        keys[-1] = call_key(key_prefix, sku, "c2")
+        other = await script(redis, keys, [*head, *entries])
+        assert [r[0] for r in other] == [b"in_progress", b"in_progress"]
 
     async def test_a_storm_of_one_turn_sells_exactly_the_stock_once_per_user(
         self, start_gateway: Any, sku: str, redis: Redis, key_prefix: str, database_url: str
