@@ -58,7 +58,13 @@ class TestStrategyField:
                 shown = await call(http, "GET", f"{url}/v1/skus/{sku}-{strategy}")
                 assert shown == (
                     200,
-                    {"sku": f"{sku}-{strategy}", "available": 2, "strategy": strategy},
+                    {
+                        "sku": f"{sku}-{strategy}",
+                        "available": 2,
+                        "strategy": strategy,
+                        "starts_at": None,
+                        "ends_at": None,
+                    },
                 )
             status, bad = await call(
                 http,
