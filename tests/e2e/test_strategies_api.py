@@ -113,7 +113,13 @@ class TestStrategyField:
                 )
                 assert await call(http, "GET", f"{url}/v1/skus/{s}") == (
                     200,
-                    {"sku": s, "available": 0, "strategy": strategy},
+                    {
+                        "sku": s,
+                        "available": 0,
+                        "strategy": strategy,
+                        "starts_at": None,
+                        "ends_at": None,
+                    },
                 )
                 report = await call(http, "GET", f"{url}/admin/skus/{s}", None, cluster.admin_token)
                 assert report == (
