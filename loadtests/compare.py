@@ -214,7 +214,12 @@ class SoldSampler:
 
 
 SOLD = "SELECT coalesce(sum(qty), 0) FROM orders WHERE sku = $1"
-BOOKS = "SELECT stock FROM inventory WHERE sku = $1"
+# Units sold and stock left read in one snapshot: a purchase still committing
+# while the books are read must not look like a lost unit.
+BOOKS = """
+SELECT (SELECT coalesce(sum(qty), 0) FROM orders WHERE sku = $1) AS sold,
+       (SELECT stock FROM inventory WHERE sku = $1) AS stock
+"""
 
 
 def settle_and_audit(rnd: Round) -> dict[str, Any]:
@@ -254,11 +259,11 @@ def settle_and_audit(rnd: Round) -> dict[str, Any]:
 async def _books(database_url: str, sku: str) -> tuple[int, int]:
     con = await asyncpg.connect(database_url)
     try:
-        sold = int(await con.fetchval(SOLD, sku) or 0)
-        stock = int(await con.fetchval(BOOKS, sku) or 0)
+        row = await con.fetchrow(BOOKS, sku)
     finally:
         await con.close()
-    return sold, stock
+    assert row is not None  # the query always returns one row
+    return int(row["sold"] or 0), int(row["stock"] or 0)
 
 
 def scrape_all(gateways: Sequence[Target]) -> dict[str, float]:
@@ -316,7 +321,11 @@ def measure(
         "fenced_out": found.get("flashsale_fenced_out_total", 0.0),
         "flush_failures": _series(found, "flashsale_flush_failures_total", "reason"),
         "failure_rate": round(unavailable / requests, 4) if requests else 0.0,
-        "retries": sum(v for k, v in found.items() if "retries" in k.partition("{")[0]),
+        "retries": sum(
+            v
+            for k, v in found.items()
+            if "retries" in (name := k.partition("{")[0]) and not name.endswith("_created")
+        ),
         "oversell": max(0, sold - opts.stock),
         "unsold": db_stock,
         "lost": opts.stock - sold - db_stock,

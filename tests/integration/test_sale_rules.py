@@ -275,8 +275,8 @@ class TestReserveMany:
         script = read_script("reserve")
         await script.load(redis)
         keys = [*SkuKeys.of(key_prefix, sku).all(), call_key(key_prefix, sku, "c1")]
-        head = [60_000, "", "", 0, 0, 0, 0]
-        entries = ["r1", "u1", 1, 0, 0, "r2", "u2", 1, 0, 0]
+        head: list[str | int] = [60_000, "", "", 0, 0, 0, 0]
+        entries: list[str | int] = ["r1", "u1", 1, 0, 0, "r2", "u2", 1, 0, 0]
         first = await script(redis, keys, [*head, *entries])
         again = await script(redis, keys, [*head, *entries])
         assert [r[0] for r in first] == [b"ok", b"ok"]
