@@ -9,12 +9,15 @@ there (following MOVED and refreshing its slot map after a failover).
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
 from typing import Any, TypeAlias
 
 from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
+from redis.exceptions import RedisError
 
+from gateway.errors import RedisUnavailable
 from gateway.settings import Settings
 
 RedisClient: TypeAlias = Redis | RedisCluster
@@ -63,3 +66,13 @@ def create_redis(settings: Settings) -> RedisClient:
         settings.redis_url, max_connections=settings.redis_pool_size, timeout=5, **_CONNECTION
     )
     return Redis.from_pool(pool)  # the client owns the pool: aclose() disconnects it
+
+
+async def guarded(call: Awaitable[Any]) -> Any:
+    """Await a Redis call; a driver error becomes :class:`RedisUnavailable` (a 503),
+    the one translation every Redis adapter makes. (``Any``: redis-py types its
+    replies as bytes or str, while these clients decode every reply to str.)"""
+    try:
+        return await call
+    except RedisError as exc:
+        raise RedisUnavailable(f"redis: {type(exc).__name__}") from exc

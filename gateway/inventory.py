@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from redis.exceptions import RedisError
 
-from gateway.connections import RedisClient
+from gateway.connections import RedisClient, guarded
 from gateway.domain import Order, Purchase, SkuInfo, Verdict
 from gateway.errors import RedisUnavailable
 from gateway.layout import (
@@ -277,8 +277,8 @@ class Inventory:
         strategy keeps no Redis stock now. The ledger stays, for the flushes still
         on their way; a later reserve-batch purchase or reset finds the counter
         missing and loads it from the database."""
-        await self._guard(self.redis.delete(self.keys(sku).stock))
-        await self._guard(self.redis.publish(self._channel, f"{Change.META}:{sku}"))
+        await guarded(self.redis.delete(self.keys(sku).stock))
+        await guarded(self.redis.publish(self._channel, f"{Change.META}:{sku}"))
 
     async def restore_orders(self, sku: str, orders: Sequence[Order]) -> None:
         """Write committed orders back into the buyers and done hashes.
@@ -295,16 +295,16 @@ class Inventory:
             pipe.hset(keys.buyers, mapping={o.user_id: o.request_id for o in chunk})
             pipe.pexpire(keys.done, self._retention_ms)
             pipe.pexpire(keys.buyers, self._retention_ms)
-            await self._guard(pipe.execute())
+            await guarded(pipe.execute())
 
     async def available(self, sku: str) -> int | None:
         """Unreserved stock in Redis, or None when the key is missing."""
-        raw = await self._guard(self.redis.get(self.keys(sku).stock))
+        raw = await guarded(self.redis.get(self.keys(sku).stock))
         return None if raw is None else int(raw)
 
     async def pending(self, sku: str) -> list[Pending]:
         """The ledger of a sku: reservations not yet settled."""
-        raw: dict[str, str] = await self._guard(self.redis.hgetall(self.keys(sku).pending))
+        raw: dict[str, str] = await guarded(self.redis.hgetall(self.keys(sku).pending))
         return ledger(raw)
 
     async def snapshot(self, sku: str) -> tuple[int | None, list[Pending]]:
@@ -313,25 +313,25 @@ class Inventory:
         pipe = self.redis.pipeline(transaction=True)
         pipe.get(keys.stock)
         pipe.hgetall(keys.pending)
-        stock, entries = await self._guard(pipe.execute())
+        stock, entries = await guarded(pipe.execute())
         return (None if stock is None else int(stock)), ledger(entries)
 
     async def confirmed_count(self, sku: str) -> int:
         """How many orders Redis knows as confirmed (HLEN of the done hash)."""
-        return int(await self._guard(self.redis.hlen(self.keys(sku).done)))
+        return int(await guarded(self.redis.hlen(self.keys(sku).done)))
 
     async def confirmed_ids(self, sku: str) -> AsyncIterator[list[str]]:
         """The confirmed request ids, a chunk (one HSCAN reply) at a time."""
         done, cursor = self.keys(sku).done, 0
         while True:
-            cursor, chunk = await self._guard(self.redis.hscan(done, cursor, count=SCAN_CHUNK))
+            cursor, chunk = await guarded(self.redis.hscan(done, cursor, count=SCAN_CHUNK))
             yield list(chunk)
             if cursor == 0:
                 return
 
     async def confirmed_order(self, sku: str, request_id: str) -> Order | None:
         """The order Redis knows as confirmed for ``request_id``, if any."""
-        record = await self._guard(self.redis.hget(self.keys(sku).done, request_id))
+        record = await guarded(self.redis.hget(self.keys(sku).done, request_id))
         return None if record is None else decode_confirmed(sku, request_id, record)
 
     async def adopt(self, identity: str) -> bool:
@@ -343,15 +343,15 @@ class Inventory:
         and every instance is told. State with no stamp yet is adopted as it is.
         Returns whether anything was dropped.
         """
-        stamped = await self._guard(self.redis.get(self._identity_key))
+        stamped = await guarded(self.redis.get(self._identity_key))
         if stamped == identity:
             return False
         if stamped is not None:
             await self._drop_state()
-        await self._guard(self.redis.set(self._identity_key, identity))
+        await guarded(self.redis.set(self._identity_key, identity))
         if stamped is None:
             return False
-        await self._guard(self.redis.publish(self._channel, f"{Change.RESET}:*"))
+        await guarded(self.redis.publish(self._channel, f"{Change.RESET}:*"))
         return True
 
     async def _drop_state(self) -> None:
@@ -361,10 +361,10 @@ class Inventory:
             if key.endswith(STATE_SUFFIXES):
                 doomed.append(key)
             if len(doomed) >= SCAN_CHUNK:
-                await self._guard(self.redis.unlink(*doomed))
+                await guarded(self.redis.unlink(*doomed))
                 doomed = []
         if doomed:
-            await self._guard(self.redis.unlink(*doomed))
+            await guarded(self.redis.unlink(*doomed))
 
     async def ping(self) -> bool:
         """Whether Redis answers."""
@@ -374,14 +374,4 @@ class Inventory:
             return False
 
     async def _call(self, script: Script, keys: Sequence[str], args: Sequence[Any]) -> Any:
-        try:
-            return await script(self.redis, keys, args)
-        except RedisError as exc:
-            raise RedisUnavailable(f"redis: {type(exc).__name__}") from exc
-
-    @staticmethod
-    async def _guard(awaitable: Any) -> Any:
-        try:
-            return await awaitable
-        except RedisError as exc:
-            raise RedisUnavailable(f"redis: {type(exc).__name__}") from exc
+        return await guarded(script(self.redis, keys, args))

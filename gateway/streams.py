@@ -17,7 +17,7 @@ from typing import Any
 
 from redis.exceptions import RedisError, ResponseError
 
-from gateway.connections import RedisClient
+from gateway.connections import RedisClient, guarded
 from gateway.domain import Purchase, Verdict
 from gateway.errors import RedisUnavailable
 from gateway.layout import WRITERS_GROUP, rejected_key, request_key, stream_key
@@ -111,7 +111,7 @@ class Streams:
         pipe = self.redis.pipeline(transaction=False)
         for sku in skus:
             pipe.exists(stream_key(self._prefix, sku))
-        found = await self._guard(pipe.execute())
+        found = await guarded(pipe.execute())
         return [sku for sku, exists in zip(skus, found, strict=True) if exists]
 
     async def claim(self, sku: str, consumer: str) -> list[Entry]:
@@ -144,27 +144,27 @@ class Streams:
             pipe.pexpire(rejections, self._retention_ms)
         pipe.xack(key, WRITERS_GROUP, *ids)
         pipe.xdel(key, *ids)
-        await self._guard(pipe.execute())
+        await guarded(pipe.execute())
 
     async def remember(self, request_id: str, sku: str) -> None:
         """Note which sku a queued request id belongs to, for its status."""
         key = request_key(self._prefix, request_id)
-        await self._guard(self.redis.set(key, sku, px=self._retention_ms))
+        await guarded(self.redis.set(key, sku, px=self._retention_ms))
 
     async def status(self, request_id: str) -> tuple[str | None, Verdict | None]:
         """(the sku the request id was queued for, the database's refusal if any);
         (None, None) for a request id never queued (or forgotten after retention)."""
-        sku = await self._guard(self.redis.get(request_key(self._prefix, request_id)))
+        sku = await guarded(self.redis.get(request_key(self._prefix, request_id)))
         if sku is None:
             return None, None
-        letter = await self._guard(self.redis.hget(rejected_key(self._prefix, sku), request_id))
+        letter = await guarded(self.redis.hget(rejected_key(self._prefix, sku), request_id))
         return sku, None if letter is None else Verdict(letter)
 
     async def queued_ids(self, sku: str) -> set[str]:
         """Request ids of the entries still in the sku's stream (not yet
         acknowledged): their reservations are queued, not stale."""
         key = stream_key(self._prefix, sku)
-        raw = await self._guard(self.redis.xrange(key, "-", "+", count=self._max))
+        raw = await guarded(self.redis.xrange(key, "-", "+", count=self._max))
         return {fields["rid"] for _, fields in raw}
 
     async def depth(self, sku: str) -> Depth:
@@ -182,10 +182,3 @@ class Streams:
         # No group yet (nothing read): nothing pending.
         count = 0 if isinstance(pending, Exception) else int(pending["pending"])
         return Depth(int(length), count)
-
-    @staticmethod
-    async def _guard(awaitable: Any) -> Any:
-        try:
-            return await awaitable
-        except RedisError as exc:
-            raise RedisUnavailable(f"redis: {type(exc).__name__}") from exc

@@ -9,19 +9,15 @@ shares one pace. Driver errors become :class:`gateway.errors.RedisUnavailable`.
 from __future__ import annotations
 
 import secrets
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal, TypeVar
+from typing import Literal
 
-from redis.exceptions import RedisError
-
-from gateway.connections import RedisClient
-from gateway.errors import RedisUnavailable
+from gateway.connections import RedisClient, guarded
 from gateway.layout import QueueKeys, SkuKeys
 from gateway.scripts import Script, read_script
 from gateway.settings import Settings
 
-T = TypeVar("T")
 Status = Literal["unknown", "sold_out", "waiting", "admitted"]
 
 
@@ -78,7 +74,7 @@ class WaitingRooms:
         q, s = QueueKeys.of(self._prefix, sku), SkuKeys.of(self._prefix, sku)
         keys = (q.wait, q.users, q.tickets, q.seq, s.stock, s.pending, q.early)
         args = (user_id, fresh_ticket, self._retention_ms, starts_ms)
-        raw = await _guard(self._join(self._redis, keys, args))
+        raw = await guarded(self._join(self._redis, keys, args))
         if raw[0] == "sold_out":
             return _SOLD_OUT
         return Standing("waiting", raw[1], user_id, int(raw[2]), waiting=int(raw[3]))
@@ -93,7 +89,7 @@ class WaitingRooms:
         keys = (q.wait, q.tickets, q.recent, s.stock, s.pending, q.early, q.shuffled)
         salt = secrets.token_hex(8)
         args = (ticket, admit_per_s, self._retention_ms, starts_ms, int(shuffle), salt)
-        raw = await _guard(self._poll(self._redis, keys, args))
+        raw = await guarded(self._poll(self._redis, keys, args))
         kind = raw[0]
         if kind == "unknown":
             return _UNKNOWN
@@ -110,22 +106,15 @@ class WaitingRooms:
         key = QueueKeys.of(self._prefix, sku).used(ticket)
         px = max(1, ttl_ms) + self._retention_ms
         # SET NX GET: one round trip both claims the token and names its holder.
-        held = await _guard(self._redis.set(key, request_id, nx=True, get=True, px=px))
+        held = await guarded(self._redis.set(key, request_id, nx=True, get=True, px=px))
         return None if held is None else str(held)
 
     async def spent_by(self, sku: str, ticket: str) -> str | None:
         """The request id that spent ``ticket``'s token, if any."""
-        held = await _guard(self._redis.get(QueueKeys.of(self._prefix, sku).used(ticket)))
+        held = await guarded(self._redis.get(QueueKeys.of(self._prefix, sku).used(ticket)))
         return None if held is None else str(held)
 
     async def give_back(self, sku: str, ticket: str, request_id: str) -> bool:
         """Unspend ``ticket``'s token if ``request_id`` holds it; whether it did."""
         key = QueueKeys.of(self._prefix, sku).used(ticket)
-        return bool(await _guard(self._unburn(self._redis, (key,), (request_id,))))
-
-
-async def _guard(call: Awaitable[T]) -> T:
-    try:
-        return await call
-    except RedisError as exc:
-        raise RedisUnavailable(f"redis: {type(exc).__name__}") from exc
+        return bool(await guarded(self._unburn(self._redis, (key,), (request_id,))))
