@@ -22,8 +22,9 @@ ENV GATEWAY_HOST=0.0.0.0 \
 USER flashsale
 WORKDIR /tmp
 EXPOSE 8080
-# SIGTERM starts the lame duck, then the drain (GATEWAY_LAME_DUCK_S, GATEWAY_DRAIN_S):
-# give the container at least their sum before the kill (compose: stop_grace_period).
+# SIGTERM starts the lame duck, then the drain (GATEWAY_LAME_DUCK_S, GATEWAY_DRAIN_S),
+# then the close (at most 8 s): give the container at least their sum before the
+# kill (compose: stop_grace_period).
 STOPSIGNAL SIGTERM
 # /readyz: Redis and PostgreSQL answer and no stop has begun (urlopen raises on 503).
 HEALTHCHECK --interval=5s --timeout=3s --start-period=30s --retries=2 \

@@ -75,7 +75,7 @@ from gateway.writer import QueueWriter
 
 QUEUE_SAMPLE_S = 0.5
 # Longest a stopping gateway waits for its background loops to end once cancelled.
-TASK_STOP_S = 5.0
+TASK_STOP_S = 2.0
 # Longest a stopping gateway waits for its PostgreSQL connections to close cleanly.
 POOL_CLOSE_S = 2.0
 

@@ -6,8 +6,10 @@ served, so the load balancer's checks take it out of rotation before anything
 is refused. Then it drains: new purchases get 503 (with Retry-After) while it
 keeps listening, every queued batch is finished and settled, it stops
 listening, waits for the last handlers, and closes its resources. The drain is
-bounded by ``GATEWAY_DRAIN_S``, so the whole stop by the sum of the two; the
-process then exits 0.
+bounded by ``GATEWAY_DRAIN_S`` and the closing after it by ``CLOSE_S``, so the
+whole stop by the sum of the three; the process then exits 0. A close that
+overruns its bound (a task that will not end) is logged with every task's
+stack, and the process exits 1 without waiting for it any longer.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
+from typing import Any
 
 import structlog
 import uvloop
@@ -32,17 +35,23 @@ from gateway.settings import Settings, worker_environment
 
 log = structlog.get_logger(__name__)
 
+# After the drain: how long handlers still running get, and the bound on the
+# whole close (listener, handlers, background loops, pools, connections).
+HANDLERS_S = 2.0
+CLOSE_S = 8.0
+# How deep a stuck task's chain of awaits is followed in the report.
+AWAIT_DEPTH = 40
+
 StartupHook = Callable[[web.Application], Awaitable[None]]
 
 
-async def run(settings: Settings, on_startup: StartupHook | None = None) -> None:
-    """Serve ``settings`` until a stop signal, then drain and return."""
+async def run(settings: Settings, on_startup: StartupHook | None = None) -> bool:
+    """Serve ``settings`` until a stop signal, then drain and close; whether the
+    close ended within its bound."""
     app = create_app(settings)
     if on_startup is not None:
         app.on_startup.append(on_startup)
-    runner = web.AppRunner(
-        app, access_log=None, handle_signals=False, shutdown_timeout=settings.drain_s
-    )
+    runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=HANDLERS_S)
     await runner.setup()
     try:
         site = GuardedSite(runner, settings, observer=app[METRICS])
@@ -61,8 +70,60 @@ async def run(settings: Settings, on_startup: StartupHook | None = None) -> None
             log.warning("drain_timed_out", queued=app[BATCHER].depth)
             app[BATCHER].abort()
     finally:
-        await runner.cleanup()
-    log.info("stopped")
+        closed = await _close_within(runner, CLOSE_S)
+    log.info("stopped", clean=closed)
+    return closed
+
+
+async def _close_within(runner: web.AppRunner, seconds: float) -> bool:
+    """Close ``runner`` (listener, handlers, cleanup contexts) within ``seconds``.
+
+    Each step has its own bound, so an overrun means a task that ignores its
+    cancel; it is reported with every task's stack and left behind, since
+    waiting for it would hold the exit forever."""
+    closing = asyncio.ensure_future(runner.cleanup())
+    done, _ = await asyncio.wait([closing], timeout=seconds)
+    if done:
+        closing.result()
+        return True
+    stacks = {
+        task.get_name(): _awaiting(task)
+        for task in asyncio.all_tasks()
+        if task is not asyncio.current_task()
+    }
+    log.error("close_overran", seconds=seconds, tasks=stacks)
+    return False
+
+
+def _awaiting(task: asyncio.Task[Any]) -> list[str]:
+    """Where ``task`` waits, outermost first: its chain of awaits, which
+    ``Task.get_stack`` cuts to one frame for a suspended coroutine."""
+    chain = []
+    awaited: Any = task.get_coro()
+    for _ in range(AWAIT_DEPTH):
+        frame = next(
+            (
+                getattr(awaited, f)
+                for f in ("cr_frame", "ag_frame", "gi_frame")
+                if hasattr(awaited, f)
+            ),
+            None,
+        )
+        if frame is None:
+            chain.append(repr(awaited))
+            break
+        chain.append(f"{frame.f_code.co_filename}:{frame.f_lineno} {frame.f_code.co_qualname}")
+        awaited = next(
+            (
+                getattr(awaited, a)
+                for a in ("cr_await", "ag_await", "gi_yieldfrom")
+                if hasattr(awaited, a)
+            ),
+            None,
+        )
+        if awaited is None:
+            break
+    return chain
 
 
 async def _stop_signal() -> None:
@@ -83,19 +144,32 @@ def serve(settings: Settings, argv: Sequence[str], on_startup: StartupHook | Non
     """
     if settings.workers > 1:
         return supervise(settings.workers, argv)
-    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        runner.run(run(settings, on_startup))
-    return 0
+    return _on_uvloop(run(settings, on_startup))
 
 
 def serve_writer(settings: Settings) -> int:
     """Run a queue writer alone, on uvloop, until SIGTERM or SIGINT; the exit status."""
-    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        runner.run(run_writer(settings))
+    return _on_uvloop(run_writer(settings))
+
+
+def _on_uvloop(main: Coroutine[None, None, bool]) -> int:
+    """Run ``main`` on a uvloop loop; 0 when it closed cleanly, else 1 at once."""
+    runner = asyncio.Runner(loop_factory=uvloop.new_event_loop)
+    try:
+        clean = runner.run(main)
+    except BaseException:
+        runner.close()
+        raise
+    if not clean:
+        # Closing the loop would cancel the stuck task and wait for it again.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)
+    runner.close()
     return 0
 
 
-async def run_writer(settings: Settings) -> None:
+async def run_writer(settings: Settings) -> bool:
     """Write the sku streams until a stop signal. The batch in hand when it comes
     is abandoned: it stays pending, and another writer commits it again safely."""
     runner = web.AppRunner(create_writer_app(settings), handle_signals=False)
@@ -104,8 +178,9 @@ async def run_writer(settings: Settings) -> None:
         log.info("writing", prefix=settings.key_prefix)
         await _stop_signal()
     finally:
-        await runner.cleanup()
-    log.info("stopped")
+        closed = await _close_within(runner, CLOSE_S)
+    log.info("stopped", clean=closed)
+    return closed
 
 
 def supervise(workers: int, argv: Sequence[str]) -> int:

@@ -16,6 +16,7 @@ from tests.chaos.faults import even_user, young_batch_on_gateway_0
 from tests.chaos.reporting import Diagnostics
 from tests.chaos.sale import LOCKS, SKU, run_scenario, settings_for
 from tests.chaos.stacks import Stack, proxied_stack
+from tests.support.gateways import SIGTERM_EXIT_S
 from tests.support.postgres_servers import PostgresCluster
 
 # --------------------------------------------------------------------------- 6. gateway dies
@@ -66,7 +67,7 @@ async def test_gateway_sigterm_drains_mid_sale(
             gateway = stack.gateways[0]
             started = time.monotonic()
             gateway.kill(signal.SIGTERM)
-            status = await gateway.wait_exit(within=10)
+            status = await gateway.wait_exit(within=SIGTERM_EXIT_S)
             took = time.monotonic() - started
             assert status == 0, f"gateway 0 exited {status}:\n{gateway.log_tail()}"
             assert took < 3 + 2, f"drain took {took:.1f}s, bound 3s"

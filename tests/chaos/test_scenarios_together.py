@@ -18,6 +18,7 @@ from tests.chaos.faults import sleep_fault, stop_lock_holder
 from tests.chaos.reporting import Diagnostics
 from tests.chaos.sale import LOCKS, SalePlan, run_scenario, settings_for
 from tests.chaos.stacks import Stack, proxied_stack
+from tests.support.gateways import SIGTERM_EXIT_S
 from tests.support.postgres_servers import PostgresCluster
 from tests.support.redis_servers import command, redis_client
 
@@ -109,7 +110,7 @@ async def _gateway_sigkill(stack: Stack, sku: str, rng: random.Random) -> str:
 async def _gateway_sigterm(stack: Stack, sku: str, rng: random.Random) -> str:
     gateway = rng.choice(list(stack.gateways))
     gateway.kill(signal.SIGTERM)
-    status = await gateway.wait_exit(within=10)
+    status = await gateway.wait_exit(within=SIGTERM_EXIT_S)
     assert status == 0, (
         f"gateway {gateway.index} exited {status} on SIGTERM:\n{gateway.log_tail(8)}"
     )

@@ -18,7 +18,7 @@ from redis.asyncio import Redis
 from gateway.audit import audit
 from gateway.settings import Settings
 from tests.support.driver import ClientPolicy, DriverSummary, LoadDriver
-from tests.support.gateways import GatewayCluster
+from tests.support.gateways import SIGTERM_EXIT_S, GatewayCluster
 from tests.support.haproxy import HAProxy, check_config
 from tests.support.invariants import check_invariants
 from tests.support.polling import wait_for
@@ -78,7 +78,7 @@ async def _rolling_restart(cluster: GatewayCluster, proxy: HAProxy) -> list[str]
         await proxy.wait_state(name, "DOWN", within=LAME_DUCK_S + 5)
         # HAProxy learnt it from /readyz, while the gateway still listened.
         seen.append(f"{name} down while running={gateway.running}")
-        assert await gateway.wait_exit(within=LAME_DUCK_S + 10) == 0, cluster.logs()
+        assert await gateway.wait_exit(within=LAME_DUCK_S + SIGTERM_EXIT_S) == 0, cluster.logs()
         await gateway.start()
         await proxy.wait_state(name, "UP", within=15)
     return seen

@@ -12,7 +12,7 @@ from redis.asyncio import Redis
 
 from gateway.app import drain
 from gateway.clients import add_client
-from tests.support.gateways import GatewayCluster
+from tests.support.gateways import SIGTERM_EXIT_S, GatewayCluster
 from tests.support.polling import wait_for
 from tests.support.purchases import put_sku
 from tests.support.services import REDIS_URL
@@ -53,7 +53,7 @@ class TestLameDuck:
                 served_within = time.monotonic() - started
             assert readiness["draining"] is True and readiness["redis"] is True
             assert bought == 201 and served_within < LAME_DUCK_S
-            assert await gateway.wait_exit(within=LAME_DUCK_S + 10) == 0, cluster.logs()
+            assert await gateway.wait_exit(within=LAME_DUCK_S + SIGTERM_EXIT_S) == 0, cluster.logs()
             assert time.monotonic() - started >= LAME_DUCK_S
             assert gateway.log_events("lame_duck")[0]["seconds"] == LAME_DUCK_S
 

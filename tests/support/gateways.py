@@ -23,12 +23,17 @@ from typing import Any, Self
 
 import aiohttp
 
+from gateway.server import CLOSE_S
 from tests.support.polling import GaveUp, wait_for
 from tests.support.ports import HOST, free_port
 from tests.support.processes import Child, OwnsChild, Started, make_tmp, remove_tmp, tail
 
 REPO = Path(__file__).resolve().parents[2]
 ADMIN_TOKEN = "chaos-admin-token"
+# The drain of the test instances, and the longest a SIGTERM'd one may take to
+# exit: the drain, then the bounded close, plus slack for a loaded machine.
+DRAIN_S = 3.0
+SIGTERM_EXIT_S = DRAIN_S + CLOSE_S + 4.0
 
 
 def gateway_env(settings: Mapping[str, str | int | float]) -> dict[str, str]:
@@ -99,8 +104,12 @@ class Gateway(OwnsChild):
         self.kill(signal.SIGCONT)
 
     async def wait_exit(self, within: float = 15.0) -> int:
-        """Wait until the process has exited; its exit status."""
-        return await self._child.wait_exit(within)
+        """Wait until the process has exited; its exit status. A timeout says
+        what the instance logged last (a stuck close logs its tasks' awaits)."""
+        try:
+            return await self._child.wait_exit(within)
+        except TimeoutError as exc:
+            raise TimeoutError(f"{exc}; gateway {self.index} log:\n{self.log_tail(12)}") from None
 
     async def crash(self) -> None:
         """SIGKILL and wait until the process is reaped."""
@@ -166,7 +175,7 @@ class GatewayCluster(Started):
                 "key_prefix": self.key_prefix,
                 "admin_token": admin_token,
                 # Short drain: a SIGTERM'd instance must not hold a test for 10 s.
-                "drain_s": 3,
+                "drain_s": DRAIN_S,
                 "log_level": "info",
                 **(settings or {}),
             }

@@ -15,6 +15,7 @@ from typing import Any
 
 import yaml
 
+from gateway.server import CLOSE_S
 from tests.support.haproxy import CONFIG
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -64,7 +65,7 @@ def test_gateways_trust_haproxy_and_outlast_their_stop() -> None:
     for name in GATEWAYS:
         env = SERVICES[name]["environment"]
         assert haproxy_ip in ipaddress.ip_network(env["GATEWAY_TRUSTED_PROXIES"])
-        stop_s = float(env["GATEWAY_LAME_DUCK_S"]) + float(env["GATEWAY_DRAIN_S"])
+        stop_s = float(env["GATEWAY_LAME_DUCK_S"]) + float(env["GATEWAY_DRAIN_S"]) + CLOSE_S
         assert float(SERVICES[name]["stop_grace_period"].removesuffix("s")) > stop_s
 
 
