@@ -19,11 +19,12 @@ rendered (:func:`add_client`) or a client rate limit applies to the purchase.
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Iterable, Mapping, MutableMapping, Sequence
+from collections.abc import Iterable, MutableMapping, Sequence
 from contextvars import ContextVar
 from typing import Any
 
 from aiohttp import web
+from multidict import MultiMapping
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -74,7 +75,7 @@ class TrustedProxies:
         """Whether ``address`` is one of our proxies."""
         return any(address in network for network in self._networks)
 
-    def client(self, peer: str | None, headers: Mapping[str, str]) -> str | None:
+    def client(self, peer: str | None, headers: MultiMapping[str]) -> str | None:
         """The client's address given the connection's ``peer`` and the request headers.
 
         An untrusted (or unknown) peer is the client, whatever it claims. From a
@@ -86,11 +87,14 @@ class TrustedProxies:
         hop = parse_address(peer) if peer is not None else None
         if hop is None or not self.trusts(hop):
             return peer if hop is None else str(hop)
-        xff = headers.get("X-Forwarded-For")
-        if xff is not None:
-            chain: Iterable[str] = xff.split(",")
+        # Every line of the header, in order: a proxy that appends (HAProxy's
+        # ``option forwardfor``) adds a line after any the client sent, and the
+        # lines of a list header are one list (RFC 9110, 5.3).
+        xff = headers.getall("X-Forwarded-For", ())
+        if xff:
+            chain: Iterable[str] = ",".join(xff).split(",")
         else:
-            chain = forwarded_for(headers.get("Forwarded", ""))
+            chain = forwarded_for(",".join(headers.getall("Forwarded", ())))
         for entry in reversed(list(chain)):
             address = parse_address(entry)
             if address is None:

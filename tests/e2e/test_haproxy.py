@@ -12,6 +12,7 @@ import time
 import uuid
 from collections.abc import Iterator
 
+import aiohttp
 import pytest
 from redis.asyncio import Redis
 
@@ -31,6 +32,9 @@ LAME_DUCK_S = 3
 # Buyers arrive for 45 s and the stock lasts about 27 s of them: both restarts
 # (about 8 s each) fall inside the sale.
 STOCK, BUYERS, SPREAD_S = 300, 500, 45.0
+
+# A loopback address outside the trusted proxies (127.0.0.1/32), for a buyer.
+BUYER_ADDRESS = "127.0.0.3"
 
 Topology = tuple[GatewayCluster, HAProxy]
 
@@ -131,6 +135,37 @@ class TestRollingRestart:
         rows = await audit(settings, sku)
         assert [r.verdict for r in rows] == ["ok"], rows
         assert time.monotonic() - started < 60
+
+
+class TestForwardedFor:
+    """Behind HAProxy the client address is the one HAProxy saw, whatever the buyer
+    writes in its own ``X-Forwarded-For``."""
+
+    async def test_a_forged_header_does_not_escape_the_client_rate(
+        self, topology: Topology
+    ) -> None:
+        """A sku allows one purchase per client address (a burst of 1, refilled
+        every 100 s). Two buyers connect to HAProxy from 127.0.0.3 (not a trusted
+        proxy; HAProxy itself reaches the gateways from 127.0.0.1, which is), each
+        with a different made-up ``X-Forwarded-For``. HAProxy appends its own line
+        naming 127.0.0.3, and the second buyer is refused 429: both were judged by
+        the address HAProxy saw, not by the forged ones."""
+        cluster, proxy = topology
+        sku = f"xff-{cluster.key_prefix}"
+        body = {"stock": 10, "per_user_limit": 1, "client_rate": "0.01/s:1"}
+        await cluster.admin("PUT", f"/admin/skus/{sku}", body)
+        statuses = []
+        connector = aiohttp.TCPConnector(local_addr=(BUYER_ADDRESS, 0))
+        async with aiohttp.ClientSession(connector=connector) as session:
+            for n, forged in enumerate(["6.6.6.6", "7.7.7.7"]):
+                async with session.post(
+                    f"{proxy.url}/v1/purchase",
+                    json={"sku": sku, "user_id": f"buyer-{n}"},
+                    headers={"X-Forwarded-For": forged},
+                ) as resp:
+                    statuses.append((resp.status, (await resp.json()).get("error")))
+        expected = [(201, None), (429, "rate_limited")]
+        assert statuses == expected, f"{statuses}\n{cluster.logs(8)}"
 
 
 def test_config_is_valid_for_compose_and_for_the_test() -> None:
