@@ -60,11 +60,7 @@ class StockAdmin:
             if selling in REDIS_FREE:
                 await self._inventory.forget_stock(sku)
             else:
-                if await self._inventory.available(sku) is None:
-                    # The buyers and confirmed ids first, as a reload does: the
-                    # sku may have sold under a strategy that wrote none of them.
-                    orders = await self._orders.sku_orders(sku)
-                    await self._inventory.restore_orders(sku, orders)
+                await self._restore_orders_if_gone(sku)
                 redis_stock = await self._inventory.load_stock(sku, stock, reset=True)
         self._forget(sku)
         return {
@@ -91,9 +87,18 @@ class StockAdmin:
             stock = await self._orders.restock(sku, delta)
             if stock is None:
                 raise UnknownSku(f"no sku {sku!r}")
+            await self._restore_orders_if_gone(sku)
             redis_stock = await self._inventory.load_stock(sku, stock, reset=True)
         self._forget(sku)
         return {"sku": sku, "stock": stock, "redis_stock": redis_stock}
+
+    async def _restore_orders_if_gone(self, sku: str) -> None:
+        """With the sku's Redis state gone (expired after the retention, lost, or
+        never written under another strategy), put its buyers and confirmed ids
+        back from the order rows before stock returns, as a reload does: else a
+        replay of an earlier order, or its earlier buyer, would be sold again."""
+        if await self._inventory.available(sku) is None:
+            await self._inventory.restore_orders(sku, await self._orders.sku_orders(sku))
 
     async def report(self, sku: str) -> StockReport:
         """Database stock, Redis stock, pending units and units sold of ``sku``."""

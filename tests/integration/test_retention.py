@@ -16,7 +16,7 @@ from redis.asyncio import Redis
 
 from gateway.layout import SkuKeys, identity_key
 from tests.support.polling import wait_for
-from tests.support.purchases import buy, db_state, put_sku
+from tests.support.purchases import ADMIN_HEADERS, buy, db_state, put_sku
 from tests.support.services import create_database, drop_database
 
 
@@ -65,6 +65,31 @@ class TestRetention:
         assert (status, body["error"]) == (422, "idempotency_mismatch")
         assert (await buy(client, sku, "gus", "r3"))[0] == 201
         assert (await buy(client, sku, "hal", "r4"))[1] == {"status": "sold_out"}
+        assert await db_state(database_url, sku) == (0, 2, 2)
+
+    async def test_a_restock_after_expiry_brings_the_buyers_back(
+        self, start_gateway: Any, sku: str, redis: Redis, key_prefix: str, database_url: str
+    ) -> None:
+        """The sale sells out and its keys expire; a restock puts stock back. A replay
+        of the first order still gets that order, its buyer is still a duplicate,
+        and the new unit goes to a new buyer."""
+        client = await start_gateway(sale_retention_s=1.0)
+        await put_sku(client, sku, 1)
+        status, first = await buy(client, sku, "fay", "r1")
+        assert status == 201
+        keys = SkuKeys.of(key_prefix, sku)
+
+        async def expired() -> bool:
+            return await redis.exists(*keys.all()) == 0
+
+        await wait_for(expired, within=10, what="the sale's keys expire")
+        resp = await client.post(
+            f"/admin/skus/{sku}/restock", json={"delta": 1}, headers=ADMIN_HEADERS
+        )
+        assert resp.status == 200, await resp.text()
+        assert await buy(client, sku, "fay", "r1") == (201, first)
+        assert await buy(client, sku, "fay", "r2") == (409, {"status": "duplicate"})
+        assert (await buy(client, sku, "gus", "r3"))[0] == 201
         assert await db_state(database_url, sku) == (0, 2, 2)
 
 
