@@ -59,11 +59,15 @@ FLUSH_ERRORS: dict[str, type[Unavailable]] = {
     "FS001": FencedOut,  # a fencing token older than the row's
     "FS002": StockGuardRefused,  # the stock >= guard refused the batch
 }
-# Which database this is: the cluster's system identifier and the database's
-# oid. A database restored from a dump, or another cluster, answers otherwise.
+# Which database this is: the cluster's system identifier, the database's oid
+# and the WAL timeline (the first 8 hex digits of the current WAL file's name).
+# A database restored from a dump into a new database, or another cluster,
+# differs in the first two; a standby promoted by a failover, or a point-in-time
+# recovery, shares them with its origin but starts a new timeline.
 DATABASE_IDENTITY = """
 SELECT (SELECT system_identifier FROM pg_control_system())::text || ':'
-    || (SELECT oid FROM pg_database WHERE datname = current_database())::text
+    || (SELECT oid FROM pg_database WHERE datname = current_database())::text || ':'
+    || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8)
 """
 # Where pg_control_system() is not granted (some managed services): the oid alone.
 DATABASE_OID = """
