@@ -27,6 +27,7 @@ from gateway.appkeys import (
     ADMIN,
     ADMIN_TOKENS,
     ADMISSIONS,
+    ANSWER,
     ANSWERS,
     BATCHER,
     INVENTORY,
@@ -53,7 +54,7 @@ from gateway.inventory import Inventory
 from gateway.layout import channel
 from gateway.lock import LockSubscriber, create_fence_sequence, load_lock_scripts
 from gateway.metrics import Metrics
-from gateway.middlewares import gateway_middleware
+from gateway.middlewares import answering, gateway_middleware
 from gateway.orders import Orders
 from gateway.overload import AnswerLog
 from gateway.payloads import MAX_BODY
@@ -330,8 +331,9 @@ def create_app(settings: Settings) -> web.Application:
     metrics = Metrics(settings.multiproc_dir)
     proxies = TrustedProxies(parse_networks(settings.trusted_proxies))
     answers = AnswerLog(metrics.stats)
-    middleware = gateway_middleware(proxies, metrics, answers, timed=settings.metrics)
-    app = web.Application(middlewares=[middleware], client_max_size=MAX_BODY)
+    answer = answering(proxies, metrics, answers, timed=settings.metrics)
+    app = web.Application(middlewares=[gateway_middleware(answer)], client_max_size=MAX_BODY)
+    app[ANSWER] = answer
     app[SETTINGS] = settings
     app[METRICS] = metrics
     app[STOPPING] = asyncio.Event()

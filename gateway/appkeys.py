@@ -24,6 +24,7 @@ from gateway.tracking import OrderTracker
 
 if TYPE_CHECKING:
     from gateway.lock.zk_session import ZkSession
+    from gateway.middlewares import Answer
 
 SETTINGS = web.AppKey("settings", Settings)
 METRICS = web.AppKey("metrics", Metrics)
@@ -49,3 +50,6 @@ TRACKER = web.AppKey("tracker", OrderTracker)
 ZOOKEEPER: web.AppKey[ZkSession | None] = web.AppKey("zookeeper")
 # Samples per-request failure lines and logs the once-a-second answer summary.
 ANSWERS = web.AppKey("answers", AnswerLog)
+# How every request is answered (errors as JSON, counted, timed): the
+# middleware and the purchase lane share it.
+ANSWER: web.AppKey[Answer] = web.AppKey("answer")

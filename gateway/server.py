@@ -28,6 +28,7 @@ import uvloop
 from aiohttp import web
 from prometheus_client.multiprocess import mark_process_dead
 
+from gateway import lane
 from gateway.app import create_app, create_writer_app, drain, lame_duck
 from gateway.appkeys import BATCHER, METRICS
 from gateway.guard import GuardedSite
@@ -53,6 +54,8 @@ async def run(settings: Settings, on_startup: StartupHook | None = None) -> bool
         app.on_startup.append(on_startup)
     runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=HANDLERS_S)
     await runner.setup()
+    assert runner.server is not None
+    lane.install(app, runner.server)
     try:
         site = GuardedSite(runner, settings, observer=app[METRICS])
         await site.start()

@@ -10,6 +10,7 @@ from aiohttp import web
 
 from gateway import payloads
 from gateway.admin import StockAdmin
+from gateway.admission import Admissions
 from gateway.appkeys import (
     ADMIN,
     ADMIN_TOKENS,
@@ -28,6 +29,7 @@ from gateway.clients import current_client
 from gateway.domain import Outcome, Result
 from gateway.errors import Forbidden, InvalidRequest, NotFound, TooLarge, Unauthorized
 from gateway.metrics import CONTENT_TYPE
+from gateway.purchases import Purchases
 from gateway.tracking import MAX_WAIT_S
 
 log = structlog.get_logger(__name__)
@@ -71,14 +73,23 @@ def purchase_response(result: Result) -> web.Response:
 
 
 async def purchase(request: web.Request) -> web.Response:
-    """POST /v1/purchase."""
+    """POST /v1/purchase, through the router (see gateway.lane for the other way in)."""
+    app = request.app
+    return await buy(request, admissions=app[ADMISSIONS], purchases=app[PURCHASES])
+
+
+async def buy(
+    request: web.Request, *, admissions: Admissions, purchases: Purchases
+) -> web.Response:
+    """POST /v1/purchase, given the use cases: the purchase lane calls it bound
+    to them, since a request it serves has no matched route (and so no
+    ``request.app``)."""
     body = await read_body(request)
     p = payloads.purchase(body, request.headers.get("Idempotency-Key"))
-    admissions = request.app[ADMISSIONS]
     if admissions.open_door(p.sku):
         # The client address is worked out only if a client rate limit applies:
         # nothing is parsed or allocated for it on the sold-out path.
-        return purchase_response(await request.app[PURCHASES].purchase(p, current_client))
+        return purchase_response(await purchases.purchase(p, current_client))
     token = request.headers.get("Admission-Token")
     return purchase_response(await admissions.purchase(p, token, current_client))
 

@@ -18,6 +18,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 from redis.asyncio import Redis
 
+from gateway import lane
 from gateway.app import create_app
 from gateway.settings import Settings
 from tests.support.purchases import ADMIN_TOKEN
@@ -86,6 +87,9 @@ async def start_gateway(
             client = TestClient(TestServer(create_app(make_settings(**overrides))))
             stack.push_async_callback(client.close)
             await client.start_server()
+            assert client.server.runner is not None and client.server.runner.server is not None
+            # As gateway.server does: plain purchases through the lane.
+            lane.install(client.app, client.server.runner.server)
             return client
 
         yield start

@@ -1,0 +1,152 @@
+"""The purchase lane (gateway.lane): a plain ``POST /v1/purchase`` is served beside
+the router, and a buyer sees exactly what the router's way in answers.
+
+The router's way in is reached with a query string (``?via=router``), which the
+lane leaves to the application; every comparison sends the same purchase both
+ways, against the same in-process gateway.
+"""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import make_mocked_request
+
+from gateway.admission import Admissions
+from gateway.appkeys import ADMISSIONS, ANSWER, PURCHASES
+from gateway.clients import TrustedProxies
+from gateway.lane import lane
+from gateway.metrics import Metrics
+from gateway.middlewares import answering
+from gateway.overload import AnswerLog
+from gateway.purchases import Purchases
+from tests.support.metrics import samples
+from tests.support.purchases import Client, buy, put_sku, wait_sold_out_marked
+
+ROUTER = "/v1/purchase?via=router"
+
+
+async def _both(client: Client, body: bytes, **headers: str) -> list[tuple[int, str, bytes]]:
+    """The answer to ``body`` through the lane and through the router: status,
+    content type and body each."""
+    answers = []
+    for path in ("/v1/purchase", ROUTER):
+        resp = await client.post(path, data=body, headers=headers)
+        answers.append((resp.status, resp.content_type, await resp.read()))
+        resp.release()
+    return answers
+
+
+def _header_names(resp: Any) -> set[str]:
+    return {name.lower() for name in resp.headers} - {"date"}
+
+
+class TestSameAnswers:
+    async def test_sold_out_is_the_same_both_ways(self, start_gateway: Any, sku: str) -> None:
+        """Sold out: the same 409 body and the same headers (the date aside)."""
+        client = await start_gateway()
+        await put_sku(client, sku, 1)
+        assert (await buy(client, sku, "first"))[0] == 201
+        # The first refusal marks the sku sold out in-process (in the background).
+        assert (await buy(client, sku, "second"))[0] == 409
+        await wait_sold_out_marked(client)
+        body = f'{{"sku": "{sku}", "user_id": "late"}}'.encode()
+        lane_answer, router_answer = await _both(client, body)
+        assert lane_answer == router_answer
+        assert lane_answer[0] == 409 and b"sold_out" in lane_answer[2]
+        direct = await client.post("/v1/purchase", data=body)
+        routed = await client.post(ROUTER, data=body)
+        assert _header_names(direct) == _header_names(routed)
+
+    @pytest.mark.parametrize(
+        "body",
+        [b'{"sku": ', b'{"user_id": "u"}', b'{"sku": "SKU", "user_id": "a b"}', b"[1]"],
+        ids=["malformed", "no sku", "bad user", "not an object"],
+    )
+    async def test_invalid_purchases_are_the_same_both_ways(
+        self, start_gateway: Any, sku: str, body: bytes
+    ) -> None:
+        """A malformed purchase gets the same 400 and JSON detail either way."""
+        client = await start_gateway()
+        await put_sku(client, sku, 5)
+        lane_answer, router_answer = await _both(client, body.replace(b"SKU", sku.encode()))
+        assert lane_answer == router_answer
+        assert lane_answer[0] == 400 and lane_answer[1] == "application/json"
+
+    async def test_unknown_sku_and_bad_key_are_the_same_both_ways(self, start_gateway: Any) -> None:
+        """404 unknown_sku, and a 400 for an invalid Idempotency-Key header."""
+        client = await start_gateway()
+        body = b'{"sku": "no-such-sku", "user_id": "u"}'
+        lane_answer, router_answer = await _both(client, body)
+        assert lane_answer == router_answer and lane_answer[0] == 404
+        lane_answer, router_answer = await _both(client, body, **{"Idempotency-Key": "a b"})
+        assert lane_answer == router_answer and lane_answer[0] == 400
+
+    async def test_both_ways_sell_and_are_counted(self, start_gateway: Any, sku: str) -> None:
+        """A purchase through either way is confirmed, and each answer is counted
+        under the purchase route's outcomes."""
+        client = await start_gateway()
+        await put_sku(client, sku, 2)
+        statuses = []
+        for path, user in (("/v1/purchase", "a"), (ROUTER, "b")):
+            resp = await client.post(path, json={"sku": sku, "user_id": user})
+            statuses.append(resp.status)
+        assert statuses == [201, 201]
+        found = samples(await (await client.get("/metrics")).text())
+        assert found['flashsale_purchases_total{outcome="confirmed"}'] == 2
+
+    async def test_expect_continue_is_served(self, start_gateway: Any, sku: str) -> None:
+        """``Expect: 100-continue`` (left to the application) still buys."""
+        client = await start_gateway()
+        await put_sku(client, sku, 1)
+        resp = await client.post(
+            "/v1/purchase", json={"sku": sku, "user_id": "patient"}, expect100=True
+        )
+        assert resp.status == 201, await resp.text()
+
+
+class TestWhichWay:
+    """Which requests the lane keeps and which it hands to the application."""
+
+    @staticmethod
+    def _lane() -> tuple[Any, list[str]]:
+        app = web.Application()
+        metrics = Metrics()
+        app[ANSWER] = answering(TrustedProxies(()), metrics, AnswerLog(metrics.stats), timed=True)
+        # Never reached below: the lane's purchases fail before the use cases.
+        app[ADMISSIONS] = cast(Admissions, None)
+        app[PURCHASES] = cast(Purchases, None)
+        handed: list[str] = []
+
+        async def application(request: web.BaseRequest) -> web.StreamResponse:
+            handed.append(f"{request.method} {request.raw_path}")
+            return web.Response(status=204)
+
+        return lane(app, application), handed
+
+    async def test_plain_purchase_stays_in_the_lane(self) -> None:
+        """A plain POST /v1/purchase is answered by the view itself (here its
+        413 for a declared body over 4 KiB), without the application."""
+        serve, handed = self._lane()
+        request = make_mocked_request("POST", "/v1/purchase", headers={"Content-Length": "5000"})
+        resp = await serve(request)
+        assert resp.status == 413 and handed == []
+
+    @pytest.mark.parametrize(
+        ("method", "path", "headers"),
+        [
+            ("GET", "/v1/purchase", {}),
+            ("POST", "/v1/purchase?via=router", {}),
+            ("POST", "/v1/purchase", {"Expect": "100-continue"}),
+            ("POST", "/v1/purchases", {}),
+            ("GET", "/healthz", {}),
+        ],
+    )
+    async def test_everything_else_goes_to_the_application(
+        self, method: str, path: str, headers: dict[str, str]
+    ) -> None:
+        serve, handed = self._lane()
+        resp = await serve(make_mocked_request(method, path, headers=headers))
+        assert resp.status == 204 and handed == [f"{method} {path}"]
