@@ -9,7 +9,7 @@ DEV_TOKEN ?= dev-admin-token
 export GATEWAY_DATABASE_URL ?= postgresql://postgres@127.0.0.1:5432/flashsale
 export GATEWAY_REDIS_URL ?= redis://127.0.0.1:6379/0
 
-.PHONY: run test lint typecheck pytest services bench locust chaos audit clean compare
+.PHONY: run test lint typecheck pytest services bench locust chaos audit clean compare ab
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -46,6 +46,12 @@ audit: $(STAMP) services
 bench: $(STAMP) services
 	@bash scripts/bench_tools.sh
 	$(BIN)/python -m loadtests.bench
+
+# This checkout against another revision, round by round: make ab BASE=<rev>
+# (AB_ARGS: --paths sold_out,in_stock --rounds 8 --seconds 2).
+ab: $(STAMP) services
+	@bash scripts/bench_tools.sh
+	$(BIN)/python -m loadtests.ab --base $(BASE) $(AB_ARGS)
 
 locust: $(STAMP) services
 	$(BIN)/python -m loadtests.locust_run

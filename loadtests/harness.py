@@ -180,11 +180,17 @@ class Harness:
         return target
 
     def start_gateway(
-        self, database_url: str, name: str = "gateway", settings: Mapping[str, str] | None = None
+        self,
+        database_url: str,
+        name: str = "gateway",
+        settings: Mapping[str, str] | None = None,
+        source: Path | None = None,
     ) -> Target:
         """Start ``flashsale-gateway serve`` (one process) and wait until it is ready.
 
-        ``settings`` are extra ``GATEWAY_*`` variables for this gateway.
+        ``settings`` are extra ``GATEWAY_*`` variables for this gateway; ``source``
+        is another checkout whose ``gateway`` package it runs (an A/B run, see
+        loadtests.ab), with this one's virtualenv.
         """
         port = free_port()
         token = secrets.token_urlsafe(16)
@@ -208,7 +214,9 @@ class Harness:
         # `python -m gateway` rather than the console script, so the pid is
         # the server's own (for /proc and py-spy) on any install layout.
         cmd = [sys.executable, "-m", "gateway", "serve"]
-        target = self._start(name, port, cmd, env, ready_path="/readyz")
+        if source is not None:
+            env["PYTHONPATH"] = str(source)
+        target = self._start(name, port, cmd, env, ready_path="/readyz", cwd=source or REPO_ROOT)
         target.admin_token = token
         target.setup = gateway_put_sku
         return target
@@ -220,13 +228,14 @@ class Harness:
         cmd: list[str],
         env: dict[str, str],
         ready_path: str = "/healthz",
+        cwd: Path = REPO_ROOT,
     ) -> Target:
         assert self.log_dir is not None, "use the Harness as a context manager"
         log_path = self.log_dir / f"{name}.log"
         with log_path.open("wb") as log:
             process = subprocess.Popen(
                 self.pinning.server_command(cmd),
-                cwd=REPO_ROOT,
+                cwd=cwd,
                 env=env,
                 stdin=subprocess.DEVNULL,
                 stdout=log,

@@ -1,0 +1,159 @@
+"""An A/B run: this checkout's gateway against another revision's, round by round.
+
+``python -m loadtests.ab --base REV`` checks ``REV`` out into a temporary git
+worktree, starts its gateway and this checkout's (each on its own database and
+key prefix, both with this virtualenv) and the minimal bare handler, sells each
+gateway's small sale out, then alternates short wrk runs of the chosen paths,
+the order reversed every round. Each run records requests a second and the CPU
+time the target spent per request, read from ``/proc``.
+
+Why not ``make bench`` twice: on a shared machine throughput swings by tens of
+percent between minutes, so two benches taken apart compare the machine's
+moods. Rounds taken back to back see nearly the same machine, and the CPU time
+per request barely moves with contention (loadtests.cputime). The report gives,
+per path, each target's median (min-max) and the per-round ratio of this
+checkout to the base, with its median.
+
+The base runs its own Python code, Lua and SQL (the worktree's ``lua`` and
+``sql`` are linked into its ``gateway`` package, where the import system finds
+them before this checkout's editable install); migrations come from this
+checkout, so a base with another schema is not comparable here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+from loadtests import wrk
+from loadtests.bench_paths import IN_STOCK, IN_STOCK_SKU, SKU_OF, SMALL_SALE, SOLD_OUT, SOLD_OUT_SKU
+from loadtests.bench_sales import sell_out
+from loadtests.cputime import cpu_seconds
+from loadtests.harness import Harness
+from loadtests.options import REPO_ROOT
+from loadtests.pinning import choose
+from loadtests.signals import signals_interrupt
+from loadtests.targets import Target
+
+BASE, HEAD, BARE = "base", "head", "bare_min"
+CONNECTIONS = 64
+IN_STOCK_UNITS = 10_000_000
+# wrk on one core, the targets on the other, when there are two.
+HARNESS_PINNING = choose()
+
+
+@contextmanager
+def worktree(revision: str) -> Iterator[Path]:
+    """``revision`` checked out in a temporary worktree, removed afterwards."""
+    with tempfile.TemporaryDirectory(prefix="flashsale-ab-") as parent:
+        path = Path(parent) / "base"
+        git = ["git", "-C", str(REPO_ROOT)]
+        subprocess.run([*git, "worktree", "add", "--detach", str(path), revision], check=True)
+        try:
+            for data in ("lua", "sql"):
+                (path / "gateway" / data).symlink_to(path / data, target_is_directory=True)
+            yield path
+        finally:
+            subprocess.run([*git, "worktree", "remove", "--force", str(path)], check=False)
+
+
+def measure(target: Target, path: str, seconds: float, tag: str) -> tuple[float, float]:
+    """One wrk run of ``path``: (requests a second, CPU microseconds a request)."""
+    cpu_before = cpu_seconds(target.pid)
+    raw = wrk.run(
+        target.url,
+        sku=SKU_OF[path],
+        tag=tag,
+        duration_s=seconds,
+        connections=CONNECTIONS,
+        threads=1,
+        pinning=HARNESS_PINNING,
+    )
+    if target.process.poll() is not None:
+        raise RuntimeError(f"{target.name} died under load:\n{target.log_tail()}")
+    result = wrk.to_result(target.name, path, 0, raw, 0.0)
+    if result.errors:
+        raise RuntimeError(f"{target.name} {path}: {result.errors} errors {result.statuses}")
+    spent = cpu_seconds(target.pid) - cpu_before
+    return result.rps, spent / max(result.requests, 1) * 1e6
+
+
+def _summary(values: Sequence[float]) -> str:
+    return f"{statistics.median(values):,.1f} ({min(values):,.1f}-{max(values):,.1f})"
+
+
+def run(base: str, paths: Sequence[str], rounds: int, seconds: float) -> None:
+    """Start the three targets, alternate the rounds, print the report."""
+    with worktree(base) as source, Harness(pinning=HARNESS_PINNING) as harness:
+        targets = {
+            BARE: harness.start_bare(BARE, minimal=True),
+            BASE: harness.start_gateway(harness.database(BASE), BASE, source=source),
+            HEAD: harness.start_gateway(harness.database(HEAD), HEAD),
+        }
+        for name in (BASE, HEAD):
+            targets[name].put_sku(SOLD_OUT_SKU, SMALL_SALE)
+            targets[name].put_sku(IN_STOCK_SKU, IN_STOCK_UNITS)
+            sell_out(
+                targets[name],
+                SOLD_OUT_SKU,
+                SMALL_SALE,
+                connections=CONNECTIONS,
+                pinning=HARNESS_PINNING,
+                tag=f"{harness.run_id}{name}",
+            )
+        seen: dict[tuple[str, str], list[tuple[float, float]]] = {}
+        for round_ in range(rounds):
+            for path in paths:
+                order = [BARE, BASE, HEAD] if path == SOLD_OUT else [BASE, HEAD]
+                if round_ % 2:
+                    order.reverse()
+                for name in order:
+                    tag = f"{harness.run_id}r{round_}{name}{path}"
+                    seen.setdefault((name, path), []).append(
+                        measure(targets[name], path, seconds, tag)
+                    )
+            print(f"  round {round_ + 1}/{rounds} done", flush=True)
+        print(f"\nA/B: head ({REPO_ROOT}) against base {base}, {rounds} rounds of {seconds:g} s")
+        print("| path | target | req/s median (min-max) | CPU µs/request median (min-max) |")
+        print("|---|---|--:|--:|")
+        for (name, path), runs in seen.items():
+            print(
+                f"| {path} | {name} | {_summary([r for r, _ in runs])}"
+                f" | {_summary([c for _, c in runs])} |"
+            )
+        for path in paths:
+            pairs = list(zip(seen[(HEAD, path)], seen[(BASE, path)], strict=True))
+            rps = [h[0] / b[0] for h, b in pairs]
+            cpu = [h[1] / b[1] for h, b in pairs]
+            print(
+                f"{path}: head/base req/s per round {_summary(rps)}; "
+                f"CPU per request {_summary(cpu)}"
+            )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``python -m loadtests.ab``."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--base", required=True, help="the revision to compare against")
+    parser.add_argument(
+        "--paths", default=SOLD_OUT, help=f"comma-separated: {SOLD_OUT}, {IN_STOCK}"
+    )
+    parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument("--seconds", type=float, default=2.0)
+    args = parser.parse_args(argv)
+    paths = [p for p in args.paths.split(",") if p]
+    if not set(paths) <= {SOLD_OUT, IN_STOCK}:
+        parser.error(f"--paths: {SOLD_OUT} and/or {IN_STOCK}")
+    with signals_interrupt():
+        run(args.base, paths, args.rounds, args.seconds)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
