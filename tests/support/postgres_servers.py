@@ -2,7 +2,8 @@
 
 initdb'd in a temporary directory, run as our direct child (never daemonized),
 so it dies with the test run; restarts and crashes wait, with a deadline, until
-the server answers again or every old backend is gone.
+the server answers again or every old backend is gone. A streaming standby of
+one is copied with pg_basebackup, and promoted as a failover would.
 """
 
 from __future__ import annotations
@@ -93,8 +94,7 @@ class PostgresCluster(OwnsChild, Started):
             "max_connections": "200",
             **(settings or {}),
         }
-        bindir = _pg_bindir()
-        self._initdb = bindir / "initdb"
+        self._bindir = bindir = _pg_bindir()
         argv = [str(bindir / "postgres"), "-D", str(self.data), "-p", str(self.port)]
         for name, value in self.settings.items():
             argv += ["-c", f"{name}={value}"]
@@ -113,23 +113,30 @@ class PostgresCluster(OwnsChild, Started):
     async def start(self, within: float = 30.0) -> Self:
         """initdb on first start, then start the postmaster and wait for ``SELECT 1``."""
         if not (self.data / "PG_VERSION").exists():
-            await self._run_initdb()
+            await self._create_data()
         self._child.spawn()
         await self.wait_ready(within)
         return self
 
-    async def _run_initdb(self) -> None:
-        argv = [
-            str(self._initdb),
-            "-D",
-            str(self.data),
-            "-U",
-            self.user,
-            "--auth=trust",
-            "--encoding=UTF8",
-            "--locale=C",
-            "--no-sync",
-        ]
+    async def _create_data(self) -> None:
+        """Create the data directory: initdb (a standby copies its primary's instead)."""
+        await self._run_as_owner(
+            [
+                str(self._bindir / "initdb"),
+                "-D",
+                str(self.data),
+                "-U",
+                self.user,
+                "--auth=trust",
+                "--encoding=UTF8",
+                "--locale=C",
+                "--no-sync",
+            ]
+        )
+
+    async def _run_as_owner(self, argv: Sequence[str]) -> None:
+        """Run a PostgreSQL tool as the cluster's user in its directory; raises
+        RuntimeError with the tool's output when it fails."""
         result = await asyncio.to_thread(
             subprocess.run,
             argv,
@@ -142,13 +149,22 @@ class PostgresCluster(OwnsChild, Started):
             check=False,
         )
         if result.returncode != 0:
-            raise RuntimeError(f"initdb failed: {result.stderr.decode(errors='replace')}")
+            name = Path(argv[0]).name
+            raise RuntimeError(f"{name} failed: {result.stderr.decode(errors='replace')}")
 
     async def ping(self, within: float = 2.0) -> bool:
         """Whether the server accepts a connection and answers ``SELECT 1``."""
         con = await asyncpg.connect(self.url(), timeout=within)
         try:
             return bool(await con.fetchval("SELECT 1", timeout=within))
+        finally:
+            await con.close(timeout=within)
+
+    async def fetchval(self, query: str, *args: object, within: float = 5.0) -> object:
+        """The first value of ``query`` on a connection of its own to ``postgres``."""
+        con = await asyncpg.connect(self.url(), timeout=within)
+        try:
+            return await con.fetchval(query, *args, timeout=within)
         finally:
             await con.close(timeout=within)
 
@@ -212,3 +228,58 @@ class PostgresCluster(OwnsChild, Started):
                 await self.stop("immediate", within=10)
         self._child.kill_now()
         remove_tmp(self.dir)
+
+
+class PostgresStandby(PostgresCluster):
+    """A streaming standby of ``primary``: copied by ``pg_basebackup -R`` on its first
+    start, on its own free port and temp dir, with the primary's settings.
+
+    It follows the primary until it is stopped (or the primary is) and replays
+    nothing after that; :meth:`promote` makes it a primary on a new timeline, as
+    a failover does.
+    """
+
+    def __init__(self, primary: PostgresCluster, port: int | None = None) -> None:
+        own = {"listen_addresses", "unix_socket_directories"}
+        settings = {k: v for k, v in primary.settings.items() if k not in own}
+        super().__init__(port, user=primary.user, settings=settings)
+        self.primary = primary
+
+    async def _create_data(self) -> None:
+        """Copy the primary with pg_basebackup; ``-R`` writes ``standby.signal`` and
+        the ``primary_conninfo`` it streams from."""
+        host, port = self.primary.address
+        await self._run_as_owner(
+            [
+                str(self._bindir / "pg_basebackup"),
+                f"--host={host}",
+                f"--port={port}",
+                f"--username={self.primary.user}",
+                f"--pgdata={self.data}",
+                "--write-recovery-conf",
+                "--wal-method=stream",
+                "--checkpoint=fast",
+                "--no-sync",
+            ]
+        )
+
+    async def wait_replayed(self, within: float = 30.0) -> str:
+        """Wait until this standby has replayed everything the primary has written
+        so far; returns that position (an LSN)."""
+        target = await self.primary.fetchval("SELECT pg_current_wal_lsn()::text")
+
+        async def replayed() -> bool:
+            return bool(
+                await self.fetchval("SELECT pg_last_wal_replay_lsn() >= $1::text::pg_lsn", target)
+            )
+
+        await wait_for(replayed, within=within, what=f"standby replays up to {target}")
+        return str(target)
+
+    async def promote(self, within: float = 30.0) -> None:
+        """``SELECT pg_promote()``, waiting up to ``within`` until it accepts writes."""
+        promoted = await self.fetchval(
+            "SELECT pg_promote(true, $1)", int(within), within=within + 5
+        )
+        if not promoted:
+            raise RuntimeError(f"promotion did not finish: {self.log_tail()}")
