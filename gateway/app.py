@@ -161,8 +161,8 @@ async def service_ctx(app: web.Application) -> AsyncIterator[None]:
     if await inventory.adopt(await orders.identity()):
         log.warning("redis_state_dropped", reason="another database")
     subscriber = LockSubscriber(redis, client_name=f"{settings.key_prefix}-lock-sub")
-    locks = sku_locks(settings, redis, orders.pool, subscriber, metrics, app[ZOOKEEPER])
-    metrics.lock_lease.set(settings.lock_lease_s)
+    locks = sku_locks(settings, redis, orders.pool, subscriber, metrics.lock, app[ZOOKEEPER])
+    metrics.lock.lock_lease.set(settings.lock_lease_s)
     deductions = synchronous_strategies(app)
     catalog, soldout = Catalog(orders, settings.strategy), SoldOut()
     flusher = Flusher(inventory=inventory, orders=orders, locks=locks, observer=metrics)
@@ -259,7 +259,7 @@ def _writer(
         flusher=flusher,
         orders=orders,
         claim_every_s=settings.writer_claim_idle_s / 2,
-        observer=metrics,
+        observer=metrics.streams,
     )
 
 
@@ -271,7 +271,7 @@ async def writer_ctx(app: web.Application) -> AsyncIterator[None]:
     await _patiently("redis", settings.startup_wait_s, inventory.load_scripts)
     await load_lock_scripts(redis)
     subscriber = LockSubscriber(redis, client_name=f"{settings.key_prefix}-lock-sub")
-    locks = sku_locks(settings, redis, orders.pool, subscriber, metrics)
+    locks = sku_locks(settings, redis, orders.pool, subscriber, metrics.lock)
     flusher = Flusher(inventory=inventory, orders=orders, locks=locks, observer=metrics)
     writer = _writer(settings, Streams(redis, settings), flusher, orders, metrics)
     task = asyncio.create_task(writer.run(), name="queue-writer")
