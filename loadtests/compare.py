@@ -1,16 +1,17 @@
 """``make compare``: every deduction strategy x lock family under one load and three faults.
 
-For each combination that makes sense (:func:`matrix`) and each condition
-(``loadtests.compare_faults``), two gateway processes share one database, one
-Redis key prefix and one sku of ``--stock`` units; two wrk processes (one per
-gateway, every request a new buyer) send far more purchases than there is stock
-for ``--seconds``, while the fault, if any, strikes 0.3 s in. Then the
-reconciler settles what the fault left, ``flashsale-gateway audit`` checks the
-books, and the run records (see :func:`measure`): confirmed/s, latency
-p50/p99/p99.9, the seed's three health signals from ``/metrics`` (lock wait,
-locks lost, deduction failures by reason), retries, oversell, and stock left
-unsold or lost. A strategy or lock family the gateway refuses at start-up (or
-does not know yet) is skipped with its reason.
+For each combination that makes sense (``loadtests.compare_round.matrix``) and
+each condition (``loadtests.compare_faults``), two gateway processes share one
+database, one Redis key prefix and one sku of ``--stock`` units; two wrk
+processes (one per gateway, every request a new buyer) send far more purchases
+than there is stock for ``--seconds``, while the fault, if any, strikes 0.3 s
+in. Then the reconciler settles what the fault left, ``flashsale-gateway
+audit`` checks the books, and the run records (see
+``loadtests.compare_measure.measure``): confirmed/s, latency p50/p99/p99.9, the
+seed's three health signals from ``/metrics`` (lock wait, locks lost, deduction
+failures by reason), retries, oversell, and stock left unsold or lost. A
+strategy or lock family the gateway refuses at start-up (or does not know yet)
+is skipped with its reason.
 
 The rounds' settings and options are ``loadtests.compare_round``'s, their books
 ``loadtests.compare_books``'s, each row ``loadtests.compare_measure``'s.
