@@ -25,7 +25,7 @@ from datetime import UTC, datetime
 from typing import Any, NoReturn, Protocol
 
 from gateway.catalog import Catalog
-from gateway.domain import Purchase, Result, SkuInfo, WaitingRoom, rfc3339
+from gateway.domain import Purchase, Result, SkuInfo, WaitingRoom
 from gateway.errors import (
     AdmissionInvalid,
     AdmissionRequired,
@@ -35,6 +35,7 @@ from gateway.errors import (
     UnknownTicket,
 )
 from gateway.purchases import Purchases
+from gateway.rules import rfc3339
 from gateway.soldout import SoldOut
 from gateway.tokens import Refusal, Signer
 from gateway.waitingroom import Standing, WaitingRooms

@@ -2,8 +2,9 @@
 
 ``create_app(settings)`` builds an application whose resources start in order
 (Redis, PostgreSQL with migrations, then the use cases with their scripts,
-locks and change feed) and stop in reverse. Here, and only here, each use case
-is handed the adapters it works with. A stop begins with the lame duck
+locks and change feed) and stop in reverse; the connections' contexts live in
+:mod:`gateway.resources`. Here, and only here, each use case is handed the
+adapters it works with. A stop begins with the lame duck
 (``/readyz`` 503, purchases still served, see :func:`lame_duck`); then the
 batcher drains: new purchases get 503, queued batches finish.
 """
@@ -11,13 +12,10 @@ batcher drains: new purchases get 503, queued batches finish.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import TypeVar
+from collections.abc import AsyncIterator
 
-import asyncpg
 import structlog
 from aiohttp import web
-from redis.exceptions import ConnectionError as RedisConnectionError
 
 from gateway import views
 from gateway.admin import StockAdmin
@@ -45,14 +43,12 @@ from gateway.appkeys import (
 from gateway.batcher import Batcher
 from gateway.catalog import Catalog
 from gateway.clients import TrustedProxies, parse_networks
-from gateway.connections import create_redis
-from gateway.database import create_pool, migrate
 from gateway.domain import Strategy
 from gateway.events import ChangeFeed
 from gateway.flusher import Flusher
 from gateway.inventory import Inventory
 from gateway.layout import channel
-from gateway.lock import LockSubscriber, create_fence_sequence, load_lock_scripts
+from gateway.lock import LockSubscriber, load_lock_scripts
 from gateway.metrics import Metrics
 from gateway.middlewares import answering, gateway_middleware
 from gateway.orders import Orders
@@ -60,6 +56,7 @@ from gateway.overload import AnswerLog
 from gateway.payloads import MAX_BODY
 from gateway.purchases import Purchases
 from gateway.reconciler import Reconciler
+from gateway.resources import database_ctx, patiently, redis_ctx, zookeeper_ctx
 from gateway.settings import Settings
 from gateway.skulocks import sku_locks
 from gateway.soldout import SoldOut
@@ -77,78 +74,8 @@ from gateway.writer import QueueWriter
 QUEUE_SAMPLE_S = 0.5
 # Longest a stopping gateway waits for its background loops to end once cancelled.
 TASK_STOP_S = 2.0
-# Longest a stopping gateway waits for its PostgreSQL connections to close cleanly.
-POOL_CLOSE_S = 2.0
 
-T = TypeVar("T")
 log = structlog.get_logger(__name__)
-
-
-async def redis_ctx(app: web.Application) -> AsyncIterator[None]:
-    """The Redis client and its bounded pool."""
-    redis = create_redis(app[SETTINGS])
-    app[REDIS] = redis
-    yield
-    await redis.aclose()
-
-
-async def _patiently(what: str, wait_s: float, attempt: Callable[[], Awaitable[T]]) -> T:
-    """Retry a start-up step while its dependency is down, for up to ``wait_s``.
-
-    A gateway restarted during an outage waits for Redis or PostgreSQL instead
-    of exiting at once; a step that fails for another reason fails at once.
-    """
-    deadline = asyncio.get_running_loop().time() + wait_s
-    pause = 0.1
-    while True:
-        try:
-            return await attempt()
-        except (OSError, RedisConnectionError, asyncpg.CannotConnectNowError) as exc:
-            if asyncio.get_running_loop().time() + pause > deadline:
-                raise
-            log.warning("waiting_for_dependency", dependency=what, cause=repr(exc))
-            await asyncio.sleep(pause)
-            pause = min(pause * 2, 2.0)
-
-
-async def database_ctx(app: web.Application) -> AsyncIterator[None]:
-    """The PostgreSQL pool, after the migrations are in place."""
-    settings = app[SETTINGS]
-    pool = await _patiently("postgres", settings.startup_wait_s, lambda: create_pool(settings))
-    try:
-        async with pool.acquire() as con:
-            await migrate(con)
-            await create_fence_sequence(con)
-    except BaseException:
-        await pool.close()
-        raise
-    app[ORDERS] = Orders(pool)
-    yield
-    try:
-        async with asyncio.timeout(POOL_CLOSE_S):
-            await pool.close()
-    except TimeoutError:
-        # A statement stuck on an unreachable server must not hold the exit.
-        pool.terminate()
-
-
-async def zookeeper_ctx(app: web.Application) -> AsyncIterator[None]:
-    """The ZooKeeper session of the flush locks, with GATEWAY_FLUSH_LOCK=zookeeper only;
-    its timeout is the lock's lease (see gateway/lock/zookeeper.py)."""
-    settings = app[SETTINGS]
-    session = None
-    if settings.flush_lock == "zookeeper":
-        try:
-            from gateway.lock.zk_session import ZkSession
-        except ModuleNotFoundError as exc:
-            extra = "pip install 'flashsale-gateway[zookeeper]'"
-            raise RuntimeError(f"GATEWAY_FLUSH_LOCK=zookeeper needs kazoo: {extra}") from exc
-        session = ZkSession(settings.zookeeper_hosts, session_timeout=settings.lock_lease_s)
-        await session.start(wait=max(settings.startup_wait_s, 1.0))
-    app[ZOOKEEPER] = session
-    yield
-    if session is not None:
-        await session.stop()
 
 
 async def service_ctx(app: web.Application) -> AsyncIterator[None]:
@@ -156,13 +83,13 @@ async def service_ctx(app: web.Application) -> AsyncIterator[None]:
     settings, metrics = app[SETTINGS], app[METRICS]
     redis, orders = app[REDIS], app[ORDERS]
     inventory = Inventory(redis, settings, on_noscript=metrics.noscript_reload)
-    await _patiently("redis", settings.startup_wait_s, inventory.load_scripts)
+    await patiently("redis", settings.startup_wait_s, inventory.load_scripts)
     await load_lock_scripts(redis)
     if await inventory.adopt(await orders.identity()):
         log.warning("redis_state_dropped", reason="another database")
     subscriber = LockSubscriber(redis, client_name=f"{settings.key_prefix}-lock-sub")
-    locks = sku_locks(settings, redis, orders.pool, subscriber, metrics, app[ZOOKEEPER])
-    metrics.lock_lease.set(settings.lock_lease_s)
+    locks = sku_locks(settings, redis, orders.pool, subscriber, metrics.lock, app[ZOOKEEPER])
+    metrics.lock.lock_lease.set(settings.lock_lease_s)
     deductions = synchronous_strategies(app)
     catalog, soldout = Catalog(orders, settings.strategy), SoldOut()
     flusher = Flusher(inventory=inventory, orders=orders, locks=locks, observer=metrics)
@@ -259,7 +186,7 @@ def _writer(
         flusher=flusher,
         orders=orders,
         claim_every_s=settings.writer_claim_idle_s / 2,
-        observer=metrics,
+        observer=metrics.streams,
     )
 
 
@@ -268,10 +195,10 @@ async def writer_ctx(app: web.Application) -> AsyncIterator[None]:
     settings, metrics = app[SETTINGS], app[METRICS]
     redis, orders = app[REDIS], app[ORDERS]
     inventory = Inventory(redis, settings, on_noscript=metrics.noscript_reload)
-    await _patiently("redis", settings.startup_wait_s, inventory.load_scripts)
+    await patiently("redis", settings.startup_wait_s, inventory.load_scripts)
     await load_lock_scripts(redis)
     subscriber = LockSubscriber(redis, client_name=f"{settings.key_prefix}-lock-sub")
-    locks = sku_locks(settings, redis, orders.pool, subscriber, metrics)
+    locks = sku_locks(settings, redis, orders.pool, subscriber, metrics.lock)
     flusher = Flusher(inventory=inventory, orders=orders, locks=locks, observer=metrics)
     writer = _writer(settings, Streams(redis, settings), flusher, orders, metrics)
     task = asyncio.create_task(writer.run(), name="queue-writer")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime
 from enum import StrEnum
 
 from gateway.rules import NO_RULES, SaleRules
@@ -136,12 +135,6 @@ class StockReport:
     redis_stock: int | None
     pending: int
     sold: int
-
-
-def rfc3339(moment: datetime) -> str:
-    """An aware datetime as RFC 3339 in UTC, to the millisecond: ``...T12:00:00.000Z``."""
-    utc = moment.astimezone(UTC)
-    return utc.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 class Strategy(StrEnum):

@@ -17,11 +17,13 @@ from typing import Protocol
 import structlog
 from redis.exceptions import RedisError
 
+from gateway.decisions import BatchDecision
 from gateway.domain import Purchase, Result, Verdict
 from gateway.errors import FencedOut, OutcomeUnknown, Unavailable
-from gateway.inventory import Inventory, Settlement
+from gateway.inventory import Inventory
 from gateway.lock.errors import LockError, LockLost, LockTimeout
-from gateway.orders import DB_ERRORS, BatchDecision, Orders
+from gateway.orders import DB_ERRORS, Orders
+from gateway.replies import Settlement
 from gateway.skulocks import FlushLock, SkuLocks
 
 log = structlog.get_logger(__name__)

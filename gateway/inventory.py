@@ -8,98 +8,37 @@ cluster slot (``gateway.connections``). Driver errors become
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
-from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 from redis.exceptions import RedisError
 
 from gateway.connections import RedisClient, guarded
-from gateway.domain import Order, Purchase, SkuInfo, Verdict
+from gateway.domain import Order, Purchase, SkuInfo
 from gateway.errors import RedisUnavailable
 from gateway.layout import (
     STATE_SUFFIXES,
     Change,
     Pending,
     SkuKeys,
-    call_key,
     channel,
     client_bucket_key,
     decode_confirmed,
     encode_confirmed,
     identity_key,
     ledger,
-    rejected_key,
     sku_state_pattern,
-    stream_key,
     user_bucket_key,
 )
-from gateway.rules import effective, epoch_ms
-from gateway.scripts import Script, ScriptArg, ScriptBatcher, read_composed, read_script
+from gateway.replies import Reply, Settlement, reply_of
+from gateway.reservecalls import Entry, ReserveCalls
+from gateway.scripts import Script, ScriptBatcher, read_composed, read_script
 from gateway.settings import Settings
 
 # Orders written back per round trip when rebuilding a sku's hashes.
 RESTORE_CHUNK = 1000
 # Confirmed ids asked for per HSCAN round trip.
 SCAN_CHUNK = 5000
-
-ReplyKind = Literal[
-    "ok",
-    "confirmed",
-    "mismatch",
-    "in_progress",
-    "missing",
-    "duplicate",
-    "sold_out",
-    "not_started",
-    "ended",
-    "rate_limited",
-    "busy",
-]
-
-
-@dataclass(frozen=True, slots=True)
-class Reply:
-    """What reserve.lua answered for one purchase."""
-
-    kind: ReplyKind
-    order: Order | None = None
-    settled: bool = False
-    # "ok": when Redis reserved it, by Redis's clock (the ledger's stamp).
-    reserved_at_ms: int = 0
-    # "not_started", "rate_limited": how long until trying again makes sense.
-    wait_ms: int = 0
-
-
-# A purchase waiting for its sku's next reserve.lua call: the purchase, its
-# user's and its client's bucket keys ("" when that limit is off), and the
-# sku's leading ARGV (see ``Inventory._head``).
-_Entry = tuple[Purchase, str, str, tuple[ScriptArg, ...]]
-
-
-@dataclass(frozen=True, slots=True)
-class Settlement:
-    """One reservation's verdict, as settle.lua takes it."""
-
-    request_id: str
-    verdict: Verdict
-    user_id: str
-    qty: int
-    order_id: str = ""
-
-
-_SIMPLE_KINDS: tuple[ReplyKind, ...] = (
-    "mismatch",
-    "in_progress",
-    "missing",
-    "duplicate",
-    "ended",
-    "busy",
-)
-_SIMPLE: dict[str, Reply] = {kind: Reply(kind) for kind in _SIMPLE_KINDS}
-_SOLD_OUT = Reply("sold_out")
-_SOLD_OUT_SETTLED = Reply("sold_out", settled=True)
 
 
 class Inventory:
@@ -122,14 +61,12 @@ class Inventory:
         self._settle = read_script("settle")
         self._load_stock = read_script("load_stock")
         self._enqueue = read_composed("enqueue", "reserve")
-        self._stream_max = settings.stream_max
         for script in self.scripts:
             script.on_reload = on_noscript
-        self._user_rate, self._client_rate = settings.user_rate_limit, settings.client_rate_limit
-        self._heads: dict[str, tuple[SkuInfo, tuple[ScriptArg, ...]]] = {}
+        self._calls = ReserveCalls(settings, self.keys)
         # The one call made per purchase goes out coalesced: one per sku and turn.
-        self._reserve_many = ScriptBatcher(redis, self._reserve, self._reserve_call)
-        self._enqueue_many = ScriptBatcher(redis, self._enqueue, self._enqueue_call)
+        self._reserve_many = ScriptBatcher(redis, self._reserve, self._calls.reserve)
+        self._enqueue_many = ScriptBatcher(redis, self._enqueue, self._calls.enqueue)
 
     @property
     def scripts(self) -> tuple[Script, ...]:
@@ -166,12 +103,12 @@ class Inventory:
 
     async def _reserve_with(
         self,
-        batcher: ScriptBatcher[_Entry],
+        batcher: ScriptBatcher[Entry],
         purchase: Purchase,
         info: SkuInfo,
         client: Callable[[], str | None] | None,
     ) -> Reply:
-        head = self._head(info)
+        head = self._calls.head(info)
         user_key = client_key = ""
         if head[3]:
             user_key = user_bucket_key(self._prefix, purchase.sku, purchase.user_id)
@@ -183,70 +120,7 @@ class Inventory:
             raw = await batcher(purchase.sku, (purchase, user_key, client_key, head))
         except RedisError as exc:
             raise RedisUnavailable(f"redis: {type(exc).__name__}") from exc
-        kind = raw[0]
-        if kind == "ok":
-            return Reply("ok", reserved_at_ms=int(raw[2]))
-        if kind == "sold_out":
-            return _SOLD_OUT_SETTLED if int(raw[1]) == 1 else _SOLD_OUT
-        if kind == "confirmed":
-            order = Order(raw[1], purchase.request_id, purchase.sku, raw[2], int(raw[3]))
-            return Reply("confirmed", order)
-        if kind in ("not_started", "rate_limited"):
-            return Reply(kind, wait_ms=int(raw[1]))
-        return _SIMPLE[kind]
-
-    def _head(self, info: SkuInfo) -> tuple[ScriptArg, ...]:
-        """reserve.lua's ARGV[1..7] for a sku: retention, window, effective rates;
-        worked out once per catalog entry."""
-        cached = self._heads.get(info.sku)
-        if cached is not None and cached[0] is info:
-            return cached[1]
-        rules = info.rules
-        user = effective(rules.user_rate, self._user_rate)
-        client = effective(rules.client_rate, self._client_rate)
-        starts, ends = epoch_ms(rules.starts_at), epoch_ms(rules.ends_at)
-        head: tuple[ScriptArg, ...] = (
-            self._retention_ms,
-            "" if starts is None else starts,
-            "" if ends is None else ends,
-            0 if user is None else user.per_s,
-            0 if user is None else user.burst,
-            0 if client is None else client.per_s,
-            0 if client is None else client.burst,
-        )
-        self._heads[info.sku] = (info, head)
-        return head
-
-    def _reserve_call(self, entries: list[_Entry]) -> tuple[list[str], list[ScriptArg]]:
-        """One reserve.lua call for a sku's queued purchases: its four keys, the
-        call's own key (a fresh id, so a call sent again is recognised) and
-        the bucket keys (each once), the sku's head (the newest entry's), then
-        five args per purchase."""
-        sku = entries[0][0].sku
-        keys: list[str] = [*self.keys(sku).all(), call_key(self._prefix, sku, uuid.uuid4().hex)]
-        index: dict[str, int] = {}
-        args: list[ScriptArg] = list(entries[-1][3])
-        for purchase, user_key, client_key, _ in entries:
-            args += (purchase.request_id, purchase.user_id, purchase.qty)
-            for bucket in (user_key, client_key):
-                if not bucket:
-                    args.append(0)
-                    continue
-                at = index.get(bucket)
-                if at is None:
-                    keys.append(bucket)
-                    at = index[bucket] = len(keys)
-                args.append(at)
-        return keys, args
-
-    def _enqueue_call(self, entries: list[_Entry]) -> tuple[list[str], list[ScriptArg]]:
-        """One enqueue.lua call: reserve.lua's, then the stream and rejections
-        keys last and the stream's bound as the last argument."""
-        keys, args = self._reserve_call(entries)
-        sku = entries[0][0].sku
-        keys += (stream_key(self._prefix, sku), rejected_key(self._prefix, sku))
-        args.append(self._stream_max)
-        return keys, args
+        return reply_of(raw, purchase)
 
     async def settle(
         self, sku: str, settlements: Iterable[Settlement], db_stock_after: int | None

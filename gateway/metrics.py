@@ -13,7 +13,9 @@ from collections.abc import Callable
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.multiprocess import MultiProcessCollector
 
+from gateway.lockmetrics import LockFamilies
 from gateway.requeststats import PURCHASE_ROUTE, RequestCollector, RequestStats
+from gateway.streammetrics import StreamFamilies
 
 OUTCOMES = (
     "confirmed",
@@ -29,14 +31,13 @@ OUTCOMES = (
 )
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
-# Lock holds: fine where flushes are, coarse up to the largest sensible lease.
-HOLD_BUCKETS = (*LATENCY_BUCKETS, 10.0, 30.0, 60.0)
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 REQUEST_DURATION = "flashsale_request_duration_seconds"
 
 
 class Metrics:
-    """Every metric of one gateway; implements the service and lock observers."""
+    """Every metric of one gateway; implements the service's observers. The lock's
+    observer is :attr:`lock`, the queue writers' :attr:`streams`."""
 
     def __init__(self, multiproc_dir: str | None = None) -> None:
         # With several workers every value lives in files under multiproc_dir
@@ -70,33 +71,8 @@ class Metrics:
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
-        self.lock_wait = Histogram(
-            "flashsale_lock_wait_seconds",
-            "Wait to acquire a flush lock.",
-            buckets=LATENCY_BUCKETS,
-            registry=r,
-        )
-        self.lock_acquisitions = Counter(
-            "flashsale_lock_acquisitions",
-            "Lock acquisitions, by whether they had to wait.",
-            ["contended"],
-            registry=r,
-        )
-        self.lock_timeouts = Counter(
-            "flashsale_lock_timeouts", "Lock acquisitions that gave up waiting.", registry=r
-        )
-        self.lock_renewals = Counter(
-            "flashsale_lock_renewals", "Lease renewals by the watchdog.", registry=r
-        )
-        self.lock_renewal_failures = Counter(
-            "flashsale_lock_renewal_failures", "Renewal attempts that failed.", registry=r
-        )
-        self.locks_lost = Counter(
-            "flashsale_locks_lost", "Locks whose lease ran out while held.", registry=r
-        )
-        self.fenced = Counter(
-            "flashsale_fenced_out", "Flushes rejected for a stale fencing token.", registry=r
-        )
+        # The flush lock's families and observer (gateway.lockmetrics).
+        self.lock = LockFamilies(r, LATENCY_BUCKETS)
         self.pending = Gauge(
             "flashsale_reservations_pending",
             "Units reserved in Redis, not yet settled.",
@@ -168,52 +144,8 @@ class Metrics:
             "Connections dropped for not sending a request within GATEWAY_REQUEST_READ_TIMEOUT_S.",
             registry=r,
         )
-
-        # The queue strategy's streams and writers.
-        self.stream_length = Gauge(
-            "flashsale_stream_length",
-            "Queued purchases in a sku's stream, read or not (sampled by its writers).",
-            ["sku"],
-            registry=r,
-            multiprocess_mode="max",
-        )
-        self.stream_pending = Gauge(
-            "flashsale_stream_pending",
-            "Stream entries a writer has read and not yet acknowledged.",
-            ["sku"],
-            registry=r,
-            multiprocess_mode="max",
-        )
-        self.stream_reclaims = Counter(
-            "flashsale_stream_reclaimed",
-            "Stream entries claimed from a writer presumed dead (XAUTOCLAIM).",
-            registry=r,
-        )
-        self.writer_batches = Counter(
-            "flashsale_writer_batches",
-            "Batches of stream entries a writer committed, or failed to.",
-            ["result"],
-            registry=r,
-        )
-        self.writer_batch_size = Histogram(
-            "flashsale_writer_batch_size",
-            "Stream entries per committed writer batch.",
-            buckets=BATCH_BUCKETS,
-            registry=r,
-        )
-        # The lease rule of thumb (gateway/leaserule.py): p99 hold against lease / 3.
-        self.lock_hold = Histogram(
-            "flashsale_lock_hold_seconds",
-            "Time a flush lock was held, acquisition to release.",
-            buckets=HOLD_BUCKETS,
-            registry=r,
-        )
-        self.lock_lease = Gauge(
-            "flashsale_lock_lease_seconds",
-            "The flush lock's lease (GATEWAY_LOCK_LEASE_S).",
-            registry=r,
-            multiprocess_mode="max",
-        )
+        # The queue strategy's streams and writers (gateway.streammetrics).
+        self.streams = StreamFamilies(r, BATCH_BUCKETS)
         self.optimistic_conflicts = Counter(
             "flashsale_optimistic_conflicts",
             "Optimistic UPDATEs that found the row at another version (nothing written).",
@@ -296,51 +228,9 @@ class Metrics:
         self.pending.labels(sku).set(pending)
         self.drift.labels(sku).set(drift)
 
-    # The lock's observer (gateway.lock.LockMetrics).
-    def acquired(self, wait_s: float, contended: bool) -> None:
-        """A first acquisition after ``wait_s`` seconds."""
-        self.lock_wait.observe(wait_s)
-        self.lock_acquisitions.labels("true" if contended else "false").inc()
-
-    def released(self, held_s: float) -> None:
-        """A normal release after ``held_s`` seconds held."""
-        self.lock_hold.observe(held_s)
-
-    def timed_out(self) -> None:
-        """An acquisition gave up."""
-        self.lock_timeouts.inc()
-
-    def renewed(self) -> None:
-        """The watchdog renewed a lease."""
-        self.lock_renewals.inc()
-
-    def renewal_failed(self) -> None:
-        """One renewal attempt failed."""
-        self.lock_renewal_failures.inc()
-
-    def lost(self) -> None:
-        """A lock was lost while held."""
-        self.locks_lost.inc()
-
     def fenced_out(self) -> None:
         """A flush was fenced out."""
-        self.fenced.inc()
-
-    # The queue writers' observer (gateway.writer.WriterObserver).
-    def writer_batch(self, size: int, failed: bool) -> None:
-        """A writer committed a batch of ``size`` entries, or failed one."""
-        self.writer_batches.labels("failed" if failed else "committed").inc()
-        if not failed:
-            self.writer_batch_size.observe(size)
-
-    def stream_reclaimed(self, count: int) -> None:
-        """A writer claimed ``count`` entries of a dead one."""
-        self.stream_reclaims.inc(count)
-
-    def stream_depth(self, sku: str, length: int, pending: int) -> None:
-        """A sku's stream length and pending entries, as a writer sampled them."""
-        self.stream_length.labels(sku).set(length)
-        self.stream_pending.labels(sku).set(pending)
+        self.lock.fenced_out()
 
     # The optimistic strategy's observer (gateway.strategies.optimistic).
     def optimistic_conflict(self) -> None:

@@ -1,10 +1,8 @@
 """The PostgreSQL adapter: inventory rows, orders and stock movements.
 
-Every statement lives here as a named constant, or, for the flush, in the
-``flush_batch`` function of ``sql/functions/flush_batch.sql``, so a flush costs
-one round trip. Every statement that takes stock carries its ``stock >=`` guard
-(``tests/unit/test_sql_guard.py`` scans for it), so the database refuses an
-oversell whatever Redis or a lock said.
+Every statement is a named constant of :mod:`gateway.statements`, or, for the
+flush, the ``flush_batch`` function of ``sql/functions/flush_batch.sql``, so a
+flush costs one round trip.
 Driver errors become :class:`gateway.errors.PostgresUnavailable` here, and the
 flush's own SQLSTATEs its typed errors.
 """
@@ -12,106 +10,43 @@ flush's own SQLSTATEs its typed errors.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import asyncpg
 
+from gateway.decisions import FLUSH_ERRORS, BatchDecision, decision_of
 from gateway.domain import (
-    DUPLICATE,
-    SOLD_OUT,
     Order,
-    Outcome,
     Purchase,
-    Result,
     SkuInfo,
     Strategy,
     Verdict,
     WaitingRoom,
 )
 from gateway.errors import (
-    FencedOut,
-    GatewayError,
-    IdempotencyMismatch,
     OutcomeUnknown,
     PostgresUnavailable,
-    StockGuardRefused,
-    Unavailable,
 )
 from gateway.rules import NO_RULES, Rate, SaleRules, rate_from_db
-
-# Serializes writers of one sku (admin changes lock the row too).
-LOCK_INVENTORY_ROW = "SELECT stock, fence FROM inventory WHERE sku = $1 FOR UPDATE"
-# A whole flush in one round trip: see sql/functions/flush_batch.sql, whose UPDATE
-# carries the stock >= guard and the fencing check.
-FLUSH_BATCH = """
-SELECT * FROM flush_batch($1, $2::text[], $3::text[], $4::int[], $5::bigint[], $6::bigint)
-"""
-# The reconciler's side of the same arbitration: under the row lock, stale
-# reservations without an order are recorded as released, so a flush still on
-# its way answers them "X" instead of committing them after their stock went back.
-RECORD_RELEASED = """
-INSERT INTO released_reservations (request_id, reserved_at_ms)
-SELECT * FROM unnest($1::text[], $2::bigint[]) ON CONFLICT DO NOTHING
-"""
-# The SQLSTATEs flush_batch raises, each for one cause; nothing is written.
-FLUSH_ERRORS: dict[str, type[Unavailable]] = {
-    "FS001": FencedOut,  # a fencing token older than the row's
-    "FS002": StockGuardRefused,  # the stock >= guard refused the batch
-}
-# Which database this is: the cluster's system identifier, the database's oid
-# and the WAL timeline (the first 8 hex digits of the current WAL file's name).
-# A database restored from a dump into a new database, or another cluster,
-# differs in the first two; a standby promoted by a failover, or a point-in-time
-# recovery, shares them with its origin but starts a new timeline.
-DATABASE_IDENTITY = """
-SELECT (SELECT system_identifier FROM pg_control_system())::text || ':'
-    || (SELECT oid FROM pg_database WHERE datname = current_database())::text || ':'
-    || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8)
-"""
-# Where pg_control_system() is not granted (some managed services): the oid alone.
-DATABASE_OID = """
-SELECT '?:' || (SELECT oid FROM pg_database WHERE datname = current_database())::text
-"""
-SKU_INFO = """
-SELECT per_user_limit, room_admit_per_s, room_token_ttl_s, room_shuffle_at_start, starts_at,
-       ends_at, user_rate, client_rate, strategy
-FROM inventory WHERE sku = $1
-"""
-SKU_STOCK = "SELECT stock FROM inventory WHERE sku = $1"
-ALL_SKUS = "SELECT sku FROM inventory ORDER BY sku"
-ORDERS_BY_REQUESTS = """
-SELECT order_id::text, request_id, sku, user_id, qty FROM orders
-WHERE request_id = ANY($1::text[])
-"""
-SKU_ORDERS = """
-SELECT order_id::text, request_id, sku, user_id, qty FROM orders WHERE sku = $1
-"""
-UNITS_SOLD = "SELECT COALESCE(SUM(qty), 0) FROM orders WHERE sku = $1"
-# A new sku starts empty, so two concurrent creations both see the row (and
-# wait for its lock) and each records only its own difference.
-CREATE_SKU = """
-INSERT INTO inventory (sku, stock, per_user_limit) VALUES ($1, 0, $2) ON CONFLICT (sku) DO NOTHING
-"""
-SET_SKU = """
-UPDATE inventory SET stock = $2, per_user_limit = $3, strategy = $4, updated_at = now()
-WHERE sku = $1
-"""
-SET_SALE_RULES = """
-UPDATE inventory SET starts_at = $2, ends_at = $3, user_rate = $4, client_rate = $5 WHERE sku = $1
-"""
-RESTOCK = """
-UPDATE inventory SET stock = stock + $2, updated_at = now() WHERE sku = $1 RETURNING stock
-"""
-# A PUT replaces the whole sku, so no waiting room in it means none any more.
-SET_WAITING_ROOM = """
-UPDATE inventory
-SET room_admit_per_s = $2, room_token_ttl_s = $3, room_shuffle_at_start = $4
-WHERE sku = $1
-"""
-RECORD_MOVEMENT = """
-INSERT INTO stock_movements (sku, delta, reason, stock_after) VALUES ($1, $2, $3, $4)
-"""
+from gateway.statements import (
+    ALL_SKUS,
+    CREATE_SKU,
+    DATABASE_IDENTITY,
+    DATABASE_OID,
+    FLUSH_BATCH,
+    LOCK_INVENTORY_ROW,
+    ORDERS_BY_REQUESTS,
+    RECORD_MOVEMENT,
+    RECORD_RELEASED,
+    RESTOCK,
+    SET_SALE_RULES,
+    SET_SKU,
+    SET_WAITING_ROOM,
+    SKU_INFO,
+    SKU_ORDERS,
+    SKU_STOCK,
+    UNITS_SOLD,
+)
 
 DB_ERRORS = (
     asyncpg.PostgresError,
@@ -123,49 +58,12 @@ DB_ERRORS = (
 )
 
 
-@dataclass(frozen=True, slots=True)
-class Decision:
-    """The database's verdict on one purchase of a batch."""
-
-    result: Result | GatewayError
-    verdict: Verdict
-
-
-@dataclass(frozen=True, slots=True)
-class BatchDecision:
-    """What one committed flush decided, by request id."""
-
-    decisions: dict[str, Decision]
-    # Database stock after the batch when it found too little stock, else None.
-    short_stock_after: int | None
-
-
 def _cause(exc: BaseException) -> str:
     return f"postgres: {type(exc).__name__}"
 
 
 def _order(row: asyncpg.Record) -> Order:
     return Order(row["order_id"], row["request_id"], row["sku"], row["user_id"], row["qty"])
-
-
-def _decision(row: asyncpg.Record) -> Decision:
-    verdict = Verdict(row["verdict"])
-    if verdict is Verdict.RELEASED:
-        # The request id holds another purchase's order: never answered with it.
-        return Decision(IdempotencyMismatch(row["request_id"]), verdict)
-    if verdict is Verdict.CONFIRMED:
-        order = Order(
-            row["order_id"],
-            row["request_id"],
-            row["order_sku"],
-            row["order_user"],
-            row["order_qty"],
-        )
-        return Decision(Result(Outcome.CONFIRMED, order), verdict)
-    if verdict is Verdict.EXPIRED:
-        # Already given back by the reconciler: nothing to settle but the answer.
-        return Decision(Unavailable("reservation expired; retry"), verdict)
-    return Decision(DUPLICATE if verdict is Verdict.DUPLICATE else SOLD_OUT, verdict)
 
 
 class Orders:
@@ -208,7 +106,7 @@ class Orders:
             raise FLUSH_ERRORS.get(exc.sqlstate, PostgresUnavailable)(_cause(exc)) from exc
         except DB_ERRORS as exc:
             raise PostgresUnavailable(_cause(exc)) from exc
-        decisions = {row["request_id"]: _decision(row) for row in rows}
+        decisions = {row["request_id"]: decision_of(row) for row in rows}
         short = any(d.verdict is Verdict.SOLD_OUT for d in decisions.values())
         stock_after = rows[0]["stock_after"] if rows else None
         return BatchDecision(decisions, stock_after if short else None)

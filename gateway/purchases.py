@@ -44,8 +44,9 @@ from gateway.errors import (
     Unavailable,
 )
 from gateway.flusher import Flusher
-from gateway.inventory import Inventory, Reply
+from gateway.inventory import Inventory
 from gateway.orders import Orders
+from gateway.replies import Reply
 from gateway.rules import SaleRules
 from gateway.soldout import ConfirmedIds, SoldOut
 from gateway.strategies import REDIS_FREE, Deduction

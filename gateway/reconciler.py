@@ -35,9 +35,10 @@ from redis.exceptions import RedisError
 from gateway.catalog import Catalog
 from gateway.domain import Verdict
 from gateway.errors import Unavailable
-from gateway.inventory import Inventory, Settlement
+from gateway.inventory import Inventory
 from gateway.lock.errors import LockError
 from gateway.orders import Orders
+from gateway.replies import Settlement
 from gateway.skulocks import SkuLocks
 from gateway.strategies import REDIS_FREE
 

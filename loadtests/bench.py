@@ -34,17 +34,15 @@ gateway.
 
 from __future__ import annotations
 
-import argparse
-import os
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
-from pathlib import Path
+from dataclasses import asdict
 from typing import Any
 
 from loadtests import machine, wrk
 from loadtests.bench_checks import audit, audit_failures
+from loadtests.bench_config import Config, config_from
 from loadtests.bench_openloop import open_rows, run_open_loop
 from loadtests.bench_paths import (
     BIG_SKU,
@@ -59,72 +57,9 @@ from loadtests.bench_report import flush_note, report, summarize
 from loadtests.bench_sales import sell_sales
 from loadtests.cputime import cpu_seconds
 from loadtests.harness import Harness, passthrough_settings
-from loadtests.options import RESULTS_DIR, parse_seconds, parse_settings
-from loadtests.pinning import Pinning, choose
 from loadtests.signals import signals_interrupt
 from loadtests.targets import Target
 from tests.support.processes import stop_process
-
-
-@dataclass(frozen=True, slots=True)
-class Config:
-    """How long and how hard to drive the targets."""
-
-    duration_s: float
-    warmup_s: float
-    rounds: int
-    connections: int
-    threads: int
-    stock: int
-    big_stock: int
-    pinning: Pinning
-    out_dir: Path
-    db_settings: dict[str, str]
-    # Seconds of each open-loop run (loadtests.bench_openloop); 0 skips them.
-    open_duration_s: float = 5.0
-
-
-def build_parser() -> argparse.ArgumentParser:
-    """The CLI; every flag defaults to its BENCH_* environment variable."""
-    env = os.environ.get
-    parser = argparse.ArgumentParser(prog="python -m loadtests.bench", description=__doc__)
-    parser.formatter_class = argparse.RawDescriptionHelpFormatter
-    parser.add_argument("--duration", default=env("BENCH_DURATION", "3s"))
-    parser.add_argument("--warmup", default=env("BENCH_WARMUP", "1s"))
-    parser.add_argument("--rounds", type=int, default=int(env("BENCH_ROUNDS", "5")))
-    parser.add_argument("--connections", type=int, default=int(env("BENCH_CONNECTIONS", "64")))
-    parser.add_argument("--threads", type=int, default=int(env("BENCH_THREADS", "0")) or None)
-    parser.add_argument("--stock", type=int, default=int(env("BENCH_STOCK", "10000000")))
-    parser.add_argument("--big-stock", type=int, default=int(env("BENCH_BIG_STOCK", "200000")))
-    parser.add_argument("--pin", type=int, default=int(env("BENCH_PIN", "1")))
-    parser.add_argument("--open-duration", default=env("BENCH_OPEN_DURATION", "5s"))
-    parser.add_argument("--out", type=Path, default=Path(env("BENCH_OUT", str(RESULTS_DIR))))
-    parser.add_argument(
-        "--db-settings",
-        default=env("BENCH_DB_SETTINGS", ""),
-        help="PostgreSQL settings of the bench databases, e.g. plan_cache_mode=force_custom_plan",
-    )
-    return parser
-
-
-def config_from(argv: Sequence[str] | None) -> Config:
-    """Parse the CLI and environment into a :class:`Config`."""
-    args = build_parser().parse_args(argv)
-    pinning = choose(bool(args.pin))
-    return Config(
-        duration_s=parse_seconds(args.duration),
-        warmup_s=parse_seconds(args.warmup),
-        rounds=max(1, args.rounds),
-        connections=args.connections,
-        # One wrk thread per core it has: two threads on one core only contend.
-        threads=args.threads or (1 if pinning.load is not None else 2),
-        stock=args.stock,
-        big_stock=args.big_stock,
-        pinning=pinning,
-        out_dir=args.out,
-        db_settings=parse_settings(args.db_settings),
-        open_duration_s=parse_seconds(args.open_duration),
-    )
 
 
 def start_targets(harness: Harness, config: Config) -> tuple[dict[str, Target], dict[str, str]]:
@@ -284,7 +219,7 @@ def bench(harness: Harness, config: Config) -> dict[str, Any]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``python -m loadtests.bench``."""
-    config = config_from(argv)
+    config = config_from(argv, __doc__)
     try:
         wrk.find_wrk()
         harness = Harness(db_settings=config.db_settings, pinning=config.pinning)

@@ -26,8 +26,8 @@ import sys
 import time
 from collections.abc import Sequence
 
-from loadtests import machine, wrk
-from loadtests.bench import Config, config_from, drive
+from loadtests import bench, machine, wrk
+from loadtests.bench_config import Config, config_from
 from loadtests.bench_paths import IN_STOCK, IN_STOCK_SKU, SMALL_SALE, SOLD_OUT, SOLD_OUT_SKU
 from loadtests.bench_sales import sell_out
 from loadtests.harness import Harness
@@ -71,12 +71,12 @@ def run(targets: dict[str, Target], config: Config, run_id: str) -> list[wrk.Wrk
     runs = []
     for path, names in PATHS.items():
         for name in names:
-            drive(targets[name], path, -1, config.warmup_s, config, f"{run_id}w")
+            bench.drive(targets[name], path, -1, config.warmup_s, config, f"{run_id}w")
     for round_ in range(config.rounds):
         for path, names in PATHS.items():
             shift = round_ % len(names)
             for name in names[shift:] + names[:shift]:
-                result = drive(
+                result = bench.drive(
                     targets[name], path, round_, config.duration_s, config, f"{run_id}r{round_}"
                 )
                 runs.append(result)
@@ -121,7 +121,7 @@ def table(runs: Sequence[wrk.WrkResult]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``python -m loadtests.workers_bench``."""
-    config = config_from(argv)
+    config = config_from(argv, bench.__doc__)
     try:
         wrk.find_wrk()
         harness = Harness(db_settings=config.db_settings, pinning=config.pinning)

@@ -29,11 +29,13 @@ import math
 import os
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from redis.asyncio import Redis
-from redis.asyncio.cluster import ClusterNode, RedisCluster
+from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.connection import AbstractConnection
+
+from gateway.lock.nodes import Connections, NodeInTurn
 
 _MIN_BACKOFF_S = 0.05
 _MAX_BACKOFF_S = 1.0
@@ -101,8 +103,8 @@ class LockSubscriber:
         client_name: str | None = None,
         ready_timeout: float = 1.0,
     ) -> None:
-        self._pool: _Connections = (
-            _NodeInTurn(redis) if isinstance(redis, RedisCluster) else redis.connection_pool
+        self._pool: Connections = (
+            NodeInTurn(redis) if isinstance(redis, RedisCluster) else redis.connection_pool
         )
         self.client_name = client_name or f"gateway-lock-sub-{os.getpid()}"
         self._ready_timeout = ready_timeout
@@ -262,40 +264,6 @@ class LockSubscriber:
     def _drop(self, name: str, entry: _Channel) -> None:
         if self._channels.get(name) is entry:
             del self._channels[name]
-
-
-class _Connections(Protocol):
-    """Where the subscriber's connection comes from: a client's pool, or cluster nodes."""
-
-    async def get_connection(self) -> AbstractConnection: ...
-
-    async def release(self, connection: AbstractConnection) -> None: ...
-
-
-class _NodeInTurn:
-    """Connections to the nodes of a cluster, each one to the next node in turn, so a
-    reconnect leaves a dead node behind without waiting for the slot map to change."""
-
-    def __init__(self, cluster: RedisCluster) -> None:
-        self._cluster = cluster
-        self._turn = 0
-        self._owners: dict[AbstractConnection, ClusterNode] = {}
-
-    async def get_connection(self) -> AbstractConnection:
-        nodes = self._cluster.get_nodes()
-        if not nodes:  # the client has sent nothing yet: learn the topology first
-            await self._cluster.initialize()
-            nodes = self._cluster.get_nodes()
-        self._turn += 1
-        node = nodes[self._turn % len(nodes)]
-        conn = node.acquire_connection()
-        self._owners[conn] = node
-        return conn
-
-    async def release(self, connection: AbstractConnection) -> None:
-        node = self._owners.pop(connection, None)
-        if node is not None:
-            node.release(connection)  # type: ignore[arg-type]
 
 
 def _wake_one(entry: _Channel) -> None:

@@ -11,7 +11,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from gateway.layout import Pending, ledger
+from gateway.layout import Pending, ledger, lock_key
 from tests.chaos.stacks import Stack, pid_of, text_of
 from tests.support.gateways import Gateway
 from tests.support.redis_servers import redis_client
@@ -48,7 +48,7 @@ async def stop_lock_holder(
     fence counter is read before and after: it only grows when someone
     acquires, so growth shows the lease ran out and another instance took over.
     """
-    key = stack.lock_key(sku)
+    key = lock_key(stack.key_prefix, sku)
     deadline = time.monotonic() + within
     async with redis_client(await stack.redis_address(), within=2) as r:
         while True:

@@ -18,7 +18,7 @@ import aiohttp
 import asyncpg
 
 from gateway.audit import SkuAudit, audit
-from gateway.layout import SkuKeys
+from gateway.layout import SkuKeys, lock_key
 from gateway.settings import Settings
 from tests.chaos.reporting import Diagnostics, constant, freeze
 from tests.support.gateways import GatewayCluster
@@ -61,10 +61,6 @@ class Stack:
     def keys(self, sku: str) -> SkuKeys:
         """The sku's Redis keys under the gateways' prefix."""
         return SkuKeys.of(self.key_prefix, sku)
-
-    def lock_key(self, sku: str) -> str:
-        """The Redis key of the sku's flush lock (a hash: owner, count, fence)."""
-        return f"{self.key_prefix}:{{{sku}}}:lock"
 
     async def redis_address(self) -> Address:
         """The Redis data node the gateways write to, reached directly (no proxy)."""
@@ -140,7 +136,7 @@ def text_of(value: str | bytes | None) -> str | None:
 async def lock_state(stack: Stack, sku: str = "flash") -> str:
     """The sku's flush lock (owner, the gateway whose pid it names, count, fence,
     PTTL) and ledger size in Redis, for the report of a failed scenario."""
-    key = stack.lock_key(sku)
+    key = lock_key(stack.key_prefix, sku)
     try:
         async with redis_client(await stack.redis_address()) as r:
             lock = await r.hgetall(key)

@@ -9,6 +9,7 @@ import pytest
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 
+from gateway.layout import lock_key
 from gateway.lock import LockSubscriber
 from gateway.lock.zk_session import ZkSession
 from tests.integration.lock_support import Backend, close_pg_pool, open_pg_pool
@@ -58,10 +59,16 @@ def backend_kind(request: pytest.FixtureRequest) -> tuple[str, Servers]:
 
 
 @pytest.fixture
+def name(key_prefix: str) -> str:
+    """This test's lock name: the layout's lock key of a sku called "lock"."""
+    return lock_key(key_prefix, "lock")
+
+
+@pytest.fixture
 async def backend(
     backend_kind: tuple[str, Servers],
     redis: Redis,
-    key_prefix: str,
+    name: str,
     database_url: str,
 ) -> AsyncIterator[Backend]:
     """The lock backend under test, on a lock name of this test's own: the shared
@@ -75,7 +82,7 @@ async def backend(
     if isinstance(servers, ZooKeeperServer):
         zookeeper = ZkSession(servers.hosts, session_timeout=ZK_SESSION_TIMEOUT_S)
         await zookeeper.start(wait=10)
-    yield Backend(kind, client, pool, f"{key_prefix}:{{lock}}:lock", subscriber, zookeeper)
+    yield Backend(kind, client, pool, name, subscriber, zookeeper)
     if zookeeper is not None:
         await zookeeper.stop()
     await subscriber.aclose()

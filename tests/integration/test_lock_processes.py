@@ -14,6 +14,7 @@ import asyncpg
 import pytest
 from redis.asyncio import Redis
 
+from gateway.layout import lock_key
 from gateway.lock import LockSubscriber, RedisLock
 from tests.integration.lock_support import (
     AnyLock,
@@ -142,7 +143,7 @@ class TestStaleHolder:
     async def test_a_stopped_holder_is_fenced_out(
         self, redis: Redis, database_url: str, key_prefix: str, table: str, tmp_path: Path
     ) -> None:
-        name = f"{key_prefix}:{{lock}}:lock"
+        name = lock_key(key_prefix, "lock")
         subscriber = LockSubscriber(redis)
         backend = Backend("redis", redis, None, name, subscriber)
         args = worker_args("stale", backend, database_url, "--lease", "0.5", "--table", table)

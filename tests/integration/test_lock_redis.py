@@ -22,12 +22,6 @@ pytestmark = pytest.mark.timeout(30)
 
 
 @pytest.fixture
-def name(key_prefix: str) -> str:
-    """This test's lock name, with a hash tag."""
-    return f"{key_prefix}:{{lock}}:lock"
-
-
-@pytest.fixture
 async def subs() -> AsyncIterator[Subscribers]:
     """One unlock subscriber per client, closed after the test."""
     made = Subscribers()

@@ -31,11 +31,6 @@ async def session(zookeeper_server: ZooKeeperServer) -> AsyncIterator[ZkSession]
     await started.stop()
 
 
-@pytest.fixture
-def name(key_prefix: str) -> str:
-    return f"{key_prefix}:{{lock}}:lock"
-
-
 def expire(server: ZooKeeperServer, session: ZkSession) -> None:
     """Expire ``session`` on the server: another client joins it and closes it (the
     server then ends the session and deletes its ephemeral nodes)."""

@@ -8,7 +8,8 @@ from typing import Any
 import asyncpg
 
 from gateway.domain import Outcome, Purchase
-from gateway.orders import FLUSH_BATCH, Orders
+from gateway.orders import Orders
+from gateway.statements import FLUSH_BATCH
 from tests.support.purchases import put_sku
 
 

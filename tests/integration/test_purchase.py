@@ -10,7 +10,7 @@ import asyncpg
 import pytest
 from redis.asyncio import Redis
 
-from gateway.layout import SkuKeys
+from gateway.layout import SkuKeys, lock_key
 from tests.support.purchases import (
     ADMIN_HEADERS,
     buy,
@@ -160,7 +160,7 @@ class TestFencing:
         # Tokens follow a counter never behind Redis's clock (in microseconds):
         # put the counter far ahead of the clock so the next two are known.
         issued = 2**52  # ahead of the clock, and exact in Lua's doubles
-        await redis.set(f"{key_prefix}:{{{sku}}}:lock:fence", issued)
+        await redis.set(f"{lock_key(key_prefix, sku)}:fence", issued)
         con = await asyncpg.connect(database_url)
         try:
             await con.execute("UPDATE inventory SET fence = $2 WHERE sku = $1", sku, issued + 2)

@@ -3,6 +3,8 @@ the state they leave in PostgreSQL and Redis."""
 
 from __future__ import annotations
 
+import asyncio
+import collections
 from typing import Any
 
 import asyncpg
@@ -81,3 +83,49 @@ async def wait_sold_out_marked(client: Client, builds: int = 1) -> None:
         return await client_metric(client, "flashsale_confirmed_id_builds_total") >= builds
 
     await wait_for(built, what=f"{builds} sold-out filter(s) built")
+
+
+# How often a client resends a purchase answered 503 (same request id) in a storm.
+RESENDS = 20
+
+
+async def buy_resending(
+    client: Client, sku: str, user: str, rid: str, qty: int = 1
+) -> tuple[int, dict[str, Any]]:
+    """Buy, resending with the same request id while the answer is 503, as a
+    client honouring Retry-After does (bounded)."""
+    for _ in range(RESENDS):
+        status, body = await buy(client, sku, user, rid, qty)
+        if status != 503:
+            break
+    return status, body
+
+
+async def sku_json(client: Client, sku: str) -> dict[str, Any]:
+    """``GET /v1/skus/{sku}`` (asserts a 200)."""
+    resp = await client.get(f"/v1/skus/{sku}")
+    assert resp.status == 200, await resp.text()
+    data: dict[str, Any] = await resp.json()
+    return data
+
+
+async def storm(client: Client, sku: str, users: int) -> collections.Counter[str]:
+    """Each of ``users`` buyers clicks twice at once (two request ids); the count of
+    final answers by status, after asserting no buyer got two orders."""
+    calls = [
+        buy_resending(client, sku, f"u{i}", f"r{i}-{n}") for n in range(2) for i in range(users)
+    ]
+    results = await asyncio.gather(*calls)
+    confirmed = [b["user_id"] for s, b in results if s == 201]
+    assert len(confirmed) == len(set(confirmed)), "a buyer got two orders"
+    return collections.Counter(str(b.get("status", b.get("error"))) for _, b in results)
+
+
+async def put_rules(client: Any, sku: str, stock: int, **rules: Any) -> dict[str, Any]:
+    """PUT the sku with ``rules`` (starts_at, ends_at, user_rate, client_rate); asserts 200."""
+    resp = await client.put(
+        f"/admin/skus/{sku}", json={"stock": stock, **rules}, headers=ADMIN_HEADERS
+    )
+    assert resp.status == 200, await resp.text()
+    body: dict[str, Any] = await resp.json()
+    return body

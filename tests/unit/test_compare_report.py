@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from loadtests.compare import matrix
 from loadtests.compare_report import BEGIN, END, HEADER, document, observations, table
+from loadtests.compare_round import matrix
 
 
 def row(strategy: str, lock: str, condition: str, **overrides: Any) -> dict[str, Any]:

@@ -1,0 +1,95 @@
+"""The gateway's connections as aiohttp cleanup contexts, each with one ``yield``:
+the Redis client, the PostgreSQL pool (migrated, fence sequence created) and the
+optional ZooKeeper session; and :func:`patiently`, the start-up retry while a
+dependency is down. ``gateway.app`` puts them in order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TypeVar
+
+import asyncpg
+import structlog
+from aiohttp import web
+from redis.exceptions import ConnectionError as RedisConnectionError
+
+from gateway.appkeys import ORDERS, REDIS, SETTINGS, ZOOKEEPER
+from gateway.connections import create_redis
+from gateway.database import create_pool, migrate
+from gateway.lock import create_fence_sequence
+from gateway.orders import Orders
+
+# Longest a stopping gateway waits for its PostgreSQL connections to close cleanly.
+POOL_CLOSE_S = 2.0
+
+T = TypeVar("T")
+log = structlog.get_logger(__name__)
+
+
+async def redis_ctx(app: web.Application) -> AsyncIterator[None]:
+    """The Redis client and its bounded pool."""
+    redis = create_redis(app[SETTINGS])
+    app[REDIS] = redis
+    yield
+    await redis.aclose()
+
+
+async def patiently(what: str, wait_s: float, attempt: Callable[[], Awaitable[T]]) -> T:
+    """Retry a start-up step while its dependency is down, for up to ``wait_s``.
+
+    A gateway restarted during an outage waits for Redis or PostgreSQL instead
+    of exiting at once; a step that fails for another reason fails at once.
+    """
+    deadline = asyncio.get_running_loop().time() + wait_s
+    pause = 0.1
+    while True:
+        try:
+            return await attempt()
+        except (OSError, RedisConnectionError, asyncpg.CannotConnectNowError) as exc:
+            if asyncio.get_running_loop().time() + pause > deadline:
+                raise
+            log.warning("waiting_for_dependency", dependency=what, cause=repr(exc))
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 2.0)
+
+
+async def database_ctx(app: web.Application) -> AsyncIterator[None]:
+    """The PostgreSQL pool, after the migrations are in place."""
+    settings = app[SETTINGS]
+    pool = await patiently("postgres", settings.startup_wait_s, lambda: create_pool(settings))
+    try:
+        async with pool.acquire() as con:
+            await migrate(con)
+            await create_fence_sequence(con)
+    except BaseException:
+        await pool.close()
+        raise
+    app[ORDERS] = Orders(pool)
+    yield
+    try:
+        async with asyncio.timeout(POOL_CLOSE_S):
+            await pool.close()
+    except TimeoutError:
+        # A statement stuck on an unreachable server must not hold the exit.
+        pool.terminate()
+
+
+async def zookeeper_ctx(app: web.Application) -> AsyncIterator[None]:
+    """The ZooKeeper session of the flush locks, with GATEWAY_FLUSH_LOCK=zookeeper only;
+    its timeout is the lock's lease (see gateway/lock/zookeeper.py)."""
+    settings = app[SETTINGS]
+    session = None
+    if settings.flush_lock == "zookeeper":
+        try:
+            from gateway.lock.zk_session import ZkSession
+        except ModuleNotFoundError as exc:
+            extra = "pip install 'flashsale-gateway[zookeeper]'"
+            raise RuntimeError(f"GATEWAY_FLUSH_LOCK=zookeeper needs kazoo: {extra}") from exc
+        session = ZkSession(settings.zookeeper_hosts, session_timeout=settings.lock_lease_s)
+        await session.start(wait=max(settings.startup_wait_s, 1.0))
+    app[ZOOKEEPER] = session
+    yield
+    if session is not None:
+        await session.stop()
