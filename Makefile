@@ -28,6 +28,7 @@ run: $(STAMP) services
 lint: $(STAMP)
 	$(BIN)/ruff check gateway tests loadtests
 	$(BIN)/ruff format --check gateway tests loadtests
+	@bash scripts/module_size.sh
 
 typecheck: $(STAMP)
 	$(BIN)/mypy
