@@ -29,6 +29,7 @@ from gateway.clients import current_client
 from gateway.domain import Outcome, Result
 from gateway.errors import Forbidden, InvalidRequest, NotFound, TooLarge, Unauthorized
 from gateway.metrics import CONTENT_TYPE
+from gateway.prebuilt import Prebuilt
 from gateway.purchases import Purchases
 from gateway.tracking import MAX_WAIT_S
 
@@ -36,6 +37,8 @@ log = structlog.get_logger(__name__)
 
 JSON = "application/json"
 _SOLD_OUT = orjson.dumps({"status": "sold_out"})
+# The storm's answer, made once (see gateway.prebuilt).
+SOLD_OUT_ANSWER = Prebuilt(409, _SOLD_OUT, Outcome.SOLD_OUT.value)
 _DUPLICATE = orjson.dumps({"status": "duplicate"})
 _IN_PROGRESS = orjson.dumps({"status": "in_progress"})
 
@@ -72,7 +75,7 @@ def purchase_response(result: Result) -> web.Response:
     return resp
 
 
-async def purchase(request: web.Request) -> web.Response:
+async def purchase(request: web.Request) -> web.StreamResponse:
     """POST /v1/purchase, through the router (see gateway.lane for the other way in)."""
     app = request.app
     return await buy(request, admissions=app[ADMISSIONS], purchases=app[PURCHASES])
@@ -80,7 +83,7 @@ async def purchase(request: web.Request) -> web.Response:
 
 async def buy(
     request: web.Request, *, admissions: Admissions, purchases: Purchases
-) -> web.Response:
+) -> web.StreamResponse:
     """POST /v1/purchase, given the use cases: the purchase lane calls it bound
     to them, since a request it serves has no matched route (and so no
     ``request.app``)."""
@@ -89,9 +92,13 @@ async def buy(
     if admissions.open_door(p.sku):
         # The client address is worked out only if a client rate limit applies:
         # nothing is parsed or allocated for it on the sold-out path.
-        return purchase_response(await purchases.purchase(p, current_client))
-    token = request.headers.get("Admission-Token")
-    return purchase_response(await admissions.purchase(p, token, current_client))
+        result = await purchases.purchase(p, current_client)
+    else:
+        token = request.headers.get("Admission-Token")
+        result = await admissions.purchase(p, token, current_client)
+    if result.outcome is Outcome.SOLD_OUT and SOLD_OUT_ANSWER.fits(request):
+        return SOLD_OUT_ANSWER
+    return purchase_response(result)
 
 
 async def get_order(request: web.Request) -> web.Response:
