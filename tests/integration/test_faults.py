@@ -130,7 +130,8 @@ async def outage(database_url: str) -> AsyncIterator[Any]:
 class TestPostgresDown:
     """PostgreSQL unreachable: 503 with Retry-After, and every reservation given
     back: at once when the flush never reached PostgreSQL, by the reconciler when
-    the connection broke under it (it may have committed)."""
+    the connection broke under it (it may have committed). Which of the two an
+    outage hits is up to timing; test_outcome_unknown.py pins the second."""
 
     async def test_unreachable_database_answers_503_and_gives_stock_back(
         self,
