@@ -19,12 +19,14 @@ from redis.asyncio import Redis
 from gateway.audit import audit
 from gateway.settings import Settings
 from tests.support.driver import ClientPolicy, DriverSummary, LoadDriver
-from tests.support.gateways import SIGTERM_EXIT_S, GatewayCluster
+from tests.support.gateways import SIGTERM_EXIT_S, Gateway, GatewayCluster
 from tests.support.haproxy import HAProxy, check_config
 from tests.support.invariants import check_invariants
+from tests.support.metrics import scrape
 from tests.support.polling import wait_for
 from tests.support.ports import HOST
 from tests.support.purchases import db_state
+from tests.support.rooms import SECRET
 from tests.support.services import REDIS_URL
 
 # Longer than HAProxy needs to take a gateway out (fall 2, inter 1s).
@@ -88,6 +90,16 @@ async def _rolling_restart(cluster: GatewayCluster, proxy: HAProxy) -> list[str]
     return seen
 
 
+async def _restart(gateway: Gateway, name: str, proxy: HAProxy, **settings: str | None) -> None:
+    """Stop ``gateway`` gracefully, start it again with ``settings`` changed, and
+    wait until HAProxy has it back in rotation."""
+    gateway.kill(signal.SIGTERM)
+    assert await gateway.wait_exit(within=LAME_DUCK_S + SIGTERM_EXIT_S) == 0, gateway.log_tail()
+    gateway.configure(settings)
+    await gateway.start()
+    await proxy.wait_state(name, "UP", within=15)
+
+
 def _bad_attempts(summary: DriverSummary) -> list[str]:
     """Attempts answered other than 201, 409 or 503-with-Retry-After."""
     return [
@@ -135,6 +147,80 @@ class TestRollingRestart:
         rows = await audit(settings, sku)
         assert [r.verdict for r in rows] == ["ok"], rows
         assert time.monotonic() - started < 60
+
+
+class TestRetryOn503:
+    """HAProxy resends a purchase a gateway refused with 503 to the other gateway
+    (``retry-on ... 503`` with ``redispatch``): the buyer never sees the 503."""
+
+    async def test_a_purchase_refused_with_503_ends_201_on_the_other_gateway(
+        self, topology: Topology
+    ) -> None:
+        """gw1 alone is restarted with the admission secret (a rollout half done), so
+        gw2, still up and ready, answers 503 to every purchase of a waiting-room sku.
+        Four buyers admitted by gw1 buy through HAProxy one after the other: round
+        robin sends some of them to gw2 first, and every one ends 201 (only gw1 can
+        sell this sku) while HAProxy's counters show the retries and redispatches
+        away from gw2's 503s. gw1 is restored without the secret afterwards."""
+        cluster, proxy = topology
+        gw1 = cluster[0]
+        sku = f"room-{cluster.key_prefix}"
+        room = {"admit_per_s": 100, "token_ttl_s": 60}
+        await cluster.admin("PUT", f"/admin/skus/{sku}", {"stock": 10, "waiting_room": room})
+        await _restart(gw1, "gw1", proxy, admission_secret=SECRET)
+        try:
+            before, refused_before = await proxy.stats(), await _unavailable(cluster[1].url)
+            answers = []
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=20)) as http:
+                for n in range(4):
+                    token = await _admitted(http, gw1.url, sku, f"buyer-{n}")
+                    answers.append(await _buy(http, proxy.url, sku, f"buyer-{n}", token))
+            after, refused = await proxy.stats(), await _unavailable(cluster[1].url)
+        finally:
+            await _restart(gw1, "gw1", proxy, admission_secret=None)
+        counted = {
+            f"{server}.{column}": int(after[server][column]) - int(before[server][column])
+            for server in ("gw2", "BACKEND")
+            for column in ("wretr", "wredis")
+        }
+        context = f"{answers} {counted}\n{proxy.log_tail()}\n{cluster.logs(8)}"
+        assert [status for status, _ in answers] == [201] * 4, context
+        assert refused - refused_before >= 1, f"gw2 answered no 503: {context}"
+        assert min(counted.values()) >= 1, f"HAProxy counted no retry/redispatch: {context}"
+
+
+async def _unavailable(url: str) -> float:
+    """Purchases the gateway at ``url`` answered 503 ``unavailable`` so far."""
+    found = await scrape(url)
+    return sum(
+        v
+        for k, v in found.items()
+        if k.startswith("flashsale_purchases") and 'outcome="unavailable"' in k
+    )
+
+
+async def _admitted(http: aiohttp.ClientSession, url: str, sku: str, user: str) -> str:
+    """Join the sku's waiting room at ``url`` and poll until admitted; the token."""
+    async with http.post(f"{url}/v1/queue/{sku}", json={"user_id": user}) as resp:
+        assert resp.status == 200, await resp.text()
+        ticket = (await resp.json())["ticket"]
+
+    async def token() -> str | None:
+        async with http.get(f"{url}/v1/queue/{sku}/{ticket}") as resp:
+            body = await resp.json()
+        return str(body["admission_token"]) if body.get("status") == "admitted" else None
+
+    return await wait_for(token, within=10, what=f"{user} admitted")
+
+
+async def _buy(
+    http: aiohttp.ClientSession, url: str, sku: str, user: str, token: str
+) -> tuple[int, object]:
+    """A purchase with a request id (so HAProxy may resend it) and a token."""
+    body = {"sku": sku, "user_id": user, "request_id": f"{sku}.{user}"}
+    headers = {"Admission-Token": token}
+    async with http.post(f"{url}/v1/purchase", json=body, headers=headers) as resp:
+        return resp.status, await resp.json()
 
 
 class TestForwardedFor:

@@ -74,6 +74,18 @@ class Gateway(OwnsChild):
         await self.wait_ready(within)
         return self
 
+    def configure(self, settings: Mapping[str, str | int | float | None]) -> None:
+        """Change settings (names as for :func:`gateway_env`) from the next start on;
+        ``None`` removes one."""
+        env = self._child.env if self._child.env is not None else {}
+        for key, value in settings.items():
+            name = key if key.startswith("GATEWAY_") else f"GATEWAY_{key.upper()}"
+            if value is None:
+                env.pop(name, None)
+            else:
+                env[name] = str(value)
+        self._child.env = env
+
     async def wait_ready(self, within: float = 30.0) -> None:
         """Wait until ``/readyz`` is 200; fails at once, with the log, if the process exits."""
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=1)) as http:

@@ -82,8 +82,9 @@ class HAProxy(Started, OwnsChild):
         await wait_for(self.states, within=15, what="haproxy stats")
         return self
 
-    async def states(self) -> dict[str, str]:
-        """Each gateway's status as HAProxy sees it (``gw1``: ``UP``, ``DOWN``, ...)."""
+    async def stats(self) -> dict[str, dict[str, str]]:
+        """The backend's rows of the stats CSV by ``svname`` (``gw1``, ``gw2``,
+        ``BACKEND``): ``status``, ``wretr`` (retries), ``wredis`` (redispatches)..."""
         if not self._child.running:
             raise GaveUp(f"haproxy exited ({self.returncode}):\n{self.log_tail()}")
         url = f"http://{HOST}:{self.stats_port}/stats;csv"
@@ -93,9 +94,17 @@ class HAProxy(Started, OwnsChild):
         ):
             text = (await response.text()).removeprefix("# ")
         return {
-            row["svname"]: row["status"].split()[0]
+            row["svname"]: row
             for row in csv.DictReader(io.StringIO(text))
-            if row["pxname"] == "gateways" and row["svname"] not in ("FRONTEND", "BACKEND")
+            if row["pxname"] == "gateways"
+        }
+
+    async def states(self) -> dict[str, str]:
+        """Each gateway's status as HAProxy sees it (``gw1``: ``UP``, ``DOWN``, ...)."""
+        return {
+            name: row["status"].split()[0]
+            for name, row in (await self.stats()).items()
+            if name != "BACKEND"
         }
 
     async def wait_state(self, server: str, status: str, within: float = 15.0) -> None:
