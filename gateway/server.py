@@ -104,29 +104,21 @@ def _awaiting(task: asyncio.Task[Any]) -> list[str]:
     chain = []
     awaited: Any = task.get_coro()
     for _ in range(AWAIT_DEPTH):
-        frame = next(
-            (
-                getattr(awaited, f)
-                for f in ("cr_frame", "ag_frame", "gi_frame")
-                if hasattr(awaited, f)
-            ),
-            None,
-        )
+        frame = _first_of(awaited, ("cr_frame", "ag_frame", "gi_frame"))
         if frame is None:
             chain.append(repr(awaited))
             break
         chain.append(f"{frame.f_code.co_filename}:{frame.f_lineno} {frame.f_code.co_qualname}")
-        awaited = next(
-            (
-                getattr(awaited, a)
-                for a in ("cr_await", "ag_await", "gi_yieldfrom")
-                if hasattr(awaited, a)
-            ),
-            None,
-        )
+        awaited = _first_of(awaited, ("cr_await", "ag_await", "gi_yieldfrom"))
         if awaited is None:
             break
     return chain
+
+
+def _first_of(awaitable: object, names: tuple[str, ...]) -> Any:
+    """The first of ``names`` that ``awaitable`` has (a coroutine, an async
+    generator and a generator name the same things differently), or None."""
+    return next((getattr(awaitable, n) for n in names if hasattr(awaitable, n)), None)
 
 
 async def _stop_signal() -> None:

@@ -31,10 +31,9 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-from loadtests import wrk
-from loadtests.bench_paths import IN_STOCK, IN_STOCK_SKU, SKU_OF, SMALL_SALE, SOLD_OUT, SOLD_OUT_SKU
+from loadtests.bench import measured
+from loadtests.bench_paths import IN_STOCK, IN_STOCK_SKU, SMALL_SALE, SOLD_OUT, SOLD_OUT_SKU
 from loadtests.bench_sales import sell_out
-from loadtests.cputime import cpu_seconds
 from loadtests.harness import Harness
 from loadtests.options import REPO_ROOT
 from loadtests.pinning import choose
@@ -65,23 +64,19 @@ def worktree(revision: str) -> Iterator[Path]:
 
 def measure(target: Target, path: str, seconds: float, tag: str) -> tuple[float, float]:
     """One wrk run of ``path``: (requests a second, CPU microseconds a request)."""
-    cpu_before = cpu_seconds(target.pid)
-    raw = wrk.run(
-        target.url,
-        sku=SKU_OF[path],
+    result = measured(
+        target,
+        path,
+        0,
+        seconds,
         tag=tag,
-        duration_s=seconds,
         connections=CONNECTIONS,
         threads=1,
         pinning=HARNESS_PINNING,
     )
-    if target.process.poll() is not None:
-        raise RuntimeError(f"{target.name} died under load:\n{target.log_tail()}")
-    result = wrk.to_result(target.name, path, 0, raw, 0.0)
     if result.errors:
         raise RuntimeError(f"{target.name} {path}: {result.errors} errors {result.statuses}")
-    spent = cpu_seconds(target.pid) - cpu_before
-    return result.rps, spent / max(result.requests, 1) * 1e6
+    return result.rps, float(result.extra.get("cpu_us_per_request", 0.0))
 
 
 def _summary(values: Sequence[float]) -> str:

@@ -57,6 +57,7 @@ from loadtests.bench_report import flush_note, report, summarize
 from loadtests.bench_sales import sell_sales
 from loadtests.cputime import cpu_seconds
 from loadtests.harness import Harness, passthrough_settings
+from loadtests.pinning import Pinning
 from loadtests.signals import signals_interrupt
 from loadtests.targets import Target
 from tests.support.processes import stop_process
@@ -86,18 +87,47 @@ def start_targets(harness: Harness, config: Config) -> tuple[dict[str, Target], 
 def drive(
     target: Target, path: str, round_: int, seconds: float, config: Config, tag: str
 ) -> wrk.WrkResult:
-    """One wrk run of ``path`` against ``target``; fails if the target died."""
-    started = time.time()
+    """One wrk run of ``path`` against ``target`` (see :func:`measured`), with what
+    the gateway's counters did meanwhile."""
     before = target.scrape()
+    result = measured(
+        target,
+        path,
+        round_,
+        seconds,
+        tag=tag,
+        connections=config.connections,
+        threads=config.threads,
+        pinning=config.pinning,
+    )
+    if before:
+        result.extra["metrics"] = metrics_delta(before, target.scrape())
+    return result
+
+
+def measured(
+    target: Target,
+    path: str,
+    round_: int,
+    seconds: float,
+    *,
+    tag: str,
+    connections: int,
+    threads: int,
+    pinning: Pinning,
+) -> wrk.WrkResult:
+    """One wrk run of ``path`` against ``target``, with the target's CPU time per
+    request; fails if the target died."""
+    started = time.time()
     cpu_before = cpu_seconds(target.pid)
     raw = wrk.run(
         target.url,
         sku=SKU_OF[path],
         tag=tag,
         duration_s=seconds,
-        connections=config.connections,
-        threads=config.threads,
-        pinning=config.pinning,
+        connections=connections,
+        threads=threads,
+        pinning=pinning,
     )
     if target.process.poll() is not None:
         raise RuntimeError(f"{target.name} died under load:\n{target.log_tail()}")
@@ -105,8 +135,6 @@ def drive(
     if result.requests:
         spent = cpu_seconds(target.pid) - cpu_before
         result.extra["cpu_us_per_request"] = round(spent / result.requests * 1e6, 1)
-    if before:
-        result.extra["metrics"] = metrics_delta(before, target.scrape())
     return result
 
 

@@ -29,6 +29,15 @@ async def run(*command: str) -> None:
     assert proc.returncode == 0, output.decode(errors="replace")
 
 
+async def _wait_expired(redis: Redis, keys: SkuKeys) -> None:
+    """Wait until every key of the sale has expired (a 1 s retention here)."""
+
+    async def expired() -> bool:
+        return await redis.exists(*keys.all()) == 0
+
+    await wait_for(expired, within=10, what="the sale's keys expire")
+
+
 class TestRetention:
     """A sale's keys expire, and its answers stay right."""
 
@@ -53,12 +62,7 @@ class TestRetention:
         await put_sku(client, sku, 2)
         status, first = await buy(client, sku, "fay", "r1")
         assert status == 201
-        keys = SkuKeys.of(key_prefix, sku)
-
-        async def expired() -> bool:
-            return await redis.exists(*keys.all()) == 0
-
-        await wait_for(expired, within=10, what="the sale's keys expire")
+        await _wait_expired(redis, SkuKeys.of(key_prefix, sku))
         assert await buy(client, sku, "fay", "r1") == (201, first)
         assert await buy(client, sku, "fay", "r2") == (409, {"status": "duplicate"})
         status, body = await buy(client, sku, "gus", "r1")
@@ -77,12 +81,7 @@ class TestRetention:
         await put_sku(client, sku, 1)
         status, first = await buy(client, sku, "fay", "r1")
         assert status == 201
-        keys = SkuKeys.of(key_prefix, sku)
-
-        async def expired() -> bool:
-            return await redis.exists(*keys.all()) == 0
-
-        await wait_for(expired, within=10, what="the sale's keys expire")
+        await _wait_expired(redis, SkuKeys.of(key_prefix, sku))
         resp = await client.post(
             f"/admin/skus/{sku}/restock", json={"delta": 1}, headers=ADMIN_HEADERS
         )
