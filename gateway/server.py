@@ -15,6 +15,7 @@ stack, and the process exits 1 without waiting for it any longer.
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import signal
 import subprocess
@@ -112,6 +113,12 @@ def _awaiting(task: asyncio.Task[Any]) -> list[str]:
         awaited = _first_of(awaited, ("cr_await", "ag_await", "gi_yieldfrom"))
         if awaited is None:
             break
+        if _first_of(awaited, ("cr_frame", "ag_frame", "gi_frame")) is None:
+            # An async generator's asend() (a cleanup context's exit, say) does not
+            # name its generator; the garbage collector knows what it refers to.
+            awaited = next(
+                (r for r in gc.get_referents(awaited) if hasattr(r, "ag_frame")), awaited
+            )
     return chain
 
 

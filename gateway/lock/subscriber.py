@@ -162,6 +162,12 @@ class LockSubscriber:
         self._closed = True
         for task in self._tasks:
             task.cancel()
+        # A cancel can be lost inside a client library: cleanup that raises while
+        # the CancelledError is handled (a disconnect failing, say) replaces it
+        # with an ordinary error, which the loops take for a broken connection.
+        # So each loop also ends when it sees _closed, and the writer is woken
+        # to see it.
+        self._dirty.set()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks = []
         self._up = False
@@ -188,15 +194,17 @@ class LockSubscriber:
 
     async def _read_loop(self) -> None:
         backoff = _MIN_BACKOFF_S
-        while True:
+        while not self._closed:
             try:
                 conn = await self._connect()
                 backoff = _MIN_BACKOFF_S
-                while True:
+                while not self._closed:
                     reply = await conn.read_response(timeout=math.inf, push_request=True)
                     self._on_reply(reply)
             except Exception:  # unreachable or restarted: reconnect; waiters poll meanwhile
                 self._up = False
+                if self._closed:
+                    return
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, _MAX_BACKOFF_S)
 
@@ -223,10 +231,10 @@ class LockSubscriber:
         return conn
 
     async def _write_loop(self) -> None:
-        while True:
+        while not self._closed:
             await self._dirty.wait()
             self._dirty.clear()
-            if not self._up or self._conn is None:
+            if self._closed or not self._up or self._conn is None:
                 continue  # the reader sets _dirty again once it is back
             with contextlib.suppress(Exception):  # a broken connection is the reader's to mend
                 async with self._io:

@@ -12,7 +12,7 @@ import pytest
 from redis.asyncio import BlockingConnectionPool, Redis
 from redis.exceptions import RedisError
 
-from gateway.lock import LockLost, LockStats
+from gateway.lock import LockLost, LockStats, LockSubscriber
 from tests.integration.lock_support import Subscribers
 from tests.support.polling import wait_for
 from tests.support.redis_servers import RedisServer
@@ -171,6 +171,35 @@ async def _is_zero(value: Awaitable[int]) -> bool:
 
 async def _is_one(value: Awaitable[int]) -> bool:
     return await value == 1
+
+
+class TestClose:
+    """Closing the subscriber ends its loops, whatever its connection was doing."""
+
+    async def test_close_ends_the_loops_even_when_a_cancel_is_lost(self) -> None:
+        """A client library's cleanup that raises while a cancel is handled turns
+        the CancelledError into an ordinary error, which the writer takes for a
+        broken connection. The subscriber's close still ends, within seconds,
+        instead of waiting for that loop forever (it held a stopping gateway)."""
+        redis = Redis.from_url(REDIS_URL)
+        subscriber = LockSubscriber(redis, ready_timeout=0.2)
+        writing = asyncio.Event()
+
+        async def cleanup_raises(conn: object) -> None:
+            writing.set()
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                raise RedisError("cleanup failed while cancelled") from None
+
+        subscriber._sync = cleanup_raises  # type: ignore[method-assign]
+        try:
+            async with subscriber.subscription("close-test"):
+                await wait_for(writing.is_set, within=5, what="the writer is writing")
+            async with asyncio.timeout(5):
+                await subscriber.aclose()
+        finally:
+            await redis.aclose()
 
 
 class TestRestart:
