@@ -29,7 +29,7 @@ from gateway.clients import current_client
 from gateway.domain import Outcome, Result
 from gateway.errors import Forbidden, InvalidRequest, NotFound, TooLarge, Unauthorized
 from gateway.metrics import CONTENT_TYPE
-from gateway.prebuilt import Prebuilt
+from gateway.prebuilt import DirectAnswers, Written
 from gateway.purchases import Purchases
 from gateway.tracking import MAX_WAIT_S
 
@@ -37,10 +37,22 @@ log = structlog.get_logger(__name__)
 
 JSON = "application/json"
 _SOLD_OUT = orjson.dumps({"status": "sold_out"})
-# The storm's answer, made once (see gateway.prebuilt).
-SOLD_OUT_ANSWER = Prebuilt(409, _SOLD_OUT, Outcome.SOLD_OUT.value)
 _DUPLICATE = orjson.dumps({"status": "duplicate"})
 _IN_PROGRESS = orjson.dumps({"status": "in_progress"})
+_RETRY_AFTER = {"Retry-After": "1"}
+# Purchase answers written straight to the socket where that sends the same
+# bytes (see gateway.prebuilt); one Written response per outcome serves them all.
+DIRECT = DirectAnswers()
+_WRITTEN = {
+    outcome: Written(status, outcome.value)
+    for outcome, status in (
+        (Outcome.CONFIRMED, 201),
+        (Outcome.ACCEPTED, 202),
+        (Outcome.SOLD_OUT, 409),
+        (Outcome.DUPLICATE, 409),
+    )
+}
+_CONSTANT = {Outcome.SOLD_OUT: _SOLD_OUT, Outcome.DUPLICATE: _DUPLICATE}
 
 
 def json_response(
@@ -59,20 +71,37 @@ async def read_body(request: web.Request) -> bytes:
 
 def purchase_response(result: Result) -> web.Response:
     """The HTTP answer of a purchase outcome, tagged with it for the metrics."""
-    if result.outcome is Outcome.CONFIRMED and result.order is not None:
-        resp = json_response({"status": "confirmed", **result.order.as_json()}, status=201)
-    elif result.outcome is Outcome.ACCEPTED:
-        resp = json_response({"status": "accepted", "request_id": result.request_id}, status=202)
-    elif result.outcome is Outcome.SOLD_OUT:
-        resp = web.Response(body=_SOLD_OUT, status=409, content_type=JSON)
-    elif result.outcome is Outcome.DUPLICATE:
-        resp = web.Response(body=_DUPLICATE, status=409, content_type=JSON)
-    else:
-        resp = web.Response(
-            body=_IN_PROGRESS, status=409, content_type=JSON, headers={"Retry-After": "1"}
-        )
+    status, body, headers = _rendered(result)
+    resp = web.Response(body=body, status=status, content_type=JSON, headers=headers)
     resp[OUTCOME] = result.outcome.value
     return resp
+
+
+def _rendered(result: Result) -> tuple[int, bytes, dict[str, str] | None]:
+    """Status, JSON body and extra headers of a purchase outcome."""
+    outcome = result.outcome
+    if outcome is Outcome.CONFIRMED and result.order is not None:
+        return 201, orjson.dumps({"status": "confirmed", **result.order.as_json()}), None
+    if outcome is Outcome.ACCEPTED:
+        return 202, orjson.dumps({"status": "accepted", "request_id": result.request_id}), None
+    constant = _CONSTANT.get(outcome)
+    if constant is not None:
+        return 409, constant, None
+    return 409, _IN_PROGRESS, _RETRY_AFTER
+
+
+def purchase_answer(request: web.Request, result: Result) -> web.StreamResponse:
+    """The purchase's answer, written directly where that sends the same bytes."""
+    written = _WRITTEN.get(result.outcome)
+    if written is None or not DIRECT.fits(request):
+        return purchase_response(result)
+    constant = _CONSTANT.get(result.outcome)
+    if constant is not None:
+        return DIRECT.send_constant(request, written.status, constant, written)
+    status, body, headers = _rendered(result)
+    if headers is not None or status != written.status:  # not the answer it stands for
+        return purchase_response(result)
+    return DIRECT.send(request, status, body, written)
 
 
 async def purchase(request: web.Request) -> web.StreamResponse:
@@ -96,9 +125,7 @@ async def buy(
     else:
         token = request.headers.get("Admission-Token")
         result = await admissions.purchase(p, token, current_client)
-    if result.outcome is Outcome.SOLD_OUT and SOLD_OUT_ANSWER.fits(request):
-        return SOLD_OUT_ANSWER
-    return purchase_response(result)
+    return purchase_answer(request, result)
 
 
 async def get_order(request: web.Request) -> web.Response:

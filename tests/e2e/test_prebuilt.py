@@ -1,17 +1,18 @@
-"""The prebuilt sold-out answer (gateway.prebuilt): the same bytes aiohttp would
-send for the ordinary response, keep-alive kept, and the ordinary response where
-the prebuilt one would differ."""
+"""Purchase answers written directly (gateway.prebuilt): the same bytes aiohttp
+would send for the ordinary response, keep-alive kept, and the ordinary response
+where a direct one would differ."""
 
 from __future__ import annotations
 
 import asyncio
 from typing import Any
 
+import pytest
 from aiohttp import web
-from aiohttp.test_utils import TestClient, TestServer
+from aiohttp.test_utils import TestClient, TestServer, make_mocked_request
 
-from gateway.domain import Outcome, Result
-from gateway.views import SOLD_OUT_ANSWER, purchase_response
+from gateway.domain import Order, Outcome, Result
+from gateway.views import purchase_answer, purchase_response
 from tests.support.purchases import Client, buy, put_sku, wait_sold_out_marked
 
 # Both complete answers are far below this.
@@ -26,9 +27,12 @@ def _request(sku: str, user: str, extra: str = "", version: str = "1.1") -> byte
     ).encode()
 
 
-async def _answers(host: str, port: int, payload: bytes, count: int) -> tuple[list[bytes], bool]:
+async def _answers(
+    host: str, port: int, payload: bytes, count: int, *, watch_close: bool = False
+) -> tuple[list[bytes], bool]:
     """Send ``payload`` on one connection; the first ``count`` answers, each as its
-    head and body, and whether the server then closed the connection."""
+    head and body, and (with ``watch_close``) whether the server then closed the
+    connection within 2 s."""
     reader, writer = await asyncio.open_connection(host, port)
     try:
         writer.write(payload)
@@ -41,7 +45,9 @@ async def _answers(host: str, port: int, payload: bytes, count: int) -> tuple[li
                 if line.lower().startswith(b"content-length:")
             )
             answers.append(head + await asyncio.wait_for(reader.readexactly(length), 5))
-        closed = await asyncio.wait_for(reader.read(READ_MAX), 2) == b"" if count else False
+        if not watch_close:
+            return answers, False
+        closed = await asyncio.wait_for(reader.read(READ_MAX), 2) == b""
         return answers, closed
     except TimeoutError:
         return answers, False
@@ -64,30 +70,48 @@ async def _sold_out_gateway(start_gateway: Any, sku: str) -> tuple[Client, str, 
     return client, host, port
 
 
-async def test_the_bytes_are_those_of_the_ordinary_response() -> None:
-    """An app answering the ordinary ``purchase_response`` and one answering the
-    prebuilt answer send the same bytes, the date aside."""
+ORDER = Order("o-1", "r-1", "sku-1", "fay", 1)
+DIRECT_RESULTS = [
+    Result(Outcome.SOLD_OUT),
+    Result(Outcome.DUPLICATE),
+    Result(Outcome.CONFIRMED, ORDER),
+    Result(Outcome.ACCEPTED, request_id="r-2"),
+]
+
+
+@pytest.mark.parametrize("result", DIRECT_RESULTS, ids=lambda r: r.outcome.value)
+async def test_the_bytes_are_those_of_the_ordinary_response(result: Result) -> None:
+    """An app answering the ordinary ``purchase_response`` and one answering
+    directly send the same bytes, the date aside, twice in a row (the second
+    from the caches)."""
 
     async def ordinary(request: web.Request) -> web.StreamResponse:
-        return purchase_response(Result(Outcome.SOLD_OUT))
+        return purchase_response(result)
 
-    async def prebuilt(request: web.Request) -> web.StreamResponse:
-        assert SOLD_OUT_ANSWER.fits(request)
-        return SOLD_OUT_ANSWER
+    async def direct(request: web.Request) -> web.StreamResponse:
+        resp = purchase_answer(request, result)
+        assert not isinstance(resp, web.Response), "not answered directly"
+        return resp
 
     app = web.Application()
     app.router.add_post("/ordinary", ordinary)
-    app.router.add_post("/prebuilt", prebuilt)
+    app.router.add_post("/direct", direct)
     async with TestClient(TestServer(app)) as client:
         host, port = client.server.host, client.server.port
         assert port is not None
         sent = []
-        for path in ("/ordinary", "/prebuilt"):
+        for path in ("/ordinary", "/direct", "/direct"):
             request = f"POST {path} HTTP/1.1\r\nHost: t\r\nContent-Length: 0\r\n\r\n".encode()
             answers, _ = await _answers(host, port, request, 1)
             sent.append(_without_date(answers[0]))
-        assert sent[0] == sent[1]
-        assert sent[1].startswith(b"HTTP/1.1 409 Conflict\r\n")
+        assert sent[0] == sent[1] == sent[2]
+
+
+async def test_an_answer_with_headers_of_its_own_is_the_ordinary_one() -> None:
+    """``in_progress`` carries Retry-After: it is never written directly."""
+    request = make_mocked_request("POST", "/v1/purchase")
+    resp = purchase_answer(request, Result(Outcome.IN_PROGRESS))
+    assert isinstance(resp, web.Response) and resp.headers["Retry-After"] == "1"
 
 
 async def test_pipelined_sold_out_answers_keep_the_connection(start_gateway: Any, sku: str) -> None:
@@ -95,7 +119,7 @@ async def test_pipelined_sold_out_answers_keep_the_connection(start_gateway: Any
     order, and the connection stays open."""
     _, host, port = await _sold_out_gateway(start_gateway, sku)
     payload = _request(sku, "late-1") + _request(sku, "late-2")
-    answers, closed = await _answers(host, port, payload, 2)
+    answers, closed = await _answers(host, port, payload, 2, watch_close=True)
     assert len(answers) == 2 and not closed
     for answer in answers:
         assert answer.startswith(b"HTTP/1.1 409 Conflict\r\n"), answer
@@ -113,7 +137,7 @@ async def test_connection_close_and_http_1_0_get_the_ordinary_answer(
         _request(sku, "late-3", extra="Connection: close\r\n"),
         _request(sku, "late-4", version="1.0"),
     ):
-        answers, closed = await _answers(host, port, payload, 1)
+        answers, closed = await _answers(host, port, payload, 1, watch_close=True)
         assert len(answers) == 1 and closed, answers
         assert b" 409 Conflict\r\n" in answers[0]
         assert answers[0].endswith(b'{"status":"sold_out"}')
