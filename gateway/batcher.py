@@ -1,11 +1,13 @@
 """Per-sku batching of reserved purchases into one database flush.
 
-Purchases that survived the Redis reservation wait here until their sku's
-batch reaches ``batch_max`` or its oldest entry has waited ``batch_wait``; a
-batch is not held at all when, at the lane's recent pace of arrivals, no other
-purchase is due within the wait (a lone buyer is not kept waiting for nobody).
-One flush per sku runs at a time in this process; the next batch fills behind
-it, and when a sku's lane runs empty the flusher hears of it (``on_idle``).
+Purchases that survived the Redis reservation wait here for their sku's flush.
+One flush per sku runs at a time in this process and the next batch fills
+behind it, so batches grow with the load on their own (natural batching, the
+default: ``batch_wait`` 0). With a ``batch_wait``, a batch is also held until
+it reaches ``batch_max`` or its oldest entry has waited that long, but not at
+all when, at the lane's recent pace of arrivals, no other purchase is due
+within the wait (a lone buyer is not kept waiting for nobody). When a sku's
+lane runs empty the flusher hears of it (``on_idle``).
 Closing stops new submissions and drains what is queued: a closing batcher is
 what "draining" means for the whole instance.
 """

@@ -27,11 +27,12 @@ import statistics
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
 from loadtests.bench import measured
+from loadtests.bench_openloop import drive_open
 from loadtests.bench_paths import IN_STOCK, IN_STOCK_SKU, SMALL_SALE, SOLD_OUT, SOLD_OUT_SKU
 from loadtests.bench_sales import sell_out
 from loadtests.harness import Harness
@@ -83,13 +84,27 @@ def _summary(values: Sequence[float]) -> str:
     return f"{statistics.median(values):,.1f} ({min(values):,.1f}-{max(values):,.1f})"
 
 
-def run(base: str, paths: Sequence[str], rounds: int, seconds: float) -> None:
-    """Start the three targets, alternate the rounds, print the report."""
+def run(
+    base: str,
+    paths: Sequence[str],
+    rounds: int,
+    seconds: float,
+    settings: Mapping[str, Mapping[str, str]],
+    open_rates: Sequence[int] = (),
+) -> None:
+    """Start the three targets, alternate the rounds, print the report.
+
+    ``settings`` holds extra ``GATEWAY_*`` variables per gateway (``base``, ``head``).
+    Each of ``open_rates`` then drives both gateways open-loop (loadtests.openloop)
+    on every path, for ``seconds`` each, base and head in turn.
+    """
     with worktree(base) as source, Harness(pinning=HARNESS_PINNING) as harness:
         targets = {
             BARE: harness.start_bare(BARE, minimal=True),
-            BASE: harness.start_gateway(harness.database(BASE), BASE, source=source),
-            HEAD: harness.start_gateway(harness.database(HEAD), HEAD),
+            BASE: harness.start_gateway(
+                harness.database(BASE), BASE, settings.get(BASE), source=source
+            ),
+            HEAD: harness.start_gateway(harness.database(HEAD), HEAD, settings.get(HEAD)),
         }
         for name in (BASE, HEAD):
             targets[name].put_sku(SOLD_OUT_SKU, SMALL_SALE)
@@ -102,19 +117,11 @@ def run(base: str, paths: Sequence[str], rounds: int, seconds: float) -> None:
                 pinning=HARNESS_PINNING,
                 tag=f"{harness.run_id}{name}",
             )
-        seen: dict[tuple[str, str], list[tuple[float, float]]] = {}
-        for round_ in range(rounds):
-            for path in paths:
-                order = [BARE, BASE, HEAD] if path == SOLD_OUT else [BASE, HEAD]
-                if round_ % 2:
-                    order.reverse()
-                for name in order:
-                    tag = f"{harness.run_id}r{round_}{name}{path}"
-                    seen.setdefault((name, path), []).append(
-                        measure(targets[name], path, seconds, tag)
-                    )
-            print(f"  round {round_ + 1}/{rounds} done", flush=True)
+        seen = _rounds(targets, paths, rounds, seconds, harness.run_id)
         print(f"\nA/B: head ({REPO_ROOT}) against base {base}, {rounds} rounds of {seconds:g} s")
+        for name in (BASE, HEAD):
+            if settings.get(name):
+                print(f"{name} settings: {dict(settings[name])}")
         print("| path | target | req/s median (min-max) | CPU µs/request median (min-max) |")
         print("|---|---|--:|--:|")
         for (name, path), runs in seen.items():
@@ -122,6 +129,8 @@ def run(base: str, paths: Sequence[str], rounds: int, seconds: float) -> None:
                 f"| {path} | {name} | {_summary([r for r, _ in runs])}"
                 f" | {_summary([c for _, c in runs])} |"
             )
+        if open_rates:
+            _open_runs(targets, paths, open_rates, seconds, harness.run_id)
         for path in paths:
             pairs = list(zip(seen[(HEAD, path)], seen[(BASE, path)], strict=True))
             rps = [h[0] / b[0] for h, b in pairs]
@@ -130,6 +139,46 @@ def run(base: str, paths: Sequence[str], rounds: int, seconds: float) -> None:
                 f"{path}: head/base req/s per round {_summary(rps)}; "
                 f"CPU per request {_summary(cpu)}"
             )
+
+
+def _rounds(
+    targets: Mapping[str, Target], paths: Sequence[str], rounds: int, seconds: float, run_id: str
+) -> dict[tuple[str, str], list[tuple[float, float]]]:
+    """The closed-loop rounds: (target, path) -> (req/s, CPU µs a request) per round."""
+    seen: dict[tuple[str, str], list[tuple[float, float]]] = {}
+    for round_ in range(rounds):
+        for path in paths:
+            order = [BARE, BASE, HEAD] if path == SOLD_OUT else [BASE, HEAD]
+            if round_ % 2:
+                order.reverse()
+            for name in order:
+                tag = f"{run_id}r{round_}{name}{path}"
+                seen.setdefault((name, path), []).append(measure(targets[name], path, seconds, tag))
+        print(f"  round {round_ + 1}/{rounds} done", flush=True)
+    return seen
+
+
+def _open_runs(
+    targets: Mapping[str, Target],
+    paths: Sequence[str],
+    rates: Sequence[int],
+    seconds: float,
+    run_id: str,
+) -> None:
+    """Open-loop runs at each rate, base then head, printed as a table."""
+    print("| path | rate/s | target | sent/s | p50 ms | p99 ms | p99.9 ms |")
+    print("|---|--:|---|--:|--:|--:|--:|")
+    for path in paths:
+        for rate in rates:
+            for name in (BASE, HEAD):
+                tag = f"{run_id}o{rate}{name}{path}"
+                r = drive_open(targets[name], path, 0.0, rate, seconds, HARNESS_PINNING, tag)
+                lat, sent = r.latency_ms, r.extra["open_loop"]["achieved_rate"]
+                print(
+                    f"| {path} | {rate:,} | {name} | {sent:,.0f} | {lat['p50']:.2f}"
+                    f" | {lat['p99']:.2f} | {lat['p999']:.2f} |",
+                    flush=True,
+                )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -141,12 +190,33 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--seconds", type=float, default=2.0)
+    for name in (BASE, HEAD):
+        parser.add_argument(
+            f"--{name}-setting",
+            action="append",
+            default=[],
+            metavar="NAME=VALUE",
+            help=f"a GATEWAY_* variable for the {name} gateway only (repeatable)",
+        )
+    parser.add_argument(
+        "--open-rates",
+        default="",
+        help="comma-separated requests/s: open-loop runs of both gateways after the rounds",
+    )
     args = parser.parse_args(argv)
     paths = [p for p in args.paths.split(",") if p]
     if not set(paths) <= {SOLD_OUT, IN_STOCK}:
         parser.error(f"--paths: {SOLD_OUT} and/or {IN_STOCK}")
+    settings: dict[str, dict[str, str]] = {}
+    for name, given in ((BASE, args.base_setting), (HEAD, args.head_setting)):
+        for item in given:
+            key, sep, value = item.partition("=")
+            if not sep or not key.startswith("GATEWAY_"):
+                parser.error(f"--{name}-setting: GATEWAY_NAME=VALUE, not {item!r}")
+            settings.setdefault(name, {})[key] = value
     with signals_interrupt():
-        run(args.base, paths, args.rounds, args.seconds)
+        rates = [int(r) for r in args.open_rates.split(",") if r]
+        run(args.base, paths, args.rounds, args.seconds, settings, rates)
     return 0
 
 

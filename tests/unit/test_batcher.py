@@ -59,6 +59,23 @@ async def test_one_flush_per_sku_at_a_time_and_next_fills_behind() -> None:
     await batcher.close()
 
 
+async def test_without_a_wait_batches_are_what_queued_behind_the_flush() -> None:
+    """Natural batching (the default, batch_wait 0): the first buyer is flushed
+    alone at once, and everyone who arrives while that flush runs goes into the
+    next batch together, however they trickle in."""
+    flush = Recorder(delay=0.5)
+    batcher = Batcher(flush, batch_max=100, batch_wait_s=0, queue_max=100)
+    first = asyncio.ensure_future(batcher.submit(purchase(0)))
+    await wait_for(lambda: bool(flush.batches), what="the first flush started", interval=0.001)
+    rest = []
+    for i in range(1, 10):
+        rest.append(asyncio.ensure_future(batcher.submit(purchase(i))))
+        await asyncio.sleep(0)
+    await asyncio.wait_for(asyncio.gather(first, *rest), 5)
+    assert flush.batches == [["r0"], [f"r{i}" for i in range(1, 10)]]
+    await batcher.close()
+
+
 async def test_flush_errors_reach_every_waiter() -> None:
     """A failing flush answers each of its purchases with the error."""
 

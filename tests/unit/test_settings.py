@@ -19,7 +19,7 @@ def test_defaults() -> None:
         8080,
         "fs",
         256,
-        2.0,
+        0.0,
     )
     assert s.admin_token is None
     assert s.flush_lock == "redis"
