@@ -1,8 +1,10 @@
 -- flush_batch: decide and write one batch of reserved purchases in one round trip.
 --
 -- Called once per flush, as a single statement (its own transaction). Locks the
--- sku's inventory row, so writers of one sku queue here; then, in arrival
--- order, each purchase is
+-- sku's inventory row, so writers of one sku queue here; then one statement
+-- looks up every purchase's prior order, released reservation and the buyer's
+-- order of this sku (per-purchase queries cost a fifth more of the time the row
+-- is locked: docs/performance.md), and in arrival order each purchase is
 --   C  a replay: an order with this request id exists (same sku, buyer and qty)
 --   R  the request id holds an order of another sku, buyer or qty: the
 --      reservation is released and the client told of the mismatch
@@ -34,8 +36,7 @@ DECLARE
     v_fence bigint;
     v_left bigint;
     v_total bigint := 0;
-    v_prior orders%ROWTYPE;
-    v_seen text[] := '{}';
+    rec record;
     v_buyers text[] := '{}';
     g_rids text[] := '{}';
     g_users text[] := '{}';
@@ -59,48 +60,58 @@ BEGIN
             USING ERRCODE = 'FS001';
     END IF;
     v_left := v_stock;
-    FOR i IN 1 .. coalesce(array_length(p_request_ids, 1), 0) LOOP
-        CONTINUE WHEN p_request_ids[i] = ANY (v_seen);
-        v_seen := v_seen || p_request_ids[i];
-        SELECT * INTO v_prior FROM orders o WHERE o.request_id = p_request_ids[i];
-        IF FOUND THEN
-            d_rids := d_rids || p_request_ids[i];
+    -- Every lookup in one statement, in arrival order, the first occurrence of
+    -- each request id only: the loop below decides in memory.
+    FOR rec IN
+        SELECT t.r, t.u, t.q, o.order_id AS o_id, o.sku AS o_sku, o.user_id AS o_user,
+            o.qty AS o_qty,
+            (o.order_id IS NULL AND EXISTS (
+                SELECT 1 FROM released_reservations rr
+                WHERE rr.request_id = t.r AND rr.reserved_at_ms = t.ra)) AS released,
+            (o.order_id IS NULL AND EXISTS (
+                SELECT 1 FROM orders b WHERE b.sku = p_sku AND b.user_id = t.u)) AS bought
+        FROM (
+            SELECT x.r, x.u, x.q, x.ra, x.i,
+                row_number() OVER (PARTITION BY x.r ORDER BY x.i) AS nth
+            FROM unnest(p_request_ids, p_user_ids, p_qtys, p_reserved_at)
+                WITH ORDINALITY AS x(r, u, q, ra, i)
+        ) t
+        LEFT JOIN orders o ON o.request_id = t.r
+        WHERE t.nth = 1
+        ORDER BY t.i
+    LOOP
+        IF rec.o_id IS NOT NULL THEN
+            d_rids := d_rids || rec.r;
             d_verdicts := d_verdicts || CASE
-                WHEN v_prior.sku = p_sku AND v_prior.user_id = p_user_ids[i]
-                    AND v_prior.qty = p_qtys[i] THEN 'C'
+                WHEN rec.o_sku = p_sku AND rec.o_user = rec.u AND rec.o_qty = rec.q THEN 'C'
                 ELSE 'R' END;
-            d_orders := d_orders || v_prior.order_id::text;
-            d_skus := d_skus || v_prior.sku;
-            d_users := d_users || v_prior.user_id;
-            d_qtys := d_qtys || v_prior.qty;
-        ELSIF EXISTS (
-            SELECT 1 FROM released_reservations rr
-            WHERE rr.request_id = p_request_ids[i] AND rr.reserved_at_ms = p_reserved_at[i]
-        ) THEN
-            d_rids := d_rids || p_request_ids[i];
+            d_orders := d_orders || rec.o_id::text;
+            d_skus := d_skus || rec.o_sku;
+            d_users := d_users || rec.o_user;
+            d_qtys := d_qtys || rec.o_qty;
+        ELSIF rec.released THEN
+            d_rids := d_rids || rec.r;
             d_verdicts := d_verdicts || 'X'::text;
             d_orders := d_orders || NULL::text;
             d_skus := d_skus || NULL::text;
             d_users := d_users || NULL::text;
             d_qtys := d_qtys || NULL::integer;
-        ELSIF p_user_ids[i] = ANY (v_buyers) OR EXISTS (
-            SELECT 1 FROM orders o WHERE o.sku = p_sku AND o.user_id = p_user_ids[i]
-        ) THEN
-            d_rids := d_rids || p_request_ids[i];
+        ELSIF rec.bought OR rec.u = ANY (v_buyers) THEN
+            d_rids := d_rids || rec.r;
             d_verdicts := d_verdicts || 'D'::text;
             d_orders := d_orders || NULL::text;
             d_skus := d_skus || NULL::text;
             d_users := d_users || NULL::text;
             d_qtys := d_qtys || NULL::integer;
-        ELSIF p_qtys[i] <= v_left THEN
-            v_left := v_left - p_qtys[i];
-            v_total := v_total + p_qtys[i];
-            v_buyers := v_buyers || p_user_ids[i];
-            g_rids := g_rids || p_request_ids[i];
-            g_users := g_users || p_user_ids[i];
-            g_qtys := g_qtys || p_qtys[i];
+        ELSIF rec.q <= v_left THEN
+            v_left := v_left - rec.q;
+            v_total := v_total + rec.q;
+            v_buyers := v_buyers || rec.u;
+            g_rids := g_rids || rec.r;
+            g_users := g_users || rec.u;
+            g_qtys := g_qtys || rec.q;
         ELSE
-            d_rids := d_rids || p_request_ids[i];
+            d_rids := d_rids || rec.r;
             d_verdicts := d_verdicts || 'S'::text;
             d_orders := d_orders || NULL::text;
             d_skus := d_skus || NULL::text;

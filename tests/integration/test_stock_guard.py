@@ -25,7 +25,7 @@ from gateway.database import migrate
 from tests.support.purchases import buy, client_metric, db_state, put_sku, redis_state
 
 FUNCTION = Path(__file__).resolve().parents[2] / "sql" / "functions" / "flush_batch.sql"
-DECIDES = "ELSIF p_qtys[i] <= v_left THEN"
+DECIDES = "ELSIF rec.q <= v_left THEN"
 FLUSH = "SELECT * FROM flush_batch($1, $2, $3, $4, $5, $6)"
 INVENTORY = "SELECT stock FROM inventory WHERE sku = $1"
 ORDERS = "SELECT count(*) FROM orders WHERE sku = $1"
@@ -35,7 +35,7 @@ def off_by_one() -> str:
     """flush_batch.sql with its decision loop granting one unit more than is left."""
     text = FUNCTION.read_text()
     assert text.count(DECIDES) == 1, "the decision loop changed: update the planted bug"
-    return text.replace(DECIDES, "ELSIF p_qtys[i] <= v_left + 1 THEN")
+    return text.replace(DECIDES, "ELSIF rec.q <= v_left + 1 THEN")
 
 
 async def flush(con: asyncpg.Connection, sku: str, users: list[str]) -> list[asyncpg.Record]:
