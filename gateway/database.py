@@ -103,13 +103,28 @@ async def ensure_database(database_url: str) -> bool:
 
 
 async def create_pool(settings: Settings) -> Pool:
-    """A bounded pool: requests beyond its size queue for a connection."""
+    """A bounded pool: requests beyond its size queue for a connection.
+
+    The gateway's statements leave no session state behind them (no SET, LISTEN,
+    cursor or session advisory lock), so a connection goes back to the pool
+    without asyncpg's reset query, a round trip on every use that the flush
+    waited for (0.28 ms a flush under the in-stock bench: docs/performance.md).
+    An open transaction is still rolled back (asyncpg does that whatever the
+    reset). The PostgreSQL flush lock is the exception: it holds session advisory
+    locks on pool connections and relies on the reset's
+    ``pg_advisory_unlock_all()`` when a hold is lost, so with it the reset stays.
+    """
     pool = await asyncpg.create_pool(
         settings.database_url,
         min_size=2,
         max_size=settings.db_pool_size,
         command_timeout=10,
         timeout=5,
+        reset=None if settings.flush_lock == "postgres" else _stateless,
     )
     assert pool is not None
     return pool
+
+
+async def _stateless(con: asyncpg.Connection) -> None:
+    """The pool's reset when no session state is left: nothing to send."""
