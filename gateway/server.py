@@ -43,6 +43,14 @@ HANDLERS_S = 2.0
 CLOSE_S = 8.0
 # How deep a stuck task's chain of awaits is followed in the report.
 AWAIT_DEPTH = 40
+# The cyclic collector's thresholds once serving: the youngest generation is
+# collected every 50,000 net allocations instead of 700, the older ones ten
+# times more rarely than by default. With the defaults a purchase storm ran a
+# collection every dozen requests and a full one several times a second, each
+# pausing every buyer in flight: in-stock p99 17.3 ms against 11.4 with these
+# (make ab, docs/performance.md). What is left of cycles between collections is
+# a few MB at most.
+GC_THRESHOLDS = (50_000, 20, 100)
 
 StartupHook = Callable[[web.Application], Awaitable[None]]
 
@@ -60,6 +68,7 @@ async def run(settings: Settings, on_startup: StartupHook | None = None) -> bool
     try:
         site = GuardedSite(runner, settings, observer=app[METRICS])
         await site.start()
+        _settle_heap()
         log.info("serving", host=settings.host, port=settings.port)
         await _stop_signal()
         await lame_duck(app, settings.lame_duck_s)
@@ -136,6 +145,14 @@ async def _stop_signal() -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
+
+
+def _settle_heap() -> None:
+    """Take what start-up left alive (modules, the app, its pools) out of the
+    collector's sight, then collect rarely (see ``GC_THRESHOLDS``)."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLDS)
 
 
 def serve(settings: Settings, argv: Sequence[str], on_startup: StartupHook | None = None) -> int:

@@ -63,8 +63,8 @@ def worktree(revision: str) -> Iterator[Path]:
             subprocess.run([*git, "worktree", "remove", "--force", str(path)], check=False)
 
 
-def measure(target: Target, path: str, seconds: float, tag: str) -> tuple[float, float]:
-    """One wrk run of ``path``: (requests a second, CPU microseconds a request)."""
+def measure(target: Target, path: str, seconds: float, tag: str) -> tuple[float, float, float]:
+    """One wrk run of ``path``: (requests a second, CPU microseconds a request, p99 ms)."""
     result = measured(
         target,
         path,
@@ -77,7 +77,8 @@ def measure(target: Target, path: str, seconds: float, tag: str) -> tuple[float,
     )
     if result.errors:
         raise RuntimeError(f"{target.name} {path}: {result.errors} errors {result.statuses}")
-    return result.rps, float(result.extra.get("cpu_us_per_request", 0.0))
+    cpu = float(result.extra.get("cpu_us_per_request", 0.0))
+    return result.rps, cpu, result.latency_ms["p99"]
 
 
 def _summary(values: Sequence[float]) -> str:
@@ -122,12 +123,15 @@ def run(
         for name in (BASE, HEAD):
             if settings.get(name):
                 print(f"{name} settings: {dict(settings[name])}")
-        print("| path | target | req/s median (min-max) | CPU µs/request median (min-max) |")
-        print("|---|---|--:|--:|")
+        print(
+            "| path | target | req/s median (min-max) | CPU µs/request median (min-max)"
+            " | p99 ms median (min-max) |"
+        )
+        print("|---|---|--:|--:|--:|")
         for (name, path), runs in seen.items():
             print(
-                f"| {path} | {name} | {_summary([r for r, _ in runs])}"
-                f" | {_summary([c for _, c in runs])} |"
+                f"| {path} | {name} | {_summary([r[0] for r in runs])}"
+                f" | {_summary([r[1] for r in runs])} | {_summary([r[2] for r in runs])} |"
             )
         if open_rates:
             _open_runs(targets, paths, open_rates, seconds, harness.run_id)
@@ -143,9 +147,9 @@ def run(
 
 def _rounds(
     targets: Mapping[str, Target], paths: Sequence[str], rounds: int, seconds: float, run_id: str
-) -> dict[tuple[str, str], list[tuple[float, float]]]:
-    """The closed-loop rounds: (target, path) -> (req/s, CPU µs a request) per round."""
-    seen: dict[tuple[str, str], list[tuple[float, float]]] = {}
+) -> dict[tuple[str, str], list[tuple[float, float, float]]]:
+    """The closed-loop rounds: (target, path) -> (req/s, CPU µs a request, p99 ms) per round."""
+    seen: dict[tuple[str, str], list[tuple[float, float, float]]] = {}
     for round_ in range(rounds):
         for path in paths:
             order = [BARE, BASE, HEAD] if path == SOLD_OUT else [BASE, HEAD]
