@@ -5,10 +5,12 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Iterator
 
+import asyncpg
 import pytest
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 
+from gateway.database import migrate
 from gateway.layout import lock_key
 from gateway.lock import LockSubscriber
 from gateway.lock.zk_session import ZkSession
@@ -22,6 +24,15 @@ ZK_SESSION_TIMEOUT_S = 10.0
 
 # The servers a lock family needs started for the session, if any.
 Servers = LocalRedisCluster | ZooKeeperServer | None
+
+
+@pytest.fixture
+async def con(database_url: str) -> AsyncIterator[asyncpg.Connection]:
+    """A connection to the session database, migrated (for tests of SQL itself)."""
+    connection = await asyncpg.connect(database_url)
+    await migrate(connection)
+    yield connection
+    await connection.close()
 
 
 @pytest.fixture(scope="session")

@@ -8,23 +8,9 @@ instead of per purchase, or a decision out of arrival order, would show.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import asyncpg
-import pytest
-
-from gateway.database import migrate
 
 FLUSH = "SELECT * FROM flush_batch($1, $2, $3, $4, $5, $6)"
-
-
-@pytest.fixture
-async def con(database_url: str) -> AsyncIterator[asyncpg.Connection]:
-    """A connection to the session database, migrated."""
-    connection = await asyncpg.connect(database_url)
-    await migrate(connection)
-    yield connection
-    await connection.close()
 
 
 async def test_one_batch_with_every_verdict(con: asyncpg.Connection, sku: str) -> None:

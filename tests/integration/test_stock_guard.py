@@ -13,7 +13,6 @@ The guard then refuses the batch for real, in PostgreSQL.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +20,6 @@ import asyncpg
 import pytest
 from redis.asyncio import Redis
 
-from gateway.database import migrate
 from tests.support.purchases import buy, client_metric, db_state, put_sku, redis_state
 
 FUNCTION = Path(__file__).resolve().parents[2] / "sql" / "functions" / "flush_batch.sql"
@@ -42,15 +40,6 @@ async def flush(con: asyncpg.Connection, sku: str, users: list[str]) -> list[asy
     """flush_batch() on one unit for each of ``users`` (request id ``<sku>.<user>``)."""
     rids = [f"{sku}.{u}" for u in users]
     return await con.fetch(FLUSH, sku, rids, users, [1] * len(users), [1] * len(users), None)
-
-
-@pytest.fixture
-async def con(database_url: str) -> AsyncIterator[asyncpg.Connection]:
-    """A connection to the session database, migrated."""
-    connection = await asyncpg.connect(database_url)
-    await migrate(connection)
-    yield connection
-    await connection.close()
 
 
 class TestRealFunction:
