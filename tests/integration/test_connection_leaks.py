@@ -26,7 +26,7 @@ async def _closed_under_write() -> Connection:
     """A real connection to Redis whose transport was aborted under it."""
     url = urlsplit(REDIS_URL)
     conn = Connection(host=url.hostname or "127.0.0.1", port=url.port or 6379)
-    await conn.connect()
+    await conn.connect()  # type: ignore[no-untyped-call]
     writer = conn._writer
     assert writer is not None
     writer.transport.abort()
