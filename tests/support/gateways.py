@@ -225,6 +225,8 @@ class GatewayCluster(Started):
                 "admin_token": admin_token,
                 # Short drain: a SIGTERM'd instance must not hold a test for 10 s.
                 "drain_s": DRAIN_S,
+                # A stall the lag guard fails on is logged with its stack.
+                "loop_stall_report_s": LAG_LIMIT_S * 0.8,
                 "log_level": "info",
                 **(settings or {}),
             }
