@@ -13,9 +13,10 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 # Where redis-py's leaks are raised from: its asyncio connections, asyncio's
 # transports, and uvloop's (its Cython frames are named by their source path).
+_UVLOOP = "uvloop/"
 _LEAKY = (
     *(os.path.dirname(m.__file__ or "") + os.sep for m in (redis.asyncio, asyncio)),
-    "uvloop/",
+    _UVLOOP,
 )
 
 
@@ -78,4 +79,11 @@ def closed_under_write(exc: BaseException) -> bool:
     tb = exc.__traceback__
     while tb is not None and tb.tb_next is not None:
         tb = tb.tb_next
-    return tb is not None and tb.tb_frame.f_code.co_filename.startswith(_LEAKY)
+    if tb is None:
+        return False
+    where = tb.tb_frame.f_code.co_filename
+    if isinstance(exc, RuntimeError):
+        # Only uvloop's closed handle: asyncio's own RuntimeErrors (a lock bound
+        # to another loop) are bugs to see, not connections to retry.
+        return where.startswith(_UVLOOP)
+    return where.startswith(_LEAKY)

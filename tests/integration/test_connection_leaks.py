@@ -61,3 +61,21 @@ def test_a_runtime_error_of_our_own_is_not_taken_for_a_lost_connection() -> None
         raise RuntimeError("the handler is closed")
     except RuntimeError as exc:
         assert not closed_under_write(exc)
+
+
+def test_a_lock_bound_to_another_loop_stays_a_loud_error() -> None:
+    """asyncio's own RuntimeError (the wedge of a cluster client whose lock was bound
+    in a thread's loop) is a bug to see in the logs, not a connection to retry."""
+
+    async def contend(lock: asyncio.Lock) -> None:
+        async with lock:
+            await asyncio.sleep(0.01)
+
+    async def both(lock: asyncio.Lock) -> None:
+        await asyncio.gather(contend(lock), contend(lock))
+
+    lock = asyncio.Lock()
+    asyncio.run(both(lock))
+    with pytest.raises(RuntimeError, match="different event loop") as raised:
+        asyncio.run(both(lock))
+    assert not closed_under_write(raised.value)
