@@ -57,6 +57,7 @@ from gateway.payloads import MAX_BODY
 from gateway.purchases import Purchases
 from gateway.reconciler import Reconciler
 from gateway.resources import database_ctx, patiently, redis_ctx, zookeeper_ctx
+from gateway.salegate import SaleGate
 from gateway.settings import Settings
 from gateway.skulocks import sku_locks
 from gateway.soldout import SoldOut
@@ -114,6 +115,7 @@ async def service_ctx(app: web.Application) -> AsyncIterator[None]:
         streams=streams,
         deductions=deductions,
         deductions_max=settings.queue_max,
+        gate=SaleGate(orders, settings),
     )
     rooms = WaitingRooms(redis, settings, on_noscript=metrics.noscript_reload)
     await rooms.load_scripts()

@@ -8,6 +8,13 @@ reloaded from PostgreSQL once for all the requests that find it missing.
 That is the ``reserve-batch`` strategy. A sku on another strategy (its own, or
 ``GATEWAY_STRATEGY``) is handed to that strategy's :class:`Deduction` right
 after the catalog (``gateway.strategies``).
+
+Every strategy passes through :meth:`Purchases.purchase`, and so through the
+sale rules in one place: the per-user limit here; the window and both rate
+limits inside the reservation call for the strategies that reserve in Redis
+(``lua/reserve.lua``, no extra round trip), through :class:`SaleGate` in
+PostgreSQL for the others (``gateway.salegate``). The waiting room is in front
+of this, in ``gateway.admission``, for every strategy alike.
 """
 
 from __future__ import annotations
@@ -48,6 +55,7 @@ from gateway.inventory import Inventory
 from gateway.orders import Orders
 from gateway.replies import Reply
 from gateway.rules import SaleRules
+from gateway.salegate import SaleGate
 from gateway.soldout import ConfirmedIds, SoldOut
 from gateway.strategies import REDIS_FREE, Deduction
 from gateway.streams import Streams
@@ -84,6 +92,7 @@ class Purchases:
         streams: Streams | None = None,
         deductions: Mapping[Strategy, Deduction] | None = None,
         deductions_max: int = 10_000,
+        gate: SaleGate | None = None,
     ) -> None:
         self._catalog = catalog
         self._soldout = soldout
@@ -99,6 +108,8 @@ class Purchases:
         # bounded as the batcher's queue is: beyond it a storm is shed with 503.
         self._deducting = 0
         self._deductions_max = deductions_max
+        # Their window and rate limits (reserve.lua decides those of the others).
+        self._gate = gate
         self._reloads: dict[str, asyncio.Future[None]] = {}
         # A sku's sold-out mark being built, in the background: the requests
         # that saw it sold out are answered at once, not after the build.
@@ -116,7 +127,7 @@ class Purchases:
         # The one place the strategy is chosen: the sku's own, else the gateway's.
         strategy = self._catalog.strategy_of(info)
         if strategy not in _RESERVING:
-            return await self._deduct(strategy, purchase)
+            return await self._deduct(strategy, purchase, info, client)
         confirmed = self._soldout.lookup(purchase.sku)
         if confirmed is not None:
             # Without a request id, or with one that has no order: no I/O.
@@ -158,6 +169,13 @@ class Purchases:
             available = await self._orders.stock(sku) or 0
         return available
 
+    async def settled_sold_out(self, info: SkuInfo) -> bool:
+        """Whether ``info``'s sku has nothing left to sell: no stock, and for a
+        strategy that reserves in Redis nothing pending that could come back."""
+        if self._catalog.strategy_of(info) in REDIS_FREE:
+            return (await self._orders.stock(info.sku) or 0) <= 0
+        return await self._inventory.settled_sold_out(info.sku)
+
     async def _queued(self, purchase: Purchase, kind: str) -> Result:
         """The answer of the queue strategy once enqueue.lua ran: 202 as soon
         as the purchase is in the stream (now, or by an earlier request with
@@ -176,8 +194,15 @@ class Purchases:
         """The strategy ``sku`` sells under; raises UnknownSku."""
         return await self._catalog.strategy(sku)
 
-    async def _deduct(self, strategy: Strategy, purchase: Purchase) -> Result:
-        """Hand a purchase to its sku's strategy (no Redis reservation, no batch)."""
+    async def _deduct(
+        self,
+        strategy: Strategy,
+        purchase: Purchase,
+        info: SkuInfo,
+        client: Callable[[], str | None] | None,
+    ) -> Result:
+        """Hand a purchase to its sku's strategy (no Redis reservation, no batch)
+        once its window and rate limits let it through."""
         deduction = self._deductions.get(strategy)
         if deduction is None:
             raise Unavailable(f"strategy {strategy} is not served by this gateway")
@@ -191,6 +216,8 @@ class Purchases:
         structlog.contextvars.bind_contextvars(request_id=purchase.request_id, sku=purchase.sku)
         self._deducting += 1
         try:
+            if self._gate is not None:
+                await self._gate.enforce(purchase, info, client)
             return await deduction.purchase(purchase)
         finally:
             self._deducting -= 1

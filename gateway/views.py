@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import orjson
@@ -27,7 +28,14 @@ from gateway.appkeys import (
 )
 from gateway.clients import current_client
 from gateway.domain import Outcome, Result
-from gateway.errors import Forbidden, InvalidRequest, NotFound, TooLarge, Unauthorized
+from gateway.errors import (
+    Forbidden,
+    GatewayError,
+    InvalidRequest,
+    NotFound,
+    TooLarge,
+    Unauthorized,
+)
 from gateway.metrics import CONTENT_TYPE
 from gateway.prebuilt import DirectAnswers, Written
 from gateway.purchases import Purchases
@@ -165,44 +173,85 @@ async def get_sku(request: web.Request) -> web.Response:
     )
 
 
-def _admin(request: web.Request, change: str | None = None) -> StockAdmin:
-    """The admin use cases, once the bearer token checks out (in constant time);
-    a ``change`` is logged with the fingerprint of the token that made it."""
+def _admin(request: web.Request) -> tuple[StockAdmin, str]:
+    """The admin use cases and the fingerprint of the bearer token, once it checks
+    out (in constant time); raises :class:`Forbidden` or :class:`Unauthorized`."""
     tokens = request.app[ADMIN_TOKENS]
     if not tokens.configured:
         raise Forbidden("admin routes are off: GATEWAY_ADMIN_TOKEN(_FILE) is not set")
     fingerprint = tokens.check(request.headers.get("Authorization", ""))
     if fingerprint is None:
         raise Unauthorized("missing or wrong bearer token")
-    if change is not None:
-        log.info("admin_change", change=change, path=request.path, token=fingerprint)
-    return request.app[ADMIN]
+    return request.app[ADMIN], fingerprint
 
 
-async def put_sku(request: web.Request) -> web.Response:
-    """PUT /admin/skus/{sku}: create the sku or reset its remaining stock."""
-    admin = _admin(request, "put_sku")
+# An admin change: given the request and the use cases, the answer and what it
+# changed (logged as admin_change).
+Change = Callable[[web.Request, StockAdmin], Awaitable[tuple[Any, dict[str, Any]]]]
+
+
+def admin_change(change: Change) -> Callable[[web.Request], Awaitable[web.Response]]:
+    """An admin route that changes something: one ``admin_change`` line per change
+    that took effect (what it set, old and new, and the token's fingerprint,
+    never the token); one ``admin_refused`` line, with its status, per request
+    refused."""
+    name = change.__name__
+
+    async def handle(request: web.Request) -> web.Response:
+        token: str | None = None
+        try:
+            admin, token = _admin(request)
+            answer, done = await change(request, admin)
+        except GatewayError as exc:
+            log.info(
+                "admin_refused",
+                change=name,
+                path=request.path,
+                status=exc.status,
+                error=exc.code,
+                token=token,
+            )
+            raise
+        log.info("admin_change", change=name, path=request.path, token=token, **done)
+        return json_response(answer)
+
+    handle.__name__ = handle.__qualname__ = name
+    return handle
+
+
+@admin_change
+async def put_sku(request: web.Request, admin: StockAdmin) -> tuple[Any, dict[str, Any]]:
+    """PUT /admin/skus/{sku}: create the sku or set every field of it (an absent
+    field takes its default); its remaining stock is reset, orders stay."""
     sku = payloads.identifier(request.match_info["sku"], "sku")
     data = payloads.parse_object(await read_body(request), payloads.SKU_FIELDS)
-    stock = payloads.integer(data, "stock", low=0)
-    limit = payloads.integer(data, "per_user_limit", low=1, high=payloads.MAX_LIMIT, default=1)
-    rules = payloads.sale_rules(data)
-    room = payloads.waiting_room(data)
-    strategy = payloads.strategy(data)
-    return json_response(await admin.put_sku(sku, stock, limit, rules, room, strategy))
+    fields = payloads.sku_fields(data, partial=False)
+    return await admin.change_sku(sku, fields, create=True)
 
 
-async def restock(request: web.Request) -> web.Response:
+@admin_change
+async def patch_sku(request: web.Request, admin: StockAdmin) -> tuple[Any, dict[str, Any]]:
+    """PATCH /admin/skus/{sku}: change only the fields given, of a sku that exists."""
+    sku = payloads.identifier(request.match_info["sku"], "sku")
+    data = payloads.parse_object(await read_body(request), payloads.SKU_FIELDS)
+    fields = payloads.sku_fields(data, partial=True)
+    return await admin.change_sku(sku, fields, create=False)
+
+
+@admin_change
+async def restock(request: web.Request, admin: StockAdmin) -> tuple[Any, dict[str, Any]]:
     """POST /admin/skus/{sku}/restock: add stock."""
-    admin = _admin(request, "restock")
     sku = payloads.identifier(request.match_info["sku"], "sku")
     data = payloads.parse_object(await read_body(request), payloads.RESTOCK_FIELDS)
-    return json_response(await admin.restock(sku, payloads.integer(data, "delta", low=1)))
+    delta = payloads.integer(data, "delta", low=1)
+    answer = await admin.restock(sku, delta)
+    stock = answer["stock"]
+    return answer, {"sku": sku, "set": {"stock": [stock - delta, stock]}}
 
 
 async def sku_report(request: web.Request) -> web.Response:
     """GET /admin/skus/{sku}: database and Redis stock, pending and sold units."""
-    admin = _admin(request)
+    admin, _ = _admin(request)
     report = await admin.report(payloads.identifier(request.match_info["sku"], "sku"))
     return json_response(
         {
@@ -214,11 +263,11 @@ async def sku_report(request: web.Request) -> web.Response:
     )
 
 
-async def reconcile(request: web.Request) -> web.Response:
+@admin_change
+async def reconcile(request: web.Request, admin: StockAdmin) -> tuple[Any, dict[str, Any]]:
     """POST /admin/reconcile: run a reconciliation pass now; what it did per sku."""
-    _admin(request, "reconcile")
-    done = await request.app[RECONCILER].reconcile_all()
-    return json_response({sku: r.as_json() for sku, r in done.items()})
+    done = {sku: r.as_json() for sku, r in (await request.app[RECONCILER].reconcile_all()).items()}
+    return done, {"skus": len(done)}
 
 
 async def join_queue(request: web.Request) -> web.Response:
@@ -271,6 +320,7 @@ def routes(with_metrics: bool) -> list[web.RouteDef]:
         web.get("/v1/orders/{request_id}", get_order),
         web.get("/v1/skus/{sku}", get_sku),
         web.put("/admin/skus/{sku}", put_sku),
+        web.patch("/admin/skus/{sku}", patch_sku),
         web.post("/admin/skus/{sku}/restock", restock),
         web.get("/admin/skus/{sku}", sku_report),
         web.post("/admin/reconcile", reconcile),
