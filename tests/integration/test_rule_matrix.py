@@ -28,7 +28,8 @@ def stamp(instant: datetime) -> str:
 
 
 async def put(client: Client, sku: str, strategy: Strategy, **fields: Any) -> None:
-    """PUT the sku on ``strategy`` with 5 units and ``fields``; asserts a 200."""
+    """PUT the sku on ``strategy`` with 5 units (unless ``fields`` say otherwise)
+    and ``fields``; asserts a 200."""
     body = {"stock": 5, "strategy": strategy.value, **fields}
     resp = await client.put(f"/admin/skus/{sku}", json=body, headers=ADMIN_HEADERS)
     assert resp.status == 200, await resp.text()
@@ -83,6 +84,12 @@ async def waiting_room(client: Client, sku: str, strategy: Strategy) -> None:
     assert (status, body["error"]) == (428, "admission_required"), body
 
 
+async def waiting_room_sold_out(client: Client, sku: str, strategy: Strategy) -> None:
+    """A waiting-room sku with nothing left answers 409 sold_out, token or not."""
+    await put(client, sku, strategy, stock=0, waiting_room={"admit_per_s": 10, "token_ttl_s": 60})
+    assert await post(client, sku, "u1", "r1") == (409, {"status": "sold_out"})
+
+
 async def per_user_limit(client: Client, sku: str, strategy: Strategy) -> None:
     """More units than the per-user limit is a 400; the limit itself goes through."""
     await put(client, sku, strategy, per_user_limit=2)
@@ -106,6 +113,7 @@ RULES: dict[str, Callable[[Client, str, Strategy], Awaitable[None]]] = {
         user_rate,
         client_rate,
         waiting_room,
+        waiting_room_sold_out,
         per_user_limit,
         one_order_per_buyer,
     )
