@@ -3,6 +3,7 @@ real in-process gateway writes, on real Redis and PostgreSQL."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from structlog.contextvars import merge_contextvars
@@ -24,7 +25,7 @@ async def admin(
     return resp.status, await resp.json()
 
 
-def events(logs: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
+def events(logs: Sequence[Mapping[str, Any]], name: str) -> list[Mapping[str, Any]]:
     """The captured lines of one event."""
     return [line for line in logs if line["event"] == name]
 
