@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator
 import structlog
 from aiohttp import web
 
-from gateway import views
+from gateway import adminviews, views
 from gateway.admin import StockAdmin
 from gateway.admintokens import AdminTokens
 from gateway.admission import Admissions
@@ -272,4 +272,5 @@ def create_app(settings: Settings) -> web.Application:
     app.cleanup_ctx.extend([redis_ctx, database_ctx, zookeeper_ctx, service_ctx])
     app.on_shutdown.append(drain)
     app.add_routes(views.routes(with_metrics=settings.metrics))
+    app.add_routes(adminviews.routes())
     return app

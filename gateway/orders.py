@@ -15,23 +15,20 @@ from typing import Any
 
 import asyncpg
 
-from gateway.database import Connection
 from gateway.decisions import FLUSH_ERRORS, BatchDecision, decision_of
 from gateway.domain import (
     Order,
     Purchase,
     SkuInfo,
     SkuSettings,
-    Strategy,
     Verdict,
-    WaitingRoom,
 )
 from gateway.errors import (
     InvalidRequest,
     OutcomeUnknown,
     PostgresUnavailable,
 )
-from gateway.rules import Rate, rate_from_db
+from gateway.skurows import settings_of, write_settings
 from gateway.statements import (
     ALL_SKUS,
     CREATE_SKU,
@@ -46,9 +43,6 @@ from gateway.statements import (
     RECORD_RELEASED,
     RESTOCK,
     SALE_GATE,
-    SET_SALE_RULES,
-    SET_SKU,
-    SET_WAITING_ROOM,
     SKU_INFO,
     SKU_ORDERS,
     SKU_STOCK,
@@ -161,7 +155,7 @@ class Orders:
             row = await self.pool.fetchrow(SKU_INFO, sku)
         except DB_ERRORS as exc:
             raise PostgresUnavailable(_cause(exc)) from exc
-        return None if row is None else _settings(row).info(sku)
+        return None if row is None else settings_of(row).info(sku)
 
     async def stock(self, sku: str) -> int | None:
         """Database stock of a sku, or None when it does not exist."""
@@ -215,11 +209,11 @@ class Orders:
                 row = await con.fetchrow(LOCK_SKU_SETTINGS, sku)
                 if row is None:
                     return None
-                before = _settings(row)
+                before = settings_of(row)
                 after = replace(before, **fields)
                 if after.starts_at and after.ends_at and after.ends_at <= after.starts_at:
                     raise InvalidRequest("ends_at must be after starts_at")
-                await _write_settings(con, sku, after)
+                await write_settings(con, sku, after)
                 if "stock" in fields:
                     delta = after.stock - before.stock
                     await con.execute(RECORD_MOVEMENT, sku, delta, "set", after.stock)
@@ -273,48 +267,3 @@ class Orders:
             return await self.pool.fetchval(sql, *args)
         except DB_ERRORS as exc:
             raise PostgresUnavailable(_cause(exc)) from exc
-
-
-def _settings(row: asyncpg.Record) -> SkuSettings:
-    """A sku's settings from its inventory row (``SKU_INFO``'s columns)."""
-    room = None
-    if row["room_admit_per_s"] is not None:
-        room = WaitingRoom(
-            row["room_admit_per_s"], row["room_token_ttl_s"], row["room_shuffle_at_start"]
-        )
-    return SkuSettings(
-        stock=row["stock"],
-        per_user_limit=row["per_user_limit"],
-        starts_at=row["starts_at"],
-        ends_at=row["ends_at"],
-        user_rate=rate_from_db(row["user_rate"]),
-        client_rate=rate_from_db(row["client_rate"]),
-        waiting_room=room,
-        strategy=None if row["strategy"] is None else Strategy(row["strategy"]),
-    )
-
-
-async def _write_settings(con: Connection, sku: str, new: SkuSettings) -> None:
-    """Write every setting of ``sku`` (its row is locked)."""
-    room = new.waiting_room
-    await con.execute(SET_SKU, sku, new.stock, new.per_user_limit, new.strategy)
-    await con.execute(
-        SET_SALE_RULES,
-        sku,
-        new.starts_at,
-        new.ends_at,
-        _rate_text(new.user_rate),
-        _rate_text(new.client_rate),
-    )
-    await con.execute(
-        SET_WAITING_ROOM,
-        sku,
-        room and room.admit_per_s,
-        room and room.token_ttl_s,
-        bool(room and room.shuffle_at_start),
-    )
-
-
-def _rate_text(rate: Rate | str | None) -> str | None:
-    """A rate as its column holds it: ``N/s:burst``, ``off`` or NULL."""
-    return None if rate is None else str(rate)

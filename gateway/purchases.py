@@ -32,8 +32,6 @@ import structlog
 from gateway.batcher import Batcher
 from gateway.catalog import Catalog
 from gateway.domain import (
-    DUPLICATE,
-    IN_PROGRESS,
     SOLD_OUT,
     Outcome,
     Purchase,
@@ -42,18 +40,15 @@ from gateway.domain import (
     Strategy,
 )
 from gateway.errors import (
-    Ended,
     IdempotencyMismatch,
     InvalidRequest,
-    NotStarted,
-    RateLimited,
     ShuttingDown,
     Unavailable,
 )
 from gateway.flusher import Flusher
 from gateway.inventory import Inventory
 from gateway.orders import Orders
-from gateway.replies import Reply
+from gateway.replies import outcome_of
 from gateway.rules import SaleRules
 from gateway.salegate import SaleGate
 from gateway.soldout import ConfirmedIds, SoldOut
@@ -65,7 +60,6 @@ log = structlog.get_logger(__name__)
 # The strategies whose purchases reserve in Redis first (the others decide in
 # PostgreSQL alone, gateway.strategies).
 _RESERVING = frozenset({Strategy.RESERVE_BATCH, Strategy.QUEUE})
-_ANSWERS = {"sold_out": SOLD_OUT, "duplicate": DUPLICATE, "in_progress": IN_PROGRESS}
 
 
 class PurchaseObserver(Protocol):
@@ -157,7 +151,7 @@ class Purchases:
                 raise
         if reply.kind == "sold_out" and reply.settled:
             self._mark_in_background(purchase.sku, generation)
-        return _answer(reply, purchase.request_id, info)
+        return outcome_of(reply, purchase.request_id, info)
 
     async def available(self, sku: str) -> int:
         """Units left to reserve: Redis's count, else the database's (the only count
@@ -303,22 +297,3 @@ class Purchases:
         if self._observer is not None:
             self._observer.stock_reloaded()
         log.warning("stock_reloaded", sku=sku, stock=stock)
-
-
-def _answer(reply: Reply, request_id: str, info: SkuInfo) -> Result:
-    """The outcome of a reservation that did not reserve."""
-    if reply.kind == "confirmed":
-        return Result(Outcome.CONFIRMED, reply.order)
-    if reply.kind == "mismatch":
-        raise IdempotencyMismatch(request_id)
-    if reply.kind == "rate_limited":
-        raise RateLimited(reply.wait_ms)
-    if reply.kind == "not_started":
-        starts_at = info.rules.window_json()["starts_at"]
-        raise NotStarted(starts_at or "", reply.wait_ms)
-    if reply.kind == "ended":
-        raise Ended()
-    result = _ANSWERS.get(reply.kind)
-    if result is None:
-        raise Unavailable("stock not loaded")
-    return result
