@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator
 import structlog
 from aiohttp import web
 
-from gateway import views
+from gateway import adminviews, views
 from gateway.admin import StockAdmin
 from gateway.admintokens import AdminTokens
 from gateway.admission import Admissions
@@ -58,6 +58,7 @@ from gateway.payloads import MAX_BODY
 from gateway.purchases import Purchases
 from gateway.reconciler import Reconciler
 from gateway.resources import database_ctx, patiently, redis_ctx, zookeeper_ctx
+from gateway.salegate import SaleGate
 from gateway.settings import Settings
 from gateway.skulocks import sku_locks
 from gateway.soldout import SoldOut
@@ -115,6 +116,7 @@ async def service_ctx(app: web.Application) -> AsyncIterator[None]:
         streams=streams,
         deductions=deductions,
         deductions_max=settings.queue_max,
+        gate=SaleGate(orders, settings),
     )
     rooms = WaitingRooms(redis, settings, on_noscript=metrics.noscript_reload)
     await rooms.load_scripts()
@@ -273,4 +275,5 @@ def create_app(settings: Settings) -> web.Application:
     app.cleanup_ctx.extend([redis_ctx, database_ctx, zookeeper_ctx, service_ctx])
     app.on_shutdown.append(drain)
     app.add_routes(views.routes(with_metrics=settings.metrics))
+    app.add_routes(adminviews.routes())
     return app

@@ -190,6 +190,16 @@ class Inventory:
         entries = dict(zip(flat[::2], flat[1::2], strict=True))
         return (None if stock is None else int(stock)), ledger(entries)
 
+    async def settled_sold_out(self, sku: str) -> bool:
+        """Whether the sku's counter is 0 with nothing pending (as the waiting-room
+        scripts decide it); a missing counter is not sold out."""
+        keys = self.keys(sku)
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.get(keys.stock)
+        pipe.hlen(keys.pending)
+        stock, pending = await guarded(pipe.execute())
+        return stock is not None and int(stock) <= 0 and int(pending) == 0
+
     async def confirmed_count(self, sku: str) -> int:
         """How many orders Redis knows as confirmed (HLEN of the done hash)."""
         return int(await guarded(self.redis.hlen(self.keys(sku).done)))
