@@ -1,6 +1,6 @@
 """Behind a real HAProxy (deploy/haproxy.cfg): a rolling restart in the middle of
-a storm, the public door serving buyer routes only, a long poll held past the
-storm-sized server timeout, and every answer HAProxy gives itself in JSON.
+a storm, retries of a 503, the client address (test_haproxy_door.py has the
+public door, the long poll and HAProxy's own answers).
 
 HAProxy and two gateway processes start once for the module, on the shared
 Redis and the session's database, under a key prefix of their own.
@@ -16,28 +16,16 @@ from collections.abc import Iterator
 
 import aiohttp
 import pytest
-from redis.asyncio import Redis
 
 from gateway.audit import audit
-from gateway.domain import Verdict
-from gateway.layout import rejected_key
 from gateway.settings import Settings
-from gateway.streams import Streams
 from tests.support.driver import ClientPolicy, DriverSummary, LoadDriver
 from tests.support.gateways import SIGTERM_EXIT_S, Gateway, GatewayCluster
-from tests.support.haproxy import (
-    Answer,
-    HAProxy,
-    MisbehavingGateway,
-    check_config,
-    exchange,
-    get,
-    received,
-)
+from tests.support.haproxy import HAProxy, behind_haproxy, check_config
 from tests.support.invariants import check_invariants
 from tests.support.metrics import scrape
 from tests.support.polling import wait_for
-from tests.support.ports import HOST, free_port
+from tests.support.ports import HOST
 from tests.support.purchases import db_state
 from tests.support.rooms import SECRET
 from tests.support.services import REDIS_URL
@@ -64,22 +52,8 @@ def topology(database_url: str) -> Iterator[Topology]:
         key_prefix=f"hap{uuid.uuid4().hex[:8]}",
         settings={"lame_duck_s": LAME_DUCK_S, "trusted_proxies": "127.0.0.1/32"},
     )
-    proxy = HAProxy([f"{HOST}:{g.port}" for g in cluster])
-    try:
-        asyncio.run(cluster.start())
-        asyncio.run(proxy.start())
+    with behind_haproxy(cluster) as proxy:
         yield cluster, proxy
-    finally:
-        asyncio.run(proxy.close())
-        asyncio.run(cluster.close())
-        asyncio.run(_delete_keys(cluster.key_prefix))
-
-
-async def _delete_keys(prefix: str) -> None:
-    client = Redis.from_url(REDIS_URL)
-    async for key in client.scan_iter(match=f"{prefix}*", count=1000):
-        await client.delete(key)
-    await client.aclose()
 
 
 async def _sold(database_url: str, sku: str) -> int:
@@ -284,152 +258,3 @@ def test_config_is_valid_for_compose_and_for_the_test() -> None:
     )
     assert native.returncode == 0, native.stdout + native.stderr
     assert "Warnings" not in native.stdout + native.stderr
-
-
-# What the gateway answers for a route it does not have, and so what the public
-# door answers for one it does not serve.
-NO_SUCH_ROUTE = {"error": "not_found", "detail": "no such route"}
-
-
-def _json_error(answer: Answer, status: int, error: str) -> str | None:
-    """Why ``answer`` is not a JSON error ``status`` with code ``error`` and a
-    detail, as the gateway's own error bodies are; None when it is."""
-    if answer.status != status:
-        return f"status {answer.status}, not {status}: {answer.body!r}"
-    if answer.headers.get("content-type") != "application/json":
-        return f"content-type {answer.headers.get('content-type')}: {answer.body!r}"
-    body = answer.json()
-    if body.get("error") != error or not body.get("detail"):
-        return f"body {body}"
-    return None
-
-
-class TestPublicDoor:
-    """The public frontend answers buyer routes only; the admin API, /metrics and
-    /readyz are on the internal frontend."""
-
-    async def test_admin_and_metrics_answer_only_on_the_internal_port(
-        self, topology: Topology
-    ) -> None:
-        """With the admin token, GET /admin/skus/{sku}, POST /admin/reconcile,
-        /metrics and /readyz through the public port are answered 404 exactly as
-        an unknown route, and so are the same targets disguised: dot segments
-        (plain and percent-encoded), a doubled slash, a percent-encoded letter,
-        the absolute form. Buyer routes (/v1/skus/{sku}, /healthz) pass. The
-        internal port serves the admin report, /metrics and /readyz."""
-        cluster, proxy = topology
-        sku = f"door-{cluster.key_prefix}"
-        await cluster.admin("PUT", f"/admin/skus/{sku}", {"stock": 3})
-        auth = f"Authorization: Bearer {cluster.admin_token}\r\n"
-        targets = [
-            f"/admin/skus/{sku}",
-            "/metrics",
-            "/readyz",
-            f"/v1/../admin/skus/{sku}",
-            "/v1/%2e%2e/metrics",
-            "/wait/../metrics",
-            f"//admin/skus/{sku}",
-            f"/%61dmin/skus/{sku}",
-            f"http://test/admin/skus/{sku}",
-        ]
-        public = {t: await exchange(proxy.port, get(t, auth)) for t in targets}
-        reconcile = b"POST /admin/reconcile HTTP/1.1\r\nHost: test\r\n" + auth.encode()
-        reconcile += b"Content-Length: 0\r\nConnection: close\r\n\r\n"
-        public["POST /admin/reconcile"] = await exchange(proxy.port, reconcile)
-        served = {t: _json_error(a, 404, "not_found") for t, a in public.items()}
-        assert {t: why for t, why in served.items() if why} == {}, served
-        assert [a.json() for a in public.values()] == [NO_SUCH_ROUTE] * len(public)
-        buyer = [await exchange(proxy.port, get(t)) for t in (f"/v1/skus/{sku}", "/healthz")]
-        assert [a.status for a in buyer] == [200, 200], buyer
-        assert buyer[0].json()["available"] == 3
-        internal = [
-            await exchange(proxy.internal_port, get(t, auth))
-            for t in (f"/admin/skus/{sku}", "/metrics", "/readyz")
-        ]
-        assert [a.status for a in internal] == [200, 200, 200], internal
-        assert internal[0].json()["db_stock"] == 3
-        assert b"flashsale_purchases_total" in internal[1].body
-
-
-OLD_SERVER_TIMEOUT_S = 15.0
-
-
-async def _long_poll(proxy: HAProxy, cluster: GatewayCluster) -> tuple[float, Answer]:
-    """A purchase queued and not yet written (as the queue strategy leaves it
-    after its 202), polled with ``?wait=25`` through the public port; a writer's
-    verdict lands a second after the old 15 s server timeout. How long the poll
-    took, and its answer."""
-    sku, rid = f"poll-{cluster.key_prefix}", f"poll.{uuid.uuid4().hex[:12]}"
-    settings = Settings(redis_url=REDIS_URL, key_prefix=cluster.key_prefix)
-    redis = Redis.from_url(REDIS_URL, decode_responses=True)
-    try:
-        await Streams(redis, settings).remember(rid, sku)
-        started = time.monotonic()
-        poll = asyncio.create_task(exchange(proxy.port, get(f"/v1/orders/{rid}?wait=25"), 40))
-        # Held on purpose past the old limit: what is tested is a poll that
-        # outlives it.
-        await asyncio.sleep(OLD_SERVER_TIMEOUT_S + 1)
-        assert not poll.done(), f"the poll ended early: {poll.result()}"
-        await redis.hset(rejected_key(cluster.key_prefix, sku), rid, Verdict.SOLD_OUT.value)
-        answer = await poll
-        return time.monotonic() - started, answer
-    finally:
-        await redis.aclose()
-
-
-async def _slow_client(proxy: HAProxy) -> bytes:
-    """What a request head begun and never finished gets on the public port."""
-    return await received(proxy.port, b"GET /v1/skus/x HTTP/1.1\r\nHost: test\r\n", 20)
-
-
-class TestTimeoutsAndOwnErrors:
-    """HAProxy waits out a long poll, and whatever it answers itself is JSON."""
-
-    async def test_a_long_poll_outlives_the_storm_timeout_and_own_errors_are_json(
-        self, topology: Topology
-    ) -> None:
-        """Four things at once, so the suite pays about 16 s for all of them:
-        - GET /v1/orders/{id}?wait=25 through the public port is held past the
-          old 15 s server timeout (which answered it 504 in HTML at 15.0 s) and
-          gets its final answer, 409 sold_out, when the verdict lands at 16 s;
-        - a request head left unfinished past ``timeout http-request`` is
-          closed without a byte: HAProxy 2.6 can only send its HTML 408 there,
-          or nothing (deploy/haproxy.cfg says why);
-        - behind a second HAProxy from the same file, over an upstream that
-          misbehaves, a request never answered ends 504 in JSON with
-          Retry-After (any route but the long poll keeps 15 s), and an answer
-          that is not HTTP gives 502 in JSON with Retry-After."""
-        cluster, proxy = topology
-        async with MisbehavingGateway() as upstream:
-            async with HAProxy([upstream.address, upstream.address]) as broken:
-                await broken.wait_state("gw1", "UP")
-                polled, slow, stalled, junk = await asyncio.gather(
-                    _long_poll(proxy, cluster),
-                    _slow_client(proxy),
-                    exchange(broken.port, get("/v1/stall"), 30),
-                    exchange(broken.port, get("/v1/skus/x")),
-                )
-        took, answer = polled
-        assert (answer.status, answer.json()) == (409, {"status": "sold_out"}), answer
-        assert took > OLD_SERVER_TIMEOUT_S + 1, took
-        assert slow == b"", slow
-        for got, status, error in ((stalled, 504, "gateway_timeout"), (junk, 502, "bad_gateway")):
-            assert _json_error(got, status, error) is None, _json_error(got, status, error)
-            assert got.headers.get("retry-after") == "1", got
-
-    async def test_a_malformed_request_is_closed_without_html(self, topology: Topology) -> None:
-        """A header line without a colon is refused by HAProxy's own parser, which
-        can only send its HTML 400 or nothing: the connection is closed without
-        a byte, so no client ever parses an HTML page from us."""
-        _, proxy = topology
-        assert await received(proxy.port, get("/v1/skus/x", "Bad Header\r\n")) == b""
-
-    async def test_no_gateway_up_is_503_in_json_with_retry_after(self) -> None:
-        """HAProxy from the same file over two ports where nothing listens: once
-        both are down, a buyer gets 503 in JSON with Retry-After, not HTML."""
-        async with HAProxy([f"{HOST}:{free_port()}", f"{HOST}:{free_port()}"]) as alone:
-            await alone.wait_state("gw1", "DOWN")
-            await alone.wait_state("gw2", "DOWN")
-            answer = await exchange(alone.port, get("/v1/skus/x"))
-        assert _json_error(answer, 503, "unavailable") is None, answer
-        assert answer.headers.get("retry-after") == "1", answer

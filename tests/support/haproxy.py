@@ -21,16 +21,18 @@ import io
 import json
 import shutil
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Self
 
 import aiohttp
+from redis.asyncio import Redis
 
-from tests.support.gateways import REPO
+from tests.support.gateways import REPO, GatewayCluster
 from tests.support.polling import GaveUp, wait_for
 from tests.support.ports import HOST, free_port
 from tests.support.processes import Child, OwnsChild, Started, make_tmp, remove_tmp, tail
+from tests.support.services import REDIS_URL
 
 CONFIG = REPO / "deploy" / "haproxy.cfg"
 SBIN = "/usr/local/sbin:/usr/sbin:/sbin"
@@ -146,6 +148,30 @@ class HAProxy(Started, OwnsChild):
         """Stop HAProxy and remove its directory."""
         await self._child.stop(within=5)
         remove_tmp(self.dir)
+
+
+@contextlib.contextmanager
+def behind_haproxy(cluster: GatewayCluster) -> Iterator[HAProxy]:
+    """Start ``cluster`` and HAProxy over it (one gateway serves as both gw1 and
+    gw2) for a module's tests, run outside any event loop; stop both and delete
+    the cluster's Redis keys afterwards."""
+    addresses = [f"{HOST}:{g.port}" for g in cluster]
+    proxy = HAProxy(addresses * 2 if len(addresses) == 1 else addresses)
+    try:
+        asyncio.run(cluster.start())
+        asyncio.run(proxy.start())
+        yield proxy
+    finally:
+        asyncio.run(proxy.close())
+        asyncio.run(cluster.close())
+        asyncio.run(_delete_keys(cluster.key_prefix))
+
+
+async def _delete_keys(prefix: str) -> None:
+    client = Redis.from_url(REDIS_URL)
+    async for key in client.scan_iter(match=f"{prefix}*", count=1000):
+        await client.delete(key)
+    await client.aclose()
 
 
 @dataclass(frozen=True)
