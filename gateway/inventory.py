@@ -193,12 +193,8 @@ class Inventory:
     async def settled_sold_out(self, sku: str) -> bool:
         """Whether the sku's counter is 0 with nothing pending (as the waiting-room
         scripts decide it); a missing counter is not sold out."""
-        keys = self.keys(sku)
-        pipe = self.redis.pipeline(transaction=True)
-        pipe.get(keys.stock)
-        pipe.hlen(keys.pending)
-        stock, pending = await guarded(pipe.execute())
-        return stock is not None and int(stock) <= 0 and int(pending) == 0
+        stock, pending = await self.snapshot(sku)
+        return stock is not None and stock <= 0 and not pending
 
     async def confirmed_count(self, sku: str) -> int:
         """How many orders Redis knows as confirmed (HLEN of the done hash)."""
