@@ -22,8 +22,10 @@ from gateway.appkeys import (
     OUTCOME,
     PURCHASES,
     RECONCILER,
+    SETTINGS,
     STOPPING,
     TRACKER,
+    WAITING_PAGE,
 )
 from gateway.clients import current_client
 from gateway.domain import Outcome, Result
@@ -32,6 +34,7 @@ from gateway.metrics import CONTENT_TYPE
 from gateway.prebuilt import DirectAnswers, Written
 from gateway.purchases import Purchases
 from gateway.tracking import MAX_WAIT_S
+from gateway.waitpage import check_return_to
 
 log = structlog.get_logger(__name__)
 
@@ -155,14 +158,42 @@ def _wait_s(request: web.Request) -> float:
 
 
 async def get_sku(request: web.Request) -> web.Response:
-    """GET /v1/skus/{sku}: what is left to buy, and the strategy it sells under."""
+    """GET /v1/skus/{sku}: what is left to buy, the strategy it sells under, its
+    window and whether it has a waiting room."""
     sku = payloads.identifier(request.match_info["sku"], "sku")
     available = await request.app[PURCHASES].available(sku)
     purchases = request.app[PURCHASES]
     strategy, rules = await purchases.strategy(sku), await purchases.rules(sku)
+    room = await request.app[ADMISSIONS].has_room(sku)
     return json_response(
-        {"sku": sku, "available": available, "strategy": strategy.value, **rules.window_json()}
+        {
+            "sku": sku,
+            "available": available,
+            "strategy": strategy.value,
+            **rules.window_json(),
+            "waiting_room": room,
+        }
     )
+
+
+async def waiting_page(request: web.Request) -> web.Response:
+    """GET /wait/{sku}?user_id=U[&return_to=URL]: the waiting-room page, the same
+    document for every sku and buyer (gateway.waitpage); 304 on a matching ETag."""
+    payloads.identifier(request.match_info["sku"], "sku")
+    if "user_id" not in request.query:
+        raise InvalidRequest("user_id is required")
+    payloads.identifier(request.query["user_id"], "user_id")
+    allowed = request.app[SETTINGS].waiting_page_return_origins
+    check_return_to(request.query.get("return_to"), allowed)
+    page = request.app[WAITING_PAGE]
+    if any(tag.value == page.etag for tag in request.if_none_match or ()):
+        resp = web.Response(status=304, headers=page.headers)
+    else:
+        resp = web.Response(
+            body=page.body, headers=page.headers, content_type="text/html", charset="utf-8"
+        )
+    resp.etag = page.etag
+    return resp
 
 
 def _admin(request: web.Request, change: str | None = None) -> StockAdmin:
@@ -276,6 +307,7 @@ def routes(with_metrics: bool) -> list[web.RouteDef]:
         web.post("/admin/reconcile", reconcile),
         web.post("/v1/queue/{sku}", join_queue),
         web.get("/v1/queue/{sku}/{ticket}", poll_queue),
+        web.get("/wait/{sku}", waiting_page),
         web.get("/healthz", healthz),
         web.get("/readyz", readyz),
         *([web.get("/metrics", metrics)] if with_metrics else []),
