@@ -22,7 +22,6 @@ from gateway.appkeys import (
     OUTCOME,
     PURCHASES,
     RECONCILER,
-    SETTINGS,
     STOPPING,
     TRACKER,
     WAITING_PAGE,
@@ -34,7 +33,6 @@ from gateway.metrics import CONTENT_TYPE
 from gateway.prebuilt import DirectAnswers, Written
 from gateway.purchases import Purchases
 from gateway.tracking import MAX_WAIT_S
-from gateway.waitpage import check_return_to
 
 log = structlog.get_logger(__name__)
 
@@ -164,36 +162,14 @@ async def get_sku(request: web.Request) -> web.Response:
     available = await request.app[PURCHASES].available(sku)
     purchases = request.app[PURCHASES]
     strategy, rules = await purchases.strategy(sku), await purchases.rules(sku)
-    room = await request.app[ADMISSIONS].has_room(sku)
-    return json_response(
-        {
-            "sku": sku,
-            "available": available,
-            "strategy": strategy.value,
-            **rules.window_json(),
-            "waiting_room": room,
-        }
-    )
+    body = {"sku": sku, "available": available, "strategy": strategy.value, **rules.window_json()}
+    body["waiting_room"] = await request.app[ADMISSIONS].has_room(sku)
+    return json_response(body)
 
 
 async def waiting_page(request: web.Request) -> web.Response:
-    """GET /wait/{sku}?user_id=U[&return_to=URL]: the waiting-room page, the same
-    document for every sku and buyer (gateway.waitpage); 304 on a matching ETag."""
-    payloads.identifier(request.match_info["sku"], "sku")
-    if "user_id" not in request.query:
-        raise InvalidRequest("user_id is required")
-    payloads.identifier(request.query["user_id"], "user_id")
-    allowed = request.app[SETTINGS].waiting_page_return_origins
-    check_return_to(request.query.get("return_to"), allowed)
-    page = request.app[WAITING_PAGE]
-    if any(tag.value == page.etag for tag in request.if_none_match or ()):
-        resp = web.Response(status=304, headers=page.headers)
-    else:
-        resp = web.Response(
-            body=page.body, headers=page.headers, content_type="text/html", charset="utf-8"
-        )
-    resp.etag = page.etag
-    return resp
+    """GET /wait/{sku}?user_id=U[&return_to=URL]: the waiting-room page."""
+    return request.app[WAITING_PAGE].answer(request)
 
 
 def _admin(request: web.Request, change: str | None = None) -> StockAdmin:

@@ -21,6 +21,9 @@ from importlib import resources
 from importlib.abc import Traversable
 from urllib.parse import urlsplit
 
+from aiohttp import web
+
+from gateway import payloads
 from gateway.errors import InvalidRequest
 
 PAGES_DIR: Traversable = resources.files("gateway.pages")
@@ -67,7 +70,9 @@ def check_return_to(return_to: str | None, allowed: frozenset[str]) -> None:
     if return_to is None:
         return
     if not allowed:
-        raise InvalidRequest("return_to is not allowed: GATEWAY_WAITING_PAGE_RETURN_ORIGINS is empty")
+        raise InvalidRequest(
+            "return_to is not allowed: GATEWAY_WAITING_PAGE_RETURN_ORIGINS is empty"
+        )
     if origin_of(return_to) not in allowed:
         raise InvalidRequest("return_to must be a URL on an origin the gateway allows")
 
@@ -79,14 +84,35 @@ def _sha256(text: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class WaitingPage:
-    """The assembled document, its ETag and its headers."""
+    """The assembled document, its ETag and headers, and where it may send buyers."""
 
     body: bytes
     etag: str
     headers: dict[str, str]
+    return_origins: frozenset[str]
+
+    def answer(self, request: web.Request) -> web.Response:
+        """``GET /wait/{sku}?user_id=U[&return_to=URL]``: the page, or 304 on a
+        matching ETag; raises :class:`InvalidRequest` for a bad sku, user_id or
+        return_to (the document does not depend on them: the script reads them)."""
+        payloads.identifier(request.match_info["sku"], "sku")
+        if "user_id" not in request.query:
+            raise InvalidRequest("user_id is required")
+        payloads.identifier(request.query["user_id"], "user_id")
+        check_return_to(request.query.get("return_to"), self.return_origins)
+        if any(tag.value == self.etag for tag in request.if_none_match or ()):
+            resp = web.Response(status=304, headers=self.headers)
+        else:
+            resp = web.Response(
+                body=self.body, headers=self.headers, content_type="text/html", charset="utf-8"
+            )
+        resp.etag = self.etag
+        return resp
 
     @classmethod
-    def build(cls, pages: Traversable = PAGES_DIR) -> WaitingPage:
+    def build(
+        cls, return_origins: frozenset[str] = frozenset(), pages: Traversable = PAGES_DIR
+    ) -> WaitingPage:
         """Inline ``waiting.css``, ``waiting.js`` and ``texts.json`` into
         ``waiting.html``, and make the policy that allows exactly them."""
         style = (pages / "waiting.css").read_text()
@@ -114,4 +140,4 @@ class WaitingPage:
             "Cache-Control": "public, max-age=300",
         }
         etag = hashlib.sha256(body).hexdigest()[:20]
-        return cls(body=body, etag=etag, headers=headers)
+        return cls(body=body, etag=etag, headers=headers, return_origins=return_origins)

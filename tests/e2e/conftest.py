@@ -8,13 +8,14 @@ under ``test-artifacts/waiting-page/<test>/``.
 
 from __future__ import annotations
 
+import asyncio
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Generator
 
 import pytest
 from playwright.async_api import async_playwright
 
-from tests.support.browser import ARTIFACTS, Buyer, chromium_executable
+from tests.support.browser import ARTIFACTS, Buyer, chromium_executable, write_shots
 
 FAILED = pytest.StashKey[bool]()
 # A phone 320 px wide, and a desktop.
@@ -60,6 +61,7 @@ async def buyers(chromium: str, request: pytest.FixtureRequest) -> AsyncIterator
             if request.node.stash.get(FAILED, False):
                 name = re.sub(r"[^A-Za-z0-9_.-]", "_", request.node.name)
                 for i, buyer in enumerate(opened):
-                    await buyer.save_shots(ARTIFACTS / name / f"buyer-{i}")
+                    shots = await buyer.all_shots()
+                    await asyncio.to_thread(write_shots, ARTIFACTS / name / f"buyer-{i}", shots)
         finally:
             await browser.close()

@@ -132,7 +132,12 @@ class TestWaitAndBuy:
                     (Path(SHOTS_DIR) / f"waiting-page-{state}.png").write_bytes(png)
 
     async def test_reload_while_waiting_keeps_the_ticket_and_place(
-        self, start_gateway: StartGateway, buyers: OpenBuyer, sku: str, redis: Redis, key_prefix: str
+        self,
+        start_gateway: StartGateway,
+        buyers: OpenBuyer,
+        sku: str,
+        redis: Redis,
+        key_prefix: str,
     ) -> None:
         """A reload while waiting finds the same ticket: the buyer is still in
         line, no further back, and the room holds no second ticket for them."""
@@ -170,7 +175,9 @@ class TestWaitAndBuy:
         await buyer.reach("confirmed")
         assert await buyer.attr("order-id") == order_id
         purchases = [u for u in buyer.requests if u.endswith("/v1/purchase")]
-        assert len(purchases) == 1 and not any(u.endswith("/v1/purchase") for u in buyer.requests[sent:])
+        assert len(purchases) == 1 and not any(
+            u.endswith("/v1/purchase") for u in buyer.requests[sent:]
+        )
         assert await orders_of(database_url, sku) == 1
         assert_clean(buyer)
 

@@ -12,6 +12,7 @@ assert that no request left the gateway's origin and that nothing went wrong.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -90,7 +91,9 @@ class Buyer:
             await self.page.wait_for_selector(selector, timeout=within * 1000)
         except Error:
             now = await self.attr("state")
-            raise AssertionError(f"page never reached {state!r} within {within} s (is {now!r})")
+            raise AssertionError(
+                f"page never reached {state!r} within {within} s (is {now!r})"
+            ) from None
         self.shots.append((state, await self.page.screenshot(full_page=True)))
 
     async def attr(self, name: str) -> str | None:
@@ -105,17 +108,16 @@ class Buyer:
         """Every request the page made off the gateway's origin (``data:`` aside)."""
         return [u for u in self.requests if not u.startswith((f"{self.origin}/", "data:"))]
 
-    async def save_shots(self, folder: Path) -> list[Path]:
-        """Write every kept screenshot, and one of the page as it is now, to ``folder``."""
-        folder.mkdir(parents=True, exist_ok=True)
+    async def all_shots(self) -> list[tuple[str, bytes]]:
+        """Every kept screenshot, and one of the page as it is now (if it still is)."""
         shots = list(self.shots)
-        try:
+        with contextlib.suppress(Error):
             shots.append(("last", await self.page.screenshot(full_page=True)))
-        except Error:
-            pass  # the page is gone: the kept ones still tell the story
-        written = []
-        for i, (state, png) in enumerate(shots):
-            path = folder / f"{i:02d}-{state}.png"
-            path.write_bytes(png)
-            written.append(path)
-        return written
+        return shots
+
+
+def write_shots(folder: Path, shots: list[tuple[str, bytes]]) -> None:
+    """Write screenshots to ``folder`` as ``NN-<state>.png``, in the order taken."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for i, (state, png) in enumerate(shots):
+        (folder / f"{i:02d}-{state}.png").write_bytes(png)
