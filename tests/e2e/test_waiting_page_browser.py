@@ -115,6 +115,7 @@ class TestWaitAndBuy:
         assert await buyer.attr("position") == "4"
         assert "4" in await buyer.text("#wr-status")
         await buyer.page.wait_for_selector('#waiting-room[data-position="2"]', timeout=10_000)
+        await buyer.snap("waiting")
         await buyer.reach("admitted")
         assert await buyer.page.is_enabled("button#buy")
         # Readable on a phone: nothing wider than the screen.

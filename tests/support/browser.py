@@ -94,6 +94,10 @@ class Buyer:
             raise AssertionError(
                 f"page never reached {state!r} within {within} s (is {now!r})"
             ) from None
+        await self.snap(state)
+
+    async def snap(self, state: str) -> None:
+        """Keep a screenshot of the page as it is now, named ``state``."""
         self.shots.append((state, await self.page.screenshot(full_page=True)))
 
     async def attr(self, name: str) -> str | None:
