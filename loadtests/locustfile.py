@@ -355,8 +355,9 @@ class WaitingRoomUser(Shopper):
 
     def _pace(self, response: ResponseContextManager, body: dict[str, Any]) -> None:
         """When the page would call again: as the API asks, never sooner."""
-        retry_after = response.headers.get("Retry-After")
-        if response.status_code in (429, 503) and retry_after is not None:
+        headers = response.headers
+        retry_after = None if headers is None else headers.get("Retry-After")
+        if response.status_code in (429, 503) and isinstance(retry_after, str):
             self.pause_s = float(retry_after) * random.uniform(1.0, 1.5)
         elif body.get("position") == 0:
             self.pause_s = 0.0

@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import asyncpg
+import orjson
+import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 from playwright.async_api import Route
@@ -27,6 +29,10 @@ from tests.e2e.conftest import PHONE, OpenBuyer
 from tests.support.browser import Buyer
 from tests.support.purchases import ADMIN_HEADERS, Client
 from tests.support.rooms import SECRET, join, put_room_sku
+
+# The first browser test's set-up may install chromium with apt-get (minutes on
+# a fresh machine); each test's own waits are bounded by STATE_WITHIN_S.
+pytestmark = pytest.mark.timeout(600)
 
 StartGateway = Callable[..., Awaitable[Client]]
 # WAITING_PAGE_SHOTS=docs saves the happy path's waiting, admitted and confirmed
@@ -156,12 +162,14 @@ class TestWaitAndBuy:
         buyer = await buyers(origin)
         await buyer.open(f"/wait/{sku}?user_id=buyer")
         await buyer.reach("waiting")
+        keys = QueueKeys.of(key_prefix, sku)
+        ticket = await redis.hget(keys.users, "buyer")
         before = int(await buyer.attr("position") or 0)
         await buyer.page.reload()
         await buyer.reach("waiting")
         after = int(await buyer.attr("position") or 0)
         assert 1 <= after <= before <= 6
-        keys = QueueKeys.of(key_prefix, sku)
+        assert await redis.hget(keys.users, "buyer") == ticket
         assert await redis.hlen(keys.users) == 6
         assert_clean(buyer)
 
@@ -270,6 +278,38 @@ class TestFaults:
         assert [c[2] for c in calls.calls].count(503) == 2
         calls.polls_paced()
         assert_clean(buyer, answered=(503, 503))
+
+    async def test_purchase_answered_503_shows_detail_and_retries_same_request(
+        self, start_gateway: StartGateway, buyers: OpenBuyer, sku: str, database_url: str
+    ) -> None:
+        """A purchase answered 503 shows the API's detail and a Try again button
+        (enabled after Retry-After); trying again sends the same request id and
+        buys once."""
+        client, origin = await gateway(start_gateway)
+        await put_room_sku(client, sku, stock=5)
+        buyer = await buyers(origin)
+        sent: list[str] = []
+
+        async def purchase(route: Route) -> None:
+            sent.append(orjson.loads(route.request.post_data or "{}")["request_id"])
+            if len(sent) == 1:
+                body = {"error": "unavailable", "detail": "flush queue full"}
+                headers = {"Retry-After": "1"}
+                await route.fulfill(status=503, headers=headers, json=body)
+            else:
+                await route.continue_()
+
+        await buyer.page.route("**/v1/purchase", purchase)
+        await buyer.open(f"/wait/{sku}?user_id=buyer")
+        await buyer.reach("admitted")
+        await buyer.page.click("button#buy")
+        await buyer.reach("error")
+        assert "flush queue full" in await buyer.text("#wr-note")
+        await buyer.page.click("button#retry", timeout=5_000)  # waits until enabled
+        await buyer.reach("confirmed")
+        assert len(sent) == 2 and sent[0] == sent[1]
+        assert await orders_of(database_url, sku) == 1
+        assert_clean(buyer, answered=(503,))
 
 
 class TestReturnTo:
