@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from tests.support.purchases import ADMIN_HEADERS, Client
+from tests.support.purchases import Client, put_sku
 from tests.support.rooms import put_room_sku
 
 StartGateway = Callable[..., Awaitable[Client]]
@@ -71,8 +71,7 @@ class TestDocument:
         client = await start_gateway()
         await put_room_sku(client, sku, stock=1)
         plain = f"{sku}-plain"
-        resp = await client.put(f"/admin/skus/{plain}", json={"stock": 1}, headers=ADMIN_HEADERS)
-        assert resp.status == 200
+        await put_sku(client, plain, 1)
         assert (await (await client.get(f"/v1/skus/{sku}")).json())["waiting_room"] is True
         assert (await (await client.get(f"/v1/skus/{plain}")).json())["waiting_room"] is False
 

@@ -16,7 +16,6 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import asyncpg
 import orjson
 import pytest
 from aiohttp import web
@@ -27,7 +26,7 @@ from redis.asyncio import Redis
 from gateway.layout import QueueKeys
 from tests.e2e.conftest import PHONE, OpenBuyer
 from tests.support.browser import Buyer
-from tests.support.purchases import ADMIN_HEADERS, Client
+from tests.support.purchases import ADMIN_HEADERS, Client, orders_of, put_sku
 from tests.support.rooms import SECRET, join, put_room_sku
 
 # The first browser test's set-up may install chromium with apt-get (minutes on
@@ -44,16 +43,6 @@ async def gateway(start_gateway: StartGateway, **settings: Any) -> tuple[Client,
     """A gateway that can sign admission tokens; its client and its origin."""
     client = await start_gateway(admission_secret=SECRET, **settings)
     return client, str(client.make_url("")).rstrip("/")
-
-
-async def orders_of(database_url: str, sku: str) -> int:
-    """How many order rows ``sku`` has in PostgreSQL."""
-    con = await asyncpg.connect(database_url)
-    try:
-        count: int = await con.fetchval("SELECT count(*) FROM orders WHERE sku = $1", sku)
-        return count
-    finally:
-        await con.close()
 
 
 def assert_clean(buyer: Buyer, answered: tuple[int, ...] = ()) -> None:
@@ -206,8 +195,7 @@ class TestSkusOfEveryKind:
     ) -> None:
         """A sku with no waiting room: no queue, the Buy button at once, and it buys."""
         client, origin = await gateway(start_gateway)
-        resp = await client.put(f"/admin/skus/{sku}", json={"stock": 3}, headers=ADMIN_HEADERS)
-        assert resp.status == 200
+        await put_sku(client, sku, 3)
         buyer = await buyers(origin)
         await buyer.open(f"/wait/{sku}?user_id=buyer")
         await buyer.reach("admitted")
@@ -224,8 +212,7 @@ class TestSkusOfEveryKind:
         client, origin = await gateway(start_gateway)
         await put_room_sku(client, sku, stock=0)
         plain = f"{sku}-plain"
-        resp = await client.put(f"/admin/skus/{plain}", json={"stock": 0}, headers=ADMIN_HEADERS)
-        assert resp.status == 200
+        await put_sku(client, plain, 0)
         for name in (sku, plain):
             buyer = await buyers(origin)
             await buyer.open(f"/wait/{name}?user_id=buyer")
