@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator
 import structlog
 from aiohttp import web
 
-from gateway import views
+from gateway import adminviews, views
 from gateway.admin import StockAdmin
 from gateway.admintokens import AdminTokens
 from gateway.admission import Admissions
@@ -50,6 +50,7 @@ from gateway.flusher import Flusher
 from gateway.inventory import Inventory
 from gateway.layout import channel
 from gateway.lock import LockSubscriber, load_lock_scripts
+from gateway.looplag import LoopLag
 from gateway.metrics import Metrics
 from gateway.middlewares import answering, gateway_middleware
 from gateway.orders import Orders
@@ -58,6 +59,7 @@ from gateway.payloads import MAX_BODY
 from gateway.purchases import Purchases
 from gateway.reconciler import Reconciler
 from gateway.resources import database_ctx, patiently, redis_ctx, zookeeper_ctx
+from gateway.salegate import SaleGate
 from gateway.settings import Settings
 from gateway.skulocks import sku_locks
 from gateway.soldout import SoldOut
@@ -116,6 +118,7 @@ async def service_ctx(app: web.Application) -> AsyncIterator[None]:
         streams=streams,
         deductions=deductions,
         deductions_max=settings.queue_max,
+        gate=SaleGate(orders, settings),
     )
     rooms = WaitingRooms(redis, settings, on_noscript=metrics.noscript_reload)
     await rooms.load_scripts()
@@ -148,7 +151,9 @@ async def service_ctx(app: web.Application) -> AsyncIterator[None]:
         catalog=catalog,
     )
     feed = ChangeFeed(redis, channel(settings.key_prefix), soldout, catalog)
+    lag = LoopLag(metrics.loop_lagged, stall_report_s=settings.loop_stall_report_s)
     tasks = [
+        asyncio.create_task(lag.run(), name="loop-lag"),
         asyncio.create_task(feed.run(), name="change-feed"),
         asyncio.create_task(reconciler.run(), name="reconciler"),
         asyncio.create_task(_sample_queue(batcher, metrics), name="queue-sampler"),
@@ -273,4 +278,5 @@ def create_app(settings: Settings) -> web.Application:
     app.cleanup_ctx.extend([redis_ctx, database_ctx, zookeeper_ctx, service_ctx])
     app.on_shutdown.append(drain)
     app.add_routes(views.routes(with_metrics=settings.metrics))
+    app.add_routes(adminviews.routes())
     return app

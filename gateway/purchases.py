@@ -8,6 +8,13 @@ reloaded from PostgreSQL once for all the requests that find it missing.
 That is the ``reserve-batch`` strategy. A sku on another strategy (its own, or
 ``GATEWAY_STRATEGY``) is handed to that strategy's :class:`Deduction` right
 after the catalog (``gateway.strategies``).
+
+Every strategy passes through :meth:`Purchases.purchase`, and so through the
+sale rules in one place: the per-user limit here; the window and both rate
+limits inside the reservation call for the strategies that reserve in Redis
+(``lua/reserve.lua``, no extra round trip), through :class:`SaleGate` in
+PostgreSQL for the others (``gateway.salegate``). The waiting room is in front
+of this, in ``gateway.admission``, for every strategy alike.
 """
 
 from __future__ import annotations
@@ -25,8 +32,6 @@ import structlog
 from gateway.batcher import Batcher
 from gateway.catalog import Catalog
 from gateway.domain import (
-    DUPLICATE,
-    IN_PROGRESS,
     SOLD_OUT,
     Outcome,
     Purchase,
@@ -35,19 +40,17 @@ from gateway.domain import (
     Strategy,
 )
 from gateway.errors import (
-    Ended,
     IdempotencyMismatch,
     InvalidRequest,
-    NotStarted,
-    RateLimited,
     ShuttingDown,
     Unavailable,
 )
 from gateway.flusher import Flusher
 from gateway.inventory import Inventory
 from gateway.orders import Orders
-from gateway.replies import Reply
+from gateway.replies import outcome_of
 from gateway.rules import SaleRules
+from gateway.salegate import SaleGate
 from gateway.soldout import ConfirmedIds, SoldOut
 from gateway.strategies import REDIS_FREE, Deduction
 from gateway.streams import Streams
@@ -57,7 +60,6 @@ log = structlog.get_logger(__name__)
 # The strategies whose purchases reserve in Redis first (the others decide in
 # PostgreSQL alone, gateway.strategies).
 _RESERVING = frozenset({Strategy.RESERVE_BATCH, Strategy.QUEUE})
-_ANSWERS = {"sold_out": SOLD_OUT, "duplicate": DUPLICATE, "in_progress": IN_PROGRESS}
 
 
 class PurchaseObserver(Protocol):
@@ -84,6 +86,7 @@ class Purchases:
         streams: Streams | None = None,
         deductions: Mapping[Strategy, Deduction] | None = None,
         deductions_max: int = 10_000,
+        gate: SaleGate | None = None,
     ) -> None:
         self._catalog = catalog
         self._soldout = soldout
@@ -99,6 +102,8 @@ class Purchases:
         # bounded as the batcher's queue is: beyond it a storm is shed with 503.
         self._deducting = 0
         self._deductions_max = deductions_max
+        # Their window and rate limits (reserve.lua decides those of the others).
+        self._gate = gate
         self._reloads: dict[str, asyncio.Future[None]] = {}
         # A sku's sold-out mark being built, in the background: the requests
         # that saw it sold out are answered at once, not after the build.
@@ -116,7 +121,7 @@ class Purchases:
         # The one place the strategy is chosen: the sku's own, else the gateway's.
         strategy = self._catalog.strategy_of(info)
         if strategy not in _RESERVING:
-            return await self._deduct(strategy, purchase)
+            return await self._deduct(strategy, purchase, info, client)
         confirmed = self._soldout.lookup(purchase.sku)
         if confirmed is not None:
             # Without a request id, or with one that has no order: no I/O.
@@ -146,7 +151,7 @@ class Purchases:
                 raise
         if reply.kind == "sold_out" and reply.settled:
             self._mark_in_background(purchase.sku, generation)
-        return _answer(reply, purchase.request_id, info)
+        return outcome_of(reply, purchase.request_id, info)
 
     async def available(self, sku: str) -> int:
         """Units left to reserve: Redis's count, else the database's (the only count
@@ -157,6 +162,13 @@ class Purchases:
         if available is None:
             available = await self._orders.stock(sku) or 0
         return available
+
+    async def settled_sold_out(self, info: SkuInfo) -> bool:
+        """Whether ``info``'s sku has nothing left to sell: no stock, and for a
+        strategy that reserves in Redis nothing pending that could come back."""
+        if self._catalog.strategy_of(info) in REDIS_FREE:
+            return (await self._orders.stock(info.sku) or 0) <= 0
+        return await self._inventory.settled_sold_out(info.sku)
 
     async def _queued(self, purchase: Purchase, kind: str) -> Result:
         """The answer of the queue strategy once enqueue.lua ran: 202 as soon
@@ -176,8 +188,15 @@ class Purchases:
         """The strategy ``sku`` sells under; raises UnknownSku."""
         return await self._catalog.strategy(sku)
 
-    async def _deduct(self, strategy: Strategy, purchase: Purchase) -> Result:
-        """Hand a purchase to its sku's strategy (no Redis reservation, no batch)."""
+    async def _deduct(
+        self,
+        strategy: Strategy,
+        purchase: Purchase,
+        info: SkuInfo,
+        client: Callable[[], str | None] | None,
+    ) -> Result:
+        """Hand a purchase to its sku's strategy (no Redis reservation, no batch)
+        once its window and rate limits let it through."""
         deduction = self._deductions.get(strategy)
         if deduction is None:
             raise Unavailable(f"strategy {strategy} is not served by this gateway")
@@ -191,6 +210,8 @@ class Purchases:
         structlog.contextvars.bind_contextvars(request_id=purchase.request_id, sku=purchase.sku)
         self._deducting += 1
         try:
+            if self._gate is not None:
+                await self._gate.enforce(purchase, info, client)
             return await deduction.purchase(purchase)
         finally:
             self._deducting -= 1
@@ -276,22 +297,3 @@ class Purchases:
         if self._observer is not None:
             self._observer.stock_reloaded()
         log.warning("stock_reloaded", sku=sku, stock=stock)
-
-
-def _answer(reply: Reply, request_id: str, info: SkuInfo) -> Result:
-    """The outcome of a reservation that did not reserve."""
-    if reply.kind == "confirmed":
-        return Result(Outcome.CONFIRMED, reply.order)
-    if reply.kind == "mismatch":
-        raise IdempotencyMismatch(request_id)
-    if reply.kind == "rate_limited":
-        raise RateLimited(reply.wait_ms)
-    if reply.kind == "not_started":
-        starts_at = info.rules.window_json()["starts_at"]
-        raise NotStarted(starts_at or "", reply.wait_ms)
-    if reply.kind == "ended":
-        raise Ended()
-    result = _ANSWERS.get(reply.kind)
-    if result is None:
-        raise Unavailable("stock not loaded")
-    return result
