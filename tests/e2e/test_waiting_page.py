@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable
 import pytest
 
 from tests.support.purchases import Client, put_sku
-from tests.support.rooms import put_room_sku
+from tests.support.rooms import SECRET, put_room_sku
 
 StartGateway = Callable[..., Awaitable[Client]]
 SHOP = "https://shop.example"
@@ -68,7 +68,7 @@ class TestDocument:
         self, start_gateway: StartGateway, sku: str
     ) -> None:
         """GET /v1/skus/{sku} tells the page whether to queue."""
-        client = await start_gateway()
+        client = await start_gateway(admission_secret=SECRET)
         await put_room_sku(client, sku, stock=1)
         plain = f"{sku}-plain"
         await put_sku(client, plain, 1)
