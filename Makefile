@@ -22,6 +22,7 @@ services:
 
 run: $(STAMP) services
 	@echo "admin token: $(DEV_TOKEN)  (Authorization: Bearer $(DEV_TOKEN))"
+	@echo "waiting-room page: http://127.0.0.1:$${GATEWAY_PORT:-8080}/wait/demo?user_id=alice"
 	$(BIN)/flashsale-gateway migrate
 	GATEWAY_ADMIN_TOKEN=$(DEV_TOKEN) $(BIN)/flashsale-gateway serve --demo
 

@@ -109,6 +109,10 @@ class Admissions:
             "expires_at": rfc3339(datetime.fromtimestamp(expires_ms / 1000, UTC)),
         }
 
+    async def has_room(self, sku: str) -> bool:
+        """Whether ``sku`` is sold through a waiting room; raises :class:`UnknownSku`."""
+        return (await self._catalog.get(sku)).waiting_room is not None
+
     def open_door(self, sku: str) -> bool:
         """Whether ``sku`` is known, without I/O, to have no waiting room: then the
         caller buys through :class:`Purchases` directly, and the sold-out path

@@ -38,6 +38,7 @@ from gateway.appkeys import (
     SETTINGS,
     STOPPING,
     TRACKER,
+    WAITING_PAGE,
     ZOOKEEPER,
 )
 from gateway.batcher import Batcher
@@ -71,6 +72,7 @@ from gateway.streams import Streams
 from gateway.tokens import Signer
 from gateway.tracking import OrderTracker
 from gateway.waitingroom import WaitingRooms
+from gateway.waitpage import WaitingPage
 from gateway.writer import QueueWriter
 
 QUEUE_SAMPLE_S = 0.5
@@ -272,6 +274,7 @@ def create_app(settings: Settings) -> web.Application:
     app[PROXIES] = proxies
     app[ANSWERS] = answers
     app[ADMIN_TOKENS] = AdminTokens(settings.admin_token, settings.admin_token_file)
+    app[WAITING_PAGE] = WaitingPage.build(settings.waiting_page_return_origins)
     app.cleanup_ctx.extend([redis_ctx, database_ctx, zookeeper_ctx, service_ctx])
     app.on_shutdown.append(drain)
     app.add_routes(views.routes(with_metrics=settings.metrics))

@@ -20,6 +20,7 @@ from gateway.appkeys import (
     PURCHASES,
     STOPPING,
     TRACKER,
+    WAITING_PAGE,
 )
 from gateway.clients import current_client
 from gateway.domain import Outcome, Result
@@ -155,14 +156,20 @@ def _wait_s(request: web.Request) -> float:
 
 
 async def get_sku(request: web.Request) -> web.Response:
-    """GET /v1/skus/{sku}: what is left to buy, and the strategy it sells under."""
+    """GET /v1/skus/{sku}: what is left to buy, the strategy it sells under, its
+    window and whether it has a waiting room."""
     sku = payloads.identifier(request.match_info["sku"], "sku")
     available = await request.app[PURCHASES].available(sku)
     purchases = request.app[PURCHASES]
     strategy, rules = await purchases.strategy(sku), await purchases.rules(sku)
-    return json_response(
-        {"sku": sku, "available": available, "strategy": strategy.value, **rules.window_json()}
-    )
+    body = {"sku": sku, "available": available, "strategy": strategy.value, **rules.window_json()}
+    body["waiting_room"] = await request.app[ADMISSIONS].has_room(sku)
+    return json_response(body)
+
+
+async def waiting_page(request: web.Request) -> web.Response:
+    """GET /wait/{sku}?user_id=U[&return_to=URL]: the waiting-room page."""
+    return request.app[WAITING_PAGE].answer(request)
 
 
 async def join_queue(request: web.Request) -> web.Response:
@@ -216,6 +223,7 @@ def routes(with_metrics: bool) -> list[web.RouteDef]:
         web.get("/v1/skus/{sku}", get_sku),
         web.post("/v1/queue/{sku}", join_queue),
         web.get("/v1/queue/{sku}/{ticket}", poll_queue),
+        web.get("/wait/{sku}", waiting_page),
         web.get("/healthz", healthz),
         web.get("/readyz", readyz),
         *([web.get("/metrics", metrics)] if with_metrics else []),

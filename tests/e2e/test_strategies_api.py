@@ -64,6 +64,7 @@ class TestStrategyField:
                         "strategy": strategy,
                         "starts_at": None,
                         "ends_at": None,
+                        "waiting_room": False,
                     },
                 )
             status, bad = await call(
@@ -119,6 +120,7 @@ class TestStrategyField:
                         "strategy": strategy,
                         "starts_at": None,
                         "ends_at": None,
+                        "waiting_room": False,
                     },
                 )
                 report = await call(http, "GET", f"{url}/admin/skus/{s}", None, cluster.admin_token)
