@@ -17,6 +17,7 @@ from gateway.errors import UnknownSku
 from gateway.inventory import Inventory
 from gateway.orders import Orders
 from gateway.rules import NO_RULES, Rate, SaleRules
+from gateway.servable import Servability
 from gateway.skulocks import SkuLocks
 from gateway.soldout import SoldOut
 from gateway.strategies import REDIS_FREE
@@ -33,8 +34,10 @@ class StockAdmin:
         locks: SkuLocks,
         catalog: Catalog,
         soldout: SoldOut,
+        servability: Servability,
     ) -> None:
         self._inventory = inventory
+        self._servability = servability
         self._orders = orders
         self._locks = locks
         self._catalog = catalog
@@ -51,7 +54,9 @@ class StockAdmin:
     ) -> dict[str, Any]:
         """Create ``sku`` or reset its remaining stock (orders stay); ``rules``
         replaces its window and rates, ``room`` its waiting room and ``strategy``
-        its strategy (None: the gateway's)."""
+        its strategy (None: the gateway's). Raises :class:`NotConfigured` for a
+        sku this instance could not serve (a waiting room without a secret)."""
+        self._servability.check(room)
         rules = rules or NO_RULES
         selling = strategy or self._catalog.default_strategy
         redis_stock: int | None = None

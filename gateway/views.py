@@ -22,12 +22,20 @@ from gateway.appkeys import (
     OUTCOME,
     PURCHASES,
     RECONCILER,
+    SERVABILITY,
     STOPPING,
     TRACKER,
 )
 from gateway.clients import current_client
 from gateway.domain import Outcome, Result
-from gateway.errors import Forbidden, InvalidRequest, NotFound, TooLarge, Unauthorized
+from gateway.errors import (
+    Forbidden,
+    InvalidRequest,
+    NotFound,
+    PostgresUnavailable,
+    TooLarge,
+    Unauthorized,
+)
 from gateway.metrics import CONTENT_TYPE
 from gateway.prebuilt import DirectAnswers, Written
 from gateway.purchases import Purchases
@@ -117,13 +125,15 @@ async def buy(
     to them, since a request it serves has no matched route (and so no
     ``request.app``)."""
     body = await read_body(request)
-    p = payloads.purchase(body, request.headers.get("Idempotency-Key"))
+    headers = request.headers
+    p = payloads.purchase(body, headers.get("Idempotency-Key"))
+    # Checked whatever the sku does with it (tests/e2e/test_contract.py).
+    token = payloads.admission_token(headers.get("Admission-Token"))
     if admissions.open_door(p.sku):
         # The client address is worked out only if a client rate limit applies:
         # nothing is parsed or allocated for it on the sold-out path.
         result = await purchases.purchase(p, current_client)
     else:
-        token = request.headers.get("Admission-Token")
         result = await admissions.purchase(p, token, current_client)
     return purchase_answer(request, result)
 
@@ -249,12 +259,27 @@ async def healthz(request: web.Request) -> web.Response:
 
 async def readyz(request: web.Request) -> web.Response:
     """GET /readyz: 200 while Redis and PostgreSQL answer and no stop has begun
-    (``draining`` covers the lame duck too: purchases are still served then)."""
-    redis_ok = await request.app[INVENTORY].ping()
-    db_ok = await request.app[ORDERS].ping()
-    draining = request.app[STOPPING].is_set() or request.app[BATCHER].closing
+    (``draining`` covers the lame duck too: purchases are still served then).
+    ``unservable`` names the configured skus this instance cannot serve, and
+    why; they do not make it unready (see gateway.servable)."""
+    app = request.app
+    redis_ok = await app[INVENTORY].ping()
+    db_ok = await app[ORDERS].ping()
+    unservable: dict[str, str] = {}
+    if db_ok:
+        try:
+            unservable = await app[SERVABILITY].unservable()
+        except PostgresUnavailable:
+            db_ok = False
+    draining = app[STOPPING].is_set() or app[BATCHER].closing
     ready = redis_ok and db_ok and not draining
-    body = {"ready": ready, "redis": redis_ok, "postgres": db_ok, "draining": draining}
+    body = {
+        "ready": ready,
+        "redis": redis_ok,
+        "postgres": db_ok,
+        "draining": draining,
+        "unservable": unservable,
+    }
     return json_response(body, status=200 if ready else 503)
 
 
@@ -262,6 +287,10 @@ async def metrics(request: web.Request) -> web.Response:
     """GET /metrics: Prometheus text exposition."""
     body = request.app[METRICS].render()
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
+
+
+# The query parameters each route takes (by its path); the others take none.
+QUERIES = {"/v1/orders/{request_id}": frozenset({"wait"})}
 
 
 def routes(with_metrics: bool) -> list[web.RouteDef]:
