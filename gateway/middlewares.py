@@ -155,9 +155,12 @@ def gateway_middleware(answer: Answer, queries: Mapping[str, frozenset[str]]) ->
 
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if request.query_string and request.match_info.route.resource is not None:
-            if not request.query.keys() <= queries.get(_route(request), nothing):
-                handler = _unknown_query
+        if (
+            request.query_string
+            and request.match_info.route.resource is not None
+            and not request.query.keys() <= queries.get(_route(request), nothing)
+        ):
+            handler = _unknown_query
         return await answer(request, handler, None)
 
     return middleware

@@ -47,17 +47,17 @@ class Servability:
 
     async def unservable(self) -> dict[str, str]:
         """The configured skus this instance cannot serve (at most ``SHOWN``), with
-        why; no I/O when it can serve any. Raises :class:`PostgresUnavailable`."""
+        why; no I/O when it can serve any. Empty when PostgreSQL cannot say: the
+        readiness probe's own ping reports that."""
         if self._signs:
             return {}
-        return dict.fromkeys(await self._orders.waiting_room_skus(SHOWN), NO_SECRET)
+        try:
+            skus = await self._orders.waiting_room_skus(SHOWN)
+        except PostgresUnavailable:
+            return {}
+        return dict.fromkeys(skus, NO_SECRET)
 
     async def report(self) -> None:
-        """Log each configured sku this instance cannot serve as an error (at
-        start-up); a database that cannot say is left to the readiness probe."""
-        try:
-            found = await self.unservable()
-        except PostgresUnavailable:
-            return
-        for sku, reason in found.items():
+        """Log each configured sku this instance cannot serve as an error (at start-up)."""
+        for sku, reason in (await self.unservable()).items():
             log.error("sku_unservable", sku=sku, reason=reason)

@@ -28,14 +28,7 @@ from gateway.appkeys import (
 )
 from gateway.clients import current_client
 from gateway.domain import Outcome, Result
-from gateway.errors import (
-    Forbidden,
-    InvalidRequest,
-    NotFound,
-    PostgresUnavailable,
-    TooLarge,
-    Unauthorized,
-)
+from gateway.errors import Forbidden, InvalidRequest, NotFound, TooLarge, Unauthorized
 from gateway.metrics import CONTENT_TYPE
 from gateway.prebuilt import DirectAnswers, Written
 from gateway.purchases import Purchases
@@ -265,21 +258,11 @@ async def readyz(request: web.Request) -> web.Response:
     app = request.app
     redis_ok = await app[INVENTORY].ping()
     db_ok = await app[ORDERS].ping()
-    unservable: dict[str, str] = {}
-    if db_ok:
-        try:
-            unservable = await app[SERVABILITY].unservable()
-        except PostgresUnavailable:
-            db_ok = False
+    unservable = await app[SERVABILITY].unservable() if db_ok else {}
     draining = app[STOPPING].is_set() or app[BATCHER].closing
     ready = redis_ok and db_ok and not draining
-    body = {
-        "ready": ready,
-        "redis": redis_ok,
-        "postgres": db_ok,
-        "draining": draining,
-        "unservable": unservable,
-    }
+    body: dict[str, Any] = {"ready": ready, "redis": redis_ok, "postgres": db_ok}
+    body.update(draining=draining, unservable=unservable)
     return json_response(body, status=200 if ready else 503)
 
 
