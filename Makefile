@@ -3,28 +3,51 @@
 PY      ?= python3
 VENV    := .venv
 BIN     := $(VENV)/bin
+# One virtualenv, a stamp per extra: `make run` installs what serving needs
+# (BASE); the test and benchmark targets add the dev and bench extras (STAMP:
+# all of it; the test suite runs Locust and loadtests/ too).
+BASE    := $(VENV)/.base
+DEV     := $(VENV)/.dev
+BENCH   := $(VENV)/.bench
 STAMP   := $(VENV)/.installed
-DEV_TOKEN ?= dev-admin-token
+# `make run`'s admin token and admission secret, unless the environment sets them.
+GATEWAY_ADMIN_TOKEN ?= dev-admin-token
+GATEWAY_ADMISSION_SECRET ?= dev-admission-secret
 
 export GATEWAY_DATABASE_URL ?= postgresql://postgres@127.0.0.1:5432/flashsale
 export GATEWAY_REDIS_URL ?= redis://127.0.0.1:6379/0
 
 .PHONY: run test check lint typecheck pytest services bench locust chaos audit clean compare ab
 
-$(STAMP): pyproject.toml
-	$(PY) -m venv $(VENV)
+$(BASE): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q -U pip
-	$(BIN)/pip install -q -e '.[dev,bench]'
-	touch $(STAMP)
+	$(BIN)/pip install -q -e .
+	touch $@
+
+$(DEV): $(BASE)
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $@
+
+$(BENCH): $(BASE)
+	$(BIN)/pip install -q -e '.[bench]'
+	touch $@
+
+$(STAMP): $(DEV) $(BENCH)
+	touch $@
 
 services:
 	@bash scripts/services.sh
 
-run: $(STAMP) services
-	@echo "admin token: $(DEV_TOKEN)  (Authorization: Bearer $(DEV_TOKEN))"
+# Every feature out of the box: admin routes, and waiting rooms (their tokens
+# are signed with the dev admission secret). Set either variable to override it.
+run: $(BASE) services
+	@echo "admin token:      $(GATEWAY_ADMIN_TOKEN)  (Authorization: Bearer $(GATEWAY_ADMIN_TOKEN))"
+	@echo "admission secret: $(GATEWAY_ADMISSION_SECRET)  (signs waiting-room admission tokens; dev only)"
 	@echo "waiting-room page: http://127.0.0.1:$${GATEWAY_PORT:-8080}/wait/demo?user_id=alice"
 	$(BIN)/flashsale-gateway migrate
-	GATEWAY_ADMIN_TOKEN=$(DEV_TOKEN) $(BIN)/flashsale-gateway serve --demo
+	GATEWAY_ADMIN_TOKEN='$(GATEWAY_ADMIN_TOKEN)' GATEWAY_ADMISSION_SECRET='$(GATEWAY_ADMISSION_SECRET)' \
+		exec $(BIN)/flashsale-gateway serve --demo
 
 lint: $(STAMP)
 	$(BIN)/ruff check gateway tests loadtests
@@ -47,7 +70,7 @@ check: lint typecheck
 chaos: $(STAMP) services
 	$(BIN)/pytest -q -p no:cacheprovider tests/chaos
 
-audit: $(STAMP) services
+audit: $(BASE) services
 	$(BIN)/flashsale-gateway audit $(if $(SKU),--sku $(SKU))
 
 bench: $(STAMP) services

@@ -17,6 +17,7 @@ from gateway.domain import StockReport
 from gateway.errors import UnknownSku
 from gateway.inventory import Inventory
 from gateway.orders import Orders
+from gateway.servable import Servability
 from gateway.skulocks import SkuLocks
 from gateway.soldout import SoldOut
 from gateway.strategies import REDIS_FREE
@@ -33,8 +34,10 @@ class StockAdmin:
         locks: SkuLocks,
         catalog: Catalog,
         soldout: SoldOut,
+        servability: Servability,
     ) -> None:
         self._inventory = inventory
+        self._servability = servability
         self._orders = orders
         self._locks = locks
         self._catalog = catalog
@@ -47,8 +50,10 @@ class StockAdmin:
         others: ``PUT`` gives them all and creates a missing sku (``create``),
         ``PATCH`` the ones it changes. Orders stay. Returns the API's answer and
         what changed, each field set as ``[before, after]`` (before None for a
-        sku created now). Raises :class:`UnknownSku` (without ``create``) and
-        :class:`InvalidRequest` for a window that would end before it starts."""
+        sku created now). Raises :class:`UnknownSku` (without ``create``),
+        :class:`InvalidRequest` for a window that would end before it starts and
+        :class:`NotConfigured` for a waiting room this instance could not serve."""
+        self._servability.check(fields.get("waiting_room"))
         redis_stock: int | None = None
         async with self._locks.held(sku):
             changed = await self._orders.change_sku(sku, fields, create=create)

@@ -35,6 +35,7 @@ from gateway.appkeys import (
     PURCHASES,
     RECONCILER,
     REDIS,
+    SERVABILITY,
     SETTINGS,
     STOPPING,
     TRACKER,
@@ -60,6 +61,7 @@ from gateway.purchases import Purchases
 from gateway.reconciler import Reconciler
 from gateway.resources import database_ctx, patiently, redis_ctx, zookeeper_ctx
 from gateway.salegate import SaleGate
+from gateway.servable import Servability
 from gateway.settings import Settings
 from gateway.skulocks import sku_locks
 from gateway.soldout import SoldOut
@@ -133,12 +135,15 @@ async def service_ctx(app: web.Application) -> AsyncIterator[None]:
         signer=signer,
         observer=metrics,
     )
+    app[SERVABILITY] = servability = Servability(settings, orders)
+    await servability.report()
     app[ADMIN] = StockAdmin(
         inventory=inventory,
         orders=orders,
         locks=locks,
         catalog=catalog,
         soldout=soldout,
+        servability=servability,
     )
     app[RECONCILER] = reconciler = Reconciler(
         inventory=inventory,
@@ -266,7 +271,8 @@ def create_app(settings: Settings) -> web.Application:
     proxies = TrustedProxies(parse_networks(settings.trusted_proxies))
     answers = AnswerLog(metrics.stats)
     answer = answering(proxies, metrics, answers, timed=settings.metrics)
-    app = web.Application(middlewares=[gateway_middleware(answer)], client_max_size=MAX_BODY)
+    middleware = gateway_middleware(answer, views.QUERIES)
+    app = web.Application(middlewares=[middleware], client_max_size=MAX_BODY)
     app[ANSWER] = answer
     app[SETTINGS] = settings
     app[METRICS] = metrics

@@ -19,6 +19,7 @@ from gateway.orders import Orders
 from gateway.overload import AnswerLog
 from gateway.purchases import Purchases
 from gateway.reconciler import Reconciler
+from gateway.servable import Servability
 from gateway.settings import Settings
 from gateway.tracking import OrderTracker
 from gateway.waitpage import WaitingPage
@@ -45,6 +46,8 @@ OUTCOME = web.ResponseKey("outcome", str)
 # Waiting rooms in front of the purchases, and the admin tokens (with their file).
 ADMISSIONS = web.AppKey("admissions", Admissions)
 ADMIN_TOKENS = web.AppKey("admin_tokens", AdminTokens)
+# The configured skus this instance could not serve (GET /readyz).
+SERVABILITY = web.AppKey("servability", Servability)
 # What became of a request id (GET /v1/orders/{request_id}).
 TRACKER = web.AppKey("tracker", OrderTracker)
 # The ZooKeeper session of the flush locks (None unless GATEWAY_FLUSH_LOCK=zookeeper).

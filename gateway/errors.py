@@ -81,6 +81,14 @@ class IdempotencyMismatch(GatewayError):
         )
 
 
+class NotConfigured(GatewayError):
+    """A sku configuration this instance could not serve: a setting it needs is
+    missing (see gateway.servable). Refused when configured, not when used."""
+
+    status = 422
+    code = "not_configured"
+
+
 class MethodNotAllowed(GatewayError):
     """The route exists but not with this method."""
 

@@ -8,7 +8,7 @@ written, see gateway.clients).
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 
 import orjson
 import structlog
@@ -18,7 +18,14 @@ from redis.exceptions import RedisError
 
 from gateway.appkeys import OUTCOME
 from gateway.clients import TrustedProxies, bind_request
-from gateway.errors import GatewayError, MethodNotAllowed, NotFound, TooLarge, Unavailable
+from gateway.errors import (
+    GatewayError,
+    InvalidRequest,
+    MethodNotAllowed,
+    NotFound,
+    TooLarge,
+    Unavailable,
+)
 from gateway.lock import LockError, closed_under_write
 from gateway.metrics import Metrics
 from gateway.orders import DB_ERRORS
@@ -138,11 +145,27 @@ def answering(
     return timing if timed else untimed
 
 
-def gateway_middleware(answer: Answer) -> Middleware:
-    """The one middleware of every route the router serves (see :func:`answering`)."""
+def gateway_middleware(answer: Answer, queries: Mapping[str, frozenset[str]]) -> Middleware:
+    """The one middleware of every route the router serves (see :func:`answering`).
+
+    ``queries`` are the query parameters each route (by its canonical path)
+    takes: any other is a 400, as an unknown body field is. The purchase lane
+    serves no query string, so its requests pay nothing for this."""
+    nothing: frozenset[str] = frozenset()
 
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if (
+            request.query_string
+            and request.match_info.route.resource is not None
+            and not request.query.keys() <= queries.get(_route(request), nothing)
+        ):
+            handler = _unknown_query
         return await answer(request, handler, None)
 
     return middleware
+
+
+async def _unknown_query(request: web.Request) -> web.StreamResponse:
+    """The handler of a request with a query parameter its route does not take."""
+    raise InvalidRequest(f"unknown query parameters: {', '.join(sorted(set(request.query)))}")

@@ -47,6 +47,7 @@ from gateway.statements import (
     SKU_ORDERS,
     SKU_STOCK,
     UNITS_SOLD,
+    WAITING_ROOM_SKUS,
 )
 
 DB_ERRORS = (
@@ -166,6 +167,13 @@ class Orders:
         """Every sku in the inventory."""
         try:
             return [r["sku"] for r in await self.pool.fetch(ALL_SKUS)]
+        except DB_ERRORS as exc:
+            raise PostgresUnavailable(_cause(exc)) from exc
+
+    async def waiting_room_skus(self, limit: int) -> list[str]:
+        """The first ``limit`` skus (by name) that have a waiting room."""
+        try:
+            return [r["sku"] for r in await self.pool.fetch(WAITING_ROOM_SKUS, limit)]
         except DB_ERRORS as exc:
             raise PostgresUnavailable(_cause(exc)) from exc
 

@@ -20,6 +20,8 @@ from gateway.rules import OFF, Rate, parse_instant, parse_rate
 
 ID_PATTERN = re.compile(r"[A-Za-z0-9._:-]{1,64}")
 MAX_BODY = 4096
+# The longest Admission-Token header the schema allows (a token is about 80).
+MAX_ADMISSION_TOKEN = 160
 # Stock and quantities stay far inside PostgreSQL's bigint and Lua's doubles.
 MAX_INT = 2**50
 MAX_LIMIT = 2**31 - 1
@@ -108,6 +110,16 @@ def idempotency_key(header: str | None) -> str | None:
     if len(header) >= 2 and header[0] == header[-1] == '"':
         header = header[1:-1]
     return identifier(header, "Idempotency-Key")
+
+
+def admission_token(header: str | None) -> str | None:
+    """The ``Admission-Token`` header, checked against the schema on every
+    purchase, whether or not the sku has a waiting room: a header that breaks
+    the published contract is refused, never ignored. Raises
+    :class:`InvalidRequest`."""
+    if header is not None and len(header) > MAX_ADMISSION_TOKEN:
+        raise InvalidRequest(f"Admission-Token must be at most {MAX_ADMISSION_TOKEN} characters")
+    return header
 
 
 def purchase(body: bytes, header: str | None) -> Purchase:

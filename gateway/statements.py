@@ -46,6 +46,10 @@ FROM inventory WHERE sku = $1
 LOCK_SKU_SETTINGS = SKU_INFO.rstrip() + " FOR UPDATE\n"
 SKU_STOCK = "SELECT stock FROM inventory WHERE sku = $1"
 ALL_SKUS = "SELECT sku FROM inventory ORDER BY sku"
+# Skus sold through a waiting room (gateway.servable: they need an admission secret).
+WAITING_ROOM_SKUS = """
+SELECT sku FROM inventory WHERE room_admit_per_s IS NOT NULL ORDER BY sku LIMIT $1
+"""
 ORDERS_BY_REQUESTS = """
 SELECT order_id::text, request_id, sku, user_id, qty FROM orders
 WHERE request_id = ANY($1::text[])

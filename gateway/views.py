@@ -18,6 +18,7 @@ from gateway.appkeys import (
     ORDERS,
     OUTCOME,
     PURCHASES,
+    SERVABILITY,
     STOPPING,
     TRACKER,
     WAITING_PAGE,
@@ -118,13 +119,15 @@ async def buy(
     to them, since a request it serves has no matched route (and so no
     ``request.app``)."""
     body = await read_body(request)
-    p = payloads.purchase(body, request.headers.get("Idempotency-Key"))
+    headers = request.headers
+    p = payloads.purchase(body, headers.get("Idempotency-Key"))
+    # Checked whatever the sku does with it (tests/e2e/test_contract.py).
+    token = payloads.admission_token(headers.get("Admission-Token"))
     if admissions.open_door(p.sku):
         # The client address is worked out only if a client rate limit applies:
         # nothing is parsed or allocated for it on the sold-out path.
         result = await purchases.purchase(p, current_client)
     else:
-        token = request.headers.get("Admission-Token")
         result = await admissions.purchase(p, token, current_client)
     return purchase_answer(request, result)
 
@@ -200,12 +203,17 @@ async def healthz(request: web.Request) -> web.Response:
 
 async def readyz(request: web.Request) -> web.Response:
     """GET /readyz: 200 while Redis and PostgreSQL answer and no stop has begun
-    (``draining`` covers the lame duck too: purchases are still served then)."""
-    redis_ok = await request.app[INVENTORY].ping()
-    db_ok = await request.app[ORDERS].ping()
-    draining = request.app[STOPPING].is_set() or request.app[BATCHER].closing
+    (``draining`` covers the lame duck too: purchases are still served then).
+    ``unservable`` names the configured skus this instance cannot serve, and
+    why; they do not make it unready (see gateway.servable)."""
+    app = request.app
+    redis_ok = await app[INVENTORY].ping()
+    db_ok = await app[ORDERS].ping()
+    unservable = await app[SERVABILITY].unservable() if db_ok else {}
+    draining = app[STOPPING].is_set() or app[BATCHER].closing
     ready = redis_ok and db_ok and not draining
-    body = {"ready": ready, "redis": redis_ok, "postgres": db_ok, "draining": draining}
+    body: dict[str, Any] = {"ready": ready, "redis": redis_ok, "postgres": db_ok}
+    body.update(draining=draining, unservable=unservable)
     return json_response(body, status=200 if ready else 503)
 
 
@@ -213,6 +221,13 @@ async def metrics(request: web.Request) -> web.Response:
     """GET /metrics: Prometheus text exposition."""
     body = request.app[METRICS].render()
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
+
+
+# The query parameters each route takes (by its path); the others take none.
+QUERIES = {
+    "/v1/orders/{request_id}": frozenset({"wait"}),
+    "/wait/{sku}": frozenset({"user_id", "return_to"}),
+}
 
 
 def routes(with_metrics: bool) -> list[web.RouteDef]:

@@ -97,7 +97,7 @@ class TestPatch:
         """A sku with a window, a waiting room, a rate, a limit and a strategy
         gets new stock by PATCH: every other field is as it was; a PATCH can
         also clear one field (``null``) and switch the strategy."""
-        client = await start_gateway()
+        client = await start_gateway(admission_secret="patch-test-admission-secret")
         full = {
             "stock": 3,
             "per_user_limit": 2,

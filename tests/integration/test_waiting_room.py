@@ -212,10 +212,10 @@ class TestTokens:
     async def test_without_a_secret_the_room_is_unavailable(
         self, start_gateway: Any, sku: str
     ) -> None:
-        """An instance without GATEWAY_ADMISSION_SECRET answers 503 for a room's sku,
-        never lets anyone buy without a token."""
+        """An instance without GATEWAY_ADMISSION_SECRET answers 503 for a room's sku
+        put through another instance, never lets anyone buy without a token."""
+        await put_room_sku(await start_gateway(admission_secret=SECRET), sku, 5)
         client = await start_gateway()
-        await put_room_sku(client, sku, 5)
         resp = await client.post(f"/v1/queue/{sku}", json={"user_id": "u"})
         assert (resp.status, (await resp.json())["error"]) == (503, "unavailable")
         assert (await buy_with(client, sku, "u", "t.1.x", "r1"))[0] == 503

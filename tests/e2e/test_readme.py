@@ -1,0 +1,114 @@
+"""The README's API examples, run as pasted against a gateway started by ``make run``.
+
+Every fenced ``sh`` block of the README's "HTTP API v1" section is run by bash,
+each ``curl`` preceded by a ``# expect NNN`` line naming the status it must
+get. ``make run`` itself starts the gateway (its admin token, admission secret
+and demo sku), on this test's port, database and key prefix; nothing else is
+configured, so what the README shows is what a newcomer gets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+from collections.abc import AsyncIterator
+
+import aiohttp
+import pytest
+
+from tests.support.gateways import REPO
+from tests.support.polling import GaveUp, wait_for
+from tests.support.ports import HOST, free_port
+from tests.support.processes import Child, make_tmp, remove_tmp, tail
+from tests.support.services import REDIS_URL, create_database, drop_database
+
+README_URL = "http://127.0.0.1:8080"
+EXPECT = re.compile(r"^# expect (\d{3})\b", re.M)
+# A line that runs curl (not a comment).
+CURL = re.compile(r"^(?!\s*#).*\bcurl\s", re.M)
+# curl writes each answer's status to stderr; the body still goes to stdout.
+PRELUDE = "curl() { command curl -w '%{stderr}status %{http_code}\\n' \"$@\"; }\n"
+
+
+def api_blocks() -> list[str]:
+    """The fenced sh blocks of the README's "HTTP API v1" section."""
+    text = (REPO / "README.md").read_text()
+    start = text.index("## HTTP API v1")
+    end = text.find("\n## ", start + 1)
+    section = text[start : end if end != -1 else len(text)]
+    return re.findall(r"```sh\n(.*?)```", section, re.S)
+
+
+def test_every_curl_has_an_expected_status() -> None:
+    """Each curl of the API section is announced by one ``# expect`` line, so
+    none goes unchecked."""
+    blocks = api_blocks()
+    assert blocks, "no sh block in the README's API section"
+    for block in blocks:
+        assert len(EXPECT.findall(block)) == len(CURL.findall(block)), block
+
+
+@pytest.fixture
+async def make_run_url(run_id: str) -> AsyncIterator[str]:
+    """``make run``'s gateway, on a free port, a fresh database and its own key
+    prefix; the admin token and admission secret are the Makefile's own."""
+    name = f"flashsale_readme_{run_id}"
+    database_url = await create_database(name)
+    port, tmp = free_port(), make_tmp("readme")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")}
+    env.update(
+        GATEWAY_PORT=str(port),
+        GATEWAY_HOST=HOST,
+        GATEWAY_DATABASE_URL=database_url,
+        GATEWAY_REDIS_URL=REDIS_URL,
+        GATEWAY_KEY_PREFIX=f"readme{run_id}",
+        MAKEFLAGS="",
+    )
+    # make passes SIGTERM on to the gateway it runs, which then stops gracefully.
+    child = Child(["make", "-s", "run"], tmp / "make-run.log", cwd=REPO, env=env)
+    child.spawn()
+    url = f"http://{HOST}:{port}"
+    try:
+        await _ready(child, url)
+        yield url
+    finally:
+        await child.stop(signal.SIGTERM, within=20)
+        remove_tmp(tmp)
+        await drop_database(name)
+
+
+async def _ready(child: Child, url: str) -> None:
+    """Wait for /readyz 200; fails at once, with make's output, if make exits."""
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=1)) as http:
+
+        async def ready() -> bool:
+            if not child.running:
+                raise GaveUp(f"make run exited:\n{tail(child.log_path)}")
+            async with http.get(f"{url}/readyz") as response:
+                return response.status == 200
+
+        await wait_for(ready, within=90, what="make run's /readyz")
+
+
+async def test_readme_examples_answer_as_documented(make_run_url: str) -> None:
+    """Every curl of the API section gets the status its ``# expect`` line says,
+    run in order, as pasted, against ``make run``'s gateway."""
+    for block in api_blocks():
+        script = PRELUDE + block.replace(README_URL, make_run_url)
+        proc = await asyncio.create_subprocess_exec(
+            "bash",
+            "-c",
+            script,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        out, err = await asyncio.wait_for(proc.communicate(), timeout=60)
+        got = re.findall(r"^status (\d{3})$", err.decode(), re.M)
+        expected = EXPECT.findall(block)
+        steps = list(zip(expected, got, strict=False))
+        assert got == expected, (
+            f"README example statuses differ (expected, got): {steps}\n"
+            f"stdout:\n{out.decode()}\nstderr:\n{err.decode()}"
+        )

@@ -1,0 +1,101 @@
+"""Every answer the gateway can give is in the published schema (docs/openapi.yaml).
+
+The error classes of ``gateway.errors`` are walked, not listed: a new class
+whose code or status the schema lacks fails here before a schema fuzzer finds
+it (issue 20: ``idempotency_mismatch`` answered, and missing from the schema).
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Any
+
+import yaml
+
+from gateway import guard
+from gateway.errors import GatewayError, MethodNotAllowed
+from tests.support.gateways import REPO
+
+PURCHASE = ("/v1/purchase", "post")
+
+
+@cache
+def schema() -> dict[str, Any]:
+    """The published schema."""
+    loaded: dict[str, Any] = yaml.safe_load((REPO / "docs" / "openapi.yaml").read_text())
+    return loaded
+
+
+def error_classes() -> list[type[GatewayError]]:
+    """GatewayError and every subclass, however deep."""
+    found: list[type[GatewayError]] = []
+    todo = [GatewayError]
+    while todo:
+        cls = todo.pop()
+        found.append(cls)
+        todo.extend(cls.__subclasses__())
+    return found
+
+
+def answers_with_status(cls: type[GatewayError]) -> bool:
+    """Whether the class answers ``{"status": code}`` (an outcome such as
+    ``not_started``) rather than ``{"error": code}``."""
+    return any("body" in vars(k) for k in cls.__mro__ if k is not GatewayError)
+
+
+def component(name: str) -> dict[str, Any]:
+    found: dict[str, Any] = schema()["components"]["schemas"][name]
+    return found
+
+
+def responses(path: str, method: str) -> dict[str, Any]:
+    """An operation's responses, each ``$ref`` resolved."""
+    shared = schema()["components"]["responses"]
+    raw = schema()["paths"][path][method]["responses"]
+    return {
+        status: shared[r["$ref"].rsplit("/", 1)[1]] if "$ref" in r else r
+        for status, r in raw.items()
+    }
+
+
+def test_every_error_code_is_in_the_schema() -> None:
+    """Each class's code is in the Error enum, or, for an outcome answered with
+    ``status``, in NotConfirmed's."""
+    errors = set(component("Error")["properties"]["error"]["enum"])
+    statuses = set(component("NotConfirmed")["properties"]["status"]["enum"])
+    classes = error_classes()
+    assert len(classes) > 20, "the walk found too few classes"
+    missing = [
+        (cls.__name__, cls.code)
+        for cls in classes
+        if cls.code not in (statuses if answers_with_status(cls) else errors)
+    ]
+    assert missing == []
+
+
+def test_the_guards_own_codes_are_in_the_schema() -> None:
+    """The codes the connection guard answers with before any handler runs."""
+    errors = set(component("Error")["properties"]["error"]["enum"])
+    assert set(guard._CODES.values()) <= errors
+
+
+def test_every_error_status_is_answered_somewhere() -> None:
+    """Each class's HTTP status is a documented response of some operation (405
+    belongs to no operation: the schema's description covers it)."""
+    documented = {
+        int(status)
+        for operations in schema()["paths"].values()
+        for operation in operations.values()
+        for status in operation["responses"]
+    }
+    statuses = {cls.status for cls in error_classes() if cls is not MethodNotAllowed}
+    assert statuses <= documented
+    assert "wrong methods 405 `method_not_allowed`" in schema()["info"]["description"]
+
+
+def test_retry_after_is_documented_where_it_is_sent() -> None:
+    """A purchase's 409 (in_progress, not_started), 429 and 503 carry Retry-After,
+    and the schema says so."""
+    answers = responses(*PURCHASE)
+    for status in ("409", "429", "503"):
+        assert "Retry-After" in answers[status].get("headers", {}), status
