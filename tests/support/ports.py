@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 import socket
 
@@ -11,6 +12,20 @@ Address = tuple[str, int]
 # Ports handed out are drawn below Linux's ephemeral range (32768-60999), so
 # an outgoing connection cannot take a server's port while it is restarting.
 PORT_RANGE = (20000, 32000)
+
+
+def _own_range() -> tuple[int, int]:
+    """This process's share of PORT_RANGE: under pytest-xdist each worker draws from
+    its own slice (PYTEST_XDIST_WORKER gw0, gw1, ...), so two workers can never
+    both find a port free and start servers on it."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if not worker.startswith("gw") or count <= 1:
+        return PORT_RANGE
+    low, high = PORT_RANGE
+    width = (high - low) // count
+    start = low + int(worker[2:]) * width
+    return start, start + width
 
 _HANDED_OUT: set[int] = set()
 
@@ -22,7 +37,7 @@ def free_port() -> int:
         RuntimeError: no free port found after 200 tries.
     """
     for _ in range(200):
-        port = random.randrange(*PORT_RANGE)
+        port = random.randrange(*_own_range())
         if port in _HANDED_OUT:
             continue
         with socket.socket() as probe:
