@@ -11,12 +11,15 @@ as a test, with the checks that came with their fixes.
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from typing import Any
 
+import pytest
 import structlog
 
 from tests.support.purchases import ADMIN_HEADERS, buy, put_sku
 from tests.support.rooms import SECRET
+from tests.support.services import create_database, drop_database
 from tests.unit.test_error_codes import component
 
 ROOM = {"admit_per_s": 10, "token_ttl_s": 60}
@@ -99,18 +102,28 @@ async def test_a_waiting_room_is_refused_without_an_admission_secret(
     assert resp.status == 200
 
 
+@pytest.fixture
+async def own_database(run_id: str) -> AsyncIterator[str]:
+    """A database of this test's own, dropped after its gateways closed (set up
+    before them): the start-up report names at most 20 skus, and the session's
+    database holds the waiting rooms of every other test."""
+    name = f"flashsale_test_{run_id}_unservable"
+    yield await create_database(name)
+    await drop_database(name)
+
+
 async def test_an_instance_without_secret_reports_its_waiting_rooms(
-    start_gateway: Any, sku: str
+    own_database: str, start_gateway: Any, sku: str
 ) -> None:
     """A waiting-room sku put through an instance with the secret, then an
     instance without one: it logs sku_unservable at start-up, stays ready, and
     /readyz names the sku and why; its buyers get 503 with the reason."""
-    with_secret = await start_gateway(admission_secret=SECRET)
+    with_secret = await start_gateway(admission_secret=SECRET, database_url=own_database)
     body = {"stock": 10, "waiting_room": ROOM}
     resp = await with_secret.put(f"/admin/skus/{sku}", json=body, headers=ADMIN_HEADERS)
     assert resp.status == 200
     with structlog.testing.capture_logs() as logs:
-        without = await start_gateway(admission_secret=None)
+        without = await start_gateway(admission_secret=None, database_url=own_database)
     errors = [e for e in logs if e["event"] == "sku_unservable" and e["sku"] == sku]
     assert errors and errors[0]["log_level"] == "error"
     assert "GATEWAY_ADMISSION_SECRET" in errors[0]["reason"]

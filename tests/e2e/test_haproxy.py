@@ -153,9 +153,10 @@ class TestRetryOn503:
         gw1 = cluster[0]
         sku = f"room-{cluster.key_prefix}"
         room = {"admit_per_s": 100, "token_ttl_s": 60}
-        await cluster.admin("PUT", f"/admin/skus/{sku}", {"stock": 10, "waiting_room": room})
         await _restart(gw1, "gw1", proxy, admission_secret=SECRET)
         try:
+            # Through gw1: an instance without the secret refuses to configure a room.
+            await cluster.admin("PUT", f"/admin/skus/{sku}", {"stock": 10, "waiting_room": room})
             before, refused_before = await proxy.stats(), await _unavailable(cluster[1].url)
             answers = []
             async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=20)) as http:

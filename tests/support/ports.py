@@ -27,6 +27,7 @@ def _own_range() -> tuple[int, int]:
     start = low + int(worker[2:]) * width
     return start, start + width
 
+
 _HANDED_OUT: set[int] = set()
 
 
