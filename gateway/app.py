@@ -55,6 +55,7 @@ from gateway.orders import Orders
 from gateway.overload import AnswerLog
 from gateway.payloads import MAX_BODY
 from gateway.purchases import Purchases
+from gateway.rebuilds import Rebuilds
 from gateway.reconciler import Reconciler
 from gateway.resources import database_ctx, patiently, redis_ctx, zookeeper_ctx
 from gateway.settings import Settings
@@ -101,6 +102,7 @@ async def service_ctx(app: web.Application) -> AsyncIterator[None]:
         on_idle=flusher.idle,
     )
     app[INVENTORY], app[BATCHER] = inventory, batcher
+    rebuilds = Rebuilds(inventory, orders, metrics)
     streams = Streams(redis, settings)
     app[TRACKER] = OrderTracker(orders=orders, streams=streams)
     app[PURCHASES] = Purchases(
@@ -110,6 +112,7 @@ async def service_ctx(app: web.Application) -> AsyncIterator[None]:
         orders=orders,
         batcher=batcher,
         flusher=flusher,
+        rebuilds=rebuilds,
         observer=metrics,
         streams=streams,
         deductions=deductions,
@@ -134,6 +137,7 @@ async def service_ctx(app: web.Application) -> AsyncIterator[None]:
         locks=locks,
         catalog=catalog,
         soldout=soldout,
+        rebuilds=rebuilds,
     )
     app[RECONCILER] = reconciler = Reconciler(
         inventory=inventory,
@@ -159,6 +163,7 @@ async def service_ctx(app: web.Application) -> AsyncIterator[None]:
         tasks.append(asyncio.create_task(writer.run(), name="queue-writer"))
     yield
     await batcher.close()
+    await rebuilds.close()
     await subscriber.aclose()
     await _stop(tasks)
 

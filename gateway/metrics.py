@@ -103,6 +103,16 @@ class Metrics:
             "Time those passes took, in the background (HSCAN round trips and hashing).",
             registry=r,
         )
+        self.rebuilds = Counter(
+            "flashsale_sale_rebuilds",
+            "Skus whose buyers and done hashes this instance wrote back from the order rows.",
+            registry=r,
+        )
+        self.rebuild_seconds = Counter(
+            "flashsale_sale_rebuild_seconds",
+            "Time those rebuilds took, in the background (paced, see gateway.rebuilds).",
+            registry=r,
+        )
         self.noscript = Counter(
             "flashsale_noscript_reloads", "Scripts reloaded after NOSCRIPT.", ["script"], registry=r
         )
@@ -187,6 +197,11 @@ class Metrics:
     def stock_reloaded(self) -> None:
         """A missing stock key was loaded from the database."""
         self.reloads.inc()
+
+    def rebuilt(self, orders: int, seconds: float) -> None:
+        """A sku's buyers and done hashes were rebuilt from ``orders`` order rows."""
+        self.rebuilds.inc()
+        self.rebuild_seconds.inc(seconds)
 
     def confirmed_ids_built(self, count: int, seconds: float) -> None:
         """A sold-out sku's replay filter was built over ``count`` confirmed orders."""

@@ -9,7 +9,7 @@ flush's own SQLSTATEs its typed errors.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import asyncpg
@@ -35,15 +35,18 @@ from gateway.statements import (
     DATABASE_OID,
     FLUSH_BATCH,
     LOCK_INVENTORY_ROW,
+    ORDER_COUNT,
+    ORDER_PAGE,
     ORDERS_BY_REQUESTS,
+    PRIOR_ORDERS,
     RECORD_MOVEMENT,
     RECORD_RELEASED,
+    REQUEST_ID_PAGE,
     RESTOCK,
     SET_SALE_RULES,
     SET_SKU,
     SET_WAITING_ROOM,
     SKU_INFO,
-    SKU_ORDERS,
     SKU_STOCK,
     UNITS_SOLD,
 )
@@ -56,6 +59,10 @@ DB_ERRORS = (
     OSError,
     TimeoutError,
 )
+
+
+# Request ids read per round trip when a filter is built from the order rows.
+ID_PAGE = 5000
 
 
 def _cause(exc: BaseException) -> str:
@@ -195,12 +202,43 @@ class Orders:
             raise PostgresUnavailable(_cause(exc)) from exc
         return {r["request_id"]: _order(r) for r in rows}
 
-    async def sku_orders(self, sku: str) -> list[Order]:
-        """Every order of a sku."""
+    async def prior(self, sku: str, request_id: str, user_id: str) -> tuple[Order | None, bool]:
+        """The order ``request_id`` made, if any, and whether ``user_id`` holds an
+        order of ``sku``: one read of two unique indexes."""
         try:
-            return [_order(r) for r in await self.pool.fetch(SKU_ORDERS, sku)]
+            rows = await self.pool.fetch(PRIOR_ORDERS, request_id, sku, user_id)
         except DB_ERRORS as exc:
             raise PostgresUnavailable(_cause(exc)) from exc
+        found = [_order(r) for r in rows]
+        made = next((o for o in found if o.request_id == request_id), None)
+        return made, any(o.sku == sku and o.user_id == user_id for o in found)
+
+    async def order_page(self, sku: str, after_user: str, limit: int) -> list[tuple[str, str, str]]:
+        """Up to ``limit`` orders of ``sku`` whose buyer sorts after ``after_user``,
+        in buyer order, as ``(request_id, done record, user_id)``."""
+        try:
+            rows = await self.pool.fetch(ORDER_PAGE, sku, after_user, limit)
+        except DB_ERRORS as exc:
+            raise PostgresUnavailable(_cause(exc)) from exc
+        return [(r[0], r[1], r[2]) for r in rows]
+
+    async def order_count(self, sku: str) -> int:
+        """How many orders ``sku`` has."""
+        value: int = await self._fetchval(ORDER_COUNT, sku)
+        return value
+
+    async def request_ids(self, sku: str, page: int = ID_PAGE) -> AsyncIterator[list[str]]:
+        """The request ids of a sku's orders, a page (one read) at a time."""
+        after = ""
+        while True:
+            try:
+                rows = await self.pool.fetch(REQUEST_ID_PAGE, sku, after, page)
+            except DB_ERRORS as exc:
+                raise PostgresUnavailable(_cause(exc)) from exc
+            yield [r[1] for r in rows]
+            if len(rows) < page:
+                return
+            after = rows[-1][0]
 
     async def put_sku(
         self,

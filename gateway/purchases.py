@@ -3,7 +3,10 @@
 A request walks: the catalog (the sku exists, the quantity is allowed), the
 in-process sold-out mark, ``reserve.lua`` in Redis (``Inventory.reserve``), then
 the batcher, whose flusher commits it in PostgreSQL. A stock key Redis lost is
-reloaded from PostgreSQL once for all the requests that find it missing.
+reloaded from PostgreSQL once for all the requests that find it missing: one
+read of the sku's stock. Its buyers and done hashes are rebuilt in the
+background (``gateway.rebuilds``); until then a purchase they do not know is
+checked against PostgreSQL's orders before it is reserved.
 
 That is the ``reserve-batch`` strategy. A sku on another strategy (its own, or
 ``GATEWAY_STRATEGY``) is handed to that strategy's :class:`Deduction` right
@@ -28,6 +31,7 @@ from gateway.domain import (
     DUPLICATE,
     IN_PROGRESS,
     SOLD_OUT,
+    Order,
     Outcome,
     Purchase,
     Result,
@@ -46,6 +50,7 @@ from gateway.errors import (
 from gateway.flusher import Flusher
 from gateway.inventory import Inventory
 from gateway.orders import Orders
+from gateway.rebuilds import Rebuilds
 from gateway.replies import Reply
 from gateway.rules import SaleRules
 from gateway.soldout import ConfirmedIds, SoldOut
@@ -80,6 +85,7 @@ class Purchases:
         orders: Orders,
         batcher: Batcher,
         flusher: Flusher,
+        rebuilds: Rebuilds,
         observer: PurchaseObserver | None = None,
         streams: Streams | None = None,
         deductions: Mapping[Strategy, Deduction] | None = None,
@@ -91,6 +97,7 @@ class Purchases:
         self._orders = orders
         self._batcher = batcher
         self._flusher = flusher
+        self._rebuilds = rebuilds
         self._observer = observer
         self._streams = streams
         # The strategies other than reserve-batch this gateway serves.
@@ -128,11 +135,9 @@ class Purchases:
         self._admit()
         generation = self._soldout.generation(purchase.sku)
         queued = strategy is Strategy.QUEUE
-        reserve = self._inventory.enqueue if queued else self._inventory.reserve
-        reply = await reserve(purchase, info, client)
-        if reply.kind == "missing":
-            await self._reload_once(purchase.sku)
-            reply = await reserve(purchase, info, client)
+        reply = await self._reserve(purchase, info, client, queued=queued)
+        if isinstance(reply, Result):
+            return reply
         if queued and reply.kind in ("ok", "in_progress", "busy"):
             return await self._queued(purchase, reply.kind)
         if reply.kind == "ok":
@@ -147,6 +152,30 @@ class Purchases:
         if reply.kind == "sold_out" and reply.settled:
             self._mark_in_background(purchase.sku, generation)
         return _answer(reply, purchase.request_id, info)
+
+    async def _reserve(
+        self,
+        purchase: Purchase,
+        info: SkuInfo,
+        client: Callable[[], str | None] | None,
+        *,
+        queued: bool,
+    ) -> Reply | Result:
+        """reserve.lua's (or enqueue.lua's) reply; a missing counter reloaded
+        first, and a purchase the rebuilding sku's hashes do not know checked
+        against PostgreSQL first (its answer, when it is a replay or a repeat
+        buyer)."""
+        reserve = self._inventory.enqueue if queued else self._inventory.reserve
+        reply = await reserve(purchase, info, client)
+        if reply.kind == "missing":
+            await self._reload_once(purchase.sku)
+            reply = await reserve(purchase, info, client)
+        if reply.kind != "unverified":
+            return reply
+        known = await self._verify(purchase, reply)
+        if known is not None:
+            return known
+        return await reserve(purchase, info, client, verified=True)
 
     async def available(self, sku: str) -> int:
         """Units left to reserve: Redis's count, else the database's (the only count
@@ -220,18 +249,26 @@ class Purchases:
     async def _replay(self, purchase: Purchase) -> Result:
         """A sold-out sku's answer to a request id its filter may hold: Redis's
         done hash, else the order rows (Redis lost or dropped the sale's state,
-        or the filter erred, about once in a thousand)."""
+        or is rebuilding it, or the filter erred, about once in a thousand)."""
         rid = purchase.request_id
         order = await self._inventory.confirmed_order(purchase.sku, rid)
         if order is None:
             order = await self._orders.order(rid)
         if order is None:
             return SOLD_OUT
-        if order.sku != purchase.sku:
-            raise IdempotencyMismatch(rid)
-        if (order.user_id, order.qty) != (purchase.user_id, purchase.qty):
-            raise IdempotencyMismatch(purchase.request_id)
-        return Result(Outcome.CONFIRMED, order)
+        return _replayed(order, purchase)
+
+    async def _verify(self, purchase: Purchase, reply: Reply) -> Result | None:
+        """While the sku's hashes are rebuilt, PostgreSQL tells a purchase they do
+        not know yet: a replay gets its order, a repeat buyer "duplicate"; None
+        for a new purchase, which may then be reserved. A rebuild whose holder
+        died is taken over here."""
+        if reply.orphaned:
+            self._rebuilds.ensure(purchase.sku)
+        made, bought = await self._orders.prior(purchase.sku, purchase.request_id, purchase.user_id)
+        if made is not None:
+            return _replayed(made, purchase)
+        return DUPLICATE if bought else None
 
     def _mark_in_background(self, sku: str, generation: tuple[int, int]) -> None:
         """Start building the sku's sold-out mark unless a build runs already."""
@@ -252,30 +289,46 @@ class Purchases:
 
     async def _mark_sold_out(self, sku: str, generation: tuple[int, int]) -> None:
         # The confirmed ids come along, so replays are told apart in-process;
-        # they are read again only when more orders were confirmed since.
-        count = await self._inventory.confirmed_count(sku)
+        # they are read again only when more orders were confirmed since. While
+        # the done hash is rebuilt they come from the order rows.
+        rebuilding = await self._inventory.rebuilding(sku)
+        if rebuilding:
+            count = await self._orders.order_count(sku)
+        else:
+            count = await self._inventory.confirmed_count(sku)
         confirmed = self._soldout.built(sku, count)
         if confirmed is None:
             started = time.perf_counter()
             confirmed = ConfirmedIds(count)
-            async for chunk in self._inventory.confirmed_ids(sku):
+            chunks = (
+                self._orders.request_ids(sku) if rebuilding else self._inventory.confirmed_ids(sku)
+            )
+            async for chunk in chunks:
                 confirmed.update(chunk)
             if self._observer is not None:
                 self._observer.confirmed_ids_built(count, time.perf_counter() - started)
         self._soldout.mark(sku, generation, confirmed)
 
     async def _reload(self, sku: str) -> None:
-        # Redis may have lost everything of the sku, not just the counter: put
-        # the committed orders back first, so replays and repeat buyers are
-        # answered from them once the counter reappears.
-        await self._inventory.restore_orders(sku, await self._orders.sku_orders(sku))
+        # Redis may have lost everything of the sku, not just the counter: the
+        # counter comes back flagged as rebuilding, so nothing trusts the hashes
+        # until the background rebuild wrote the committed orders back.
         stock = await self._orders.stock(sku)
         if stock is None:
             raise Unavailable("sku vanished")
         await self._inventory.load_stock(sku, stock, reset=False)
+        self._rebuilds.ensure(sku)
         if self._observer is not None:
             self._observer.stock_reloaded()
         log.warning("stock_reloaded", sku=sku, stock=stock)
+
+
+def _replayed(order: Order, purchase: Purchase) -> Result:
+    """The answer to a purchase whose request id made ``order``; raises
+    IdempotencyMismatch when it names another sku, buyer or qty."""
+    if (order.sku, order.user_id, order.qty) != (purchase.sku, purchase.user_id, purchase.qty):
+        raise IdempotencyMismatch(purchase.request_id)
+    return Result(Outcome.CONFIRMED, order)
 
 
 def _answer(reply: Reply, request_id: str, info: SkuInfo) -> Result:

@@ -16,6 +16,7 @@ ReplyKind = Literal[
     "mismatch",
     "in_progress",
     "missing",
+    "unverified",
     "duplicate",
     "sold_out",
     "not_started",
@@ -36,6 +37,8 @@ class Reply:
     reserved_at_ms: int = 0
     # "not_started", "rate_limited": how long until trying again makes sense.
     wait_ms: int = 0
+    # "unverified": nobody holds the sku's rebuild lease (its holder died).
+    orphaned: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +63,8 @@ _SIMPLE_KINDS: tuple[ReplyKind, ...] = (
 _SIMPLE: dict[str, Reply] = {kind: Reply(kind) for kind in _SIMPLE_KINDS}
 _SOLD_OUT = Reply("sold_out")
 _SOLD_OUT_SETTLED = Reply("sold_out", settled=True)
+_UNVERIFIED = Reply("unverified")
+_UNVERIFIED_ORPHANED = Reply("unverified", orphaned=True)
 
 
 def reply_of(raw: Any, purchase: Purchase) -> Reply:
@@ -72,6 +77,8 @@ def reply_of(raw: Any, purchase: Purchase) -> Reply:
     if kind == "confirmed":
         order = Order(raw[1], purchase.request_id, purchase.sku, raw[2], int(raw[3]))
         return Reply("confirmed", order)
+    if kind == "unverified":
+        return _UNVERIFIED_ORPHANED if int(raw[1]) == 1 else _UNVERIFIED
     if kind in ("not_started", "rate_limited"):
         return Reply(kind, wait_ms=int(raw[1]))
     return _SIMPLE[kind]

@@ -47,9 +47,24 @@ ORDERS_BY_REQUESTS = """
 SELECT order_id::text, request_id, sku, user_id, qty FROM orders
 WHERE request_id = ANY($1::text[])
 """
-SKU_ORDERS = """
-SELECT order_id::text, request_id, sku, user_id, qty FROM orders WHERE sku = $1
+# While a sku's Redis hashes are rebuilt: the order of a request id, and the
+# buyer's order of the sku (two unique indexes; at most two rows).
+PRIOR_ORDERS = """
+SELECT order_id::text, request_id, sku, user_id, qty FROM orders
+WHERE request_id = $1 OR (sku = $2 AND user_id = $3)
 """
+# One page of a sku's orders for a rebuild, in the (sku, user_id) unique index's
+# order after the last buyer of the page before: the request id, the done-hash
+# record of gateway.layout.encode_confirmed, and the buyer.
+ORDER_PAGE = """
+SELECT request_id, order_id::text || '|' || user_id || '|' || qty::text, user_id FROM orders
+WHERE sku = $1 AND user_id > $2 ORDER BY user_id LIMIT $3
+"""
+# The same pages, of buyer and request id only, for a sold-out sku's filter.
+REQUEST_ID_PAGE = """
+SELECT user_id, request_id FROM orders WHERE sku = $1 AND user_id > $2 ORDER BY user_id LIMIT $3
+"""
+ORDER_COUNT = "SELECT count(*) FROM orders WHERE sku = $1"
 UNITS_SOLD = "SELECT COALESCE(SUM(qty), 0) FROM orders WHERE sku = $1"
 # A new sku starts empty, so two concurrent creations both see the row (and
 # wait for its lock) and each records only its own difference.
