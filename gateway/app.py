@@ -49,6 +49,7 @@ from gateway.flusher import Flusher
 from gateway.inventory import Inventory
 from gateway.layout import channel
 from gateway.lock import LockSubscriber, load_lock_scripts
+from gateway.looplag import LoopLag
 from gateway.metrics import Metrics
 from gateway.middlewares import answering, gateway_middleware
 from gateway.orders import Orders
@@ -150,7 +151,9 @@ async def service_ctx(app: web.Application) -> AsyncIterator[None]:
         catalog=catalog,
     )
     feed = ChangeFeed(redis, channel(settings.key_prefix), soldout, catalog)
+    lag = LoopLag(metrics.loop_lagged, stall_report_s=settings.loop_stall_report_s)
     tasks = [
+        asyncio.create_task(lag.run(), name="loop-lag"),
         asyncio.create_task(feed.run(), name="change-feed"),
         asyncio.create_task(reconciler.run(), name="reconciler"),
         asyncio.create_task(_sample_queue(batcher, metrics), name="queue-sampler"),

@@ -45,12 +45,11 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 import asyncpg
-from redis.exceptions import RedisError
 
 from gateway.connections import create_redis
 from gateway.domain import Strategy
 from gateway.errors import GatewayError, Unavailable, UnknownSku
-from gateway.layout import SkuKeys, decode_pending
+from gateway.inventory import Inventory
 from gateway.settings import Settings
 from gateway.strategies import REDIS_FREE
 
@@ -201,35 +200,21 @@ async def _read_books(database_url: str, sku: str | None) -> list[asyncpg.Record
 
 
 async def _read_counters(settings: Settings, skus: Sequence[str]) -> list[tuple[int | None, int]]:
-    """(Redis stock or None, pending units) per sku, each pair read atomically."""
+    """(Redis stock or None, pending units) per sku, each pair read atomically
+    (the stock adapter's snapshot script)."""
     redis = create_redis(settings)
+    inventory = Inventory(redis, settings)
     counters = []
     try:
         for sku in skus:
-            keys = SkuKeys.of(settings.key_prefix, sku)
-            # MULTI/EXEC: a reservation moves units from stock to the ledger at
-            # once, so reading both in one transaction never sees half of it.
-            async with redis.pipeline(transaction=True) as pipe:
-                pipe.get(keys.stock)
-                pipe.hgetall(keys.pending)
-                stock, entries = await pipe.execute()
-            counters.append((None if stock is None else int(stock), _ledger_units(sku, entries)))
-    except RedisError as exc:
-        raise Unavailable(_one_line("redis", exc)) from exc
+            try:
+                stock, entries = await inventory.snapshot(sku)
+            except ValueError:
+                raise Unavailable(f"redis: a malformed ledger entry of sku {sku!r}") from None
+            counters.append((stock, sum(entry.qty for entry in entries)))
     finally:
         await redis.aclose()
     return counters
-
-
-def _ledger_units(sku: str, entries: dict[str, str]) -> int:
-    """Units held by the ledger entries (``gateway.layout``'s pending records)."""
-    total = 0
-    for rid, record in entries.items():
-        try:
-            total += decode_pending(rid, record).qty
-        except ValueError:
-            raise Unavailable(f"redis: malformed ledger entry {record!r} of sku {sku!r}") from None
-    return total
 
 
 def _one_line(store: str, exc: BaseException) -> str:

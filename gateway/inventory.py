@@ -61,6 +61,7 @@ class Inventory:
         self._settle = read_script("settle")
         self._load_stock = read_script("load_stock")
         self._rebuild = read_script("rebuild")
+        self._snapshot = read_script("snapshot")
         self._enqueue = read_composed("enqueue", "reserve")
         for script in self.scripts:
             script.on_reload = on_noscript
@@ -72,7 +73,14 @@ class Inventory:
     @property
     def scripts(self) -> tuple[Script, ...]:
         """The scripts this adapter calls."""
-        return (self._reserve, self._settle, self._load_stock, self._rebuild, self._enqueue)
+        return (
+            self._reserve,
+            self._settle,
+            self._load_stock,
+            self._rebuild,
+            self._enqueue,
+            self._snapshot,
+        )
 
     def keys(self, sku: str) -> SkuKeys:
         """The (cached) keys of a sku."""
@@ -225,12 +233,11 @@ class Inventory:
         return ledger(raw)
 
     async def snapshot(self, sku: str) -> tuple[int | None, list[Pending]]:
-        """Stock and ledger read in one MULTI, so no reservation falls between them."""
+        """Stock and ledger read in one script (snapshot.lua), so no reservation
+        falls between them."""
         keys = self.keys(sku)
-        pipe = self.redis.pipeline(transaction=True)
-        pipe.get(keys.stock)
-        pipe.hgetall(keys.pending)
-        stock, entries = await guarded(pipe.execute())
+        stock, flat = await self._call(self._snapshot, (keys.stock, keys.pending), ())
+        entries = dict(zip(flat[::2], flat[1::2], strict=True))
         return (None if stock is None else int(stock)), ledger(entries)
 
     async def confirmed_count(self, sku: str) -> int:

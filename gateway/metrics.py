@@ -59,6 +59,12 @@ class Metrics:
         else:
             self._shared = _SharedRequests(self.stats, r)
             self.request = self._shared.record
+        self.loop_lag = Histogram(
+            "flashsale_event_loop_lag_seconds",
+            "How late the event loop ran a timer due every 100 ms (gateway.looplag).",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
         self.flush_failures = Counter(
             "flashsale_flush_failures", "Flushes that failed, by reason.", ["reason"], registry=r
         )
@@ -183,6 +189,10 @@ class Metrics:
     def sample_queue(self, depth: int) -> None:
         """Record the current queue depth (sampled, not set on the hot path)."""
         self.queue_depth.set(depth)
+
+    def loop_lagged(self, seconds: float) -> None:
+        """The loop ran its lag timer ``seconds`` late."""
+        self.loop_lag.observe(seconds)
 
     # The service's observer.
     def flushed(self, size: int, seconds: float) -> None:

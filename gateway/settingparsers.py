@@ -137,6 +137,7 @@ PARSERS: Mapping[str, Callable[[str], Any]] = {
     "sale_retention_s": _float(1.0),
     "log_level": _choice("debug", "info", "warning", "error"),
     "metrics": _bool,
+    "loop_stall_report_s": _float(0.0),
     "workers": _int(1),
     "multiproc_dir": _text,
     "admin_token_file": _file,

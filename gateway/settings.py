@@ -64,6 +64,9 @@ class Settings:
     sale_retention_s: float = 86_400.0
     log_level: str = "info"
     metrics: bool = True
+    # A loop stalled this long gets its stack logged while still stuck
+    # (event_loop_stalled, gateway.looplag); 0: never.
+    loop_stall_report_s: float = 0.5
     # Worker processes sharing the port (SO_REUSEPORT), supervised by one parent.
     workers: int = 1
     # Set for workers by their supervisor (PROMETHEUS_MULTIPROC_DIR): where

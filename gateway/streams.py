@@ -135,10 +135,17 @@ class Streams:
         self, sku: str, entries: Sequence[Entry], rejected: Mapping[str, Verdict]
     ) -> None:
         """After the commit: record the refused purchases' verdicts, then
-        acknowledge and delete the entries, in one MULTI (one slot)."""
+        acknowledge and delete the entries, in one pipeline (one slot).
+
+        Order is what matters, not atomicity: Redis runs a connection's commands
+        in turn, so an entry is never acknowledged before its verdict is
+        recorded, and a pipeline cut short leaves the entries pending, to be
+        committed again (idempotently) by whoever claims them. No MULTI: on a
+        cluster redis-py's asyncio transaction pipeline blocks the event loop
+        (a thread with its own loop per command)."""
         key, rejections = stream_key(self._prefix, sku), rejected_key(self._prefix, sku)
         ids = [e.entry_id for e in entries]
-        pipe = self.redis.pipeline(transaction=True)
+        pipe = self.redis.pipeline(transaction=False)
         if rejected:
             pipe.hset(rejections, mapping={rid: v.value for rid, v in rejected.items()})
             pipe.pexpire(rejections, self._retention_ms)

@@ -1,0 +1,15 @@
+-- snapshot.lua: a sku's stock and its ledger, read at one moment.
+--
+-- Keys and record formats are gateway/layout.py's.
+--
+-- KEYS[1] stock, KEYS[2] pending (as in reserve.lua)
+-- No ARGV.
+--
+-- A reservation moves units from the stock key to the ledger in one script, so
+-- both read in one script never see half of it. This replaces a MULTI: on a
+-- Redis Cluster redis-py's asyncio transaction pipeline runs each queued
+-- command in a thread with its own event loop and joins it, blocking the
+-- caller's loop (and, after a failover, leaving the client bound to that
+-- thread's loop); a script is one EVALSHA on the slot's node.
+-- Returns {stock or nil when the key is missing, {request_id, record, ...}}.
+return {redis.call("GET", KEYS[1]), redis.call("HGETALL", KEYS[2])}
