@@ -33,8 +33,10 @@ redis.call("SET", KEYS[1], stock)
 for i = 1, 4 do
   redis.call("PEXPIRE", KEYS[i], ARGV[5])
 end
+-- A rebuild already under way wrote its pages into hashes that are gone now:
+-- its lease is taken from it, and the next holder starts over.
 local flagged = 0
-if missing and redis.call("EXISTS", KEYS[5]) == 0 then
+if missing then
   redis.call("SET", KEYS[5], "|0", "PX", ARGV[5])
   flagged = 1
 end
