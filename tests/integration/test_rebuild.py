@@ -23,7 +23,7 @@ from gateway.inventory import Inventory
 from gateway.layout import SkuKeys
 from gateway.settings import Settings
 from tests.support.polling import wait_for
-from tests.support.purchases import buy, db_state, put_sku
+from tests.support.purchases import buy, db_state, put_sku, redis_state
 
 BIG_SALE = 100_000
 # The lease of the instance the test plays: long enough never to run out by itself.
@@ -89,7 +89,7 @@ async def stall_rebuild(other: Inventory, sku: str, db_stock: int) -> None:
 
 async def held_by(redis: Redis, keys: SkuKeys) -> str | None:
     """Who holds the sku's rebuild lease (None: not rebuilding)."""
-    raw = await redis.get(keys.rebuild)
+    raw: bytes | None = await redis.get(keys.rebuild)
     return None if raw is None else raw.decode().partition("|")[0]
 
 
@@ -194,5 +194,4 @@ class TestInStockSaleLost:
 
         await take_over(client, redis, other, sku, keys)
         assert await redis.hlen(keys.done) == await redis.hlen(keys.buyers) == 30
-        assert int(await redis.get(keys.stock)) == 0
-        assert await redis.hlen(keys.pending) == 0
+        assert await redis_state(redis, key_prefix, sku) == (0, 0)
