@@ -90,7 +90,10 @@ async def stall_rebuild(other: Inventory, sku: str, db_stock: int) -> None:
 async def held_by(redis: Redis, keys: SkuKeys) -> str | None:
     """Who holds the sku's rebuild lease (None: not rebuilding)."""
     raw = await redis.get(keys.rebuild)
-    return None if raw is None else bytes(raw).decode().partition("|")[0]
+    if raw is None:
+        return None
+    text = raw.decode() if isinstance(raw, bytes) else raw
+    return text.partition("|")[0]
 
 
 async def take_over(client: Any, redis: Redis, other: Inventory, sku: str, keys: SkuKeys) -> None:
