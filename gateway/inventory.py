@@ -160,9 +160,8 @@ class Inventory:
     async def load_stock(self, sku: str, db_stock: int, *, reset: bool) -> int:
         """Set Redis stock from database stock minus the ledger (load_stock.lua).
 
-        With ``reset`` false only a missing key is set. Setting a missing key
-        flags the sku as rebuilding (see :meth:`take_rebuild`). Returns the stock now.
-        """
+        With ``reset`` false only a missing key is set; setting one flags the
+        sku as rebuilding (:meth:`take_rebuild`). Returns the stock now."""
         mode = "reset" if reset else "reload"
         args = (mode, db_stock, self._channel, sku, self._retention_ms)
         keys = self.keys(sku)
@@ -187,7 +186,7 @@ class Inventory:
         return await self._rebuild_step(sku, "write", token, lease_ms, [v for r in rows for v in r])
 
     async def finish_rebuild(self, sku: str, token: str) -> bool:
-        """End the rebuild ``token`` holds: reservations trust the hashes again."""
+        """End ``token``'s rebuild: reservations trust the hashes again."""
         return await self._rebuild_step(sku, "finish", token, 0)
 
     async def _rebuild_step(

@@ -109,15 +109,9 @@ class Metrics:
             "Time those passes took, in the background (HSCAN round trips and hashing).",
             registry=r,
         )
-        self.rebuilds = Counter(
-            "flashsale_sale_rebuilds",
-            "Skus whose buyers and done hashes this instance wrote back from the order rows.",
-            registry=r,
-        )
+        self.rebuilds = Counter("flashsale_sale_rebuilds", "Lost sales rebuilt here.", registry=r)
         self.rebuild_seconds = Counter(
-            "flashsale_sale_rebuild_seconds",
-            "Time those rebuilds took, in the background (paced, see gateway.rebuilds).",
-            registry=r,
+            "flashsale_sale_rebuild_seconds", "Time those rebuilds took (paced).", registry=r
         )
         self.noscript = Counter(
             "flashsale_noscript_reloads", "Scripts reloaded after NOSCRIPT.", ["script"], registry=r

@@ -60,9 +60,7 @@ DB_ERRORS = (
     TimeoutError,
 )
 
-
-# Request ids read per round trip when a filter is built from the order rows.
-ID_PAGE = 5000
+ID_PAGE = 5000  # request ids per read when a filter is built from the order rows
 
 
 def _cause(exc: BaseException) -> str:
@@ -203,38 +201,25 @@ class Orders:
         return {r["request_id"]: _order(r) for r in rows}
 
     async def prior(self, sku: str, request_id: str, user_id: str) -> tuple[Order | None, bool]:
-        """The order ``request_id`` made, if any, and whether ``user_id`` holds an
-        order of ``sku``: one read of two unique indexes."""
-        try:
-            rows = await self.pool.fetch(PRIOR_ORDERS, request_id, sku, user_id)
-        except DB_ERRORS as exc:
-            raise PostgresUnavailable(_cause(exc)) from exc
-        found = [_order(r) for r in rows]
+        """The order ``request_id`` made, if any, and whether ``user_id`` bought ``sku``."""
+        found = [_order(r) for r in await self._fetch(PRIOR_ORDERS, request_id, sku, user_id)]
         made = next((o for o in found if o.request_id == request_id), None)
         return made, any(o.sku == sku and o.user_id == user_id for o in found)
 
     async def order_page(self, sku: str, after_user: str, limit: int) -> list[tuple[str, str, str]]:
         """Up to ``limit`` orders of ``sku`` whose buyer sorts after ``after_user``,
         in buyer order, as ``(request_id, done record, user_id)``."""
-        try:
-            rows = await self.pool.fetch(ORDER_PAGE, sku, after_user, limit)
-        except DB_ERRORS as exc:
-            raise PostgresUnavailable(_cause(exc)) from exc
-        return [(r[0], r[1], r[2]) for r in rows]
+        return [(r[0], r[1], r[2]) for r in await self._fetch(ORDER_PAGE, sku, after_user, limit)]
 
     async def order_count(self, sku: str) -> int:
         """How many orders ``sku`` has."""
-        value: int = await self._fetchval(ORDER_COUNT, sku)
-        return value
+        return int(await self._fetchval(ORDER_COUNT, sku))
 
     async def request_ids(self, sku: str, page: int = ID_PAGE) -> AsyncIterator[list[str]]:
         """The request ids of a sku's orders, a page (one read) at a time."""
         after = ""
         while True:
-            try:
-                rows = await self.pool.fetch(REQUEST_ID_PAGE, sku, after, page)
-            except DB_ERRORS as exc:
-                raise PostgresUnavailable(_cause(exc)) from exc
+            rows = await self._fetch(REQUEST_ID_PAGE, sku, after, page)
             yield [r[1] for r in rows]
             if len(rows) < page:
                 return
@@ -296,6 +281,12 @@ class Orders:
             return bool(await self.pool.fetchval("SELECT 1", timeout=2))
         except DB_ERRORS:
             return False
+
+    async def _fetch(self, sql: str, *args: object) -> list[asyncpg.Record]:
+        try:
+            return await self.pool.fetch(sql, *args)
+        except DB_ERRORS as exc:
+            raise PostgresUnavailable(_cause(exc)) from exc
 
     async def _fetchval(self, sql: str, *args: object) -> Any:
         try:

@@ -3,10 +3,8 @@
 A request walks: the catalog (the sku exists, the quantity is allowed), the
 in-process sold-out mark, ``reserve.lua`` in Redis (``Inventory.reserve``), then
 the batcher, whose flusher commits it in PostgreSQL. A stock key Redis lost is
-reloaded from PostgreSQL once for all the requests that find it missing: one
-read of the sku's stock. Its buyers and done hashes are rebuilt in the
-background (``gateway.rebuilds``); until then a purchase they do not know is
-checked against PostgreSQL's orders before it is reserved.
+reloaded from PostgreSQL once for all the requests that find it missing; its
+hashes are rebuilt in the background (``gateway.rebuilds``).
 
 That is the ``reserve-batch`` strategy. A sku on another strategy (its own, or
 ``GATEWAY_STRATEGY``) is handed to that strategy's :class:`Deduction` right
@@ -16,9 +14,6 @@ after the catalog (``gateway.strategies``).
 from __future__ import annotations
 
 import asyncio
-import contextvars
-import functools
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Protocol
@@ -49,11 +44,12 @@ from gateway.errors import (
 )
 from gateway.flusher import Flusher
 from gateway.inventory import Inventory
+from gateway.marking import SoldOutMarking
 from gateway.orders import Orders
 from gateway.rebuilds import Rebuilds
 from gateway.replies import Reply
 from gateway.rules import SaleRules
-from gateway.soldout import ConfirmedIds, SoldOut
+from gateway.soldout import SoldOut
 from gateway.strategies import REDIS_FREE, Deduction
 from gateway.streams import Streams
 
@@ -107,9 +103,7 @@ class Purchases:
         self._deducting = 0
         self._deductions_max = deductions_max
         self._reloads: dict[str, asyncio.Future[None]] = {}
-        # A sku's sold-out mark being built, in the background: the requests
-        # that saw it sold out are answered at once, not after the build.
-        self._marking: dict[str, asyncio.Task[None]] = {}
+        self._marking = SoldOutMarking(soldout, inventory, orders, observer)
 
     async def purchase(
         self, purchase: Purchase, client: Callable[[], str | None] | None = None
@@ -150,7 +144,7 @@ class Purchases:
                 await self._flusher.give_back(purchase.sku, [purchase])
                 raise
         if reply.kind == "sold_out" and reply.settled:
-            self._mark_in_background(purchase.sku, generation)
+            self._marking.start(purchase.sku, generation)
         return _answer(reply, purchase.request_id, info)
 
     async def _reserve(
@@ -161,10 +155,8 @@ class Purchases:
         *,
         queued: bool,
     ) -> Reply | Result:
-        """reserve.lua's (or enqueue.lua's) reply; a missing counter reloaded
-        first, and a purchase the rebuilding sku's hashes do not know checked
-        against PostgreSQL first (its answer, when it is a replay or a repeat
-        buyer)."""
+        """reserve.lua's (or enqueue.lua's) reply, after reloading a missing counter;
+        while the sku is rebuilt, PostgreSQL's answer to a replay or repeat buyer."""
         reserve = self._inventory.enqueue if queued else self._inventory.reserve
         reply = await reserve(purchase, info, client)
         if reply.kind == "missing":
@@ -259,10 +251,8 @@ class Purchases:
         return _replayed(order, purchase)
 
     async def _verify(self, purchase: Purchase, reply: Reply) -> Result | None:
-        """While the sku's hashes are rebuilt, PostgreSQL tells a purchase they do
-        not know yet: a replay gets its order, a repeat buyer "duplicate"; None
-        for a new purchase, which may then be reserved. A rebuild whose holder
-        died is taken over here."""
+        """While the sku is rebuilt: a replay's order, a repeat buyer's "duplicate"
+        (from PostgreSQL), else None; an orphaned rebuild is taken over here."""
         if reply.orphaned:
             self._rebuilds.ensure(purchase.sku)
         made, bought = await self._orders.prior(purchase.sku, purchase.request_id, purchase.user_id)
@@ -270,49 +260,8 @@ class Purchases:
             return _replayed(made, purchase)
         return DUPLICATE if bought else None
 
-    def _mark_in_background(self, sku: str, generation: tuple[int, int]) -> None:
-        """Start building the sku's sold-out mark unless a build runs already."""
-        if sku in self._marking:
-            return
-        # A fresh context: the build must not log with the first request's bindings.
-        task = asyncio.get_running_loop().create_task(
-            self._mark_sold_out(sku, generation), context=contextvars.Context()
-        )
-        self._marking[sku] = task
-        task.add_done_callback(functools.partial(self._marked, sku))
-
-    def _marked(self, sku: str, task: asyncio.Task[None]) -> None:
-        self._marking.pop(sku, None)
-        if not task.cancelled() and task.exception() is not None:
-            # Nothing is lost: the next sold-out answer from Redis tries again.
-            log.warning("sold_out_mark_failed", sku=sku, cause=repr(task.exception()))
-
-    async def _mark_sold_out(self, sku: str, generation: tuple[int, int]) -> None:
-        # The confirmed ids come along, so replays are told apart in-process;
-        # they are read again only when more orders were confirmed since. While
-        # the done hash is rebuilt they come from the order rows.
-        rebuilding = await self._inventory.rebuilding(sku)
-        if rebuilding:
-            count = await self._orders.order_count(sku)
-        else:
-            count = await self._inventory.confirmed_count(sku)
-        confirmed = self._soldout.built(sku, count)
-        if confirmed is None:
-            started = time.perf_counter()
-            confirmed = ConfirmedIds(count)
-            chunks = (
-                self._orders.request_ids(sku) if rebuilding else self._inventory.confirmed_ids(sku)
-            )
-            async for chunk in chunks:
-                confirmed.update(chunk)
-            if self._observer is not None:
-                self._observer.confirmed_ids_built(count, time.perf_counter() - started)
-        self._soldout.mark(sku, generation, confirmed)
-
     async def _reload(self, sku: str) -> None:
-        # Redis may have lost everything of the sku, not just the counter: the
-        # counter comes back flagged as rebuilding, so nothing trusts the hashes
-        # until the background rebuild wrote the committed orders back.
+        # The counter comes back flagged as rebuilding (the hashes may be gone too).
         stock = await self._orders.stock(sku)
         if stock is None:
             raise Unavailable("sku vanished")
