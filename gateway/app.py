@@ -103,7 +103,7 @@ async def service_ctx(app: web.Application) -> AsyncIterator[None]:
         on_idle=flusher.idle,
     )
     app[INVENTORY], app[BATCHER] = inventory, batcher
-    rebuilds = Rebuilds(inventory, orders, metrics)
+    rebuilds = Rebuilds(inventory, orders, metrics, share=settings.rebuild_share)
     streams = Streams(redis, settings)
     app[TRACKER] = OrderTracker(orders=orders, streams=streams)
     app[PURCHASES] = Purchases(

@@ -178,12 +178,12 @@ class Inventory:
         return await self._rebuild_step(sku, "take", token, lease_ms)
 
     async def write_rebuilt(
-        self, sku: str, token: str, lease_ms: int, rows: Sequence[tuple[str, str, str]]
+        self, sku: str, token: str, lease_ms: int, fields: Sequence[str]
     ) -> bool:
-        """Write ``(request_id, done record, user_id)`` rows into the buyers and
-        done hashes and renew the lease; False, writing nothing, when ``token``
-        no longer holds it."""
-        return await self._rebuild_step(sku, "write", token, lease_ms, [v for r in rows for v in r])
+        """Write orders, given flat as ``request_id, done record, user_id`` each
+        (``Orders.order_page``), into the buyers and done hashes and renew the
+        lease; False, writing nothing, when ``token`` no longer holds it."""
+        return await self._rebuild_step(sku, "write", token, lease_ms, fields)
 
     async def finish_rebuild(self, sku: str, token: str) -> bool:
         """End ``token``'s rebuild: reservations trust the hashes again."""

@@ -2,7 +2,8 @@
 
 A purchase that Redis answered settled sold out starts the build and is
 answered at once; the requests after it are answered in-process once the mark
-is set (``gateway.soldout``). The mark carries the sku's confirmed request ids,
+is set (``gateway.soldout``); while Redis rebuilds the sku's hashes the mark is
+set at once, and its filter follows. The mark carries the sku's confirmed request ids,
 read from Redis's done hash, or from the order rows while that hash is being
 rebuilt (``gateway.rebuilds``), and read again only when their count changed.
 """
@@ -46,8 +47,13 @@ class SoldOutMarking:
         self._observer = observer
         self._building: dict[str, asyncio.Task[None]] = {}
 
-    def start(self, sku: str, generation: tuple[int, int]) -> None:
-        """Start building the sku's sold-out mark unless a build runs already."""
+    def start(self, sku: str, generation: tuple[int, int], *, rebuilding: bool = False) -> None:
+        """Start building the sku's sold-out mark unless a build runs already.
+        ``rebuilding``: Redis is rebuilding the sku's hashes, whose filter takes
+        longer to build (from the order rows), so mark the sku at once without
+        it (:meth:`SoldOut.mark_unbuilt`)."""
+        if rebuilding:
+            self._soldout.mark_unbuilt(sku, generation)
         if sku in self._building:
             return
         # A fresh context: the build must not log with the first request's bindings.

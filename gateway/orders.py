@@ -10,6 +10,7 @@ flush's own SQLSTATEs its typed errors.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import asyncpg
@@ -61,6 +62,16 @@ DB_ERRORS = (
 )
 
 ID_PAGE = 5000  # request ids per read when a filter is built from the order rows
+
+
+@dataclass(frozen=True, slots=True)
+class OrderPage:
+    """One page of a sku's orders in buyer order: the fields asked for, flat;
+    the page's last buyer (where the next page starts) and its count of orders."""
+
+    fields: list[str]
+    last_user: str
+    count: int
 
 
 def _cause(exc: BaseException) -> str:
@@ -206,10 +217,10 @@ class Orders:
         made = next((o for o in found if o.request_id == request_id), None)
         return made, any(o.sku == sku and o.user_id == user_id for o in found)
 
-    async def order_page(self, sku: str, after_user: str, limit: int) -> list[tuple[str, str, str]]:
+    async def order_page(self, sku: str, after_user: str, limit: int) -> OrderPage:
         """Up to ``limit`` orders of ``sku`` whose buyer sorts after ``after_user``,
-        in buyer order, as ``(request_id, done record, user_id)``."""
-        return [(r[0], r[1], r[2]) for r in await self._fetch(ORDER_PAGE, sku, after_user, limit)]
+        in buyer order: ``request_id, done record, user_id`` of each, flat."""
+        return await self._page(ORDER_PAGE, sku, after_user, limit)
 
     async def order_count(self, sku: str) -> int:
         """How many orders ``sku`` has."""
@@ -219,11 +230,18 @@ class Orders:
         """The request ids of a sku's orders, a page (one read) at a time."""
         after = ""
         while True:
-            rows = await self._fetch(REQUEST_ID_PAGE, sku, after, page)
-            yield [r[1] for r in rows]
-            if len(rows) < page:
+            read = await self._page(REQUEST_ID_PAGE, sku, after, page)
+            yield read.fields
+            if read.count < page:
                 return
-            after = rows[-1][0]
+            after = read.last_user
+
+    async def _page(self, sql: str, sku: str, after_user: str, limit: int) -> OrderPage:
+        """One page read as one tab-terminated text (see gateway.statements)."""
+        rows = await self._fetch(sql, sku, after_user, limit)
+        text, last_user, count = rows[0]
+        fields = text.split("\t")[:-1] if text else []
+        return OrderPage(fields, last_user or after_user, count)
 
     async def put_sku(
         self,

@@ -44,12 +44,13 @@ from gateway.errors import (
 )
 from gateway.flusher import Flusher
 from gateway.inventory import Inventory
+from gateway.lookups import OrderLookups
 from gateway.marking import SoldOutMarking
 from gateway.orders import Orders
 from gateway.rebuilds import Rebuilds
 from gateway.replies import Reply
 from gateway.rules import SaleRules
-from gateway.soldout import SoldOut
+from gateway.soldout import UNBUILT, ConfirmedIds, SoldOut, UnknownIds
 from gateway.strategies import REDIS_FREE, Deduction
 from gateway.streams import Streams
 
@@ -104,6 +105,7 @@ class Purchases:
         self._deductions_max = deductions_max
         self._reloads: dict[str, asyncio.Future[None]] = {}
         self._marking = SoldOutMarking(soldout, inventory, orders, observer)
+        self._lookups = OrderLookups(orders)
 
     async def purchase(
         self, purchase: Purchase, client: Callable[[], str | None] | None = None
@@ -123,13 +125,13 @@ class Purchases:
             # Without a request id, or with one that has no order: no I/O.
             if not purchase.request_id or purchase.request_id not in confirmed:
                 return SOLD_OUT
-            return await self._replay(purchase)
+            return await self._replay(purchase, confirmed)
         purchase = purchase.identified()
         structlog.contextvars.bind_contextvars(request_id=purchase.request_id, sku=purchase.sku)
         self._admit()
         generation = self._soldout.generation(purchase.sku)
         queued = strategy is Strategy.QUEUE
-        reply = await self._reserve(purchase, info, client, queued=queued)
+        reply = await self._reserve(purchase, info, client, queued=queued, generation=generation)
         if isinstance(reply, Result):
             return reply
         if queued and reply.kind in ("ok", "in_progress", "busy"):
@@ -154,9 +156,11 @@ class Purchases:
         client: Callable[[], str | None] | None,
         *,
         queued: bool,
+        generation: tuple[int, int],
     ) -> Reply | Result:
         """reserve.lua's (or enqueue.lua's) reply, after reloading a missing counter;
-        while the sku is rebuilt, PostgreSQL's answer to a replay or repeat buyer."""
+        while the sku is rebuilt, PostgreSQL's answer to a replay or repeat buyer,
+        and a sold-out sku's answer (marked sold out here at once)."""
         reserve = self._inventory.enqueue if queued else self._inventory.reserve
         reply = await reserve(purchase, info, client)
         if reply.kind == "missing":
@@ -164,7 +168,14 @@ class Purchases:
             reply = await reserve(purchase, info, client)
         if reply.kind != "unverified":
             return reply
-        known = await self._verify(purchase, reply)
+        if reply.orphaned:
+            self._rebuilds.ensure(purchase.sku)
+        if reply.settled:
+            # Sold out for good: only a replay gets anything but sold out, and the
+            # requests after this one are answered in-process.
+            self._marking.start(purchase.sku, generation, rebuilding=True)
+            return await self._replay(purchase, UNBUILT)
+        known = await self._verify(purchase)
         if known is not None:
             return known
         return await reserve(purchase, info, client, verified=True)
@@ -238,23 +249,25 @@ class Purchases:
             future.add_done_callback(lambda _: self._reloads.pop(sku, None))
         await asyncio.shield(future)
 
-    async def _replay(self, purchase: Purchase) -> Result:
-        """A sold-out sku's answer to a request id its filter may hold: Redis's
+    async def _replay(self, purchase: Purchase, confirmed: ConfirmedIds | UnknownIds) -> Result:
+        """A sold-out sku's answer to a request id ``confirmed`` may hold: Redis's
         done hash, else the order rows (Redis lost or dropped the sale's state,
-        or is rebuilding it, or the filter erred, about once in a thousand)."""
+        or is rebuilding it, or the filter erred, about once in a thousand);
+        straight to the order rows while the filter is not built (the hashes
+        are being rebuilt), coalesced with the other requests'."""
         rid = purchase.request_id
-        order = await self._inventory.confirmed_order(purchase.sku, rid)
+        order = None
+        if confirmed is not UNBUILT:
+            order = await self._inventory.confirmed_order(purchase.sku, rid)
         if order is None:
-            order = await self._orders.order(rid)
+            order = await self._lookups.order(rid)
         if order is None:
             return SOLD_OUT
         return _replayed(order, purchase)
 
-    async def _verify(self, purchase: Purchase, reply: Reply) -> Result | None:
+    async def _verify(self, purchase: Purchase) -> Result | None:
         """While the sku is rebuilt: a replay's order, a repeat buyer's "duplicate"
-        (from PostgreSQL), else None; an orphaned rebuild is taken over here."""
-        if reply.orphaned:
-            self._rebuilds.ensure(purchase.sku)
+        (from PostgreSQL), else None."""
         made, bought = await self._orders.prior(purchase.sku, purchase.request_id, purchase.user_id)
         if made is not None:
             return _replayed(made, purchase)

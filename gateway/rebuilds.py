@@ -13,9 +13,13 @@ rebuild lease (``lua/rebuild.lua``) does it; the others go on through
 PostgreSQL's checks until the flag is gone. A holder that dies or stalls lets
 its lease run out, and the next instance whose purchase finds it so
 ("unverified", orphaned) takes it over. Pages are read in the (sku, user_id)
-index's order, written one script call each, and paced: after each page the
-task sleeps so that it takes at most :data:`SHARE` of the loop's time, however
-big the sale.
+index's order, written one script call each, and paced by the loop's CPU:
+after a page during which the loop's thread spent c seconds of CPU (the page's
+own work and, under load, the buyers' it ran meanwhile), the task sleeps
+c * (1 / share - 1), so the rebuild's pages take at most ``share`` of the
+loop's CPU time (``GATEWAY_REBUILD_SHARE``): with the loop idle a page costs
+a fraction of a millisecond and the rebuild runs at the pace of PostgreSQL
+and Redis; under a storm it yields to the buyers.
 """
 
 from __future__ import annotations
@@ -33,12 +37,10 @@ from gateway.orders import Orders
 
 log = structlog.get_logger(__name__)
 
-# Orders per page: one PostgreSQL read and one script call (rebuild.lua's
-# unpack bound is 8000 values; a page is 2 x PAGE).
-PAGE = 2000
-# The most of the loop's time a rebuild takes: after a page that took t, it
-# sleeps t * (1 / SHARE - 1).
-SHARE = 0.1
+# Orders per page: one PostgreSQL read and one script call, whose decoding and
+# encoding on the loop (about 0.3 ms at 500 orders, docs/performance.md) bound
+# what a page adds to the loop's lag.
+PAGE = 500
 # How long a holder may go without writing a page before another takes over.
 LEASE_MS = 10_000
 
@@ -58,7 +60,7 @@ class Rebuilds:
         orders: Orders,
         observer: RebuildObserver | None = None,
         *,
-        share: float = SHARE,
+        share: float,
         page: int = PAGE,
     ) -> None:
         self._inventory = inventory
@@ -101,16 +103,18 @@ class Rebuilds:
             return
         started, written, after = time.perf_counter(), 0, ""
         while True:
-            began = time.perf_counter()
-            rows = await self._orders.order_page(sku, after, self._page)
-            if rows and not await self._inventory.write_rebuilt(sku, token, LEASE_MS, rows):
+            cpu = time.thread_time()
+            page = await self._orders.order_page(sku, after, self._page)
+            if page.count and not await self._inventory.write_rebuilt(
+                sku, token, LEASE_MS, page.fields
+            ):
                 log.warning("rebuild_lease_lost", sku=sku, written=written)
                 return
-            written += len(rows)
-            if len(rows) < self._page:
+            written += page.count
+            if page.count < self._page:
                 break
-            after = rows[-1][2]
-            await asyncio.sleep((time.perf_counter() - began) * (1 / self._share - 1))
+            after = page.last_user
+            await asyncio.sleep((time.thread_time() - cpu) * (1 / self._share - 1))
         if await self._inventory.finish_rebuild(sku, token):
             seconds = time.perf_counter() - started
             if self._observer is not None:

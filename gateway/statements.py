@@ -54,15 +54,24 @@ SELECT order_id::text, request_id, sku, user_id, qty FROM orders
 WHERE request_id = $1 OR (sku = $2 AND user_id = $3)
 """
 # One page of a sku's orders for a rebuild, in the (sku, user_id) unique index's
-# order after the last buyer of the page before: the request id, the done-hash
-# record of gateway.layout.encode_confirmed, and the buyer.
+# order after the last buyer of the page before, as one text: per order its
+# request id, the done-hash record of gateway.layout.encode_confirmed and its
+# buyer, every field followed by a tab (ids never hold one, gateway.payloads);
+# then the page's last buyer and its count of orders. One value to decode
+# instead of a row per order: the gateway's work per page is one split.
 ORDER_PAGE = """
-SELECT request_id, order_id::text || '|' || user_id || '|' || qty::text, user_id FROM orders
-WHERE sku = $1 AND user_id > $2 ORDER BY user_id LIMIT $3
+SELECT string_agg(
+    request_id || E'\\t' || order_id::text || '|' || user_id || '|' || qty::text || E'\\t'
+    || user_id || E'\\t', '' ORDER BY user_id), max(user_id), count(*)
+FROM (SELECT request_id, order_id, user_id, qty FROM orders
+      WHERE sku = $1 AND user_id > $2 ORDER BY user_id LIMIT $3) AS page
 """
-# The same pages, of buyer and request id only, for a sold-out sku's filter.
+# The same pages, of request ids only (each followed by a tab), for a sold-out
+# sku's filter.
 REQUEST_ID_PAGE = """
-SELECT user_id, request_id FROM orders WHERE sku = $1 AND user_id > $2 ORDER BY user_id LIMIT $3
+SELECT string_agg(request_id || E'\\t', '' ORDER BY user_id), max(user_id), count(*)
+FROM (SELECT request_id, user_id FROM orders
+      WHERE sku = $1 AND user_id > $2 ORDER BY user_id LIMIT $3) AS page
 """
 ORDER_COUNT = "SELECT count(*) FROM orders WHERE sku = $1"
 UNITS_SOLD = "SELECT COALESCE(SUM(qty), 0) FROM orders WHERE sku = $1"

@@ -28,6 +28,11 @@ from tests.support.purchases import buy, db_state, put_sku, redis_state
 BIG_SALE = 100_000
 # The lease of the instance the test plays: long enough never to run out by itself.
 STALLED_MS = 600_000
+# The gateway's rebuild unpaced (GATEWAY_REBUILD_SHARE): the takeover writes the
+# whole sale back as fast as PostgreSQL and Redis go.
+UNPACED = 1.0
+# Replays and new buyers sent at once while the sale is rebuilt.
+AT_ONCE = 100
 
 
 @pytest.fixture
@@ -57,13 +62,14 @@ async def write_orders(database_url: str, sku: str, count: int, stock: int) -> N
         await con.close()
 
 
-async def order_id(database_url: str, request_id: str) -> str:
-    """The order id PostgreSQL holds for ``request_id``."""
+async def order_ids(database_url: str, request_ids: list[str]) -> dict[str, str]:
+    """The order ids PostgreSQL holds for ``request_ids``, by request id."""
     con = await asyncpg.connect(database_url)
     try:
-        return str(
-            await con.fetchval("SELECT order_id FROM orders WHERE request_id = $1", request_id)
+        rows = await con.fetch(
+            "SELECT request_id, order_id::text FROM orders WHERE request_id = ANY($1)", request_ids
         )
+        return {row[0]: row[1] for row in rows}
     finally:
         await con.close()
 
@@ -97,13 +103,14 @@ async def held_by(redis: Redis, keys: SkuKeys) -> str | None:
 
 
 async def take_over(client: Any, redis: Redis, other: Inventory, sku: str, keys: SkuKeys) -> None:
-    """The stalled instance's lease runs out; the gateway's next purchase takes
-    the rebuild over, and it ends with both hashes whole."""
+    """The stalled instance's lease runs out; the next purchase that ``client``'s
+    gateway asks Redis about takes the rebuild over, and it ends with both
+    hashes whole."""
     assert await other.take_rebuild(sku, "stalled", 1)
     await wait_for(
         lambda: _taken_over(client, redis, sku, keys), within=30, what="the gateway takes over"
     )
-    await wait_for(lambda: _absent(redis, keys.rebuild), within=120, what="the rebuild ends")
+    await wait_for(lambda: _absent(redis, keys.rebuild), within=60, what="the rebuild ends")
 
 
 async def _taken_over(client: Any, redis: Redis, sku: str, keys: SkuKeys) -> bool:
@@ -124,29 +131,43 @@ class TestSoldOutSaleLost:
         other: Inventory,
     ) -> None:
         """While another instance holds the rebuild (the hashes still empty), the
-        next purchase is sold out, a replay gets its order, a repeat buyer is a
-        duplicate and another payload a 422; this gateway does not rebuild the
-        sale a second time. Once the lease runs out it takes the rebuild over,
-        which writes every order back: the replay is then answered from Redis."""
-        client = await start_gateway()
+        next purchase is sold out and the sku is then known sold out here: a
+        replay gets its order, another payload a 422, a repeat buyer with a new
+        request id is sold out (as on any sold-out sku), and 100 replays sent at
+        once with 100 new buyers get their own orders and sold out; this
+        gateway does not rebuild the sale a second time. Once the lease runs
+        out another gateway takes the rebuild over, which writes every order
+        back: the replay is then answered from Redis."""
+        client = await start_gateway(rebuild_share=UNPACED)
         keys = SkuKeys.of(key_prefix, sku)
         await put_sku(client, sku, 0)
         await write_orders(database_url, sku, BIG_SALE, 0)
         await lose_sale(redis, keys)
         await stall_rebuild(other, sku, 0)
-        first = await order_id(database_url, f"{sku}.r1")
+        ids = [f"{sku}.r{i}" for i in range(1, AT_ONCE + 1)]
+        orders = await order_ids(database_url, ids)
+        first = orders[f"{sku}.r1"]
 
         assert await buy(client, sku, "late") == (409, {"status": "sold_out"})
         status, replay = await buy(client, sku, "u1", "r1")
         assert (status, replay["order_id"]) == (201, first)
-        assert await buy(client, sku, "u2", "again") == (409, {"status": "duplicate"})
+        assert await buy(client, sku, "u2", "again") == (409, {"status": "sold_out"})
         status, body = await buy(client, sku, "someone", "r3")
         assert (status, body["error"]) == (422, "idempotency_mismatch")
+        answers = await asyncio.gather(
+            *(buy(client, sku, f"u{i}", f"r{i}") for i in range(1, AT_ONCE + 1)),
+            *(buy(client, sku, f"new{i}", f"new{i}") for i in range(AT_ONCE)),
+        )
+        assert [(s, b["order_id"]) for s, b in answers[:AT_ONCE]] == [(201, orders[i]) for i in ids]
+        assert answers[AT_ONCE:] == [(409, {"status": "sold_out"})] * AT_ONCE
         # The answers came while the sale was still being rebuilt, by the other instance.
         assert await held_by(redis, keys) == "stalled"
         assert await redis.hlen(keys.done) == 0
 
-        await take_over(client, redis, other, sku, keys)
+        # This gateway answers the sku in-process now; another of the fleet, which
+        # asks Redis, finds the lease run out.
+        fleet = await start_gateway(rebuild_share=UNPACED)
+        await take_over(fleet, redis, other, sku, keys)
         assert await redis.hlen(keys.done) == await redis.hlen(keys.buyers) == BIG_SALE
         status, replay = await buy(client, sku, "u1", "r1")
         assert (status, replay["order_id"]) == (201, first)
@@ -171,7 +192,7 @@ class TestInStockSaleLost:
         duplicate, every replay gets its own order, exactly the 20 units left are
         sold, to 20 buyers, nothing is sold twice; after the takeover Redis
         agrees with the database."""
-        client = await start_gateway()
+        client = await start_gateway(rebuild_share=UNPACED)
         keys = SkuKeys.of(key_prefix, sku)
         await put_sku(client, sku, 30)
         sold = [await buy(client, sku, f"old{i}", f"old{i}") for i in range(10)]
