@@ -9,7 +9,7 @@ DEV_TOKEN ?= dev-admin-token
 export GATEWAY_DATABASE_URL ?= postgresql://postgres@127.0.0.1:5432/flashsale
 export GATEWAY_REDIS_URL ?= redis://127.0.0.1:6379/0
 
-.PHONY: run test lint typecheck pytest services bench locust chaos audit clean compare ab
+.PHONY: run test check lint typecheck pytest services bench locust chaos audit clean compare ab
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -22,6 +22,7 @@ services:
 
 run: $(STAMP) services
 	@echo "admin token: $(DEV_TOKEN)  (Authorization: Bearer $(DEV_TOKEN))"
+	@echo "waiting-room page: http://127.0.0.1:$${GATEWAY_PORT:-8080}/wait/demo?user_id=alice"
 	$(BIN)/flashsale-gateway migrate
 	GATEWAY_ADMIN_TOKEN=$(DEV_TOKEN) $(BIN)/flashsale-gateway serve --demo
 
@@ -33,10 +34,15 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
+# The 15 slowest tests are printed at the end, for whoever speeds the suite up next.
 pytest: $(STAMP) services
-	$(BIN)/pytest -q -p no:cacheprovider
+	$(BIN)/pytest -q -p no:cacheprovider --durations=15
 
 test: lint typecheck pytest
+
+# The inner loop: lint, types and the unit tests (no servers needed).
+check: lint typecheck
+	$(BIN)/pytest -q -p no:cacheprovider tests/unit
 
 chaos: $(STAMP) services
 	$(BIN)/pytest -q -p no:cacheprovider tests/chaos

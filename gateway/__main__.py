@@ -53,7 +53,7 @@ async def run_migrate(config: settings.Settings) -> None:
 async def _create_demo_sku(app: web.Application) -> None:
     settings_ = app[SETTINGS]
     if await app[ORDERS].stock(DEMO_SKU) is None:
-        await app[ADMIN].put_sku(DEMO_SKU, DEMO_STOCK, 1)
+        await app[ADMIN].change_sku(DEMO_SKU, {"stock": DEMO_STOCK}, create=True)
     body = f'{{"sku": "{DEMO_SKU}", "user_id": "alice"}}'
     print(
         f"demo sku {DEMO_SKU!r} ready; try:\n  curl -X POST "

@@ -11,15 +11,15 @@ the counter, and restocking it touches the database alone.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from gateway.catalog import Catalog
-from gateway.domain import StockReport, Strategy, WaitingRoom
+from gateway.domain import StockReport
 from gateway.errors import UnknownSku
 from gateway.inventory import Inventory
 from gateway.orders import Orders
 from gateway.rebuilds import Rebuilds
-from gateway.rules import NO_RULES, Rate, SaleRules
 from gateway.skulocks import SkuLocks
 from gateway.soldout import SoldOut
 from gateway.strategies import REDIS_FREE
@@ -45,39 +45,39 @@ class StockAdmin:
         self._soldout = soldout
         self._rebuilds = rebuilds
 
-    async def put_sku(
-        self,
-        sku: str,
-        stock: int,
-        per_user_limit: int,
-        rules: SaleRules | None = None,
-        room: WaitingRoom | None = None,
-        strategy: Strategy | None = None,
-    ) -> dict[str, Any]:
-        """Create ``sku`` or reset its remaining stock (orders stay); ``rules``
-        replaces its window and rates, ``room`` its waiting room and ``strategy``
-        its strategy (None: the gateway's)."""
-        rules = rules or NO_RULES
-        selling = strategy or self._catalog.default_strategy
+    async def change_sku(
+        self, sku: str, fields: Mapping[str, Any], *, create: bool
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Set ``fields`` (:class:`SkuSettings` attributes) on ``sku``, keeping the
+        others: ``PUT`` gives them all and creates a missing sku (``create``),
+        ``PATCH`` the ones it changes. Orders stay. Returns the API's answer and
+        what changed, each field set as ``[before, after]`` (before None for a
+        sku created now). Raises :class:`UnknownSku` (without ``create``) and
+        :class:`InvalidRequest` for a window that would end before it starts."""
         redis_stock: int | None = None
         async with self._locks.held(sku):
-            await self._orders.put_sku(sku, stock, per_user_limit, rules, room, strategy)
+            changed = await self._orders.change_sku(sku, fields, create=create)
+            if changed is None:
+                raise UnknownSku(f"no sku {sku!r}")
+            before, after = changed
+            selling = after.strategy or self._catalog.default_strategy
             if selling in REDIS_FREE:
                 await self._inventory.forget_stock(sku)
             else:
-                redis_stock = await self._reset(sku, stock)
+                redis_stock = await self._reset(sku, after.stock, fresh=before is None)
         self._forget(sku)
-        return {
+        shown = after.as_json()
+        answer = {
             "sku": sku,
-            "stock": stock,
-            "per_user_limit": per_user_limit,
+            **shown,
             "strategy": selling.value,
             "redis_stock": redis_stock,
-            **({"waiting_room": room.as_json()} if room is not None else {}),
-            **rules.window_json(),
-            "user_rate": _shown(rules.user_rate),
-            "client_rate": _shown(rules.client_rate),
         }
+        if after.waiting_room is None:
+            del answer["waiting_room"]
+        old = None if before is None else before.as_json()
+        change = {name: [None if old is None else old[name], shown[name]] for name in fields}
+        return answer, {"sku": sku, "created": before is None, "set": change}
 
     async def restock(self, sku: str, delta: int) -> dict[str, Any]:
         """Add ``delta`` units to ``sku``; raises :class:`UnknownSku`."""
@@ -95,12 +95,14 @@ class StockAdmin:
         self._forget(sku)
         return {"sku": sku, "stock": stock, "redis_stock": redis_stock}
 
-    async def _reset(self, sku: str, stock: int) -> int:
+    async def _reset(self, sku: str, stock: int, *, fresh: bool = False) -> int:
         """Set the Redis counter; one set where it was missing (expired, lost, or
         never written under another strategy) flagged the sku as rebuilding, so
-        take the rebuild unless another instance has (a no-op when not flagged)."""
-        redis_stock = await self._inventory.load_stock(sku, stock, reset=True)
-        self._rebuilds.ensure(sku)
+        take the rebuild unless another instance has (a no-op when not flagged).
+        ``fresh``: the sku was created now, so it has no orders to rebuild."""
+        redis_stock = await self._inventory.load_stock(sku, stock, reset=True, fresh=fresh)
+        if not fresh:
+            self._rebuilds.ensure(sku)
         return redis_stock
 
     async def report(self, sku: str) -> StockReport:
@@ -125,8 +127,3 @@ class StockAdmin:
         # This instance's own caches; the others learn from pub/sub.
         self._catalog.forget(sku)
         self._soldout.clear(sku)
-
-
-def _shown(rate: Rate | str | None) -> str | None:
-    """A sku's own rate as the API shows it (None: the instance's default)."""
-    return None if rate is None else str(rate)

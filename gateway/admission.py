@@ -78,7 +78,8 @@ class Admissions:
         Raises :class:`UnknownSku` or :class:`NoWaitingRoom`."""
         info, room, _ = await self._room(sku)
         starts_ms = _ms(info.rules.starts_at)
-        standing = await self._rooms.join(sku, user_id, secrets.token_hex(8), starts_ms)
+        ttl_ms = room.token_ttl_s * 1000
+        standing = await self._rooms.join(sku, user_id, secrets.token_hex(8), starts_ms, ttl_ms)
         if standing.status == "sold_out":
             return None
         self._seen(sku, standing)
@@ -108,6 +109,10 @@ class Admissions:
             "expires_at": rfc3339(datetime.fromtimestamp(expires_ms / 1000, UTC)),
         }
 
+    async def has_room(self, sku: str) -> bool:
+        """Whether ``sku`` is sold through a waiting room; raises :class:`UnknownSku`."""
+        return (await self._catalog.get(sku)).waiting_room is not None
+
     def open_door(self, sku: str) -> bool:
         """Whether ``sku`` is known, without I/O, to have no waiting room: then the
         caller buys through :class:`Purchases` directly, and the sold-out path
@@ -126,8 +131,10 @@ class Admissions:
         if info.waiting_room is None:
             return await self._purchases.purchase(purchase, client)
         if token is None:
-            if self._soldout.lookup(purchase.sku) is not None:
-                # Sold out is the fastest answer, token or not (replays included).
+            # Sold out is the answer, token or not (replays included): from the
+            # in-process mark without I/O, else from the stock's own store.
+            marked = self._soldout.lookup(purchase.sku) is not None
+            if marked or await self._purchases.settled_sold_out(info):
                 return await self._purchases.purchase(purchase, client)
             self._refuse(Refusal.MISSING)
         purchase = purchase.identified()

@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator
 import structlog
 from aiohttp import web
 
-from gateway import views
+from gateway import adminviews, views
 from gateway.admin import StockAdmin
 from gateway.admintokens import AdminTokens
 from gateway.admission import Admissions
@@ -38,6 +38,7 @@ from gateway.appkeys import (
     SETTINGS,
     STOPPING,
     TRACKER,
+    WAITING_PAGE,
     ZOOKEEPER,
 )
 from gateway.batcher import Batcher
@@ -59,6 +60,7 @@ from gateway.purchases import Purchases
 from gateway.rebuilds import Rebuilds
 from gateway.reconciler import Reconciler
 from gateway.resources import database_ctx, patiently, redis_ctx, zookeeper_ctx
+from gateway.salegate import SaleGate
 from gateway.settings import Settings
 from gateway.skulocks import sku_locks
 from gateway.soldout import SoldOut
@@ -71,6 +73,7 @@ from gateway.streams import Streams
 from gateway.tokens import Signer
 from gateway.tracking import OrderTracker
 from gateway.waitingroom import WaitingRooms
+from gateway.waitpage import WaitingPage
 from gateway.writer import QueueWriter
 
 QUEUE_SAMPLE_S = 0.5
@@ -118,6 +121,7 @@ async def service_ctx(app: web.Application) -> AsyncIterator[None]:
         streams=streams,
         deductions=deductions,
         deductions_max=settings.queue_max,
+        gate=SaleGate(orders, settings),
     )
     rooms = WaitingRooms(redis, settings, on_noscript=metrics.noscript_reload)
     await rooms.load_scripts()
@@ -275,7 +279,9 @@ def create_app(settings: Settings) -> web.Application:
     app[PROXIES] = proxies
     app[ANSWERS] = answers
     app[ADMIN_TOKENS] = AdminTokens(settings.admin_token, settings.admin_token_file)
+    app[WAITING_PAGE] = WaitingPage.build(settings.waiting_page_return_origins)
     app.cleanup_ctx.extend([redis_ctx, database_ctx, zookeeper_ctx, service_ctx])
     app.on_shutdown.append(drain)
     app.add_routes(views.routes(with_metrics=settings.metrics))
+    app.add_routes(adminviews.routes())
     return app

@@ -21,6 +21,7 @@ from gateway.purchases import Purchases
 from gateway.reconciler import Reconciler
 from gateway.settings import Settings
 from gateway.tracking import OrderTracker
+from gateway.waitpage import WaitingPage
 
 if TYPE_CHECKING:
     from gateway.lock.zk_session import ZkSession
@@ -50,6 +51,8 @@ TRACKER = web.AppKey("tracker", OrderTracker)
 ZOOKEEPER: web.AppKey[ZkSession | None] = web.AppKey("zookeeper")
 # Samples per-request failure lines and logs the once-a-second answer summary.
 ANSWERS = web.AppKey("answers", AnswerLog)
+# The waiting-room page, assembled once (GET /wait/{sku}).
+WAITING_PAGE = web.AppKey("waiting_page", WaitingPage)
 # How every request is answered (errors as JSON, counted, timed): the
 # middleware and the purchase lane share it.
 ANSWER: web.AppKey[Answer] = web.AppKey("answer")

@@ -7,7 +7,9 @@ default: ``batch_wait`` 0). With a ``batch_wait``, a batch is also held until
 it reaches ``batch_max`` or its oldest entry has waited that long, but not at
 all when, at the lane's recent pace of arrivals, no other purchase is due
 within the wait (a lone buyer is not kept waiting for nobody). When a sku's
-lane runs empty the flusher hears of it (``on_idle``).
+lane runs empty the flusher hears of it (``on_idle``): advice, whose failure
+is logged and never ends the lane (a lane's task that died would leave its sku
+reserving and never flushing, for good).
 Closing stops new submissions and drains what is queued: a closing batcher is
 what "draining" means for the whole instance.
 """
@@ -20,6 +22,8 @@ import contextvars
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
+import structlog
+
 from gateway.domain import Purchase, Result
 from gateway.errors import ShuttingDown
 
@@ -27,6 +31,8 @@ from gateway.errors import ShuttingDown
 FlushFn = Callable[[str, Sequence[Purchase]], Awaitable[Sequence[Result | BaseException]]]
 # Told that a sku's lane has nothing left to flush.
 IdleFn = Callable[[str], Awaitable[None]]
+
+log = structlog.get_logger(__name__)
 
 # Weight of the newest gap between arrivals in a lane's moving average.
 GAP_WEIGHT = 0.25
@@ -149,7 +155,7 @@ class Batcher:
         while True:
             if not lane.entries:
                 if self._on_idle is not None:
-                    await self._on_idle(lane.sku)
+                    await self._idle(lane.sku)
                     if lane.entries:  # arrived while the flusher let go
                         continue
                 if self._closed:
@@ -173,6 +179,15 @@ class Batcher:
             del lane.entries[: self._max]
             lane.first_at = loop.time()
             await self._flush_batch(lane.sku, batch)
+
+    async def _idle(self, sku: str) -> None:
+        assert self._on_idle is not None
+        try:
+            await self._on_idle(sku)
+        except Exception as exc:
+            # A lock release that failed in an unforeseen way (a Redis failover
+            # raised one that nobody typed) must not end the lane.
+            log.error("lane_idle_failed", sku=sku, cause=repr(exc), exc_info=exc)
 
     async def _flush_batch(
         self, sku: str, batch: list[tuple[Purchase, asyncio.Future[Result]]]

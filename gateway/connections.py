@@ -18,6 +18,7 @@ from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
 from redis.exceptions import RedisError
 
 from gateway.errors import RedisUnavailable
+from gateway.lock import connection_errors
 from gateway.settings import Settings
 
 RedisClient: TypeAlias = Redis | RedisCluster
@@ -70,9 +71,12 @@ def create_redis(settings: Settings) -> RedisClient:
 
 async def guarded(call: Awaitable[Any]) -> Any:
     """Await a Redis call; a driver error becomes :class:`RedisUnavailable` (a 503),
-    the one translation every Redis adapter makes. (``Any``: redis-py types its
+    the one translation every Redis adapter makes, and so does a connection
+    closed under a write that the client lets escape untyped
+    (:func:`gateway.lock.connection_errors`). (``Any``: redis-py types its
     replies as bytes or str, while these clients decode every reply to str.)"""
     try:
-        return await call
+        with connection_errors():
+            return await call
     except RedisError as exc:
         raise RedisUnavailable(f"redis: {type(exc).__name__}") from exc

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass, replace
+from datetime import datetime
 from enum import StrEnum
 
-from gateway.rules import NO_RULES, SaleRules
+from gateway.rules import NO_RULES, Rate, SaleRules
 
 
 class Outcome(StrEnum):
@@ -124,6 +125,43 @@ class SkuInfo:
     # The sku's own strategy; None sells it under the gateway's GATEWAY_STRATEGY.
     strategy: Strategy | None = None
     rules: SaleRules = NO_RULES
+
+
+@dataclass(frozen=True, slots=True)
+class SkuSettings:
+    """What an admin sets on a sku, one attribute per field of ``PUT`` and
+    ``PATCH /admin/skus/{sku}`` (a PATCH replaces the ones it names)."""
+
+    stock: int = 0
+    per_user_limit: int = 1
+    starts_at: datetime | None = None
+    ends_at: datetime | None = None
+    # None: the instance's default rate; "off": none for this sku.
+    user_rate: Rate | str | None = None
+    client_rate: Rate | str | None = None
+    waiting_room: WaitingRoom | None = None
+    strategy: Strategy | None = None
+
+    @property
+    def rules(self) -> SaleRules:
+        """The window and rates, as the purchases read them."""
+        return SaleRules(self.starts_at, self.ends_at, self.user_rate, self.client_rate)
+
+    def info(self, sku: str) -> SkuInfo:
+        """What the purchases need to know of ``sku`` so set."""
+        return SkuInfo(sku, self.per_user_limit, self.waiting_room, self.strategy, self.rules)
+
+    def as_json(self) -> dict[str, object]:
+        """Every field as the admin API writes it."""
+        return {
+            "stock": self.stock,
+            "per_user_limit": self.per_user_limit,
+            **self.rules.window_json(),
+            "user_rate": None if self.user_rate is None else str(self.user_rate),
+            "client_rate": None if self.client_rate is None else str(self.client_rate),
+            "waiting_room": None if self.waiting_room is None else self.waiting_room.as_json(),
+            "strategy": None if self.strategy is None else self.strategy.value,
+        }
 
 
 @dataclass(frozen=True, slots=True)

@@ -157,12 +157,16 @@ class Inventory:
             args += (s.request_id, s.verdict.settled_as.value, s.user_id, s.qty, s.order_id)
         return int(await self._call(self._settle, self.keys(sku).all(), args))
 
-    async def load_stock(self, sku: str, db_stock: int, *, reset: bool) -> int:
+    async def load_stock(
+        self, sku: str, db_stock: int, *, reset: bool, fresh: bool = False
+    ) -> int:
         """Set Redis stock from database stock minus the ledger (load_stock.lua).
 
         With ``reset`` false only a missing key is set; setting one flags the
-        sku as rebuilding (:meth:`take_rebuild`). Returns the stock now."""
-        mode = "reset" if reset else "reload"
+        sku as rebuilding (:meth:`take_rebuild`) unless ``fresh``: the caller
+        knows the buyers and done hashes are whole (a sku created now, or a
+        tool that wrote them). Returns the stock now."""
+        mode = "fresh" if fresh else "reset" if reset else "reload"
         args = (mode, db_stock, self._channel, sku, self._retention_ms)
         keys = self.keys(sku)
         raw = await self._call(self._load_stock, (*keys.all(), keys.rebuild), args)
@@ -238,6 +242,12 @@ class Inventory:
         stock, flat = await self._call(self._snapshot, (keys.stock, keys.pending), ())
         entries = dict(zip(flat[::2], flat[1::2], strict=True))
         return (None if stock is None else int(stock)), ledger(entries)
+
+    async def settled_sold_out(self, sku: str) -> bool:
+        """Whether the sku's counter is 0 with nothing pending (as the waiting-room
+        scripts decide it); a missing counter is not sold out."""
+        stock, pending = await self.snapshot(sku)
+        return stock is not None and stock <= 0 and not pending
 
     async def confirmed_count(self, sku: str) -> int:
         """How many orders Redis knows as confirmed (HLEN of the done hash)."""

@@ -19,7 +19,7 @@ from redis.exceptions import RedisError
 from gateway.appkeys import OUTCOME
 from gateway.clients import TrustedProxies, bind_request
 from gateway.errors import GatewayError, MethodNotAllowed, NotFound, TooLarge, Unavailable
-from gateway.lock.errors import LockError
+from gateway.lock import LockError, closed_under_write
 from gateway.metrics import Metrics
 from gateway.orders import DB_ERRORS
 from gateway.overload import AnswerLog
@@ -68,7 +68,7 @@ def _failure(request: web.Request, exc: Exception, answers: AnswerLog) -> web.Re
         if exc.status < 400:
             raise exc
         return error_body(_from_http(exc))
-    if isinstance(exc, (RedisError, LockError, *DB_ERRORS)):
+    if isinstance(exc, (RedisError, LockError, *DB_ERRORS)) or closed_under_write(exc):
         # A driver error that crossed the lock package: a dependency is down,
         # which is a 503, never a 500.
         answers.failure(path=request.path, error="unavailable", cause=repr(exc))

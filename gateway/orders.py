@@ -9,8 +9,8 @@ flush's own SQLSTATEs its typed errors.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 import asyncpg
@@ -20,15 +20,15 @@ from gateway.domain import (
     Order,
     Purchase,
     SkuInfo,
-    Strategy,
+    SkuSettings,
     Verdict,
-    WaitingRoom,
 )
 from gateway.errors import (
+    InvalidRequest,
     OutcomeUnknown,
     PostgresUnavailable,
 )
-from gateway.rules import NO_RULES, Rate, SaleRules, rate_from_db
+from gateway.skurows import settings_of, write_settings
 from gateway.statements import (
     ALL_SKUS,
     CREATE_SKU,
@@ -36,17 +36,17 @@ from gateway.statements import (
     DATABASE_OID,
     FLUSH_BATCH,
     LOCK_INVENTORY_ROW,
+    LOCK_SKU_SETTINGS,
     ORDER_COUNT,
     ORDER_PAGE,
     ORDERS_BY_REQUESTS,
     PRIOR_ORDERS,
+    PRUNE_RATE_BUCKETS,
     RECORD_MOVEMENT,
     RECORD_RELEASED,
     REQUEST_ID_PAGE,
     RESTOCK,
-    SET_SALE_RULES,
-    SET_SKU,
-    SET_WAITING_ROOM,
+    SALE_GATE,
     SKU_INFO,
     SKU_STOCK,
     UNITS_SOLD,
@@ -72,6 +72,12 @@ class OrderPage:
     fields: list[str]
     last_user: str
     count: int
+
+
+# A rate-limit bucket as sale_gate() takes it: its name ('u:<user>' or
+# 'c:<address>'), tokens a second and burst.
+Bucket = tuple[str, float, int]
+_NO_BUCKET: Bucket = ("", 0.0, 0)
 
 
 def _cause(exc: BaseException) -> str:
@@ -165,21 +171,7 @@ class Orders:
             row = await self.pool.fetchrow(SKU_INFO, sku)
         except DB_ERRORS as exc:
             raise PostgresUnavailable(_cause(exc)) from exc
-        if row is None:
-            return None
-        rules = SaleRules(
-            row["starts_at"],
-            row["ends_at"],
-            rate_from_db(row["user_rate"]),
-            rate_from_db(row["client_rate"]),
-        )
-        room = None
-        if row["room_admit_per_s"] is not None:
-            room = WaitingRoom(
-                row["room_admit_per_s"], row["room_token_ttl_s"], row["room_shuffle_at_start"]
-            )
-        strategy = None if row["strategy"] is None else Strategy(row["strategy"])
-        return SkuInfo(sku, row["per_user_limit"], room, strategy, rules)
+        return None if row is None else settings_of(row).info(sku)
 
     async def stock(self, sku: str) -> int | None:
         """Database stock of a sku, or None when it does not exist."""
@@ -243,42 +235,30 @@ class Orders:
         fields = text.split("\t")[:-1] if text else []
         return OrderPage(fields, last_user or after_user, count)
 
-    async def put_sku(
-        self,
-        sku: str,
-        stock: int,
-        per_user_limit: int,
-        rules: SaleRules | None = None,
-        room: WaitingRoom | None = None,
-        strategy: Strategy | None = None,
-    ) -> int:
-        """Create a sku or reset its stock, recording the movement; returns the
-        stock. ``rules`` replaces the sku's window and rates (None: none), ``room``
-        its waiting room, ``strategy`` its strategy (None: the gateway's)."""
-        rules = rules or NO_RULES
+    async def change_sku(
+        self, sku: str, fields: Mapping[str, Any], *, create: bool
+    ) -> tuple[SkuSettings | None, SkuSettings] | None:
+        """Set ``fields`` (:class:`SkuSettings` attributes) on ``sku`` under its row
+        lock, the others kept, recording a stock movement when ``stock`` is one
+        of them; with ``create`` a missing sku is created first. Returns (before,
+        after), before None for a sku created now; None for a missing sku
+        without ``create``. Raises :class:`InvalidRequest` when the window that
+        results ends before it starts (nothing is written)."""
         try:
             async with self.pool.acquire() as con, con.transaction():
-                await con.execute(CREATE_SKU, sku, per_user_limit)
-                old = await con.fetchrow(LOCK_INVENTORY_ROW, sku)
-                assert old is not None  # created above; skus are never deleted
-                await con.execute(SET_SKU, sku, stock, per_user_limit, strategy)
-                await con.execute(
-                    SET_SALE_RULES,
-                    sku,
-                    rules.starts_at,
-                    rules.ends_at,
-                    _rate_text(rules.user_rate),
-                    _rate_text(rules.client_rate),
-                )
-                await con.execute(
-                    SET_WAITING_ROOM,
-                    sku,
-                    room and room.admit_per_s,
-                    room and room.token_ttl_s,
-                    bool(room and room.shuffle_at_start),
-                )
-                await con.execute(RECORD_MOVEMENT, sku, stock - old["stock"], "set", stock)
-                return stock
+                created = create and await con.fetchval(CREATE_SKU, sku) is not None
+                row = await con.fetchrow(LOCK_SKU_SETTINGS, sku)
+                if row is None:
+                    return None
+                before = settings_of(row)
+                after = replace(before, **fields)
+                if after.starts_at and after.ends_at and after.ends_at <= after.starts_at:
+                    raise InvalidRequest("ends_at must be after starts_at")
+                await write_settings(con, sku, after)
+                if "stock" in fields:
+                    delta = after.stock - before.stock
+                    await con.execute(RECORD_MOVEMENT, sku, delta, "set", after.stock)
+                return (None if created else before), after
         except DB_ERRORS as exc:
             raise PostgresUnavailable(_cause(exc)) from exc
 
@@ -292,6 +272,29 @@ class Orders:
                 return after
         except DB_ERRORS as exc:
             raise PostgresUnavailable(_cause(exc)) from exc
+
+    async def sale_gate(
+        self, purchase: Purchase, user: Bucket | None, client: Bucket | None
+    ) -> tuple[str, int]:
+        """The sale window and the token buckets of ``purchase`` by PostgreSQL's
+        clock (``sale_gate()``): (verdict, wait_ms), the verdict one of ``pass``,
+        ``not_started``, ``ended``, ``rate_limited``."""
+        p, u, c = purchase, user or _NO_BUCKET, client or _NO_BUCKET
+        args = (p.sku, p.request_id, p.qty, u[0], u[1], u[2], c[0], c[1], c[2])
+        try:
+            row = await self.pool.fetchrow(SALE_GATE, *args)
+        except DB_ERRORS as exc:
+            raise PostgresUnavailable(_cause(exc)) from exc
+        assert row is not None  # a function call returns its one row
+        return row["verdict"], row["wait_ms"]
+
+    async def prune_rate_buckets(self) -> int:
+        """Delete the rate-limit buckets that are full again; how many."""
+        try:
+            done = await self.pool.execute(PRUNE_RATE_BUCKETS)
+        except DB_ERRORS as exc:
+            raise PostgresUnavailable(_cause(exc)) from exc
+        return int(done.split()[-1])
 
     async def ping(self) -> bool:
         """Whether PostgreSQL answers."""
@@ -311,8 +314,3 @@ class Orders:
             return await self.pool.fetchval(sql, *args)
         except DB_ERRORS as exc:
             raise PostgresUnavailable(_cause(exc)) from exc
-
-
-def _rate_text(rate: Rate | str | None) -> str | None:
-    """A rate as its column holds it: ``N/s:burst``, ``off`` or NULL."""
-    return None if rate is None else str(rate)

@@ -16,7 +16,7 @@ import orjson
 
 from gateway.domain import Purchase, Strategy, WaitingRoom
 from gateway.errors import InvalidRequest
-from gateway.rules import OFF, Rate, SaleRules, parse_instant, parse_rate
+from gateway.rules import OFF, Rate, parse_instant, parse_rate
 
 ID_PATTERN = re.compile(r"[A-Za-z0-9._:-]{1,64}")
 MAX_BODY = 4096
@@ -156,15 +156,35 @@ def waiting_room(data: Mapping[str, Any]) -> WaitingRoom | None:
     )
 
 
-def sale_rules(data: Mapping[str, Any]) -> SaleRules:
-    """The window and rates of ``PUT /admin/skus/{sku}``: ``starts_at``/``ends_at``
-    in RFC 3339 (``null`` or absent: open), ``user_rate``/``client_rate`` as
-    ``N/s:burst`` or ``"off"`` (absent: the instance's default). Raises
-    :class:`InvalidRequest`, also when the window ends before it starts."""
-    starts, ends = _instant(data, "starts_at"), _instant(data, "ends_at")
+def sku_fields(data: Mapping[str, Any], *, partial: bool) -> dict[str, Any]:
+    """The settings of ``PUT`` (every field; an absent one takes its default:
+    ``per_user_limit`` 1, no window, the instance's rates, no waiting room, the
+    gateway's strategy) or ``PATCH /admin/skus/{sku}`` (only the fields given;
+    ``null`` clears one that may be null) as :class:`gateway.domain.SkuSettings`
+    attributes. Windows are RFC 3339, rates ``N/s:burst`` or ``"off"``. Raises
+    :class:`InvalidRequest`, also when the window given ends before it starts."""
+    named = data.keys() if partial else SKU_FIELDS
+    if partial and not named:
+        raise InvalidRequest("nothing to change: name at least one field")
+    fields: dict[str, Any] = {}
+    if "stock" in named:
+        fields["stock"] = integer(data, "stock", low=0)
+    if "per_user_limit" in named:
+        fields["per_user_limit"] = integer(
+            data, "per_user_limit", low=1, high=MAX_LIMIT, default=None if partial else 1
+        )
+    for name in named & {"starts_at", "ends_at"}:
+        fields[name] = _instant(data, name)
+    for name in named & {"user_rate", "client_rate"}:
+        fields[name] = _rate(data, name)
+    if "waiting_room" in named:
+        fields["waiting_room"] = waiting_room(data)
+    if "strategy" in named:
+        fields["strategy"] = strategy(data)
+    starts, ends = fields.get("starts_at"), fields.get("ends_at")
     if starts is not None and ends is not None and ends <= starts:
         raise InvalidRequest("ends_at must be after starts_at")
-    return SaleRules(starts, ends, _rate(data, "user_rate"), _rate(data, "client_rate"))
+    return fields
 
 
 def _instant(data: Mapping[str, Any], name: str) -> datetime | None:

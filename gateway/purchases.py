@@ -9,6 +9,13 @@ hashes are rebuilt in the background (``gateway.rebuilds``).
 That is the ``reserve-batch`` strategy. A sku on another strategy (its own, or
 ``GATEWAY_STRATEGY``) is handed to that strategy's :class:`Deduction` right
 after the catalog (``gateway.strategies``).
+
+Every strategy passes through :meth:`Purchases.purchase`, and so through the
+sale rules in one place: the per-user limit here; the window and both rate
+limits inside the reservation call for the strategies that reserve in Redis
+(``lua/reserve.lua``, no extra round trip), through :class:`SaleGate` in
+PostgreSQL for the others (``gateway.salegate``). The waiting room is in front
+of this, in ``gateway.admission``, for every strategy alike.
 """
 
 from __future__ import annotations
@@ -24,7 +31,6 @@ from gateway.batcher import Batcher
 from gateway.catalog import Catalog
 from gateway.domain import (
     DUPLICATE,
-    IN_PROGRESS,
     SOLD_OUT,
     Order,
     Outcome,
@@ -34,11 +40,8 @@ from gateway.domain import (
     Strategy,
 )
 from gateway.errors import (
-    Ended,
     IdempotencyMismatch,
     InvalidRequest,
-    NotStarted,
-    RateLimited,
     ShuttingDown,
     Unavailable,
 )
@@ -48,8 +51,9 @@ from gateway.lookups import OrderLookups
 from gateway.marking import SoldOutMarking
 from gateway.orders import Orders
 from gateway.rebuilds import Rebuilds
-from gateway.replies import Reply
+from gateway.replies import Reply, outcome_of
 from gateway.rules import SaleRules
+from gateway.salegate import SaleGate
 from gateway.soldout import UNBUILT, ConfirmedIds, SoldOut, UnknownIds
 from gateway.strategies import REDIS_FREE, Deduction
 from gateway.streams import Streams
@@ -59,7 +63,6 @@ log = structlog.get_logger(__name__)
 # The strategies whose purchases reserve in Redis first (the others decide in
 # PostgreSQL alone, gateway.strategies).
 _RESERVING = frozenset({Strategy.RESERVE_BATCH, Strategy.QUEUE})
-_ANSWERS = {"sold_out": SOLD_OUT, "duplicate": DUPLICATE, "in_progress": IN_PROGRESS}
 
 
 class PurchaseObserver(Protocol):
@@ -87,6 +90,7 @@ class Purchases:
         streams: Streams | None = None,
         deductions: Mapping[Strategy, Deduction] | None = None,
         deductions_max: int = 10_000,
+        gate: SaleGate | None = None,
     ) -> None:
         self._catalog = catalog
         self._soldout = soldout
@@ -103,6 +107,8 @@ class Purchases:
         # bounded as the batcher's queue is: beyond it a storm is shed with 503.
         self._deducting = 0
         self._deductions_max = deductions_max
+        # Their window and rate limits (reserve.lua decides those of the others).
+        self._gate = gate
         self._reloads: dict[str, asyncio.Future[None]] = {}
         self._marking = SoldOutMarking(soldout, inventory, orders, observer)
         self._lookups = OrderLookups(orders)
@@ -119,7 +125,7 @@ class Purchases:
         # The one place the strategy is chosen: the sku's own, else the gateway's.
         strategy = self._catalog.strategy_of(info)
         if strategy not in _RESERVING:
-            return await self._deduct(strategy, purchase)
+            return await self._deduct(strategy, purchase, info, client)
         confirmed = self._soldout.lookup(purchase.sku)
         if confirmed is not None:
             # Without a request id, or with one that has no order: no I/O.
@@ -147,7 +153,7 @@ class Purchases:
                 raise
         if reply.kind == "sold_out" and reply.settled:
             self._marking.start(purchase.sku, generation)
-        return _answer(reply, purchase.request_id, info)
+        return outcome_of(reply, purchase.request_id, info)
 
     async def _reserve(
         self,
@@ -190,6 +196,13 @@ class Purchases:
             available = await self._orders.stock(sku) or 0
         return available
 
+    async def settled_sold_out(self, info: SkuInfo) -> bool:
+        """Whether ``info``'s sku has nothing left to sell: no stock, and for a
+        strategy that reserves in Redis nothing pending that could come back."""
+        if self._catalog.strategy_of(info) in REDIS_FREE:
+            return (await self._orders.stock(info.sku) or 0) <= 0
+        return await self._inventory.settled_sold_out(info.sku)
+
     async def _queued(self, purchase: Purchase, kind: str) -> Result:
         """The answer of the queue strategy once enqueue.lua ran: 202 as soon
         as the purchase is in the stream (now, or by an earlier request with
@@ -208,8 +221,15 @@ class Purchases:
         """The strategy ``sku`` sells under; raises UnknownSku."""
         return await self._catalog.strategy(sku)
 
-    async def _deduct(self, strategy: Strategy, purchase: Purchase) -> Result:
-        """Hand a purchase to its sku's strategy (no Redis reservation, no batch)."""
+    async def _deduct(
+        self,
+        strategy: Strategy,
+        purchase: Purchase,
+        info: SkuInfo,
+        client: Callable[[], str | None] | None,
+    ) -> Result:
+        """Hand a purchase to its sku's strategy (no Redis reservation, no batch)
+        once its window and rate limits let it through."""
         deduction = self._deductions.get(strategy)
         if deduction is None:
             raise Unavailable(f"strategy {strategy} is not served by this gateway")
@@ -223,6 +243,8 @@ class Purchases:
         structlog.contextvars.bind_contextvars(request_id=purchase.request_id, sku=purchase.sku)
         self._deducting += 1
         try:
+            if self._gate is not None:
+                await self._gate.enforce(purchase, info, client)
             return await deduction.purchase(purchase)
         finally:
             self._deducting -= 1
@@ -291,22 +313,3 @@ def _replayed(order: Order, purchase: Purchase) -> Result:
     if (order.sku, order.user_id, order.qty) != (purchase.sku, purchase.user_id, purchase.qty):
         raise IdempotencyMismatch(purchase.request_id)
     return Result(Outcome.CONFIRMED, order)
-
-
-def _answer(reply: Reply, request_id: str, info: SkuInfo) -> Result:
-    """The outcome of a reservation that did not reserve."""
-    if reply.kind == "confirmed":
-        return Result(Outcome.CONFIRMED, reply.order)
-    if reply.kind == "mismatch":
-        raise IdempotencyMismatch(request_id)
-    if reply.kind == "rate_limited":
-        raise RateLimited(reply.wait_ms)
-    if reply.kind == "not_started":
-        starts_at = info.rules.window_json()["starts_at"]
-        raise NotStarted(starts_at or "", reply.wait_ms)
-    if reply.kind == "ended":
-        raise Ended()
-    result = _ANSWERS.get(reply.kind)
-    if result is None:
-        raise Unavailable("stock not loaded")
-    return result

@@ -100,6 +100,8 @@ class Reconciler:
     async def reconcile_all(self) -> dict[str, SkuReconciliation]:
         """One pass over every sku of the inventory, after making sure Redis holds
         this database's state (a restored or failed-over database drops it)."""
+        # PostgreSQL's own housekeeping first: it needs no Redis.
+        await self._orders.prune_rate_buckets()
         if await self._inventory.adopt(await self._orders.identity()):
             log.warning("redis_state_dropped", reason="another database")
         done: dict[str, SkuReconciliation] = {}

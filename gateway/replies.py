@@ -8,7 +8,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from gateway.domain import Order, Purchase, Verdict
+from gateway.domain import (
+    DUPLICATE,
+    IN_PROGRESS,
+    SOLD_OUT,
+    Order,
+    Outcome,
+    Purchase,
+    Result,
+    SkuInfo,
+    Verdict,
+)
+from gateway.errors import Ended, IdempotencyMismatch, NotStarted, RateLimited, Unavailable
 
 ReplyKind = Literal[
     "ok",
@@ -87,3 +98,26 @@ def reply_of(raw: Any, purchase: Purchase) -> Reply:
     if kind in ("not_started", "rate_limited"):
         return Reply(kind, wait_ms=int(raw[1]))
     return _SIMPLE[kind]
+
+
+_OUTCOMES = {"sold_out": SOLD_OUT, "duplicate": DUPLICATE, "in_progress": IN_PROGRESS}
+
+
+def outcome_of(reply: Reply, request_id: str, info: SkuInfo) -> Result:
+    """The outcome of a reservation that did not reserve; raises the
+    :class:`GatewayError` of a refusal (mismatch, rate limit, window, 503)."""
+    if reply.kind == "confirmed":
+        return Result(Outcome.CONFIRMED, reply.order)
+    if reply.kind == "mismatch":
+        raise IdempotencyMismatch(request_id)
+    if reply.kind == "rate_limited":
+        raise RateLimited(reply.wait_ms)
+    if reply.kind == "not_started":
+        starts_at = info.rules.window_json()["starts_at"]
+        raise NotStarted(starts_at or "", reply.wait_ms)
+    if reply.kind == "ended":
+        raise Ended()
+    result = _OUTCOMES.get(reply.kind)
+    if result is None:
+        raise Unavailable("stock not loaded")
+    return result

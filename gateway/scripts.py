@@ -36,7 +36,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, RedisError, ResponseError
 
 from gateway.connections import RedisClient
-from gateway.lock.errors import connection_errors
+from gateway.lock import connection_errors
 
 # The repository's top-level lua/, installed as the package gateway.lua (see pyproject.toml).
 LUA_DIR: Traversable = resources.files("gateway.lua")
@@ -51,7 +51,9 @@ Call = tuple[str, Sequence[KeyArg], Sequence[ScriptArg]]
 
 async def evalsha_many(redis: RedisClient, calls: Sequence[Call]) -> list[Any]:
     """Run ``calls`` as EVALSHAs in one round trip: per call its reply, or the
-    ``ResponseError`` Redis answered (``NoScriptError`` included). Raises a
+    ``ResponseError`` Redis answered (``NoScriptError`` included), or on a
+    cluster the ``RedisError`` of that call's node (its connection failed
+    while another node's calls went through). Raises a
     ``RedisError`` when the connection fails, after the client's own retries
     (which send the calls again: a reserve call is recognised by its call key)."""
     if not isinstance(redis, Redis):
@@ -94,7 +96,7 @@ async def _evalsha(
     redis: RedisClient, sha: str, keys: Sequence[KeyArg], args: Sequence[ScriptArg]
 ) -> Any:
     (reply,) = await evalsha_many(redis, [(sha, keys, args)])
-    if isinstance(reply, ResponseError):
+    if isinstance(reply, BaseException):
         raise reply
     return reply
 

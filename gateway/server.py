@@ -66,9 +66,11 @@ async def run(settings: Settings, on_startup: StartupHook | None = None) -> bool
     assert runner.server is not None
     lane.install(app, runner.server)
     try:
+        # Before listening: the collection blocks the loop once, and no buyer
+        # should be in flight then (the lag timer records it before readiness).
+        _settle_heap()
         site = GuardedSite(runner, settings, observer=app[METRICS])
         await site.start()
-        _settle_heap()
         log.info("serving", host=settings.host, port=settings.port)
         await _stop_signal()
         await lame_duck(app, settings.lame_duck_s)

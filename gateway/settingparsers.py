@@ -13,6 +13,7 @@ from urllib.parse import urlsplit
 from gateway.clients import parse_networks
 from gateway.domain import Strategy
 from gateway.rules import parse_rate
+from gateway.waitpage import parse_origins
 
 
 def _int(low: int) -> Callable[[str], int]:
@@ -164,4 +165,5 @@ PARSERS: Mapping[str, Callable[[str], Any]] = {
     "optimistic_backoff_max_ms": _float(0.0),
     "user_rate": _rate,
     "client_rate": _rate,
+    "waiting_page_return_origins": parse_origins,
 }

@@ -111,6 +111,9 @@ class Settings:
     # sku's own rate wins); None: off.
     user_rate: str | None = None
     client_rate: str | None = None
+    # Origins a waiting-room page may send an admitted buyer back to
+    # (``return_to``, gateway.waitpage); empty: none, return_to is refused.
+    waiting_page_return_origins: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         if self.redis_sentinels and self.redis_cluster_nodes:

@@ -37,10 +37,13 @@ DATABASE_OID = """
 SELECT '?:' || (SELECT oid FROM pg_database WHERE datname = current_database())::text
 """
 SKU_INFO = """
-SELECT per_user_limit, room_admit_per_s, room_token_ttl_s, room_shuffle_at_start, starts_at,
-       ends_at, user_rate, client_rate, strategy
+SELECT stock, per_user_limit, room_admit_per_s, room_token_ttl_s, room_shuffle_at_start,
+       starts_at, ends_at, user_rate, client_rate, strategy
 FROM inventory WHERE sku = $1
 """
+# The same, with the row locked for an admin change (admin changes and flushes
+# of the sku queue on it).
+LOCK_SKU_SETTINGS = SKU_INFO.rstrip() + " FOR UPDATE\n"
 SKU_STOCK = "SELECT stock FROM inventory WHERE sku = $1"
 ALL_SKUS = "SELECT sku FROM inventory ORDER BY sku"
 ORDERS_BY_REQUESTS = """
@@ -78,7 +81,7 @@ UNITS_SOLD = "SELECT COALESCE(SUM(qty), 0) FROM orders WHERE sku = $1"
 # A new sku starts empty, so two concurrent creations both see the row (and
 # wait for its lock) and each records only its own difference.
 CREATE_SKU = """
-INSERT INTO inventory (sku, stock, per_user_limit) VALUES ($1, 0, $2) ON CONFLICT (sku) DO NOTHING
+INSERT INTO inventory (sku, stock) VALUES ($1, 0) ON CONFLICT (sku) DO NOTHING RETURNING sku
 """
 SET_SKU = """
 UPDATE inventory SET stock = $2, per_user_limit = $3, strategy = $4, updated_at = now()
@@ -99,3 +102,8 @@ WHERE sku = $1
 RECORD_MOVEMENT = """
 INSERT INTO stock_movements (sku, delta, reason, stock_after) VALUES ($1, $2, $3, $4)
 """
+# The window and rate limits of a strategy that decides in PostgreSQL alone, in
+# one round trip: see sql/functions/sale_gate.sql.
+SALE_GATE = "SELECT verdict, wait_ms FROM sale_gate($1, $2, $3, $4, $5, $6, $7, $8, $9)"
+# Buckets past their expiry are full again: the same as no row.
+PRUNE_RATE_BUCKETS = "DELETE FROM rate_buckets WHERE expires_at < now()"

@@ -9,11 +9,8 @@ import structlog
 from aiohttp import web
 
 from gateway import payloads
-from gateway.admin import StockAdmin
 from gateway.admission import Admissions
 from gateway.appkeys import (
-    ADMIN,
-    ADMIN_TOKENS,
     ADMISSIONS,
     BATCHER,
     INVENTORY,
@@ -21,13 +18,17 @@ from gateway.appkeys import (
     ORDERS,
     OUTCOME,
     PURCHASES,
-    RECONCILER,
     STOPPING,
     TRACKER,
+    WAITING_PAGE,
 )
 from gateway.clients import current_client
 from gateway.domain import Outcome, Result
-from gateway.errors import Forbidden, InvalidRequest, NotFound, TooLarge, Unauthorized
+from gateway.errors import (
+    InvalidRequest,
+    NotFound,
+    TooLarge,
+)
 from gateway.metrics import CONTENT_TYPE
 from gateway.prebuilt import DirectAnswers, Written
 from gateway.purchases import Purchases
@@ -155,70 +156,20 @@ def _wait_s(request: web.Request) -> float:
 
 
 async def get_sku(request: web.Request) -> web.Response:
-    """GET /v1/skus/{sku}: what is left to buy, and the strategy it sells under."""
+    """GET /v1/skus/{sku}: what is left to buy, the strategy it sells under, its
+    window and whether it has a waiting room."""
     sku = payloads.identifier(request.match_info["sku"], "sku")
     available = await request.app[PURCHASES].available(sku)
     purchases = request.app[PURCHASES]
     strategy, rules = await purchases.strategy(sku), await purchases.rules(sku)
-    return json_response(
-        {"sku": sku, "available": available, "strategy": strategy.value, **rules.window_json()}
-    )
+    body = {"sku": sku, "available": available, "strategy": strategy.value, **rules.window_json()}
+    body["waiting_room"] = await request.app[ADMISSIONS].has_room(sku)
+    return json_response(body)
 
 
-def _admin(request: web.Request, change: str | None = None) -> StockAdmin:
-    """The admin use cases, once the bearer token checks out (in constant time);
-    a ``change`` is logged with the fingerprint of the token that made it."""
-    tokens = request.app[ADMIN_TOKENS]
-    if not tokens.configured:
-        raise Forbidden("admin routes are off: GATEWAY_ADMIN_TOKEN(_FILE) is not set")
-    fingerprint = tokens.check(request.headers.get("Authorization", ""))
-    if fingerprint is None:
-        raise Unauthorized("missing or wrong bearer token")
-    if change is not None:
-        log.info("admin_change", change=change, path=request.path, token=fingerprint)
-    return request.app[ADMIN]
-
-
-async def put_sku(request: web.Request) -> web.Response:
-    """PUT /admin/skus/{sku}: create the sku or reset its remaining stock."""
-    admin = _admin(request, "put_sku")
-    sku = payloads.identifier(request.match_info["sku"], "sku")
-    data = payloads.parse_object(await read_body(request), payloads.SKU_FIELDS)
-    stock = payloads.integer(data, "stock", low=0)
-    limit = payloads.integer(data, "per_user_limit", low=1, high=payloads.MAX_LIMIT, default=1)
-    rules = payloads.sale_rules(data)
-    room = payloads.waiting_room(data)
-    strategy = payloads.strategy(data)
-    return json_response(await admin.put_sku(sku, stock, limit, rules, room, strategy))
-
-
-async def restock(request: web.Request) -> web.Response:
-    """POST /admin/skus/{sku}/restock: add stock."""
-    admin = _admin(request, "restock")
-    sku = payloads.identifier(request.match_info["sku"], "sku")
-    data = payloads.parse_object(await read_body(request), payloads.RESTOCK_FIELDS)
-    return json_response(await admin.restock(sku, payloads.integer(data, "delta", low=1)))
-
-
-async def sku_report(request: web.Request) -> web.Response:
-    """GET /admin/skus/{sku}: database and Redis stock, pending and sold units."""
-    admin = _admin(request)
-    report = await admin.report(payloads.identifier(request.match_info["sku"], "sku"))
-    return json_response(
-        {
-            "db_stock": report.db_stock,
-            "redis_stock": report.redis_stock,
-            "pending": report.pending,
-            "sold": report.sold,
-        }
-    )
-
-
-async def reconcile(request: web.Request) -> web.Response:
-    """POST /admin/reconcile: run a reconciliation pass now; what it did per sku."""
-    _admin(request, "reconcile")
-    done = await request.app[RECONCILER].reconcile_all()
-    return json_response({sku: r.as_json() for sku, r in done.items()})
+async def waiting_page(request: web.Request) -> web.Response:
+    """GET /wait/{sku}?user_id=U[&return_to=URL]: the waiting-room page."""
+    return request.app[WAITING_PAGE].answer(request)
 
 
 async def join_queue(request: web.Request) -> web.Response:
@@ -270,12 +221,9 @@ def routes(with_metrics: bool) -> list[web.RouteDef]:
         web.post("/v1/purchase", purchase),
         web.get("/v1/orders/{request_id}", get_order),
         web.get("/v1/skus/{sku}", get_sku),
-        web.put("/admin/skus/{sku}", put_sku),
-        web.post("/admin/skus/{sku}/restock", restock),
-        web.get("/admin/skus/{sku}", sku_report),
-        web.post("/admin/reconcile", reconcile),
         web.post("/v1/queue/{sku}", join_queue),
         web.get("/v1/queue/{sku}/{ticket}", poll_queue),
+        web.get("/wait/{sku}", waiting_page),
         web.get("/healthz", healthz),
         web.get("/readyz", readyz),
         *([web.get("/metrics", metrics)] if with_metrics else []),

@@ -67,13 +67,17 @@ class WaitingRooms:
         for script in self.scripts:
             await script.load(self._redis)
 
-    async def join(self, sku: str, user_id: str, fresh_ticket: str, starts_ms: int) -> Standing:
+    async def join(
+        self, sku: str, user_id: str, fresh_ticket: str, starts_ms: int, token_ttl_ms: int
+    ) -> Standing:
         """Queue ``user_id`` for ``sku`` with ``fresh_ticket``, or find the ticket
-        they already hold; ``sold_out`` when the sku is settled sold out.
-        ``starts_ms`` is the sale's start (0: none), to tell early arrivals apart."""
+        they already hold (unless its admission is older than ``token_ttl_ms``:
+        then the fresh ticket, at the back); ``sold_out`` when the sku is settled
+        sold out. ``starts_ms`` is the sale's start (0: none), to tell early
+        arrivals apart."""
         q, s = QueueKeys.of(self._prefix, sku), SkuKeys.of(self._prefix, sku)
         keys = (q.wait, q.users, q.tickets, q.seq, s.stock, s.pending, q.early)
-        args = (user_id, fresh_ticket, self._retention_ms, starts_ms)
+        args = (user_id, fresh_ticket, self._retention_ms, starts_ms, token_ttl_ms)
         raw = await guarded(self._join(self._redis, keys, args))
         if raw[0] == "sold_out":
             return _SOLD_OUT

@@ -8,9 +8,10 @@ Pick a scenario by user class (``loadtests/profiles.py`` lists them) or by tag::
 Classes and tags: ``FlashCrowdUser`` (flash_crowd), ``SoldOutStormUser``
 (sold_out_storm), ``DuplicateClickerUser`` (duplicate_clickers),
 ``RestockBuyerUser`` + ``RestockAdminUser`` (restock_mid_sale) and
-``MixedBrowseUser`` (mixed_browse_buy), ``WaitingRoomUser`` (waiting_room: join
-the sku's waiting room, poll until let in, buy with the admission token; the
-gateway needs ``GATEWAY_ADMISSION_SECRET``).
+``MixedBrowseUser`` (mixed_browse_buy), ``WaitingRoomUser`` (waiting_room: the
+waiting-room page's calls at its pace: the page, the sku, a join, polls
+``poll_after_s`` apart, the purchase with the admission token; the gateway
+needs ``GATEWAY_ADMISSION_SECRET``).
 
 On test start the master (or the only process) creates the skus through the
 admin API with ``GATEWAY_ADMIN_TOKEN``; ``LOCUST_SETUP=0`` skips that (skus
@@ -25,6 +26,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import random
 import urllib.error
 import urllib.request
 import uuid
@@ -285,31 +287,39 @@ class MixedBrowseUser(Shopper):
 
 
 class WaitingRoomUser(Shopper):
-    """A shopper of a waiting-room sku: join, poll until let in, buy with the token,
-    then a new shopper takes their place. Sold out ends each shopper's wait."""
+    """A shopper on the waiting-room page, making its calls at its pace: the page
+    (``GET /wait/{sku}``), the sku, a join, polls ``poll_after_s`` apart (a
+    tenth more at random), ``Retry-After`` (half more at random) after a 429 or
+    503, then the purchase with the admission token and a request id of its own.
+    Then a new shopper takes their place; sold out ends a shopper's wait."""
 
-    wait_time = between(0.1, 0.3)
     user_id = ""
     ticket: str | None = None
+    pause_s = 0.0
+
+    def wait_time(self) -> float:
+        """The page's own pause before its next call."""
+        return self.pause_s
 
     def on_start(self) -> None:
         """Start as a new shopper."""
         self._next_shopper()
 
     def _next_shopper(self) -> None:
-        self.user_id, self.ticket = new_id(), None
+        self.user_id, self.ticket, self.pause_s = new_id(), None, random.uniform(0.1, 0.3)
 
     @tag("waiting_room")
     @task
     def step(self) -> None:
-        """Join if not yet in line, else poll, and buy once admitted."""
+        """Open the page and join if not yet in line, else poll, and buy once admitted."""
         if self.ticket is None:
-            self._join()
+            self._open_page()
             return
         with self.client.get(
             f"/v1/queue/{ROOM_SKU}/{self.ticket}", name="poll [waiting_room]", catch_response=True
         ) as response:
             body = judge(response, frozenset({(200, None)}))
+            self._pace(response, body)
         if body.get("status") == "admitted":
             token = str(body["admission_token"])
             name = "purchase [waiting_room]"
@@ -318,7 +328,18 @@ class WaitingRoomUser(Shopper):
         elif body.get("status") == "sold_out":
             self._next_shopper()
 
-    def _join(self) -> None:
+    def _open_page(self) -> None:
+        """What a page load asks for: the document, the sku, a place in line."""
+        with self.client.get(
+            f"/wait/{ROOM_SKU}?user_id={self.user_id}",
+            name="page [waiting_room]",
+            catch_response=True,
+        ) as response:
+            judge(response, frozenset({(200, None)}))
+        with self.client.get(
+            f"/v1/skus/{ROOM_SKU}", name="sku [waiting_room]", catch_response=True
+        ) as response:
+            judge(response, frozenset({(200, None)}))
         with self.client.post(
             f"/v1/queue/{ROOM_SKU}",
             data=json.dumps({"user_id": self.user_id}),
@@ -327,4 +348,18 @@ class WaitingRoomUser(Shopper):
             catch_response=True,
         ) as response:
             body = judge(response, frozenset({(200, None), (409, "sold_out")}))
+            self._pace(response, body)
         self.ticket = body.get("ticket")
+        if self.ticket is None:
+            self._next_shopper()
+
+    def _pace(self, response: ResponseContextManager, body: dict[str, Any]) -> None:
+        """When the page would call again: as the API asks, never sooner."""
+        headers = response.headers
+        retry_after = None if headers is None else headers.get("Retry-After")
+        if response.status_code in (429, 503) and isinstance(retry_after, str):
+            self.pause_s = float(retry_after) * random.uniform(1.0, 1.5)
+        elif body.get("position") == 0:
+            self.pause_s = 0.0
+        else:
+            self.pause_s = float(body.get("poll_after_s", 1)) * random.uniform(1.0, 1.1)

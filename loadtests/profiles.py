@@ -64,7 +64,7 @@ PROFILES: dict[str, Profile] = {
             ("WaitingRoomUser",),
             users=200,
             spawn_rate=200,
-            description="shoppers join a sku's waiting room, poll until let in, buy with the token",
+            description="the waiting-room page's calls at its pace: page, sku, join, polls, buy",
         ),
     )
 }

@@ -88,7 +88,7 @@ async def write_sale(database_url: str, redis_url: str, prefix: str, orders: int
         inventory = Inventory(redis, settings)
         await inventory.load_scripts()
         await inventory.restore_orders(SKU, made)
-        await inventory.load_stock(SKU, 0, reset=True)
+        await inventory.load_stock(SKU, 0, reset=True, fresh=True)
     finally:
         await redis.aclose()
     return made

@@ -6,7 +6,8 @@
 -- KEYS[5] rebuild (as in reserve.lua)
 -- ARGV[1] mode: "reload" sets stock only when the key is missing (Redis lost
 --         it, or it expired); "reset" always sets it (an admin changed the
---         database stock)
+--         database stock); "fresh" is a reset whose caller knows the buyers
+--         and done hashes are whole (a sku created now has no orders)
 -- ARGV[2] database stock, ARGV[3] pub/sub channel, ARGV[4] sku
 -- ARGV[5] retention in ms: the sku's keys are kept that long after a change
 --
@@ -36,11 +37,11 @@ end
 -- A rebuild already under way wrote its pages into hashes that are gone now:
 -- its lease is taken from it, and the next holder starts over.
 local flagged = 0
-if missing then
+if missing and ARGV[1] ~= "fresh" then
   redis.call("SET", KEYS[5], "|0", "PX", ARGV[5])
   flagged = 1
 end
-if ARGV[1] == "reset" then
+if ARGV[1] ~= "reload" then
   redis.call("PUBLISH", ARGV[3], "meta:" .. ARGV[4])
 elseif stock > 0 then
   redis.call("PUBLISH", ARGV[3], "avail:" .. ARGV[4])

@@ -12,6 +12,7 @@
 -- ARGV[1] user_id, ARGV[2] a fresh ticket, used only if the user has none
 -- ARGV[3] retention in ms: the queue's keys live that long after a join
 -- ARGV[4] the sale's start in ms since the epoch, 0 when it has no start
+-- ARGV[5] the room's token lifetime in ms
 --
 -- Returns one of:
 --   {"sold_out"}                          stock is 0 and nothing is pending
@@ -20,14 +21,25 @@
 --
 -- Sold out is decided here, with the join, so nobody is queued for a sku that
 -- is already gone; a missing stock key is not sold out (it is reloaded on the
--- next purchase).
+-- next purchase). A user whose admission expired (its token's lifetime passed,
+-- by Redis's clock) joins again at the back of the line with the fresh ticket:
+-- the old ticket stays admitted, its token expired, so a purchase made with it
+-- in time still gets its outcome.
 local stock = redis.call("GET", KEYS[5])
 if stock and tonumber(stock) <= 0 and redis.call("HLEN", KEYS[6]) == 0 then
   return {"sold_out"}
 end
 
 local user, retention = ARGV[1], ARGV[3]
+local time = redis.call("TIME")
+local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 local ticket = redis.call("HGET", KEYS[2], user)
+if ticket then
+  local admitted = string.match(redis.call("HGET", KEYS[3], ticket) or "", "|(%d+)$")
+  if admitted and now >= tonumber(admitted) + tonumber(ARGV[5]) then
+    ticket = nil
+  end
+end
 if not ticket then
   ticket = ARGV[2]
   local seq = redis.call("INCR", KEYS[4])
@@ -38,8 +50,7 @@ if not ticket then
     redis.call("PEXPIRE", KEYS[i], retention)
   end
   -- Early arrivals are told apart by Redis's clock, not the gateway's.
-  local time = redis.call("TIME")
-  if tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000) < tonumber(ARGV[4]) then
+  if now < tonumber(ARGV[4]) then
     redis.call("SET", KEYS[7], seq, "PX", retention)
   end
 end

@@ -1,18 +1,41 @@
 #!/usr/bin/env bash
-# Makes sure a Redis on 127.0.0.1:6379 and a PostgreSQL on 127.0.0.1:5432 answer.
-# Uses the ones already listening; otherwise starts private ones from installed
-# binaries (data under $RUN_DIR); otherwise, as root on Debian, installs them.
+# Makes sure the Redis of GATEWAY_REDIS_URL and the PostgreSQL of
+# GATEWAY_DATABASE_URL answer (unset: 127.0.0.1:6379 and 127.0.0.1:5432).
+# Uses the ones already listening. Where nothing answers and the URL names the
+# default local address, starts a private one from installed binaries (data
+# under $RUN_DIR), else, as root on Debian, installs it first; where the URL
+# names any other host or port, it only says that nothing answers there.
 # `services.sh haproxy` only makes sure the haproxy binary is installed (the
 # HAProxy test starts its own).
 set -euo pipefail
 RUN_DIR=${RUN_DIR:-/tmp/flashsale-services}
 mkdir -p "$RUN_DIR"
 
-listening() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+listening() { (exec 3<>"/dev/tcp/$1/$2") 2>/dev/null; }
 
 wait_port() {
-  for _ in $(seq 1 100); do listening "$1" && return 0; sleep 0.1; done
+  for _ in $(seq 1 100); do listening 127.0.0.1 "$1" && return 0; sleep 0.1; done
   echo "services: nothing answers on 127.0.0.1:$1" >&2; return 1
+}
+
+# "host port" of a redis:// or postgresql:// URL ($2: the default port).
+address_of() {
+  local rest=${1#*://}
+  rest=${rest##*@}          # user:password@
+  rest=${rest%%[/?]*}       # /database, ?options
+  local host=${rest%:*} port=${rest##*:}
+  if [ "$host" = "$rest" ]; then port=$2; fi
+  host=${host#[}; host=${host%]}
+  echo "${host:-127.0.0.1} ${port:-$2}"
+}
+
+# Whether host:port ($1 $2) answers; if not, whether it is ours to start
+# (the default port $3 on 127.0.0.1); else a message naming $4 and exit 1.
+answers_or_ours() {
+  listening "$1" "$2" && return 0
+  case "$1" in 127.0.0.1|localhost) [ "$2" = "$3" ] && return 1 ;; esac
+  echo "services: nothing answers at $1:$2 ($4); start it there, or unset $4" >&2
+  exit 1
 }
 
 apt_install() {
@@ -30,7 +53,9 @@ pg_bindir() {
 }
 
 ensure_redis() {
-  listening 6379 && return 0
+  local address; address=$(address_of "${GATEWAY_REDIS_URL:-redis://127.0.0.1:6379/0}" 6379)
+  # shellcheck disable=SC2086
+  answers_or_ours $address 6379 GATEWAY_REDIS_URL && return 0
   command -v redis-server >/dev/null || apt_install redis-server
   redis-server --daemonize yes --bind 127.0.0.1 --port 6379 --save "" --appendonly no \
     --dir "$RUN_DIR" --logfile "$RUN_DIR/redis.log"
@@ -44,7 +69,10 @@ ensure_cluster_tools() {
 }
 
 ensure_postgres() {
-  listening 5432 && return 0
+  local address
+  address=$(address_of "${GATEWAY_DATABASE_URL:-postgresql://postgres@127.0.0.1:5432/x}" 5432)
+  # shellcheck disable=SC2086
+  answers_or_ours $address 5432 GATEWAY_DATABASE_URL && return 0
   [ -n "$(pg_bindir)" ] || apt_install postgresql
   local bin; bin=$(pg_bindir)
   local data="$RUN_DIR/pg"

@@ -20,7 +20,9 @@ from redis.asyncio import Redis
 
 from gateway import lane
 from gateway.app import create_app
+from gateway.appkeys import METRICS
 from gateway.settings import Settings
+from tests.support.gateways import LAG_LIMIT_S
 from tests.support.purchases import ADMIN_TOKEN
 from tests.support.services import REDIS_URL, create_database, drop_database
 
@@ -90,9 +92,30 @@ async def start_gateway(
             assert client.server.runner is not None and client.server.runner.server is not None
             # As gateway.server does: plain purchases through the lane.
             lane.install(client.app, client.server.runner.server)
+            stack.push_async_callback(_lag_guard, client.app, _late_timers(client.app))
             return client
 
         yield start
+
+
+def _late_timers(app: web.Application) -> float:
+    """How often the app's lag timer ran more than LAG_LIMIT_S late."""
+    within = every = 0.0
+    for family in app[METRICS].loop_lag.collect():
+        for sample in family.samples:
+            if sample.name.endswith("_bucket") and sample.labels["le"] == str(LAG_LIMIT_S):
+                within = sample.value
+            elif sample.name.endswith("_bucket") and sample.labels["le"] == "+Inf":
+                every = sample.value
+    return every - within
+
+
+async def _lag_guard(app: web.Application, at_start: float) -> None:
+    """The lag guard of an in-process gateway, as of a gateway process
+    (tests.support.gateways): its loop is the test's, so a test or fixture that
+    blocks it fails too, which is as it should be."""
+    late = _late_timers(app) - at_start
+    assert late == 0, f"event loop stalled: {late:.0f} timer(s) over {LAG_LIMIT_S}s late"
 
 
 @pytest.fixture

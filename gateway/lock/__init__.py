@@ -22,7 +22,14 @@ on a ``gateway.lock.zk_session.ZkSession``) needs kazoo, the optional extra
 
 from __future__ import annotations
 
-from gateway.lock.errors import LockError, LockLost, LockNotOwned, LockTimeout
+from gateway.lock.errors import (
+    LockError,
+    LockLost,
+    LockNotOwned,
+    LockTimeout,
+    closed_under_write,
+    connection_errors,
+)
 from gateway.lock.metrics import LockMetrics, LockStats
 from gateway.lock.postgres import (
     FENCE_SEQUENCE,
@@ -45,6 +52,8 @@ __all__ = [
     "PgAdvisoryLock",
     "RedisLock",
     "advisory_key",
+    "closed_under_write",
+    "connection_errors",
     "create_fence_sequence",
     "load_lock_scripts",
 ]

@@ -11,8 +11,13 @@ from collections.abc import Iterator
 import redis.asyncio
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-# Where redis-py's leak is raised from: its asyncio connections and asyncio's transports.
-_LEAKY = tuple(os.path.dirname(m.__file__ or "") + os.sep for m in (redis.asyncio, asyncio))
+# Where redis-py's leaks are raised from: its asyncio connections, asyncio's
+# transports, and uvloop's (its Cython frames are named by their source path).
+_UVLOOP = "uvloop/"
+_LEAKY = (
+    *(os.path.dirname(m.__file__ or "") + os.sep for m in (redis.asyncio, asyncio)),
+    _UVLOOP,
+)
 
 
 class LockError(Exception):
@@ -47,20 +52,38 @@ class LockLost(LockError):
 
 @contextlib.contextmanager
 def connection_errors() -> Iterator[None]:
-    """Raise as ``redis.exceptions.ConnectionError`` what redis-py lets escape as an
-    ``AttributeError`` or ``TypeError`` when a connection is closed under a write
-    (redis/redis-py#4287, seen in a Redis Cluster failover): every caller already
-    treats a lost connection, and none should have to know this one.
+    """Raise as ``redis.exceptions.ConnectionError`` what redis-py lets escape untyped
+    when a connection is closed under a write, as seen in Redis Cluster failovers:
+    an ``AttributeError`` or ``TypeError`` from its own code (redis/redis-py#4287),
+    and uvloop's ``RuntimeError`` "unable to perform operation on <TCPTransport
+    closed=True ...>; the handler is closed". Every caller already treats a lost
+    connection, and none should have to know these.
 
-    Only errors raised inside redis-py's or asyncio's own code are translated; the
-    same types raised anywhere else are bugs and propagate unchanged.
+    Only errors raised inside redis-py's, asyncio's or uvloop's own code are
+    translated; the same types raised anywhere else are bugs and propagate
+    unchanged.
     """
     try:
         yield
-    except (AttributeError, TypeError) as exc:
-        tb = exc.__traceback__
-        while tb is not None and tb.tb_next is not None:
-            tb = tb.tb_next
-        if tb is None or not tb.tb_frame.f_code.co_filename.startswith(_LEAKY):
+    except (AttributeError, TypeError, RuntimeError) as exc:
+        if not closed_under_write(exc):
             raise
         raise RedisConnectionError(f"connection closed while writing: {exc!r}") from exc
+
+
+def closed_under_write(exc: BaseException) -> bool:
+    """Whether ``exc`` is one of the untyped errors :func:`connection_errors` translates:
+    its type is one of those, and it was raised inside redis-py, asyncio or uvloop."""
+    if not isinstance(exc, (AttributeError, TypeError, RuntimeError)):
+        return False
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    if tb is None:
+        return False
+    where = tb.tb_frame.f_code.co_filename
+    if isinstance(exc, RuntimeError):
+        # Only uvloop's closed handle: asyncio's own RuntimeErrors (a lock bound
+        # to another loop) are bugs to see, not connections to retry.
+        return where.startswith(_UVLOOP)
+    return where.startswith(_LEAKY)

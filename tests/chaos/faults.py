@@ -84,25 +84,23 @@ async def stop_lock_holder(
     )
 
 
-def even_user(entry: Pending) -> bool:
-    """Whether a ledger entry belongs to a first-wave buyer that started on gateway 0.
-
-    The driver sends client ``i`` (``user-i``) first to gateway ``i % 2``.
-    """
+def first_sent_to(entry: Pending, gateway: int) -> bool:
+    """Whether a ledger entry belongs to a first-wave buyer that started on ``gateway``
+    (of two). The driver sends client ``i`` (``user-i``) first to gateway ``i % 2``."""
     number = entry.user_id.rpartition("-")[2]
-    return entry.user_id.startswith("user-") and number.isdigit() and int(number) % 2 == 0
+    return entry.user_id.startswith("user-") and number.isdigit() and int(number) % 2 == gateway
 
 
-def young_batch_on_gateway_0(
-    stack: Stack, sku: str, younger_than_ms: float
+def young_batch_on(
+    stack: Stack, sku: str, younger_than_ms: float, gateway: int = 0
 ) -> Callable[[], Awaitable[bool]]:
-    """A ``ready`` condition: gateway 0 has reservations in the ledger, all younger
-    than ``younger_than_ms``. Set that to half the batch wait and gateway 0's batch
+    """A ``ready`` condition: ``gateway`` has reservations in the ledger, all younger
+    than ``younger_than_ms``. Set that to half the batch wait and the gateway's batch
     is filling with no flush of it due or running (a flush's entries would be
     older), so a signal sent now finds that batch queued."""
 
     async def ready() -> bool:
-        mine = [e for e in ledger(await stack.ledger(sku)) if even_user(e)]
+        mine = [e for e in ledger(await stack.ledger(sku)) if first_sent_to(e, gateway)]
         now_ms = time.time() * 1000
         return bool(mine) and all(now_ms - e.reserved_at_ms < younger_than_ms for e in mine)
 

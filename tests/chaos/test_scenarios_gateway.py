@@ -12,7 +12,7 @@ import time
 import pytest
 
 from gateway.layout import ledger
-from tests.chaos.faults import even_user, young_batch_on_gateway_0
+from tests.chaos.faults import first_sent_to, young_batch_on
 from tests.chaos.reporting import Diagnostics
 from tests.chaos.sale import LOCKS, SKU, run_scenario, settings_for
 from tests.chaos.stacks import Stack, proxied_stack
@@ -39,11 +39,11 @@ async def test_gateway_killed_with_batches_in_flight(
 
         async def sigkill(stack: Stack, sku: str) -> str:
             await stack.gateways[0].crash()
-            left = [e for e in ledger(await stack.ledger(sku)) if even_user(e)]
+            left = [e for e in ledger(await stack.ledger(sku)) if first_sent_to(e, 0)]
             orphaned.extend(left)
             return f"SIGKILL gw0 with {len(left)} reservations in its batch"
 
-        ready = young_batch_on_gateway_0(stack, SKU, younger_than_ms=200)
+        ready = young_batch_on(stack, SKU, younger_than_ms=200)
         await run_scenario(stack, f"6 gateway SIGKILL [{lock}]", sigkill, ready=ready)
         assert stack.gateways[0].returncode == -signal.SIGKILL
         assert orphaned, "the kill orphaned no reservation: the fault missed its target"
@@ -73,7 +73,7 @@ async def test_gateway_sigterm_drains_mid_sale(
             assert took < 3 + 2, f"drain took {took:.1f}s, bound 3s"
             return f"SIGTERM gw0 with a batch queued, exit {status} after {took:.1f}s"
 
-        ready = young_batch_on_gateway_0(stack, SKU, younger_than_ms=150)
+        ready = young_batch_on(stack, SKU, younger_than_ms=150)
         await run_scenario(stack, f"6 gateway SIGTERM [{lock}]", sigterm, ready=ready)
         (draining,) = stack.gateways[0].log_events("draining")
         assert draining["queued"] >= 1, f"nothing was queued at SIGTERM: {draining}"

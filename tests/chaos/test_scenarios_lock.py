@@ -7,11 +7,14 @@ middle and every check are described there), with the flush lock on and off.
 
 from __future__ import annotations
 
+from datetime import datetime
+
+import asyncpg
 import pytest
 
-from tests.chaos.faults import sleep_fault, stop_lock_holder
+from tests.chaos.faults import sleep_fault, stop_lock_holder, young_batch_on
 from tests.chaos.reporting import Diagnostics
-from tests.chaos.sale import LOCKS, SalePlan, run_scenario, settings_for
+from tests.chaos.sale import LOCKS, SKU, SalePlan, run_scenario, settings_for
 from tests.chaos.stacks import Stack, proxied_stack
 from tests.support.metrics import metric, scrape
 from tests.support.polling import wait_for
@@ -40,11 +43,11 @@ async def test_lock_holder_paused_past_its_lease(
 
         async def pause_holder(stack: Stack, sku: str) -> str:
             if lock == "none":
-                before = await stack.orders(sku)
                 stack.gateways[0].pause()
                 try:
+                    paused_at = await _database_now(stack)
                     await sleep_fault(2.0)
-                    meanwhile.append(await stack.orders(sku) - before)
+                    meanwhile.append(await _orders_since(stack, sku, paused_at))
                 finally:
                     stack.gateways[0].resume()
                 return f"SIGSTOP gw0 2.0s (no lock), {meanwhile[0]} orders meanwhile"
@@ -57,7 +60,14 @@ async def test_lock_holder_paused_past_its_lease(
                 f" {stop.orders_meanwhile} orders meanwhile"
             )
 
-        await run_scenario(stack, f"2 lock expiry [{lock}]", pause_holder)
+        # Without a lock, gateway 1 must have buyers to serve while gateway 0 is
+        # stopped: its batch is filling (batch wait 50 ms) when the fault starts.
+        # On a busy machine the first wave can otherwise have arrived and been
+        # answered by then, and gateway 1 rightly sells nothing meanwhile.
+        ready = (
+            young_batch_on(stack, SKU, younger_than_ms=25, gateway=1) if lock == "none" else None
+        )
+        await run_scenario(stack, f"2 lock expiry [{lock}]", pause_holder, ready=ready)
         assert meanwhile[0] > 0, "the other instance sold nothing while the first was stopped"
         if lock == "none":
             return
@@ -70,6 +80,29 @@ async def test_lock_holder_paused_past_its_lease(
 
         lost = await wait_for(learned, within=10, what="the stale holder counts a lost lock")
         assert lost >= 1
+
+
+async def _database_now(stack: Stack) -> datetime:
+    """PostgreSQL's clock, which stamps each order's ``created_at``."""
+    con = await asyncpg.connect(stack.database_url, timeout=2)
+    try:
+        now: datetime = await con.fetchval("SELECT now()", timeout=2)
+        return now
+    finally:
+        await con.close(timeout=2)
+
+
+async def _orders_since(stack: Stack, sku: str, since: datetime) -> int:
+    """Orders of ``sku`` whose transaction began after ``since``: with gateway 0
+    stopped since then, the ones gateway 1 committed."""
+    con = await asyncpg.connect(stack.database_url, timeout=2)
+    try:
+        count: int = await con.fetchval(
+            "SELECT count(*) FROM orders WHERE sku = $1 AND created_at > $2", sku, since, timeout=2
+        )
+        return count
+    finally:
+        await con.close(timeout=2)
 
 
 # --------------------------------------------------------------------------- 3. network

@@ -105,6 +105,7 @@ class TestRoutes:
             "strategy": "reserve-batch",
             "starts_at": None,
             "ends_at": None,
+            "waiting_room": False,
         }
         assert (await client.get("/v1/skus/other-sku")).status == 404
 

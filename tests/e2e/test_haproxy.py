@@ -1,4 +1,6 @@
-"""Behind a real HAProxy (deploy/haproxy.cfg): a rolling restart in the middle of a storm.
+"""Behind a real HAProxy (deploy/haproxy.cfg): a rolling restart in the middle of
+a storm, retries of a 503, the client address (test_haproxy_door.py has the
+public door, the long poll and HAProxy's own answers).
 
 HAProxy and two gateway processes start once for the module, on the shared
 Redis and the session's database, under a key prefix of their own.
@@ -14,13 +16,12 @@ from collections.abc import Iterator
 
 import aiohttp
 import pytest
-from redis.asyncio import Redis
 
 from gateway.audit import audit
 from gateway.settings import Settings
 from tests.support.driver import ClientPolicy, DriverSummary, LoadDriver
 from tests.support.gateways import SIGTERM_EXIT_S, Gateway, GatewayCluster
-from tests.support.haproxy import HAProxy, check_config
+from tests.support.haproxy import HAProxy, behind_haproxy, check_config
 from tests.support.invariants import check_invariants
 from tests.support.metrics import scrape
 from tests.support.polling import wait_for
@@ -51,22 +52,8 @@ def topology(database_url: str) -> Iterator[Topology]:
         key_prefix=f"hap{uuid.uuid4().hex[:8]}",
         settings={"lame_duck_s": LAME_DUCK_S, "trusted_proxies": "127.0.0.1/32"},
     )
-    proxy = HAProxy([f"{HOST}:{g.port}" for g in cluster])
-    try:
-        asyncio.run(cluster.start())
-        asyncio.run(proxy.start())
+    with behind_haproxy(cluster) as proxy:
         yield cluster, proxy
-    finally:
-        asyncio.run(proxy.close())
-        asyncio.run(cluster.close())
-        asyncio.run(_delete_keys(cluster.key_prefix))
-
-
-async def _delete_keys(prefix: str) -> None:
-    client = Redis.from_url(REDIS_URL)
-    async for key in client.scan_iter(match=f"{prefix}*", count=1000):
-        await client.delete(key)
-    await client.aclose()
 
 
 async def _sold(database_url: str, sku: str) -> int:
@@ -263,6 +250,7 @@ def test_config_is_valid_for_compose_and_for_the_test() -> None:
         {
             "PATH": "/usr/sbin:/usr/bin:/bin",
             "FRONTEND_ADDR": f"{HOST}:1",
+            "INTERNAL_ADDR": f"{HOST}:5",
             "STATS_ADDR": f"{HOST}:2",
             "GW1_ADDR": f"{HOST}:3",
             "GW2_ADDR": f"{HOST}:4",

@@ -7,7 +7,6 @@ import signal
 import time
 
 import aiohttp
-import asyncpg
 from redis.asyncio import Redis
 
 from gateway.audit import audit
@@ -18,17 +17,8 @@ from tests.support.gateways import GatewayCluster
 from tests.support.invariants import check_invariants
 from tests.support.metrics import samples
 from tests.support.polling import wait_for
+from tests.support.purchases import orders_of
 from tests.support.services import REDIS_URL
-
-
-async def orders_of(database_url: str, sku: str) -> int:
-    """Order rows of ``sku``."""
-    con = await asyncpg.connect(database_url)
-    try:
-        n: int = await con.fetchval("SELECT count(*) FROM orders WHERE sku = $1", sku)
-        return n
-    finally:
-        await con.close()
 
 
 class TestGracefulShutdown:

@@ -64,6 +64,7 @@ class TestStrategyField:
                         "strategy": strategy,
                         "starts_at": None,
                         "ends_at": None,
+                        "waiting_room": False,
                     },
                 )
             status, bad = await call(
@@ -119,6 +120,7 @@ class TestStrategyField:
                         "strategy": strategy,
                         "starts_at": None,
                         "ends_at": None,
+                        "waiting_room": False,
                     },
                 )
                 report = await call(http, "GET", f"{url}/admin/skus/{s}", None, cluster.admin_token)
@@ -131,3 +133,40 @@ class TestStrategyField:
                 )
                 [row] = await audit(settings, s)
                 assert (row.sold, row.db_stock, row.verdict) == (2, 0, Finding.OK)
+
+
+class TestLimitsWithRedisDown:
+    """The window and rate limits of the strategies without Redis state are
+    PostgreSQL's (issue 19): they hold while Redis is down."""
+
+    async def test_rate_limit_and_window_hold_with_redis_stopped(
+        self, database_url: str, key_prefix: str, sku: str
+    ) -> None:
+        """A gateway process whose Redis is stopped: an optimistic sku with a user
+        rate of one per 100 s sells once, then answers 429; one whose sale starts
+        in an hour answers 409 not_started."""
+        async with (
+            RedisServer() as redis_server,
+            GatewayCluster(
+                1, redis_url=redis_server.url(), database_url=database_url, key_prefix=key_prefix
+            ) as cluster,
+            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=15)) as http,
+        ):
+            url, token = cluster.urls[0], cluster.admin_token
+            limited = {"stock": 5, "strategy": "optimistic", "user_rate": "0.01/s:1"}
+            later = {"stock": 5, "strategy": "optimistic", "starts_at": "2999-01-01T00:00:00Z"}
+            assert (await call(http, "PUT", f"{url}/admin/skus/{sku}-r", limited, token))[0] == 200
+            assert (await call(http, "PUT", f"{url}/admin/skus/{sku}-w", later, token))[0] == 200
+            await redis_server.stop()
+            buy = {"sku": f"{sku}-r", "user_id": "u1"}
+            status, first = await call(
+                http, "POST", f"{url}/v1/purchase", {**buy, "request_id": f"{sku}.a"}
+            )
+            assert status == 201, first
+            again = await call(
+                http, "POST", f"{url}/v1/purchase", {**buy, "request_id": f"{sku}.b"}
+            )
+            assert again == (429, {"error": "rate_limited"})
+            early = {"sku": f"{sku}-w", "user_id": "u1", "request_id": f"{sku}.c"}
+            status, body = await call(http, "POST", f"{url}/v1/purchase", early)
+            assert (status, body["status"]) == (409, "not_started"), body

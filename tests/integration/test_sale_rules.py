@@ -58,6 +58,7 @@ class TestSaleWindow:
             "available": 5,
             "starts_at": shown,
             "ends_at": ends.isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+            "waiting_room": False,
         }
 
     async def test_after_the_end_ended_but_a_confirmed_replay_keeps_its_order(

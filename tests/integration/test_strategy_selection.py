@@ -62,6 +62,7 @@ class TestSelection:
                 "strategy": strategy or "optimistic",
                 "starts_at": None,
                 "ends_at": None,
+                "waiting_room": False,
             }
             expected_redis = (0, 0) if name == "rb" else (None, 0)
             assert await redis_state(redis, key_prefix, s) == expected_redis
@@ -109,6 +110,7 @@ class TestSelection:
             "strategy": "reserve-batch",
             "starts_at": None,
             "ends_at": None,
+            "waiting_room": False,
         }
         assert await buy(client, sku, "bob", "b2") == (409, {"status": "duplicate"})
         assert await buy(client, sku, "bob", "b") == (201, bob)
@@ -144,6 +146,7 @@ class TestSelection:
             "strategy": "pessimistic",
             "starts_at": None,
             "ends_at": None,
+            "waiting_room": False,
         }
 
     async def test_null_or_absent_strategy_sells_under_the_gateways(

@@ -243,6 +243,8 @@ class TestSoldOut:
         await wait_for(told, what="waiting ticket told sold out")
         status, body = await join(client, sku, "late")
         assert (status, body) == (409, {"status": "sold_out"})
+        # Without a token as well: sold out, not "admission required" (issue 19).
+        assert await buy_with(client, sku, "late", None, "r2") == (409, {"status": "sold_out"})
 
 
 class TestStart:

@@ -24,6 +24,7 @@ from typing import Any, Self
 import aiohttp
 
 from gateway.server import CLOSE_S
+from tests.support.metrics import scrape
 from tests.support.polling import GaveUp, wait_for
 from tests.support.ports import HOST, free_port
 from tests.support.processes import Child, OwnsChild, Started, make_tmp, remove_tmp, tail
@@ -34,6 +35,10 @@ ADMIN_TOKEN = "chaos-admin-token"
 # exit: the drain, then the bounded close, plus slack for a loaded machine.
 DRAIN_S = 3.0
 SIGTERM_EXIT_S = DRAIN_S + CLOSE_S + 4.0
+# The lag guard: a gateway whose event loop ran a timer this much late after
+# start-up fails the test that ran it (see Gateway.lag_report).
+LAG_LIMIT_S = 0.25
+LAG_BUCKETS = "flashsale_event_loop_lag_seconds_bucket"
 
 
 def gateway_env(settings: Mapping[str, str | int | float]) -> dict[str, str]:
@@ -61,6 +66,10 @@ class Gateway(OwnsChild):
         argv = [sys.executable, "-m", "gateway", "serve"]
         self._child = Child(argv, self.log_path, cwd=REPO, env=env)
         self._starts = 0
+        # Timer runs later than LAG_LIMIT_S seen at readiness (None: not known),
+        # and whether the process was ever stopped on purpose (it lags then).
+        self._lagged_at_start: float | None = None
+        self._paused = False
 
     @property
     def url(self) -> str:
@@ -72,7 +81,34 @@ class Gateway(OwnsChild):
         self._starts += 1
         self._child.spawn(banner=f"----- chaos: start #{self._starts} of gateway {self.index}")
         await self.wait_ready(within)
+        self._lagged_at_start = await self._late_timers()
         return self
+
+    async def _late_timers(self) -> float | None:
+        """How often the loop ran its lag timer more than LAG_LIMIT_S late; None
+        when that cannot be read (metrics off, process gone or not answering)."""
+        try:
+            found = await scrape(self.url)
+        except (aiohttp.ClientError, TimeoutError):
+            return None
+        within = found.get(f'{LAG_BUCKETS}{{le="{LAG_LIMIT_S}"}}')
+        every = found.get(f'{LAG_BUCKETS}{{le="+Inf"}}')
+        return None if within is None or every is None else every - within
+
+    async def lag_report(self) -> str | None:
+        """Why this instance fails the lag guard, or None: its loop ran a timer
+        more than LAG_LIMIT_S late after start-up (a call blocked it). A process
+        stopped on purpose (SIGSTOP) is not judged."""
+        if self._paused or self._lagged_at_start is None or not self.running:
+            return None
+        now = await self._late_timers()
+        if now is None or now <= self._lagged_at_start:
+            return None
+        stalls = "\n".join(str(e) for e in self.log_events("event_loop_stalled")[-3:])
+        return (
+            f"gateway {self.index}: the event loop ran {now - self._lagged_at_start:.0f}"
+            f" timer(s) more than {LAG_LIMIT_S}s late after start-up\n{stalls}"
+        )
 
     def configure(self, settings: Mapping[str, str | int | float | None]) -> None:
         """Change settings (names as for :func:`gateway_env`) from the next start on;
@@ -109,6 +145,7 @@ class Gateway(OwnsChild):
 
     def pause(self) -> None:
         """SIGSTOP: the port still accepts connections, nothing answers."""
+        self._paused = True
         self.kill(signal.SIGSTOP)
 
     def resume(self) -> None:
@@ -188,6 +225,8 @@ class GatewayCluster(Started):
                 "admin_token": admin_token,
                 # Short drain: a SIGTERM'd instance must not hold a test for 10 s.
                 "drain_s": DRAIN_S,
+                # A stall the lag guard fails on is logged with its stack.
+                "loop_stall_report_s": LAG_LIMIT_S * 0.8,
                 "log_level": "info",
                 **(settings or {}),
             }
@@ -271,6 +310,10 @@ class GatewayCluster(Started):
         ]
 
     async def close(self) -> None:
-        """Stop every instance (SIGTERM, then SIGKILL) and remove the log directory."""
+        """Stop every instance (SIGTERM, then SIGKILL) and remove the log directory;
+        then fail if an instance's event loop stalled while it ran (the lag guard)."""
+        stalled = [r for g in self.gateways if (r := await g.lag_report()) is not None]
         await asyncio.gather(*(g.stop(within=5) for g in self.gateways))
         remove_tmp(self.dir)
+        if stalled:
+            raise AssertionError("event loop stalled: " + "\n".join(stalled))

@@ -1,25 +1,38 @@
 """HAProxy in front of test gateways, run from the shipped ``deploy/haproxy.cfg``.
 
-The same file compose mounts; only its environment differs: the frontend,
-stats and gateway addresses are loopback ports here. ``haproxy`` is installed
-by ``scripts/services.sh haproxy`` when missing (apt-get, as root on Debian).
+The same file compose mounts; only its environment differs: the public and
+internal frontends, the stats and the gateway addresses are loopback ports here.
+``haproxy`` is installed by ``scripts/services.sh haproxy`` when missing
+(apt-get, as root on Debian).
+
+Also here: :func:`exchange`, one raw HTTP/1.1 exchange (for requests an HTTP
+client would not send: dot segments, malformed heads, a head never finished),
+and :class:`MisbehavingGateway`, an upstream that gives HAProxy what no real
+gateway does (an answer that is not HTTP, no answer at all), so that HAProxy's
+own 502 and 504 can be seen.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import csv
 import io
+import json
 import shutil
 import subprocess
-from collections.abc import Sequence
-from typing import Self
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Self
 
 import aiohttp
+from redis.asyncio import Redis
 
-from tests.support.gateways import REPO
+from tests.support.gateways import REPO, GatewayCluster
 from tests.support.polling import GaveUp, wait_for
 from tests.support.ports import HOST, free_port
 from tests.support.processes import Child, OwnsChild, Started, make_tmp, remove_tmp, tail
+from tests.support.services import REDIS_URL
 
 CONFIG = REPO / "deploy" / "haproxy.cfg"
 SBIN = "/usr/local/sbin:/usr/sbin:/sbin"
@@ -60,11 +73,13 @@ class HAProxy(Started, OwnsChild):
 
     def __init__(self, gateways: Sequence[str]) -> None:
         self.port = free_port()
+        self.internal_port = free_port()
         self.stats_port = free_port()
         self.dir = make_tmp("haproxy")
         self.env = {
             "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
             "FRONTEND_ADDR": f"{HOST}:{self.port}",
+            "INTERNAL_ADDR": f"{HOST}:{self.internal_port}",
             "STATS_ADDR": f"{HOST}:{self.stats_port}",
             **{f"GW{i}_ADDR": address for i, address in enumerate(gateways, start=1)},
         }
@@ -73,8 +88,18 @@ class HAProxy(Started, OwnsChild):
 
     @property
     def url(self) -> str:
-        """Where buyers connect."""
+        """Where buyers connect: the public frontend."""
         return f"http://{HOST}:{self.port}"
+
+    @property
+    def internal_url(self) -> str:
+        """Where operators connect: the internal frontend (admin API, /metrics)."""
+        return f"http://{HOST}:{self.internal_port}"
+
+    @property
+    def stats_url(self) -> str:
+        """HAProxy's stats page and its own Prometheus exporter."""
+        return f"http://{HOST}:{self.stats_port}"
 
     async def start(self) -> Self:
         """Spawn HAProxy and wait until its stats page answers."""
@@ -87,7 +112,7 @@ class HAProxy(Started, OwnsChild):
         ``BACKEND``): ``status``, ``wretr`` (retries), ``wredis`` (redispatches)..."""
         if not self._child.running:
             raise GaveUp(f"haproxy exited ({self.returncode}):\n{self.log_tail()}")
-        url = f"http://{HOST}:{self.stats_port}/stats;csv"
+        url = f"{self.stats_url}/stats;csv"
         async with (
             aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2)) as http,
             http.get(url) as response,
@@ -123,3 +148,115 @@ class HAProxy(Started, OwnsChild):
         """Stop HAProxy and remove its directory."""
         await self._child.stop(within=5)
         remove_tmp(self.dir)
+
+
+@contextlib.contextmanager
+def behind_haproxy(cluster: GatewayCluster) -> Iterator[HAProxy]:
+    """Start ``cluster`` and HAProxy over it (one gateway serves as both gw1 and
+    gw2) for a module's tests, run outside any event loop; stop both and delete
+    the cluster's Redis keys afterwards."""
+    addresses = [f"{HOST}:{g.port}" for g in cluster]
+    proxy = HAProxy(addresses * 2 if len(addresses) == 1 else addresses)
+    try:
+        asyncio.run(cluster.start())
+        asyncio.run(proxy.start())
+        yield proxy
+    finally:
+        asyncio.run(proxy.close())
+        asyncio.run(cluster.close())
+        asyncio.run(_delete_keys(cluster.key_prefix))
+
+
+async def _delete_keys(prefix: str) -> None:
+    client = Redis.from_url(REDIS_URL)
+    async for key in client.scan_iter(match=f"{prefix}*", count=1000):
+        await client.delete(key)
+    await client.aclose()
+
+
+@dataclass(frozen=True)
+class Answer:
+    """One HTTP answer as read off the wire."""
+
+    status: int
+    headers: dict[str, str]  # names lower-cased
+    body: bytes
+
+    def json(self) -> Any:
+        """The body parsed as JSON (raises ValueError when it is not)."""
+        return json.loads(self.body)
+
+
+async def received(port: int, request: bytes, within: float = 10.0) -> bytes:
+    """Send ``request`` as is to ``HOST:port``; every byte the server sends
+    until it closes (send ``Connection: close``, or a request it refuses)."""
+    reader, writer = await asyncio.open_connection(HOST, port)
+    try:
+        writer.write(request)
+        await writer.drain()
+        return await asyncio.wait_for(reader.read(), within)
+    finally:
+        writer.close()
+        with contextlib.suppress(ConnectionError):
+            await writer.wait_closed()
+
+
+async def exchange(port: int, request: bytes, within: float = 10.0) -> Answer:
+    """:func:`received`, parsed as one HTTP answer."""
+    raw = await received(port, request, within)
+    head, _, body = raw.partition(b"\r\n\r\n")
+    status_line, *lines = head.decode("latin-1").split("\r\n")
+    headers = {}
+    for line in lines:
+        name, _, value = line.partition(":")
+        headers[name.strip().lower()] = value.strip()
+    return Answer(int(status_line.split()[1]), headers, body)
+
+
+def get(target: str, headers: str = "") -> bytes:
+    """A GET of ``target`` (sent as written: no normalisation) that closes after."""
+    return f"GET {target} HTTP/1.1\r\nHost: test\r\n{headers}Connection: close\r\n\r\n".encode()
+
+
+class MisbehavingGateway(Started):
+    """An upstream that passes HAProxy's health check (``/readyz`` 200) and then
+    misbehaves: a path under ``/v1/stall`` is never answered, any other path is
+    answered with bytes that are not HTTP."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self._server: asyncio.Server | None = None
+        self._closed = asyncio.Event()
+
+    @property
+    def address(self) -> str:
+        """``host:port``, as HAProxy's GW*_ADDR takes it."""
+        return f"{HOST}:{self.port}"
+
+    async def start(self) -> Self:
+        """Listen on the port."""
+        self._server = await asyncio.start_server(self._serve, HOST, self.port)
+        return self
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+            path = head.split(b" ", 2)[1]
+            if path == b"/readyz":
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+            elif path.startswith(b"/v1/stall"):
+                await self._closed.wait()
+            else:
+                writer.write(b"this is not HTTP\r\n\r\n")
+            await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    async def close(self) -> None:
+        """Release the stalled requests and stop listening."""
+        self._closed.set()
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()

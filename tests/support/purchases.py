@@ -63,6 +63,16 @@ async def db_state(database_url: str, sku: str) -> tuple[int, int, int]:
         await con.close()
 
 
+async def orders_of(database_url: str, sku: str) -> int:
+    """Order rows of ``sku`` in PostgreSQL."""
+    con = await asyncpg.connect(database_url)
+    try:
+        n: int = await con.fetchval("SELECT count(*) FROM orders WHERE sku = $1", sku)
+        return n
+    finally:
+        await con.close()
+
+
 async def redis_state(redis: Redis, prefix: str, sku: str) -> tuple[int | None, int]:
     """(stock, pending ledger size) of a sku in Redis."""
     keys = SkuKeys.of(prefix, sku)

@@ -170,3 +170,25 @@ async def test_a_storm_fills_batches() -> None:
     assert sum(sizes) == 40
     assert sizes.count(5) >= 5, sizes
     await batcher.close()
+
+
+async def test_a_failing_idle_call_does_not_end_the_lane() -> None:
+    """The flusher's idle call (it gives back the sku's lock) raising something
+    unforeseen, as a lock release did in a Redis Cluster failover, is logged and
+    the sku's lane keeps flushing: before, its task died and every later
+    purchase of the sku waited for good."""
+    flush = Recorder()
+    idle_calls: list[str] = []
+
+    async def idle(sku: str) -> None:
+        idle_calls.append(sku)
+        if len(idle_calls) == 1:
+            raise RuntimeError("unable to perform operation on <TCPTransport closed=True>")
+
+    batcher = Batcher(flush, batch_max=4, batch_wait_s=0, queue_max=100, on_idle=idle)
+    assert await batcher.submit(purchase(1)) == SOLD_OUT
+    await wait_for(lambda: idle_calls, within=5, what="the lane ran empty")
+    async with asyncio.timeout(5):
+        assert await batcher.submit(purchase(2)) == SOLD_OUT
+    assert flush.batches == [["r1"], ["r2"]]
+    await batcher.close()

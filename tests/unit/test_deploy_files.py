@@ -1,8 +1,11 @@
 """The deployment files, checked without a container engine (none runs here).
 
-compose.yaml, Prometheus and Grafana files parse and name files that exist; the
-HAProxy config compose mounts is the one the native HAProxy test runs; the
-Dockerfile builds a wheel, runs as non-root, checks /readyz and stops on SIGTERM.
+compose.yaml, Prometheus, Alertmanager and Grafana files parse and name files
+that exist; compose refuses to start without its secrets and publishes only the
+public door beyond loopback; the HAProxy config compose mounts is the one the
+native HAProxy test runs, with the long poll's timeout and JSON errors; the
+alert rules and dashboard query the metrics the gateway exports; the Dockerfile
+builds a wheel, runs as non-root, checks /readyz and stops on SIGTERM.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from typing import Any
 import yaml
 
 from gateway.server import CLOSE_S
+from gateway.tracking import MAX_WAIT_S
 from tests.support.haproxy import CONFIG
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -70,8 +74,8 @@ def test_gateways_trust_haproxy_and_outlast_their_stop() -> None:
 
 
 def test_prometheus_scrapes_every_gateway_and_loads_the_alerts() -> None:
-    """One target per gateway service; the rule files it loads are docs/grafana/alerts.yml
-    and deploy/rules/locks.yml (the lease rule of thumb)."""
+    """One target per gateway service; the rule files it loads are docs/grafana/alerts.yml,
+    deploy/rules/locks.yml (the lease rule of thumb) and deploy/rules/loop.yml."""
     config = load("deploy/prometheus.yml")
     [job] = [j for j in config["scrape_configs"] if j["job_name"] == "flashsale-gateway"]
     targets = [t for group in job["static_configs"] for t in group["targets"]]
@@ -80,6 +84,7 @@ def test_prometheus_scrapes_every_gateway_and_loads_the_alerts() -> None:
     assert [rules[path] for path in config["rule_files"]] == [
         ROOT / "docs/grafana/alerts.yml",
         ROOT / "deploy/rules/locks.yml",
+        ROOT / "deploy/rules/loop.yml",
     ]
     assert load("docs/grafana/alerts.yml")["groups"][0]["rules"]
     [lease] = load("deploy/rules/locks.yml")["groups"][0]["rules"]
@@ -108,3 +113,154 @@ def test_dockerfile_builds_a_wheel_for_a_non_root_runtime() -> None:
     assert users and users[-1] not in ("root", "0")
     assert re.search(r"^HEALTHCHECK .*\n?.*/readyz", text, re.M)
     assert re.search(r"^STOPSIGNAL SIGTERM$", text, re.M)
+
+
+# ${NAME:?message}: compose stops with the message when NAME is unset or empty.
+REQUIRED = re.compile(r"^\$\{(?P<name>\w+):\?[^}]+\}$")
+
+
+def test_compose_refuses_to_start_without_its_secrets() -> None:
+    """The admin token, the admission secret (so waiting rooms work), Grafana's
+    admin password and the alert webhook are required variables, each with a
+    message: none has a default, and no other variable has one but OPS_ADDR."""
+    required = [
+        SERVICES[g]["environment"][k]
+        for g in GATEWAYS
+        for k in ("GATEWAY_ADMIN_TOKEN", "GATEWAY_ADMISSION_SECRET")
+    ]
+    required.append(SERVICES["grafana"]["environment"]["GF_SECURITY_ADMIN_PASSWORD"])
+    required.append(COMPOSE["configs"]["alert_webhook_url"]["content"])
+    names = [m["name"] if (m := REQUIRED.match(value)) else value for value in required]
+    assert names == [
+        *["GATEWAY_ADMIN_TOKEN", "GATEWAY_ADMISSION_SECRET"] * len(GATEWAYS),
+        "GRAFANA_ADMIN_PASSWORD",
+        "ALERT_WEBHOOK_URL",
+    ]
+    text = (ROOT / "compose.yaml").read_text()
+    defaults = set(re.findall(r"\$\{(\w+):?-", text))
+    assert defaults == {"OPS_ADDR"}, defaults
+    assert "change-me" not in text
+
+
+def test_only_the_public_door_is_published_beyond_loopback() -> None:
+    """HAProxy's 8080 is the one port on every interface; its internal frontend
+    and stats, Prometheus, Alertmanager and Grafana are on OPS_ADDR (loopback
+    unless set), at the ports deploy/haproxy.cfg binds by default."""
+    ops = "${OPS_ADDR:-127.0.0.1}:"
+    published = [str(p) for service in SERVICES.values() for p in service.get("ports", [])]
+    assert [p for p in published if not p.startswith(ops)] == ["8080:8080"]
+    config = CONFIG.read_text()
+    assert '"${FRONTEND_ADDR-:8080}"' in config
+    for variable, port in (("INTERNAL_ADDR", 8081), ("STATS_ADDR", 8404)):
+        assert f'"${{{variable}-:{port}}}"' in config
+        assert f"{ops}{port}:{port}" in SERVICES["haproxy"]["ports"]
+    for service, port in (("prometheus", 9090), ("alertmanager", 9093), ("grafana", 3000)):
+        assert SERVICES[service]["ports"] == [f"{ops}{port}:{port}"]
+
+
+def test_redis_keeps_its_append_only_file_in_a_named_volume() -> None:
+    """Redis runs with AOF, and /data (where the AOF lives) is a named volume."""
+    redis = SERVICES["redis"]
+    assert redis["command"][redis["command"].index("--appendonly") + 1] == "yes"
+    [volume] = [v for v in redis["volumes"] if v.endswith(":/data")]
+    assert volume.split(":")[0] in COMPOSE["volumes"]
+
+
+def test_prometheus_sends_its_alerts_to_alertmanager_and_it_to_a_webhook() -> None:
+    """Prometheus' alerting names compose's Alertmanager; Alertmanager's only
+    receiver posts to the URL file compose writes from ALERT_WEBHOOK_URL."""
+    config = load("deploy/prometheus.yml")
+    [manager] = config["alerting"]["alertmanagers"]
+    assert [t for g in manager["static_configs"] for t in g["targets"]] == ["alertmanager:9093"]
+    service = SERVICES["alertmanager"]
+    [config_file] = [a for a in service["command"] if a.startswith("--config.file=")]
+    alertmanager = mounts("alertmanager")[config_file.partition("=")[2]]
+    routes = yaml.safe_load(alertmanager.read_text())
+    [receiver] = routes["receivers"]
+    assert routes["route"]["receiver"] == receiver["name"]
+    assert {r["receiver"] for r in routes["route"].get("routes", [])} <= {receiver["name"]}
+    [webhook] = receiver["webhook_configs"]
+    [url_file] = service["configs"]
+    assert url_file == {"source": "alert_webhook_url", "target": webhook["url_file"]}
+
+
+def test_the_event_loop_lag_alert() -> None:
+    """p99 of flashsale_event_loop_lag_seconds per instance over 100 ms for a
+    minute, from the rate of its buckets."""
+    [rule] = load("deploy/rules/loop.yml")["groups"][0]["rules"]
+    expr = " ".join(rule["expr"].split())
+    assert expr.startswith("histogram_quantile(0.99, sum by (instance, le) (rate(")
+    assert "flashsale_event_loop_lag_seconds_bucket[1m]" in expr
+    assert expr.endswith("> 0.1") and rule["for"] == "1m"
+    assert rule["labels"]["severity"] == "warning" and rule["annotations"]["summary"]
+
+
+def _haproxy_seconds(pattern: str) -> list[int]:
+    return [int(n) for n in re.findall(pattern, CONFIG.read_text())]
+
+
+def test_haproxy_gives_the_long_poll_more_than_its_longest_wait() -> None:
+    """GET /v1/orders/... (?wait= up to MAX_WAIT_S) gets a server timeout longer
+    than that wait plus the gateway's 5 s pool wait; other routes keep 15 s."""
+    [long_poll] = _haproxy_seconds(
+        r"http-request set-timeout server (\d+)s if METH_GET \{ path_beg /v1/orders/ \}"
+    )
+    [default] = _haproxy_seconds(r"\n    timeout server (\d+)s\n")
+    assert long_poll >= MAX_WAIT_S + 5 > default == 15
+
+
+def test_haproxy_answers_its_own_errors_in_json() -> None:
+    """Each status HAProxy may answer itself has a JSON {"error","detail"} body;
+    502, 503 and 504 carry Retry-After; the 400 and 408 of its HTTP parser,
+    which HAProxy 2.6 can only send as HTML or not at all, are not at all."""
+    errors = re.findall(
+        r"http-error status (\d+) content-type application/json string '([^']+)'(.*)",
+        CONFIG.read_text(),
+    )
+    bodies = {int(status): json.loads(body) for status, body, _ in errors}
+    assert set(bodies) == {403, 404, 500, 501, 502, 503, 504}
+    assert all(set(body) == {"error", "detail"} for body in bodies.values()), bodies
+    retried = {int(status) for status, _, rest in errors if "hdr Retry-After 1" in rest}
+    assert retried == {502, 503, 504}
+    assert re.findall(r"errorfile (\d+) (\S+)", CONFIG.read_text()) == [
+        ("400", "/dev/null"),
+        ("408", "/dev/null"),
+    ]
+
+
+DASHBOARD = json.loads((ROOT / "docs/grafana/flashsale.json").read_text())
+
+
+def _exprs(title: str) -> list[str]:
+    [panel] = [p for p in DASHBOARD["panels"] if p["title"] == title]
+    return [" ".join(t["expr"].split()) for t in panel["targets"]]
+
+
+def test_dashboard_panels_for_the_loop_the_queue_strategy_and_haproxy() -> None:
+    """The event loop's p50/p99 lag, each of the queue strategy's stream and
+    writer series, and HAProxy have panels; ids are unique and no two panels
+    overlap."""
+    lag = _exprs("Event loop lag p50 / p99")
+    assert [e.split(",")[0] for e in lag] == ["histogram_quantile(0.5", "histogram_quantile(0.99"]
+    assert all("rate(flashsale_event_loop_lag_seconds_bucket{" in e for e in lag)
+    queried = " ".join(t["expr"] for p in DASHBOARD["panels"] for t in p.get("targets", []))
+    for name in (
+        "flashsale_stream_length",
+        "flashsale_stream_pending",
+        "flashsale_stream_reclaimed_total",
+        "flashsale_writer_batches_total",
+        "flashsale_writer_batch_size_bucket",
+        "haproxy_frontend_http_responses_total",
+        "haproxy_backend_active_servers",
+        "haproxy_backend_retry_warnings_total",
+    ):
+        assert name in queried, name
+    ids = [p["id"] for p in DASHBOARD["panels"]]
+    assert len(ids) == len(set(ids))
+    cells = [
+        (p["gridPos"]["x"] + dx, p["gridPos"]["y"] + dy)
+        for p in DASHBOARD["panels"]
+        for dx in range(p["gridPos"]["w"])
+        for dy in range(p["gridPos"]["h"])
+    ]
+    assert len(cells) == len(set(cells))

@@ -1,0 +1,67 @@
+"""Fixtures of the browser tests: Debian's chromium, and buyers' tabs on the page.
+
+``chromium`` is found, or installed with apt-get, once per session. ``buyers``
+opens tabs of one browser launched for the test; when the test fails, every
+tab's screenshots (one per state it reached, and its last view) are written
+under ``test-artifacts/waiting-page/<test>/``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import AsyncIterator, Awaitable, Callable, Generator
+
+import pytest
+from playwright.async_api import async_playwright
+
+from tests.support.browser import ARTIFACTS, Buyer, chromium_executable, write_shots
+
+FAILED = pytest.StashKey[bool]()
+# A phone 320 px wide, and a desktop.
+PHONE = {"width": 320, "height": 640}
+DESKTOP = {"width": 1280, "height": 800}
+
+OpenBuyer = Callable[..., Awaitable[Buyer]]
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """Mark the item failed, for fixtures that keep evidence of a failure."""
+    report = yield
+    if report.failed:
+        item.stash[FAILED] = True
+    return report
+
+
+@pytest.fixture(scope="session")
+def chromium() -> str:
+    """The chromium executable (apt-get installs it when missing)."""
+    return chromium_executable()
+
+
+@pytest.fixture
+async def buyers(chromium: str, request: pytest.FixtureRequest) -> AsyncIterator[OpenBuyer]:
+    """A factory of buyers: ``await buyers(origin, viewport=PHONE)`` opens a tab of
+    its own (separate session storage) on a browser launched for this test."""
+    opened: list[Buyer] = []
+    async with async_playwright() as playwright:
+        browser = await playwright.chromium.launch(executable_path=chromium)
+        try:
+
+            async def open_buyer(origin: str, viewport: dict[str, int] = DESKTOP) -> Buyer:
+                context = await browser.new_context(viewport=viewport)  # type: ignore[arg-type]
+                buyer = Buyer(await context.new_page(), origin)
+                opened.append(buyer)
+                return buyer
+
+            yield open_buyer
+            if request.node.stash.get(FAILED, False):
+                name = re.sub(r"[^A-Za-z0-9_.-]", "_", request.node.name)
+                for i, buyer in enumerate(opened):
+                    shots = await buyer.all_shots()
+                    await asyncio.to_thread(write_shots, ARTIFACTS / name / f"buyer-{i}", shots)
+        finally:
+            await browser.close()

@@ -1,0 +1,120 @@
+"""GET /wait/{sku} over HTTP: the document, its policy and caching, and what it refuses."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import re
+from collections.abc import Awaitable, Callable
+
+import pytest
+
+from tests.support.purchases import Client, put_sku
+from tests.support.rooms import SECRET, put_room_sku
+
+StartGateway = Callable[..., Awaitable[Client]]
+SHOP = "https://shop.example"
+
+
+def csp_hash(text: str) -> str:
+    """The CSP source that allows an inline element with exactly ``text``."""
+    return "'sha256-" + base64.b64encode(hashlib.sha256(text.encode()).digest()).decode() + "'"
+
+
+class TestDocument:
+    """One cacheable document under a policy that allows only its own code."""
+
+    async def test_page_is_small_self_contained_and_locked_down(
+        self, start_gateway: StartGateway
+    ) -> None:
+        """200 text/html under 30 KB with the #waiting-room root; the CSP allows
+        exactly its inline script and style (by hash), connections to its own
+        origin, and nothing else; no element loads anything from elsewhere."""
+        client = await start_gateway()
+        resp = await client.get("/wait/any-sku?user_id=u1")
+        assert resp.status == 200
+        assert resp.content_type == "text/html" and resp.charset == "utf-8"
+        body = await resp.text()
+        assert len(body.encode()) < 30 * 1024
+        assert 'id="waiting-room" data-state="joining"' in body
+        policy = resp.headers["Content-Security-Policy"]
+        directives = dict(d.strip().split(" ", 1) for d in policy.split(";"))
+        scripts = re.findall(r"<script>(.*?)</script>", body, re.S)
+        styles = re.findall(r"<style>(.*?)</style>", body, re.S)
+        assert len(scripts) == 1 and len(styles) == 1
+        assert directives["default-src"] == "'none'"
+        assert directives["script-src"] == csp_hash(scripts[0])
+        assert directives["style-src"] == csp_hash(styles[0])
+        assert directives["connect-src"] == "'self'"
+        assert "unsafe" not in policy
+        assert not re.search(r"""(src|href)=["'](https?:)?//""", body)
+
+    async def test_same_document_for_every_buyer_cacheable_with_etag(
+        self, start_gateway: StartGateway
+    ) -> None:
+        """The bytes do not depend on sku or user (the script reads them from the
+        URL), so the page is publicly cacheable; a matching If-None-Match is a 304."""
+        client = await start_gateway()
+        first = await client.get("/wait/sku-a?user_id=u1")
+        second = await client.get("/wait/sku-b?user_id=u2")
+        assert await first.read() == await second.read()
+        assert "public" in first.headers["Cache-Control"]
+        etag = first.headers["ETag"]
+        assert etag == second.headers["ETag"]
+        again = await client.get("/wait/sku-a?user_id=u1", headers={"If-None-Match": etag})
+        assert again.status == 304 and await again.read() == b""
+
+    async def test_sku_answer_says_whether_it_has_a_room(
+        self, start_gateway: StartGateway, sku: str
+    ) -> None:
+        """GET /v1/skus/{sku} tells the page whether to queue."""
+        client = await start_gateway(admission_secret=SECRET)
+        await put_room_sku(client, sku, stock=1)
+        plain = f"{sku}-plain"
+        await put_sku(client, plain, 1)
+        assert (await (await client.get(f"/v1/skus/{sku}")).json())["waiting_room"] is True
+        assert (await (await client.get(f"/v1/skus/{plain}")).json())["waiting_room"] is False
+
+
+class TestRefusals:
+    """Bad parameters are a 400 with a JSON body; return_to is never an open redirect."""
+
+    @pytest.mark.parametrize(
+        "query",
+        [
+            "",
+            "?user_id=",
+            "?user_id=has%20space",
+            "?user_id=u1&return_to=https://evil.example/",
+            "?user_id=u1&return_to=https://shop.example.evil.example/",
+            "?user_id=u1&return_to=https://shop.example@evil.example/",
+            "?user_id=u1&return_to=https://shop.example%5C@evil.example/",
+            "?user_id=u1&return_to=http://shop.example/",
+            "?user_id=u1&return_to=//shop.example/",
+            "?user_id=u1&return_to=javascript:alert(1)",
+            "?user_id=u1&return_to=https://shop.example:8443/",
+        ],
+    )
+    async def test_bad_query_is_400_json(self, start_gateway: StartGateway, query: str) -> None:
+        """A missing or malformed user_id, or a return_to off the allowed origins."""
+        client = await start_gateway(waiting_page_return_origins=frozenset({SHOP}))
+        resp = await client.get(f"/wait/sku-a{query}")
+        assert resp.status == 400
+        assert (await resp.json())["error"] == "invalid_request"
+
+    async def test_bad_sku_is_400_json(self, start_gateway: StartGateway) -> None:
+        """A sku name the API would refuse is refused here too."""
+        client = await start_gateway()
+        resp = await client.get("/wait/bad$sku?user_id=u1")
+        assert resp.status == 400 and (await resp.json())["error"] == "invalid_request"
+
+    async def test_return_to_on_allowed_origin_is_served(self, start_gateway: StartGateway) -> None:
+        """Any path on an allowed origin will do (default port or not); with no
+        origin configured every return_to is refused."""
+        client = await start_gateway(waiting_page_return_origins=frozenset({SHOP}))
+        for target in (f"{SHOP}/checkout?step=2", "HTTPS://Shop.Example:443/x"):
+            resp = await client.get("/wait/sku-a", params={"user_id": "u1", "return_to": target})
+            assert resp.status == 200, target
+        closed = await start_gateway()
+        resp = await closed.get("/wait/sku-a", params={"user_id": "u1", "return_to": SHOP})
+        assert resp.status == 400
