@@ -157,9 +157,7 @@ class Inventory:
             args += (s.request_id, s.verdict.settled_as.value, s.user_id, s.qty, s.order_id)
         return int(await self._call(self._settle, self.keys(sku).all(), args))
 
-    async def load_stock(
-        self, sku: str, db_stock: int, *, reset: bool, fresh: bool = False
-    ) -> int:
+    async def load_stock(self, sku: str, db_stock: int, *, reset: bool, fresh: bool = False) -> int:
         """Set Redis stock from database stock minus the ledger (load_stock.lua).
 
         With ``reset`` false only a missing key is set; setting one flags the

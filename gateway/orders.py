@@ -61,7 +61,7 @@ DB_ERRORS = (
     TimeoutError,
 )
 
-ID_PAGE = 5000  # request ids per read when a filter is built from the order rows
+ID_PAGE = 10_000  # request ids per read when a filter is built from the order rows
 
 
 @dataclass(frozen=True, slots=True)

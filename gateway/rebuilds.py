@@ -18,7 +18,7 @@ after a page during which the loop's thread spent c seconds of CPU (the page's
 own work and, under load, the buyers' it ran meanwhile), the task sleeps
 c * (1 / share - 1), so the rebuild's pages take at most ``share`` of the
 loop's CPU time (``GATEWAY_REBUILD_SHARE``): with the loop idle a page costs
-a fraction of a millisecond and the rebuild runs at the pace of PostgreSQL
+a few milliseconds and the rebuild runs at the pace of PostgreSQL
 and Redis; under a storm it yields to the buyers.
 """
 
@@ -37,10 +37,11 @@ from gateway.orders import Orders
 
 log = structlog.get_logger(__name__)
 
-# Orders per page: one PostgreSQL read and one script call, whose decoding and
-# encoding on the loop (about 0.3 ms at 500 orders, docs/performance.md) bound
-# what a page adds to the loop's lag.
-PAGE = 500
+# Orders per page: one PostgreSQL read and one script call, whose work on the
+# loop (about 2.7 ms of CPU at 1,000 orders on a busy machine, most of it the
+# two round trips' fixed cost; docs/performance.md) bounds what a page adds to
+# the loop's lag.
+PAGE = 1000
 # How long a holder may go without writing a page before another takes over.
 LEASE_MS = 10_000
 
