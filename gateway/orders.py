@@ -9,7 +9,7 @@ flush's own SQLSTATEs its typed errors.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -37,14 +37,12 @@ from gateway.statements import (
     FLUSH_BATCH,
     LOCK_INVENTORY_ROW,
     LOCK_SKU_SETTINGS,
-    ORDER_COUNT,
     ORDER_PAGE,
     ORDERS_BY_REQUESTS,
     PRIOR_ORDERS,
     PRUNE_RATE_BUCKETS,
     RECORD_MOVEMENT,
     RECORD_RELEASED,
-    REQUEST_ID_PAGE,
     RESTOCK,
     SALE_GATE,
     SKU_INFO,
@@ -60,8 +58,6 @@ DB_ERRORS = (
     OSError,
     TimeoutError,
 )
-
-ID_PAGE = 10_000  # request ids per read when a filter is built from the order rows
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,25 +208,7 @@ class Orders:
     async def order_page(self, sku: str, after_user: str, limit: int) -> OrderPage:
         """Up to ``limit`` orders of ``sku`` whose buyer sorts after ``after_user``,
         in buyer order: ``request_id, done record, user_id`` of each, flat."""
-        return await self._page(ORDER_PAGE, sku, after_user, limit)
-
-    async def order_count(self, sku: str) -> int:
-        """How many orders ``sku`` has."""
-        return int(await self._fetchval(ORDER_COUNT, sku))
-
-    async def request_ids(self, sku: str, page: int = ID_PAGE) -> AsyncIterator[list[str]]:
-        """The request ids of a sku's orders, a page (one read) at a time."""
-        after = ""
-        while True:
-            read = await self._page(REQUEST_ID_PAGE, sku, after, page)
-            yield read.fields
-            if read.count < page:
-                return
-            after = read.last_user
-
-    async def _page(self, sql: str, sku: str, after_user: str, limit: int) -> OrderPage:
-        """One page read as one tab-terminated text (see gateway.statements)."""
-        rows = await self._fetch(sql, sku, after_user, limit)
+        rows = await self._fetch(ORDER_PAGE, sku, after_user, limit)
         text, last_user, count = rows[0]
         fields = text.split("\t")[:-1] if text else []
         return OrderPage(fields, last_user or after_user, count)

@@ -110,7 +110,7 @@ class Purchases:
         # Their window and rate limits (reserve.lua decides those of the others).
         self._gate = gate
         self._reloads: dict[str, asyncio.Future[None]] = {}
-        self._marking = SoldOutMarking(soldout, inventory, orders, observer)
+        self._marking = SoldOutMarking(soldout, inventory, observer)
         self._lookups = OrderLookups(orders)
 
     async def purchase(

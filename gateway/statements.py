@@ -69,14 +69,6 @@ SELECT string_agg(
 FROM (SELECT request_id, order_id, user_id, qty FROM orders
       WHERE sku = $1 AND user_id > $2 ORDER BY user_id LIMIT $3) AS page
 """
-# The same pages, of request ids only (each followed by a tab), for a sold-out
-# sku's filter.
-REQUEST_ID_PAGE = """
-SELECT string_agg(request_id || E'\\t', '' ORDER BY user_id), max(user_id), count(*)
-FROM (SELECT request_id, user_id FROM orders
-      WHERE sku = $1 AND user_id > $2 ORDER BY user_id LIMIT $3) AS page
-"""
-ORDER_COUNT = "SELECT count(*) FROM orders WHERE sku = $1"
 UNITS_SOLD = "SELECT COALESCE(SUM(qty), 0) FROM orders WHERE sku = $1"
 # A new sku starts empty, so two concurrent creations both see the row (and
 # wait for its lock) and each records only its own difference.
