@@ -101,13 +101,19 @@ async def write_sale(database_url: str, redis_url: str, prefix: str, orders: int
 def wait_built(target: Target, within: float = BUILD_WITHIN_S) -> float:
     """Wait until the gateway has built the sku's confirmed-id filter (in the
     background, after the first sold-out answer); the seconds the build took."""
+    return wait_done(target, "flashsale_confirmed_id_build", within, "the confirmed-id filter")
+
+
+def wait_done(target: Target, family: str, within: float, what: str) -> float:
+    """Wait until the gateway's ``<family>s_total`` counts one, done in the
+    background; its ``<family>_seconds_total`` then."""
     deadline = time.monotonic() + within
     while time.monotonic() < deadline:
         found = target.scrape()
-        if found.get("flashsale_confirmed_id_builds_total", 0) >= 1:
-            return found.get("flashsale_confirmed_id_build_seconds_total", 0.0)
+        if found.get(f"{family}s_total", 0) >= 1:
+            return found.get(f"{family}_seconds_total", 0.0)
         time.sleep(BUILD_POLL_S)
-    raise RuntimeError(f"the confirmed-id filter was not built within {within:g} s")
+    raise RuntimeError(f"{what} was not built within {within:g} s")
 
 
 def rss_mib(target: Target) -> float:
@@ -219,7 +225,8 @@ def reload_after_loss(
         f" ms, max <= {lag[1] * 1000:g} ms; rebuild still running at its end: {rebuilding}"
     )
     print(f"replays during it: {REPLAYS_DURING - replays[0]} of {REPLAYS_DURING} got their order")
-    rebuilt_s = wait_rebuilt(fresh, REBUILD_BASE_S + REBUILD_PER_ORDER_S * len(made))
+    within = REBUILD_BASE_S + REBUILD_PER_ORDER_S * len(made)
+    rebuilt_s = wait_done(fresh, "flashsale_sale_rebuild", within, "the sale's hashes")
     print(f"rebuild done: {rebuilt_s:.1f} s in the background; RSS then {rss_mib(fresh):.1f} MiB")
     after = replay_all(fresh, made, 2)
     print(f"replays after it: {REPLAYS_DURING - after} of {REPLAYS_DURING} got their order")
@@ -255,17 +262,6 @@ def lag_quantiles(before: dict[float, float], after: dict[float, float]) -> tupl
     p99 = next((b for b, n in delta if n >= 0.99 * total), float("inf"))
     most = next((b for b, n in delta if n >= total), float("inf"))
     return p99, most
-
-
-def wait_rebuilt(target: Target, within: float) -> float:
-    """Wait until the gateway rebuilt the sale's hashes; the seconds it took."""
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        found = target.scrape()
-        if found.get("flashsale_sale_rebuilds_total", 0) >= 1:
-            return found.get("flashsale_sale_rebuild_seconds_total", 0.0)
-        time.sleep(BUILD_POLL_S)
-    raise RuntimeError(f"the sale was not rebuilt within {within:g} s")
 
 
 async def still_rebuilding(redis_url: str, prefix: str) -> bool:
