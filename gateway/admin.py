@@ -2,7 +2,9 @@
 
 Each change writes the database (with its stock movement) and then sets the
 Redis counter to database stock minus the pending ledger, under the sku's
-flush lock so no flush commits in between. A sku whose strategy keeps no Redis
+flush lock so no flush commits in between; a counter that was missing comes
+back flagged as rebuilding, and its buyers and done hashes are written back in
+the background (``gateway.rebuilds``). A sku whose strategy keeps no Redis
 state (``gateway.strategies.REDIS_FREE``) has no counter: putting it there deletes
 the counter, and restocking it touches the database alone.
 """
@@ -17,6 +19,7 @@ from gateway.domain import StockReport
 from gateway.errors import UnknownSku
 from gateway.inventory import Inventory
 from gateway.orders import Orders
+from gateway.rebuilds import Rebuilds
 from gateway.servable import Servability
 from gateway.skulocks import SkuLocks
 from gateway.soldout import SoldOut
@@ -35,6 +38,7 @@ class StockAdmin:
         catalog: Catalog,
         soldout: SoldOut,
         servability: Servability,
+        rebuilds: Rebuilds,
     ) -> None:
         self._inventory = inventory
         self._servability = servability
@@ -42,6 +46,7 @@ class StockAdmin:
         self._locks = locks
         self._catalog = catalog
         self._soldout = soldout
+        self._rebuilds = rebuilds
 
     async def change_sku(
         self, sku: str, fields: Mapping[str, Any], *, create: bool
@@ -64,8 +69,7 @@ class StockAdmin:
             if selling in REDIS_FREE:
                 await self._inventory.forget_stock(sku)
             else:
-                await self._restore_orders_if_gone(sku)
-                redis_stock = await self._inventory.load_stock(sku, after.stock, reset=True)
+                redis_stock = await self._reset(sku, after.stock, fresh=before is None)
         self._forget(sku)
         shown = after.as_json()
         answer = {
@@ -92,18 +96,19 @@ class StockAdmin:
             stock = await self._orders.restock(sku, delta)
             if stock is None:
                 raise UnknownSku(f"no sku {sku!r}")
-            await self._restore_orders_if_gone(sku)
-            redis_stock = await self._inventory.load_stock(sku, stock, reset=True)
+            redis_stock = await self._reset(sku, stock)
         self._forget(sku)
         return {"sku": sku, "stock": stock, "redis_stock": redis_stock}
 
-    async def _restore_orders_if_gone(self, sku: str) -> None:
-        """With the sku's Redis state gone (expired after the retention, lost, or
-        never written under another strategy), put its buyers and confirmed ids
-        back from the order rows before stock returns, as a reload does: else a
-        replay of an earlier order, or its earlier buyer, would be sold again."""
-        if await self._inventory.available(sku) is None:
-            await self._inventory.restore_orders(sku, await self._orders.sku_orders(sku))
+    async def _reset(self, sku: str, stock: int, *, fresh: bool = False) -> int:
+        """Set the Redis counter; one set where it was missing (expired, lost, or
+        never written under another strategy) flagged the sku as rebuilding, so
+        take the rebuild unless another instance has (a no-op when not flagged).
+        ``fresh``: the sku was created now, so it has no orders to rebuild."""
+        redis_stock = await self._inventory.load_stock(sku, stock, reset=True, fresh=fresh)
+        if not fresh:
+            self._rebuilds.ensure(sku)
+        return redis_stock
 
     async def report(self, sku: str) -> StockReport:
         """Database stock, Redis stock, pending units and units sold of ``sku``."""

@@ -58,6 +58,7 @@ from gateway.orders import Orders
 from gateway.overload import AnswerLog
 from gateway.payloads import MAX_BODY
 from gateway.purchases import Purchases
+from gateway.rebuilds import Rebuilds
 from gateway.reconciler import Reconciler
 from gateway.resources import database_ctx, patiently, redis_ctx, zookeeper_ctx
 from gateway.salegate import SaleGate
@@ -107,6 +108,7 @@ async def service_ctx(app: web.Application) -> AsyncIterator[None]:
         on_idle=flusher.idle,
     )
     app[INVENTORY], app[BATCHER] = inventory, batcher
+    rebuilds = Rebuilds(inventory, orders, metrics, share=settings.rebuild_share)
     streams = Streams(redis, settings)
     app[TRACKER] = OrderTracker(orders=orders, streams=streams)
     app[PURCHASES] = Purchases(
@@ -116,6 +118,7 @@ async def service_ctx(app: web.Application) -> AsyncIterator[None]:
         orders=orders,
         batcher=batcher,
         flusher=flusher,
+        rebuilds=rebuilds,
         observer=metrics,
         streams=streams,
         deductions=deductions,
@@ -144,6 +147,7 @@ async def service_ctx(app: web.Application) -> AsyncIterator[None]:
         catalog=catalog,
         soldout=soldout,
         servability=servability,
+        rebuilds=rebuilds,
     )
     app[RECONCILER] = reconciler = Reconciler(
         inventory=inventory,
@@ -171,6 +175,7 @@ async def service_ctx(app: web.Application) -> AsyncIterator[None]:
         tasks.append(asyncio.create_task(writer.run(), name="queue-writer"))
     yield
     await batcher.close()
+    await rebuilds.close()
     await subscriber.aclose()
     await _stop(tasks)
 

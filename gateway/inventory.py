@@ -60,6 +60,7 @@ class Inventory:
         self._reserve = read_script("reserve")
         self._settle = read_script("settle")
         self._load_stock = read_script("load_stock")
+        self._rebuild = read_script("rebuild")
         self._snapshot = read_script("snapshot")
         self._enqueue = read_composed("enqueue", "reserve")
         for script in self.scripts:
@@ -72,7 +73,14 @@ class Inventory:
     @property
     def scripts(self) -> tuple[Script, ...]:
         """The scripts this adapter calls."""
-        return (self._reserve, self._settle, self._load_stock, self._enqueue, self._snapshot)
+        return (
+            self._reserve,
+            self._settle,
+            self._load_stock,
+            self._rebuild,
+            self._enqueue,
+            self._snapshot,
+        )
 
     def keys(self, sku: str) -> SkuKeys:
         """The (cached) keys of a sku."""
@@ -87,20 +95,31 @@ class Inventory:
             await script.load(self.redis)
 
     async def reserve(
-        self, purchase: Purchase, info: SkuInfo, client: Callable[[], str | None] | None = None
+        self,
+        purchase: Purchase,
+        info: SkuInfo,
+        client: Callable[[], str | None] | None = None,
+        *,
+        verified: bool = False,
     ) -> Reply:
         """Reserve stock for one purchase (reserve.lua, with the sku's window and
         rate limits from ``info``); ``client`` names the client address, asked
-        only when a client rate applies."""
-        return await self._reserve_with(self._reserve_many, purchase, info, client)
+        only when a client rate applies. ``verified``: PostgreSQL holds no order
+        of its request id or buyer, so it may go on while the sku is rebuilt."""
+        return await self._reserve_with(self._reserve_many, purchase, info, client, verified)
 
     async def enqueue(
-        self, purchase: Purchase, info: SkuInfo, client: Callable[[], str | None] | None = None
+        self,
+        purchase: Purchase,
+        info: SkuInfo,
+        client: Callable[[], str | None] | None = None,
+        *,
+        verified: bool = False,
     ) -> Reply:
         """Reserve stock for one purchase as :meth:`reserve` does and queue it in
         the sku's stream, in one script (enqueue.lua); "busy" when the stream is
         full."""
-        return await self._reserve_with(self._enqueue_many, purchase, info, client)
+        return await self._reserve_with(self._enqueue_many, purchase, info, client, verified)
 
     async def _reserve_with(
         self,
@@ -108,6 +127,7 @@ class Inventory:
         purchase: Purchase,
         info: SkuInfo,
         client: Callable[[], str | None] | None,
+        verified: bool,
     ) -> Reply:
         head = self._calls.head(info)
         user_key = client_key = ""
@@ -118,7 +138,7 @@ class Inventory:
             if address is not None:
                 client_key = client_bucket_key(self._prefix, purchase.sku, address)
         try:
-            raw = await batcher(purchase.sku, (purchase, user_key, client_key, head))
+            raw = await batcher(purchase.sku, (purchase, user_key, client_key, head, verified))
         except RedisError as exc:
             raise RedisUnavailable(f"redis: {type(exc).__name__}") from exc
         return reply_of(raw, purchase)
@@ -137,15 +157,46 @@ class Inventory:
             args += (s.request_id, s.verdict.settled_as.value, s.user_id, s.qty, s.order_id)
         return int(await self._call(self._settle, self.keys(sku).all(), args))
 
-    async def load_stock(self, sku: str, db_stock: int, *, reset: bool) -> int:
+    async def load_stock(self, sku: str, db_stock: int, *, reset: bool, fresh: bool = False) -> int:
         """Set Redis stock from database stock minus the ledger (load_stock.lua).
 
-        With ``reset`` false only a missing key is set. Returns the stock now.
-        """
-        mode = "reset" if reset else "reload"
+        With ``reset`` false only a missing key is set; setting one flags the
+        sku as rebuilding (:meth:`take_rebuild`) unless ``fresh``: the caller
+        knows the buyers and done hashes are whole (a sku created now, or a
+        tool that wrote them). Returns the stock now."""
+        mode = "fresh" if fresh else "reset" if reset else "reload"
         args = (mode, db_stock, self._channel, sku, self._retention_ms)
-        raw = await self._call(self._load_stock, self.keys(sku).all(), args)
+        keys = self.keys(sku)
+        raw = await self._call(self._load_stock, (*keys.all(), keys.rebuild), args)
         return int(raw[1])
+
+    async def rebuilding(self, sku: str) -> bool:
+        """Whether the sku's buyers and done hashes are being rebuilt (incomplete)."""
+        return bool(await guarded(self.redis.exists(self.keys(sku).rebuild)))
+
+    async def take_rebuild(self, sku: str, token: str, lease_ms: int) -> bool:
+        """Take the sku's rebuild lease for ``token`` (rebuild.lua): when the sku
+        is flagged and nobody holds the lease, or its holder's ran out."""
+        return await self._rebuild_step(sku, "take", token, lease_ms)
+
+    async def write_rebuilt(
+        self, sku: str, token: str, lease_ms: int, fields: Sequence[str]
+    ) -> bool:
+        """Write orders, given flat as ``request_id, done record, user_id`` each
+        (``Orders.order_page``), into the buyers and done hashes and renew the
+        lease; False, writing nothing, when ``token`` no longer holds it."""
+        return await self._rebuild_step(sku, "write", token, lease_ms, fields)
+
+    async def finish_rebuild(self, sku: str, token: str) -> bool:
+        """End ``token``'s rebuild: reservations trust the hashes again."""
+        return await self._rebuild_step(sku, "finish", token, 0)
+
+    async def _rebuild_step(
+        self, sku: str, step: str, token: str, lease_ms: int, rows: Sequence[str] = ()
+    ) -> bool:
+        keys = self.keys(sku)
+        args = (step, token, lease_ms, self._retention_ms, *rows)
+        return bool(await self._call(self._rebuild, (keys.rebuild, keys.buyers, keys.done), args))
 
     async def forget_stock(self, sku: str) -> None:
         """Delete a sku's stock counter and announce the change (``meta:<sku>``): its

@@ -8,6 +8,10 @@ through KEYS and write the records below; their contracts point here.
 ``<prefix>:{<sku>}:buyers``   hash    user_id -> request_id of that user's reservation or order
 ``<prefix>:{<sku>}:pending``  hash    request_id -> ledger record ``user_id|qty|reserved_at_ms``
 ``<prefix>:{<sku>}:done``     hash    request_id -> confirmed record ``order_id|user_id|qty``
+``<prefix>:{<sku>}:rebuild``  string  ``owner|lease_until_ms`` while buyers and done are
+                              rebuilt from PostgreSQL after Redis lost the sale
+                              (``gateway.rebuilds``); reservations trust the two
+                              hashes only once it is gone
 ``<prefix>:{<sku>}:lock``     the sku's flush lock (see ``gateway.lock``)
 ``<prefix>:{<sku>}:stream``   stream  queue strategy: reserved purchases waiting for a
                               writer, entry fields ``rid``, ``user``, ``qty``, ``at``
@@ -44,18 +48,26 @@ SEPARATOR = "|"
 
 @dataclass(frozen=True, slots=True)
 class SkuKeys:
-    """The Redis keys of one sku, in the order the stock scripts take them."""
+    """The Redis keys of one sku, in the order the stock scripts take them, and
+    the key flagging their rebuild."""
 
     stock: str
     buyers: str
     pending: str
     done: str
+    rebuild: str
 
     @classmethod
     def of(cls, prefix: str, sku: str) -> SkuKeys:
         """The keys of ``sku`` under ``prefix``, all in the ``{sku}`` slot."""
         base = sku_base(prefix, sku)
-        return cls(f"{base}:stock", f"{base}:buyers", f"{base}:pending", f"{base}:done")
+        return cls(
+            f"{base}:stock",
+            f"{base}:buyers",
+            f"{base}:pending",
+            f"{base}:done",
+            f"{base}:rebuild",
+        )
 
     def all(self) -> tuple[str, str, str, str]:
         """The four keys in script order."""
@@ -100,7 +112,7 @@ def sku_state_pattern(prefix: str) -> str:
     return f"{escaped}:{{*}}:*"
 
 
-STATE_SUFFIXES = (":stock", ":buyers", ":pending", ":done")
+STATE_SUFFIXES = (":stock", ":buyers", ":pending", ":done", ":rebuild")
 
 
 def channel(prefix: str) -> str:
@@ -152,7 +164,8 @@ def ledger(raw: dict[str, str]) -> list[Pending]:
 
 
 def encode_confirmed(order: Order) -> str:
-    """The done-hash record of a confirmed order (what settle.lua writes)."""
+    """The done-hash record of a confirmed order (what settle.lua writes, and
+    ``gateway.statements.ORDER_PAGE`` reads for a rebuild)."""
     return SEPARATOR.join((order.order_id, order.user_id, str(order.qty)))
 
 

@@ -109,6 +109,10 @@ class Metrics:
             "Time those passes took, in the background (HSCAN round trips and hashing).",
             registry=r,
         )
+        self.rebuilds = Counter("flashsale_sale_rebuilds", "Lost sales rebuilt here.", registry=r)
+        self.rebuild_seconds = Counter(
+            "flashsale_sale_rebuild_seconds", "Time those rebuilds took (paced).", registry=r
+        )
         self.noscript = Counter(
             "flashsale_noscript_reloads", "Scripts reloaded after NOSCRIPT.", ["script"], registry=r
         )
@@ -197,6 +201,11 @@ class Metrics:
     def stock_reloaded(self) -> None:
         """A missing stock key was loaded from the database."""
         self.reloads.inc()
+
+    def rebuilt(self, orders: int, seconds: float) -> None:
+        """A sku's buyers and done hashes were rebuilt from ``orders`` order rows."""
+        self.rebuilds.inc()
+        self.rebuild_seconds.inc(seconds)
 
     def confirmed_ids_built(self, count: int, seconds: float) -> None:
         """A sold-out sku's replay filter was built over ``count`` confirmed orders."""

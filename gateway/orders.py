@@ -10,7 +10,7 @@ flush's own SQLSTATEs its typed errors.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import asyncpg
@@ -37,14 +37,15 @@ from gateway.statements import (
     FLUSH_BATCH,
     LOCK_INVENTORY_ROW,
     LOCK_SKU_SETTINGS,
+    ORDER_PAGE,
     ORDERS_BY_REQUESTS,
+    PRIOR_ORDERS,
     PRUNE_RATE_BUCKETS,
     RECORD_MOVEMENT,
     RECORD_RELEASED,
     RESTOCK,
     SALE_GATE,
     SKU_INFO,
-    SKU_ORDERS,
     SKU_STOCK,
     UNITS_SOLD,
     WAITING_ROOM_SKUS,
@@ -58,6 +59,17 @@ DB_ERRORS = (
     OSError,
     TimeoutError,
 )
+
+
+@dataclass(frozen=True, slots=True)
+class OrderPage:
+    """One page of a sku's orders in buyer order: the fields asked for, flat;
+    the page's last buyer (where the next page starts) and its count of orders."""
+
+    fields: list[str]
+    last_user: str
+    count: int
+
 
 # A rate-limit bucket as sale_gate() takes it: its name ('u:<user>' or
 # 'c:<address>'), tokens a second and burst.
@@ -195,12 +207,19 @@ class Orders:
             raise PostgresUnavailable(_cause(exc)) from exc
         return {r["request_id"]: _order(r) for r in rows}
 
-    async def sku_orders(self, sku: str) -> list[Order]:
-        """Every order of a sku."""
-        try:
-            return [_order(r) for r in await self.pool.fetch(SKU_ORDERS, sku)]
-        except DB_ERRORS as exc:
-            raise PostgresUnavailable(_cause(exc)) from exc
+    async def prior(self, sku: str, request_id: str, user_id: str) -> tuple[Order | None, bool]:
+        """The order ``request_id`` made, if any, and whether ``user_id`` bought ``sku``."""
+        found = [_order(r) for r in await self._fetch(PRIOR_ORDERS, request_id, sku, user_id)]
+        made = next((o for o in found if o.request_id == request_id), None)
+        return made, any(o.sku == sku and o.user_id == user_id for o in found)
+
+    async def order_page(self, sku: str, after_user: str, limit: int) -> OrderPage:
+        """Up to ``limit`` orders of ``sku`` whose buyer sorts after ``after_user``,
+        in buyer order: ``request_id, done record, user_id`` of each, flat."""
+        rows = await self._fetch(ORDER_PAGE, sku, after_user, limit)
+        text, last_user, count = rows[0]
+        fields = text.split("\t")[:-1] if text else []
+        return OrderPage(fields, last_user or after_user, count)
 
     async def change_sku(
         self, sku: str, fields: Mapping[str, Any], *, create: bool
@@ -269,6 +288,12 @@ class Orders:
             return bool(await self.pool.fetchval("SELECT 1", timeout=2))
         except DB_ERRORS:
             return False
+
+    async def _fetch(self, sql: str, *args: object) -> list[asyncpg.Record]:
+        try:
+            return await self.pool.fetch(sql, *args)
+        except DB_ERRORS as exc:
+            raise PostgresUnavailable(_cause(exc)) from exc
 
     async def _fetchval(self, sql: str, *args: object) -> Any:
         try:

@@ -3,7 +3,8 @@
 A request walks: the catalog (the sku exists, the quantity is allowed), the
 in-process sold-out mark, ``reserve.lua`` in Redis (``Inventory.reserve``), then
 the batcher, whose flusher commits it in PostgreSQL. A stock key Redis lost is
-reloaded from PostgreSQL once for all the requests that find it missing.
+reloaded from PostgreSQL once for all the requests that find it missing; its
+hashes are rebuilt in the background (``gateway.rebuilds``).
 
 That is the ``reserve-batch`` strategy. A sku on another strategy (its own, or
 ``GATEWAY_STRATEGY``) is handed to that strategy's :class:`Deduction` right
@@ -20,9 +21,6 @@ of this, in ``gateway.admission``, for every strategy alike.
 from __future__ import annotations
 
 import asyncio
-import contextvars
-import functools
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Protocol
@@ -32,7 +30,9 @@ import structlog
 from gateway.batcher import Batcher
 from gateway.catalog import Catalog
 from gateway.domain import (
+    DUPLICATE,
     SOLD_OUT,
+    Order,
     Outcome,
     Purchase,
     Result,
@@ -47,11 +47,14 @@ from gateway.errors import (
 )
 from gateway.flusher import Flusher
 from gateway.inventory import Inventory
+from gateway.lookups import OrderLookups
+from gateway.marking import SoldOutMarking
 from gateway.orders import Orders
-from gateway.replies import outcome_of
+from gateway.rebuilds import Rebuilds
+from gateway.replies import Reply, outcome_of
 from gateway.rules import SaleRules
 from gateway.salegate import SaleGate
-from gateway.soldout import ConfirmedIds, SoldOut
+from gateway.soldout import UNBUILT, ConfirmedIds, SoldOut, UnknownIds
 from gateway.strategies import REDIS_FREE, Deduction
 from gateway.streams import Streams
 
@@ -82,6 +85,7 @@ class Purchases:
         orders: Orders,
         batcher: Batcher,
         flusher: Flusher,
+        rebuilds: Rebuilds,
         observer: PurchaseObserver | None = None,
         streams: Streams | None = None,
         deductions: Mapping[Strategy, Deduction] | None = None,
@@ -94,6 +98,7 @@ class Purchases:
         self._orders = orders
         self._batcher = batcher
         self._flusher = flusher
+        self._rebuilds = rebuilds
         self._observer = observer
         self._streams = streams
         # The strategies other than reserve-batch this gateway serves.
@@ -105,9 +110,8 @@ class Purchases:
         # Their window and rate limits (reserve.lua decides those of the others).
         self._gate = gate
         self._reloads: dict[str, asyncio.Future[None]] = {}
-        # A sku's sold-out mark being built, in the background: the requests
-        # that saw it sold out are answered at once, not after the build.
-        self._marking: dict[str, asyncio.Task[None]] = {}
+        self._marking = SoldOutMarking(soldout, inventory, observer)
+        self._lookups = OrderLookups(orders)
 
     async def purchase(
         self, purchase: Purchase, client: Callable[[], str | None] | None = None
@@ -127,17 +131,15 @@ class Purchases:
             # Without a request id, or with one that has no order: no I/O.
             if not purchase.request_id or purchase.request_id not in confirmed:
                 return SOLD_OUT
-            return await self._replay(purchase)
+            return await self._replay(purchase, confirmed)
         purchase = purchase.identified()
         structlog.contextvars.bind_contextvars(request_id=purchase.request_id, sku=purchase.sku)
         self._admit()
         generation = self._soldout.generation(purchase.sku)
         queued = strategy is Strategy.QUEUE
-        reserve = self._inventory.enqueue if queued else self._inventory.reserve
-        reply = await reserve(purchase, info, client)
-        if reply.kind == "missing":
-            await self._reload_once(purchase.sku)
-            reply = await reserve(purchase, info, client)
+        reply = await self._reserve(purchase, info, client, queued=queued, generation=generation)
+        if isinstance(reply, Result):
+            return reply
         if queued and reply.kind in ("ok", "in_progress", "busy"):
             return await self._queued(purchase, reply.kind)
         if reply.kind == "ok":
@@ -150,8 +152,39 @@ class Purchases:
                 await self._flusher.give_back(purchase.sku, [purchase])
                 raise
         if reply.kind == "sold_out" and reply.settled:
-            self._mark_in_background(purchase.sku, generation)
+            self._marking.start(purchase.sku, generation)
         return outcome_of(reply, purchase.request_id, info)
+
+    async def _reserve(
+        self,
+        purchase: Purchase,
+        info: SkuInfo,
+        client: Callable[[], str | None] | None,
+        *,
+        queued: bool,
+        generation: tuple[int, int],
+    ) -> Reply | Result:
+        """reserve.lua's (or enqueue.lua's) reply, after reloading a missing counter;
+        while the sku is rebuilt, PostgreSQL's answer to a replay or repeat buyer,
+        and a sold-out sku's answer (marked sold out here at once)."""
+        reserve = self._inventory.enqueue if queued else self._inventory.reserve
+        reply = await reserve(purchase, info, client)
+        if reply.kind == "missing":
+            await self._reload_once(purchase.sku)
+            reply = await reserve(purchase, info, client)
+        if reply.kind != "unverified":
+            return reply
+        if reply.orphaned:
+            self._rebuilds.ensure(purchase.sku)
+        if reply.settled:
+            # Sold out for good: only a replay gets anything but sold out, and the
+            # requests after this one are answered in-process.
+            self._marking.start(purchase.sku, generation, rebuilding=True)
+            return await self._replay(purchase, UNBUILT)
+        known = await self._verify(purchase)
+        if known is not None:
+            return known
+        return await reserve(purchase, info, client, verified=True)
 
     async def available(self, sku: str) -> int:
         """Units left to reserve: Redis's count, else the database's (the only count
@@ -238,62 +271,45 @@ class Purchases:
             future.add_done_callback(lambda _: self._reloads.pop(sku, None))
         await asyncio.shield(future)
 
-    async def _replay(self, purchase: Purchase) -> Result:
-        """A sold-out sku's answer to a request id its filter may hold: Redis's
+    async def _replay(self, purchase: Purchase, confirmed: ConfirmedIds | UnknownIds) -> Result:
+        """A sold-out sku's answer to a request id ``confirmed`` may hold: Redis's
         done hash, else the order rows (Redis lost or dropped the sale's state,
-        or the filter erred, about once in a thousand)."""
+        or is rebuilding it, or the filter erred, about once in a thousand);
+        straight to the order rows while the filter is not built (the hashes
+        are being rebuilt), coalesced with the other requests'."""
         rid = purchase.request_id
-        order = await self._inventory.confirmed_order(purchase.sku, rid)
+        order = None
+        if confirmed is not UNBUILT:
+            order = await self._inventory.confirmed_order(purchase.sku, rid)
         if order is None:
-            order = await self._orders.order(rid)
+            order = await self._lookups.order(rid)
         if order is None:
             return SOLD_OUT
-        if order.sku != purchase.sku:
-            raise IdempotencyMismatch(rid)
-        if (order.user_id, order.qty) != (purchase.user_id, purchase.qty):
-            raise IdempotencyMismatch(purchase.request_id)
-        return Result(Outcome.CONFIRMED, order)
+        return _replayed(order, purchase)
 
-    def _mark_in_background(self, sku: str, generation: tuple[int, int]) -> None:
-        """Start building the sku's sold-out mark unless a build runs already."""
-        if sku in self._marking:
-            return
-        # A fresh context: the build must not log with the first request's bindings.
-        task = asyncio.get_running_loop().create_task(
-            self._mark_sold_out(sku, generation), context=contextvars.Context()
-        )
-        self._marking[sku] = task
-        task.add_done_callback(functools.partial(self._marked, sku))
-
-    def _marked(self, sku: str, task: asyncio.Task[None]) -> None:
-        self._marking.pop(sku, None)
-        if not task.cancelled() and task.exception() is not None:
-            # Nothing is lost: the next sold-out answer from Redis tries again.
-            log.warning("sold_out_mark_failed", sku=sku, cause=repr(task.exception()))
-
-    async def _mark_sold_out(self, sku: str, generation: tuple[int, int]) -> None:
-        # The confirmed ids come along, so replays are told apart in-process;
-        # they are read again only when more orders were confirmed since.
-        count = await self._inventory.confirmed_count(sku)
-        confirmed = self._soldout.built(sku, count)
-        if confirmed is None:
-            started = time.perf_counter()
-            confirmed = ConfirmedIds(count)
-            async for chunk in self._inventory.confirmed_ids(sku):
-                confirmed.update(chunk)
-            if self._observer is not None:
-                self._observer.confirmed_ids_built(count, time.perf_counter() - started)
-        self._soldout.mark(sku, generation, confirmed)
+    async def _verify(self, purchase: Purchase) -> Result | None:
+        """While the sku is rebuilt: a replay's order, a repeat buyer's "duplicate"
+        (from PostgreSQL), else None."""
+        made, bought = await self._orders.prior(purchase.sku, purchase.request_id, purchase.user_id)
+        if made is not None:
+            return _replayed(made, purchase)
+        return DUPLICATE if bought else None
 
     async def _reload(self, sku: str) -> None:
-        # Redis may have lost everything of the sku, not just the counter: put
-        # the committed orders back first, so replays and repeat buyers are
-        # answered from them once the counter reappears.
-        await self._inventory.restore_orders(sku, await self._orders.sku_orders(sku))
+        # The counter comes back flagged as rebuilding (the hashes may be gone too).
         stock = await self._orders.stock(sku)
         if stock is None:
             raise Unavailable("sku vanished")
         await self._inventory.load_stock(sku, stock, reset=False)
+        self._rebuilds.ensure(sku)
         if self._observer is not None:
             self._observer.stock_reloaded()
         log.warning("stock_reloaded", sku=sku, stock=stock)
+
+
+def _replayed(order: Order, purchase: Purchase) -> Result:
+    """The answer to a purchase whose request id made ``order``; raises
+    IdempotencyMismatch when it names another sku, buyer or qty."""
+    if (order.sku, order.user_id, order.qty) != (purchase.sku, purchase.user_id, purchase.qty):
+        raise IdempotencyMismatch(purchase.request_id)
+    return Result(Outcome.CONFIRMED, order)

@@ -27,6 +27,7 @@ ReplyKind = Literal[
     "mismatch",
     "in_progress",
     "missing",
+    "unverified",
     "duplicate",
     "sold_out",
     "not_started",
@@ -42,11 +43,14 @@ class Reply:
 
     kind: ReplyKind
     order: Order | None = None
+    # "sold_out", "unverified": stock is 0 and nothing is pending.
     settled: bool = False
     # "ok": when Redis reserved it, by Redis's clock (the ledger's stamp).
     reserved_at_ms: int = 0
     # "not_started", "rate_limited": how long until trying again makes sense.
     wait_ms: int = 0
+    # "unverified": nobody holds the sku's rebuild lease (its holder died).
+    orphaned: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +75,12 @@ _SIMPLE_KINDS: tuple[ReplyKind, ...] = (
 _SIMPLE: dict[str, Reply] = {kind: Reply(kind) for kind in _SIMPLE_KINDS}
 _SOLD_OUT = Reply("sold_out")
 _SOLD_OUT_SETTLED = Reply("sold_out", settled=True)
+# "unverified", by (orphaned, settled).
+_UNVERIFIED = {
+    (orphaned, settled): Reply("unverified", settled=settled, orphaned=orphaned)
+    for orphaned in (False, True)
+    for settled in (False, True)
+}
 
 
 def reply_of(raw: Any, purchase: Purchase) -> Reply:
@@ -83,6 +93,8 @@ def reply_of(raw: Any, purchase: Purchase) -> Reply:
     if kind == "confirmed":
         order = Order(raw[1], purchase.request_id, purchase.sku, raw[2], int(raw[3]))
         return Reply("confirmed", order)
+    if kind == "unverified":
+        return _UNVERIFIED[int(raw[1]) == 1, int(raw[2]) == 1]
     if kind in ("not_started", "rate_limited"):
         return Reply(kind, wait_ms=int(raw[1]))
     return _SIMPLE[kind]

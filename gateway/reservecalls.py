@@ -15,9 +15,10 @@ from gateway.scripts import ScriptArg
 from gateway.settings import Settings
 
 # A purchase waiting for its sku's next reserve.lua call: the purchase, its
-# user's and its client's bucket keys ("" when that limit is off), and the
-# sku's leading ARGV (see :meth:`ReserveCalls.head`).
-Entry = tuple[Purchase, str, str, tuple[ScriptArg, ...]]
+# user's and its client's bucket keys ("" when that limit is off), the sku's
+# leading ARGV (see :meth:`ReserveCalls.head`), and whether PostgreSQL cleared
+# it while the sku's hashes are rebuilt (reserve.lua's "unverified").
+Entry = tuple[Purchase, str, str, tuple[ScriptArg, ...], bool]
 
 
 class ReserveCalls:
@@ -55,14 +56,16 @@ class ReserveCalls:
 
     def reserve(self, entries: list[Entry]) -> tuple[list[str], list[ScriptArg]]:
         """One reserve.lua call for a sku's queued purchases: its four keys, the
-        call's own key (a fresh id, so a call sent again is recognised) and
-        the bucket keys (each once), the sku's head (the newest entry's), then
-        five args per purchase."""
+        call's own key (a fresh id, so a call sent again is recognised), the
+        rebuild key and the bucket keys (each once), the sku's head (the newest
+        entry's), then six args per purchase."""
         sku = entries[0][0].sku
-        keys: list[str] = [*self._keys(sku).all(), call_key(self._prefix, sku, uuid.uuid4().hex)]
+        sku_keys = self._keys(sku)
+        call = call_key(self._prefix, sku, uuid.uuid4().hex)
+        keys: list[str] = [*sku_keys.all(), call, sku_keys.rebuild]
         index: dict[str, int] = {}
         args: list[ScriptArg] = list(entries[-1][3])
-        for purchase, user_key, client_key, _ in entries:
+        for purchase, user_key, client_key, _, verified in entries:
             args += (purchase.request_id, purchase.user_id, purchase.qty)
             for bucket in (user_key, client_key):
                 if not bucket:
@@ -73,6 +76,7 @@ class ReserveCalls:
                     keys.append(bucket)
                     at = index[bucket] = len(keys)
                 args.append(at)
+            args.append(1 if verified else 0)
         return keys, args
 
     def enqueue(self, entries: list[Entry]) -> tuple[list[str], list[ScriptArg]]:

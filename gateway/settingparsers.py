@@ -36,6 +36,13 @@ def _float(low: float) -> Callable[[str], float]:
     return parse
 
 
+def _share(raw: str) -> float:
+    value = float(raw)
+    if not 0 < value <= 1:  # also rejects nan
+        raise ValueError("must be > 0 and <= 1")
+    return value
+
+
 def _choice(*options: str) -> Callable[[str], str]:
     def parse(raw: str) -> str:
         if raw not in options:
@@ -136,6 +143,7 @@ PARSERS: Mapping[str, Callable[[str], Any]] = {
     "startup_wait_s": _float(0.0),
     "reconcile_interval_s": _float(0.05),
     "sale_retention_s": _float(1.0),
+    "rebuild_share": _share,
     "log_level": _choice("debug", "info", "warning", "error"),
     "metrics": _bool,
     "loop_stall_report_s": _float(0.0),

@@ -62,6 +62,9 @@ class Settings:
     # A sku's Redis state expires this long after it was last written (a sold-out
     # sku's last write is its last settle); PostgreSQL answers, and refills it, after.
     sale_retention_s: float = 86_400.0
+    # After Redis lost a sale, the most of the event loop's CPU time the
+    # background rebuild of its hashes takes (gateway.rebuilds); 1: no pacing.
+    rebuild_share: float = 0.1
     log_level: str = "info"
     metrics: bool = True
     # A loop stalled this long gets its stack logged while still stuck

@@ -14,6 +14,11 @@ orders of a sku only ever grow, so while their count is unchanged the filter
 built for the last mark still holds every one of them, and re-marking costs one
 count, not a pass over every order.
 
+While Redis rebuilds a lost sale's hashes (``gateway.rebuilds``), a sku it
+reports settled is marked at once without its filter, which is built from the
+order rows meanwhile (``gateway.marking``): every request id may be a replay
+then and is looked up in PostgreSQL, a purchase without one is sold out at once.
+
 A generation counter per sku closes the race between a reservation that saw
 "sold out" and an announcement that arrived before the mark was set.
 """
@@ -55,12 +60,26 @@ class ConfirmedIds:
         return int(self._bloom.size_in_bits) // 8
 
 
+class UnknownIds:
+    """The confirmed ids of a sold-out sku whose filter is not built yet: any
+    request id may have an order."""
+
+    __slots__ = ()
+
+    def __contains__(self, request_id: object) -> bool:
+        """Always True: look the request id up."""
+        return True
+
+
+UNBUILT = UnknownIds()
+
+
 class SoldOut:
     """Which skus are sold out here, with their confirmed request ids."""
 
     def __init__(self, ttl_s: float = MARK_TTL_S) -> None:
         self._ttl = ttl_s
-        self._marks: dict[str, tuple[float, ConfirmedIds]] = {}
+        self._marks: dict[str, tuple[float, ConfirmedIds | UnknownIds]] = {}
         self._built: dict[str, ConfirmedIds] = {}
         self._generations: dict[str, int] = {}
         self._epoch = 0
@@ -69,8 +88,9 @@ class SoldOut:
         """Take before asking Redis; pass to :meth:`mark` afterwards."""
         return (self._epoch, self._generations.get(sku, 0))
 
-    def lookup(self, sku: str) -> ConfirmedIds | None:
-        """The confirmed ids of a sold-out sku, or None when not known sold out."""
+    def lookup(self, sku: str) -> ConfirmedIds | UnknownIds | None:
+        """The confirmed ids of a sold-out sku (:data:`UNBUILT` while its filter
+        is built), or None when not known sold out."""
         mark = self._marks.get(sku)
         if mark is None:
             return None
@@ -90,6 +110,14 @@ class SoldOut:
         if self.generation(sku) != generation:
             return False
         self._marks[sku] = (asyncio.get_running_loop().time() + self._ttl, confirmed)
+        return True
+
+    def mark_unbuilt(self, sku: str, generation: tuple[int, int]) -> bool:
+        """Mark a sku sold out before its filter is built (:data:`UNBUILT`), unless
+        it changed since ``generation`` or is marked already; returns whether marked."""
+        if self.generation(sku) != generation or self.lookup(sku) is not None:
+            return False
+        self._marks[sku] = (asyncio.get_running_loop().time() + self._ttl, UNBUILT)
         return True
 
     def clear(self, sku: str) -> None:

@@ -54,8 +54,24 @@ ORDERS_BY_REQUESTS = """
 SELECT order_id::text, request_id, sku, user_id, qty FROM orders
 WHERE request_id = ANY($1::text[])
 """
-SKU_ORDERS = """
-SELECT order_id::text, request_id, sku, user_id, qty FROM orders WHERE sku = $1
+# While a sku's Redis hashes are rebuilt: the order of a request id, and the
+# buyer's order of the sku (two unique indexes; at most two rows).
+PRIOR_ORDERS = """
+SELECT order_id::text, request_id, sku, user_id, qty FROM orders
+WHERE request_id = $1 OR (sku = $2 AND user_id = $3)
+"""
+# One page of a sku's orders for a rebuild, in the (sku, user_id) unique index's
+# order after the last buyer of the page before, as one text: per order its
+# request id, the done-hash record of gateway.layout.encode_confirmed and its
+# buyer, every field followed by a tab (ids never hold one, gateway.payloads);
+# then the page's last buyer and its count of orders. One value to decode
+# instead of a row per order: the gateway's work per page is one split.
+ORDER_PAGE = """
+SELECT string_agg(
+    request_id || E'\\t' || order_id::text || '|' || user_id || '|' || qty::text || E'\\t'
+    || user_id || E'\\t', '' ORDER BY user_id), max(user_id), count(*)
+FROM (SELECT request_id, order_id, user_id, qty FROM orders
+      WHERE sku = $1 AND user_id > $2 ORDER BY user_id LIMIT $3) AS page
 """
 UNITS_SOLD = "SELECT COALESCE(SUM(qty), 0) FROM orders WHERE sku = $1"
 # A new sku starts empty, so two concurrent creations both see the row (and

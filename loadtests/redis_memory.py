@@ -40,7 +40,7 @@ async def measure(redis_url: str, orders: int) -> dict[str, int]:
             for i in range(orders)
         ]
         await inventory.restore_orders(sku, made)
-        await inventory.load_stock(sku, 0, reset=True)
+        await inventory.load_stock(sku, 0, reset=True, fresh=True)
         sizes = {}
         for name, key in zip(("stock", "buyers", "pending", "done"), keys.all(), strict=True):
             sizes[name] = int(await redis.memory_usage(key, samples=0) or 0)

@@ -9,8 +9,13 @@ starts a gateway, sends the first sold-out request (which builds the sku's
 replay filter), and drives a sold-out storm with wrk for ``--storm`` seconds,
 sampling the gateway's RSS every ``--every`` seconds. A sample of confirmed
 request ids is replayed at the end: each must get its order. Last, Redis loses
-the sale's keys and a fresh gateway takes the next purchase, which reloads every
-order row into Redis on its path: that request's time and CPU are printed.
+the sale's keys and a fresh gateway takes the next purchase: its latency is
+printed, then a sold-out storm of the same length runs while the gateway
+rebuilds the sale's hashes in the background, with replays of confirmed ids
+sent during it; its rate (against the first storm's), p99, the event loop's
+lag (``flashsale_event_loop_lag_seconds``) meanwhile, and whether the rebuild
+was still running at its end are printed, then replays after the rebuild.
+Exits 1 on any wrong answer.
 
     python -m loadtests.soldout_memory [--orders 1000000] [--storm 60s]
 """
@@ -27,6 +32,7 @@ import uuid
 from typing import Any
 
 import asyncpg
+from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.connections import create_redis
 from gateway.domain import Order
@@ -49,9 +55,16 @@ MOVEMENT = (
     "INSERT INTO stock_movements (sku, delta, reason, stock_after) VALUES ($1, $2, 'set', $2)"
 )
 REPLAYS = 200
+# Replays sent during the storm that runs while the sale is rebuilt.
+REPLAYS_DURING = 50
+LOOP_LAG = "flashsale_event_loop_lag_seconds"
 # The background build of a million ids' filter takes seconds, not minutes.
 BUILD_WITHIN_S = 300.0
 BUILD_POLL_S = 0.2
+# How long the rebuild of the lost sale may take: a minute, and 200 us an order
+# (a rebuild paced at a tenth of a busy loop's CPU; 3.5 minutes at 1,000,000).
+REBUILD_BASE_S = 60.0
+REBUILD_PER_ORDER_S = 0.0002
 
 
 async def write_sale(database_url: str, redis_url: str, prefix: str, orders: int) -> list[Order]:
@@ -79,7 +92,7 @@ async def write_sale(database_url: str, redis_url: str, prefix: str, orders: int
         inventory = Inventory(redis, settings)
         await inventory.load_scripts()
         await inventory.restore_orders(SKU, made)
-        await inventory.load_stock(SKU, 0, reset=True)
+        await inventory.load_stock(SKU, 0, reset=True, fresh=True)
     finally:
         await redis.aclose()
     return made
@@ -88,13 +101,19 @@ async def write_sale(database_url: str, redis_url: str, prefix: str, orders: int
 def wait_built(target: Target, within: float = BUILD_WITHIN_S) -> float:
     """Wait until the gateway has built the sku's confirmed-id filter (in the
     background, after the first sold-out answer); the seconds the build took."""
+    return wait_done(target, "flashsale_confirmed_id_build", within, "the confirmed-id filter")
+
+
+def wait_done(target: Target, family: str, within: float, what: str) -> float:
+    """Wait until the gateway's ``<family>s_total`` counts one, done in the
+    background; its ``<family>_seconds_total`` then."""
     deadline = time.monotonic() + within
     while time.monotonic() < deadline:
         found = target.scrape()
-        if found.get("flashsale_confirmed_id_builds_total", 0) >= 1:
-            return found.get("flashsale_confirmed_id_build_seconds_total", 0.0)
+        if found.get(f"{family}s_total", 0) >= 1:
+            return found.get(f"{family}_seconds_total", 0.0)
         time.sleep(BUILD_POLL_S)
-    raise RuntimeError(f"the confirmed-id filter was not built within {within:g} s")
+    raise RuntimeError(f"{what} was not built within {within:g} s")
 
 
 def rss_mib(target: Target) -> float:
@@ -146,9 +165,15 @@ def run(orders: int, storm_s: float, every: float) -> int:
             flush=True,
         )
         print(f"RSS idle {idle:.1f} MiB; after the sold-out mark {after_mark:.1f} MiB", flush=True)
+        lag_before = lag_buckets(gateway)
         samples, result = storm(gateway, storm_s, every)
         rps = result["requests"] / (result["duration_us"] / 1e6)
-        print(f"storm: {rps:,.0f} req/s for {storm_s:g} s, statuses {result['statuses']}")
+        lag = lag_quantiles(lag_before, lag_buckets(gateway))
+        print(
+            f"storm: {rps:,.0f} req/s for {storm_s:g} s, p99"
+            f" {result['latency_us']['p99'] / 1000:.1f} ms, statuses {result['statuses']};"
+            f" loop lag p99 <= {lag[0] * 1000:g} ms, max <= {lag[1] * 1000:g} ms"
+        )
         print(f"RSS samples (MiB, every {every:g} s): {samples}")
         wrong = 0
         for order in random.Random(1).sample(made, min(REPLAYS, len(made))):
@@ -157,42 +182,103 @@ def run(orders: int, storm_s: float, every: float) -> int:
             wrong += status != 201 or answer.get("order_id") != order.order_id
         print(f"replays of {REPLAYS} confirmed ids: {REPLAYS - wrong} answered with their order")
         print(f"(measured {time.monotonic() - began:.0f} s after the mark; {pinning.describe()})")
-        wrong += reload_after_loss(harness, gateway, database, prefix, made)
+        wrong += reload_after_loss(harness, gateway, database, prefix, made, storm_s, rps)
         return 1 if wrong else 0
 
 
 def reload_after_loss(
-    harness: Harness, gateway: Target, database: str, prefix: str, made: list[Order]
+    harness: Harness,
+    gateway: Target,
+    database: str,
+    prefix: str,
+    made: list[Order],
+    storm_s: float,
+    normal_rps: float,
 ) -> int:
-    """Redis loses the sale's keys and a fresh gateway takes the next purchase:
-    it reloads every order row into Redis on that request's path. Prints how
-    long that request took and what it cost; the number of wrong answers."""
+    """Redis loses the sale's keys and a fresh gateway takes the next purchase,
+    then a sold-out storm with replays while the sale is rebuilt in the
+    background. Prints the figures; the number of wrong answers."""
     stop_process(gateway.process)
     asyncio.run(delete_sale_keys(harness.redis_url, prefix))
     fresh = harness.start_gateway(database)
-    cpu_before = cpu_seconds(fresh.pid)
+    lag_before = lag_buckets(fresh)
     started = time.monotonic()
     status, body = http("POST", f"{fresh.url}/v1/purchase", {"sku": SKU, "user_id": "later"})
     took = time.monotonic() - started
+    wrong = int((status, body) != (409, {"status": "sold_out"}))
     print(
-        f"after Redis lost the sale: the first purchase reloaded {len(made):,} orders in"
-        f" {took:.2f} s ({cpu_seconds(fresh.pid) - cpu_before:.2f} s of the gateway's CPU),"
-        f" answered {status}; RSS then {rss_mib(fresh):.1f} MiB",
-        flush=True,
+        f"after Redis lost the sale: the first purchase answered {status} in {took * 1000:.1f} ms"
     )
-    order = made[0]
-    replay = {"sku": SKU, "user_id": order.user_id, "request_id": order.request_id}
-    status_r, answer = http("POST", f"{fresh.url}/v1/purchase", replay)
-    return int((status, body) != (409, {"status": "sold_out"})) + int(
-        status_r != 201 or answer.get("order_id") != order.order_id
+    lag_before = lag_buckets(fresh)
+    replays: list[int] = []
+    thread = threading.Thread(target=lambda: replays.append(replay_all(fresh, made, 1)))
+    thread.start()
+    _, result = storm(fresh, storm_s, storm_s)
+    thread.join()
+    rebuilding = asyncio.run(still_rebuilding(harness.redis_url, prefix))
+    rps = result["requests"] / (result["duration_us"] / 1e6)
+    p99_ms = result["latency_us"]["p99"] / 1000
+    lag = lag_quantiles(lag_before, lag_buckets(fresh))
+    print(
+        f"storm during the rebuild: {rps:,.0f} req/s ({rps / normal_rps:.2f}x the first storm),"
+        f" p99 {p99_ms:.1f} ms, statuses {result['statuses']}; loop lag p99 <= {lag[0] * 1000:g}"
+        f" ms, max <= {lag[1] * 1000:g} ms; rebuild still running at its end: {rebuilding}"
     )
+    print(f"replays during it: {REPLAYS_DURING - replays[0]} of {REPLAYS_DURING} got their order")
+    within = REBUILD_BASE_S + REBUILD_PER_ORDER_S * len(made)
+    rebuilt_s = wait_done(fresh, "flashsale_sale_rebuild", within, "the sale's hashes")
+    print(f"rebuild done: {rebuilt_s:.1f} s in the background; RSS then {rss_mib(fresh):.1f} MiB")
+    after = replay_all(fresh, made, 2)
+    print(f"replays after it: {REPLAYS_DURING - after} of {REPLAYS_DURING} got their order")
+    return wrong + replays[0] + after
+
+
+def replay_all(target: Target, made: list[Order], seed: int) -> int:
+    """Replay a sample of confirmed request ids; how many did not get their order."""
+    wrong = 0
+    for order in random.Random(seed).sample(made, min(REPLAYS_DURING, len(made))):
+        body = {"sku": SKU, "user_id": order.user_id, "request_id": order.request_id}
+        status, answer = http("POST", f"{target.url}/v1/purchase", body, timeout=30.0)
+        wrong += status != 201 or answer.get("order_id") != order.order_id
+    return wrong
+
+
+def lag_buckets(target: Target) -> dict[float, float]:
+    """The loop-lag histogram's cumulative buckets now (upper bound -> count)."""
+    _, text = http("GET", f"{target.url}/metrics")
+    buckets: dict[float, float] = {}
+    for family in text_string_to_metric_families(str(text)):
+        for sample in family.samples:
+            if sample.name == f"{LOOP_LAG}_bucket":
+                bound = float(sample.labels["le"])
+                buckets[bound] = buckets.get(bound, 0.0) + sample.value
+    return buckets
+
+
+def lag_quantiles(before: dict[float, float], after: dict[float, float]) -> tuple[float, float]:
+    """The bucket bounds holding the p99 and the largest lag between two scrapes."""
+    delta = sorted((bound, after[bound] - before.get(bound, 0.0)) for bound in after)
+    total = delta[-1][1] if delta else 0.0
+    p99 = next((b for b, n in delta if n >= 0.99 * total), float("inf"))
+    most = next((b for b, n in delta if n >= total), float("inf"))
+    return p99, most
+
+
+async def still_rebuilding(redis_url: str, prefix: str) -> bool:
+    """Whether the sku's rebuild flag is still set."""
+    redis = create_redis(Settings(redis_url=redis_url, key_prefix=prefix))
+    try:
+        return bool(await redis.exists(SkuKeys.of(prefix, SKU).rebuild))
+    finally:
+        await redis.aclose()
 
 
 async def delete_sale_keys(redis_url: str, prefix: str) -> None:
     """Delete the sku's keys, as a Redis restart without persistence would."""
     redis = create_redis(Settings(redis_url=redis_url, key_prefix=prefix))
     try:
-        await redis.delete(*SkuKeys.of(prefix, SKU).all())
+        keys = SkuKeys.of(prefix, SKU)
+        await redis.delete(*keys.all(), keys.rebuild)
     finally:
         await redis.aclose()
 

@@ -9,15 +9,20 @@
 -- KEYS[3] pending  hash:   request_id -> "user_id|qty|reserved_at_ms" (the ledger)
 -- KEYS[4] done     hash:   request_id -> "order_id|user_id|qty" (confirmed orders)
 -- KEYS[5] call     string: this call's replies, once it reserved (JSON)
--- KEYS[6..] token buckets "tokens|at_ms" of the entries' users and clients
+-- KEYS[6] rebuild  string: "owner|lease_until_ms" while the buyers and done hashes
+--                  are being rebuilt from PostgreSQL (lua/rebuild.lua), so
+--                  incomplete; absent otherwise
+-- KEYS[7..] token buckets "tokens|at_ms" of the entries' users and clients
 --           (<prefix>:{sku}:rl:u:<user>, <prefix>:{sku}:rl:c:<address>)
 -- ARGV[1] retention in ms: a reservation keeps the four sku keys that long
 -- ARGV[2] starts_at, ARGV[3] ends_at: the sale window in ms since the epoch,
 --         "" for none; decided against this Redis's TIME, not the caller's clock
 -- ARGV[4] user rate (tokens/s, 0 = off), ARGV[5] user burst
 -- ARGV[6] client rate (tokens/s, 0 = off), ARGV[7] client burst
--- ARGV[8..] five per entry: request_id, user_id, qty (>= 1), the index in
---           KEYS of the user's bucket and of the client's bucket (0: none)
+-- ARGV[8..] six per entry: request_id, user_id, qty (>= 1), the index in
+--           KEYS of the user's bucket and of the client's bucket (0: none),
+--           verified (1: PostgreSQL holds no order of this request id or buyer,
+--           checked by the caller after an "unverified" reply; else 0)
 --
 -- Returns one reply per entry, in order, each one of:
 --   {"ok", stock_left, reserved_at_ms}     reserved (stamped with Redis TIME);
@@ -29,6 +34,14 @@
 --   {"not_started", ms_to_start}           before the window
 --   {"ended"}                              after the window
 --   {"missing"}                            no stock key: reload it from PostgreSQL
+--   {"unverified", orphaned, settled}      the hashes are being rebuilt and the
+--                                          entry is not verified: neither a
+--                                          replay nor a repeat buyer can be told
+--                                          from a new purchase here; orphaned is
+--                                          1 when the rebuild's lease ran out,
+--                                          settled 1 when stock is 0 and nothing
+--                                          is pending (only a replay can get
+--                                          anything but sold out)
 --   {"rate_limited", ms_to_a_token}        a bucket of the user or client is empty
 --   {"duplicate"}                          this user already reserved or bought
 --   {"sold_out", settled}                  too little stock; settled is 1 when
@@ -37,7 +50,8 @@
 -- The request id is checked first, so a replay gets its outcome whatever the
 -- window and the limits; the buyer is checked before the decrement, so repeat
 -- clicks never drain stock. A request turned away by the window or a missing
--- key takes no token; any other attempt takes one from each of its buckets,
+-- key takes no token, nor does an unverified one; any other attempt takes one
+-- from each of its buckets,
 -- all or none. Sold out beats rate limited: nobody is told to come back for
 -- stock that is gone.
 -- A call sent again (redis-py retries a command, or a whole cluster pipeline,
@@ -52,6 +66,13 @@ end
 local time = redis.call("TIME")
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 local starts, ends = tonumber(ARGV[2]), tonumber(ARGV[3])
+-- While the hashes are rebuilt, an entry found in neither of them may still be a
+-- replay or a repeat buyer: only one PostgreSQL cleared (verified) goes on.
+local rebuild = redis.call("GET", KEYS[6])
+local orphaned = 0
+if rebuild and tonumber(string.match(rebuild, "|(%d+)$")) <= now then
+  orphaned = 1
+end
 local rates = {tonumber(ARGV[4]), tonumber(ARGV[6])}
 local bursts = {tonumber(ARGV[5]), tonumber(ARGV[7])}
 
@@ -117,7 +138,7 @@ end
 
 local reserved = false
 
-local function reserve(rid, user, qty, bucket_keys)
+local function reserve(rid, user, qty, bucket_keys, verified)
   local answer = replay(rid, user, qty)
   if answer then
     return answer
@@ -133,6 +154,13 @@ local function reserve(rid, user, qty, bucket_keys)
     return {"missing"}
   end
   stock = tonumber(stock)
+  if rebuild and not verified then
+    local settled = 0
+    if stock <= 0 and redis.call("HLEN", KEYS[3]) == 0 then
+      settled = 1
+    end
+    return {"unverified", orphaned, settled}
+  end
   local wait = take(bucket_keys)
   if wait > 0 then
     if stock < qty then
@@ -154,10 +182,12 @@ local function reserve(rid, user, qty, bucket_keys)
 end
 
 local replies = {}
-for base = 8, #ARGV, 5 do
+for base = 8, #ARGV, 6 do
   local user_key, client_key = tonumber(ARGV[base + 3]), tonumber(ARGV[base + 4])
   local bucket_keys = {KEYS[user_key], KEYS[client_key]}
-  replies[#replies + 1] = reserve(ARGV[base], ARGV[base + 1], tonumber(ARGV[base + 2]), bucket_keys)
+  local verified = ARGV[base + 5] == "1"
+  replies[#replies + 1] =
+    reserve(ARGV[base], ARGV[base + 1], tonumber(ARGV[base + 2]), bucket_keys, verified)
 end
 if reserved then
   for i = 1, 4 do

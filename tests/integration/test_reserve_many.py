@@ -79,16 +79,17 @@ class TestReserveMany:
         await put_rules(client, sku, 3)
         script = read_script("reserve")
         await script.load(redis)
-        keys = [*SkuKeys.of(key_prefix, sku).all(), call_key(key_prefix, sku, "c1")]
+        sku_keys = SkuKeys.of(key_prefix, sku)
+        keys = [*sku_keys.all(), call_key(key_prefix, sku, "c1"), sku_keys.rebuild]
         head: list[str | int] = [60_000, "", "", 0, 0, 0, 0]
-        entries: list[str | int] = ["r1", "u1", 1, 0, 0, "r2", "u2", 1, 0, 0]
+        entries: list[str | int] = ["r1", "u1", 1, 0, 0, 0, "r2", "u2", 1, 0, 0, 0]
         first = await script(redis, keys, [*head, *entries])
         again = await script(redis, keys, [*head, *entries])
         assert [r[0] for r in first] == [b"ok", b"ok"]
         assert again == first
         assert await redis_state(redis, key_prefix, sku) == (1, 2)
         # Another call of the same purchases is a replay, not the same call.
-        keys[-1] = call_key(key_prefix, sku, "c2")
+        keys[4] = call_key(key_prefix, sku, "c2")
         other = await script(redis, keys, [*head, *entries])
         assert [r[0] for r in other] == [b"in_progress", b"in_progress"]
 

@@ -42,6 +42,8 @@ def test_environment_and_flags() -> None:
         ({"GATEWAY_FLUSH_LOCK": "etcd"}, "GATEWAY_FLUSH_LOCK"),
         ({"GATEWAY_ZOOKEEPER_HOSTS": "zk1"}, "GATEWAY_ZOOKEEPER_HOSTS"),
         ({"GATEWAY_ADMIN_TOKEN": ""}, "GATEWAY_ADMIN_TOKEN"),
+        ({"GATEWAY_REBUILD_SHARE": "0"}, "GATEWAY_REBUILD_SHARE"),
+        ({"GATEWAY_REBUILD_SHARE": "1.5"}, "GATEWAY_REBUILD_SHARE"),
     ],
 )
 def test_bad_values_name_the_setting(env: dict[str, str], named: str) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from gateway.soldout import ConfirmedIds, SoldOut
+from gateway.soldout import UNBUILT, ConfirmedIds, SoldOut
 
 
 def ids(*request_ids: str) -> ConfirmedIds:
@@ -19,6 +19,24 @@ async def test_mark_and_lookup_keeps_confirmed_ids() -> None:
     confirmed = marks.lookup("s")
     assert confirmed is not None and "r1" in confirmed
     assert marks.lookup("other") is None
+
+
+async def test_a_mark_without_its_filter_holds_every_id_until_replaced() -> None:
+    """While Redis rebuilds the sale a sku is marked without a filter: every
+    request id may be a replay (looked up); it never hides a mark with a filter,
+    a change since the ask refuses it, and the built mark replaces it."""
+    marks = SoldOut()
+    generation = marks.generation("s")
+    assert marks.mark_unbuilt("s", generation) is True
+    unbuilt = marks.lookup("s")
+    assert unbuilt is UNBUILT and "any-id" in unbuilt
+    assert marks.mark("s", generation, ids("r1")) is True
+    assert marks.mark_unbuilt("s", generation) is False
+    confirmed = marks.lookup("s")
+    assert confirmed is not UNBUILT and confirmed is not None and "r1" in confirmed
+    marks.clear("s")
+    assert marks.mark_unbuilt("s", generation) is False
+    assert marks.lookup("s") is None
 
 
 def test_the_filter_never_forgets_a_confirmed_id_and_rarely_invents_one() -> None:
