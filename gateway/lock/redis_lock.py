@@ -33,6 +33,8 @@ from gateway.lock.subscriber import LockSubscriber
 
 # Never sleep less than this between attempts, even when the holder's TTL is ~0.
 _MIN_PAUSE_S = 0.001
+# How often a waiter that cannot hear unlock messages tries again.
+_UNHEARD_POLL_S = 0.05
 
 
 SCRIPT_NAMES = ("acquire", "renew", "release")
@@ -114,6 +116,11 @@ class RedisLock(BaseLock[None]):
                 pause = self._pause(value, deadline)
                 if pause is None:
                     return None
+                if not waiter.listening:
+                    # An unlock may have gone by unheard: sleeping to the end of
+                    # the holder's lease would strand this waiter for up to a
+                    # lease (10 s by default) behind a 50 ms hold.
+                    pause = min(pause, _UNHEARD_POLL_S)
                 await waiter.wait(pause)
 
     def _pause(self, pttl_ms: int, deadline: float | None) -> float | None:

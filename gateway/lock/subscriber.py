@@ -44,11 +44,20 @@ _MAX_BACKOFF_S = 1.0
 class Waiter:
     """One waiting acquisition: woken by an unlock message, or its own poll timeout."""
 
-    __slots__ = ("_event", "_owed")
+    __slots__ = ("_event", "_heard", "_owed")
 
-    def __init__(self) -> None:
+    def __init__(self, heard: asyncio.Event | None) -> None:
         self._event = asyncio.Event()
         self._owed = False  # woken, and no attempt has used that wake yet
+        # Set while the channel's subscription is confirmed (None: never).
+        self._heard = heard
+
+    @property
+    def listening(self) -> bool:
+        """Whether an unlock message published now would reach this waiter: while
+        not (subscription not yet confirmed, connection lost), the caller must
+        poll briskly, since the unlock it waits for may already have gone by."""
+        return self._heard is not None and self._heard.is_set()
 
     @property
     def woken(self) -> bool:
@@ -131,17 +140,18 @@ class LockSubscriber:
         """Register a waiter on ``channel`` for the duration of the block.
 
         Waits (at most ``ready_timeout``) until the subscription is confirmed, so an
-        unlock published after the block starts reaches the waiter; when Redis cannot
-        be reached the waiter only polls.
+        unlock published after the block starts reaches the waiter; when it is not
+        confirmed by then (a loaded start, Redis unreachable) the waiter is not
+        :attr:`Waiter.listening` and its caller polls.
         """
         if self._closed:  # nothing will wake this waiter: it polls
-            yield Waiter()
+            yield Waiter(None)
             return
         self._start()
         entry = self._channels.get(channel)
         if entry is None:
             entry = self._channels[channel] = _Channel()
-        waiter = Waiter()
+        waiter = Waiter(entry.ready)
         entry.waiters[waiter] = None
         try:
             if not entry.ready.is_set():

@@ -12,7 +12,7 @@ import pytest
 from redis.asyncio import BlockingConnectionPool, Redis
 from redis.exceptions import RedisError
 
-from gateway.lock import LockLost, LockStats, LockSubscriber
+from gateway.lock import LockLost, LockStats, LockSubscriber, RedisLock
 from tests.integration.lock_support import Subscribers
 from tests.support.polling import wait_for
 from tests.support.redis_servers import RedisServer
@@ -92,6 +92,39 @@ class TestWaking:
         lock = subs.lock(redis, name)
         assert await lock.acquire(wait=3)
         await lock.release()
+
+    async def test_a_waiter_that_cannot_hear_unlocks_polls_briskly(
+        self, redis: Redis, name: str
+    ) -> None:
+        """A waiter whose subscription is not confirmed (here: its subscriber is
+        closed, as when Redis was unreachable or a loaded start outran the
+        confirmation) may have missed the unlock already: it polls, rather than
+        sleeping to the end of a 30 s lease (or of its own 10 s wait), and takes the
+        lock soon after the holder let go, before a third party takes it 3 s later.
+        (Before, it slept the holder's whole TTL: a flush in the Redis Cluster test
+        stalled 10 s behind a 50 ms hold.)"""
+        deaf = LockSubscriber(redis)
+        await deaf.aclose()
+        holder = RedisLock(redis, name, lease=30, subscriber=deaf)
+        waiter = RedisLock(redis, name, lease=30, subscriber=deaf)
+        await holder.acquire()
+
+        async def take_and_give_back() -> bool:
+            taken = await waiter.acquire(wait=10)
+            if taken:
+                await waiter.release()
+            return taken
+
+        task = asyncio.create_task(take_and_give_back())
+        await asyncio.sleep(0.2)  # the waiter has tried once and is waiting
+        await holder.release()
+        # Another process takes the lock 3 s later and keeps it: a waiter asleep
+        # to the end of its wait would find it taken and give up.
+        await asyncio.sleep(3.0)
+        late = RedisLock(redis, name, lease=30, subscriber=deaf)
+        assert await late.acquire(wait=5)
+        assert await asyncio.wait_for(task, 15), "the waiter slept through the free lock"
+        await late.release()
 
     async def test_two_hundred_waiters_share_one_subscriber_connection(
         self, blocking: Redis, redis: Redis, name: str, subs: Subscribers
