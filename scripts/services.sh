@@ -40,8 +40,9 @@ answers_or_ours() {
 
 apt_install() {
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-    DEBIAN_FRONTEND=noninteractive apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
+    # Wait for another installer's lock (a parallel test worker) rather than fail.
+    DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq "$@" >/dev/null
   else
     echo "services: please install $* (Debian: apt-get install $*)" >&2; exit 1
   fi

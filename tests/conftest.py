@@ -21,8 +21,25 @@ from redis.asyncio import Redis
 from gateway import lane
 from gateway.app import create_app
 from gateway.settings import Settings
+from tests.chaos.reporting import CHAOS_PROPERTY
 from tests.support.purchases import ADMIN_TOKEN
 from tests.support.services import REDIS_URL, create_database, drop_database
+
+# The chaos scenarios' lines, as their reports arrive (from xdist workers too).
+_CHAOS_LINES: list[str] = []
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Keep the chaos scenario lines a test's report carries."""
+    _CHAOS_LINES.extend(str(v) for k, v in report.user_properties if k == CHAOS_PROPERTY)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """One line per chaos scenario that finished (tests.chaos.reporting)."""
+    if _CHAOS_LINES:
+        terminalreporter.section("chaos scenarios")
+        for line in _CHAOS_LINES:
+            terminalreporter.write_line(line)
 
 
 @pytest.fixture(scope="session")

@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator, Generator
 import pytest
 import pytest_asyncio
 
-from tests.chaos.reporting import REPORT_LINES, Diagnostics
+from tests.chaos.reporting import CHAOS_PROPERTY, REPORT_LINES, Diagnostics
 from tests.support.postgres_servers import PostgresCluster
 from tests.support.redis_servers import RedisServer
 from tests.support.sentinels import RedisSentinelCluster
@@ -26,8 +26,13 @@ from tests.support.sentinels import RedisSentinelCluster
 def pytest_runtest_makereport(
     item: pytest.Item, call: pytest.CallInfo[None]
 ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
-    """Attach every registered diagnostic to the report of a failed test."""
+    """Attach every registered diagnostic to the report of a failed test, and the
+    scenario lines the test wrote to its report (so the terminal summary, printed
+    by the process that collects the reports, sees them under pytest-xdist too)."""
     report = yield
+    if report.when == "call":
+        report.user_properties += [(CHAOS_PROPERTY, line) for line in REPORT_LINES]
+        REPORT_LINES.clear()
     if report.failed and report.when in ("setup", "call"):
         for source in getattr(item, "chaos_diagnostics", []):
             try:
@@ -84,11 +89,3 @@ async def pg(shared_pg: PostgresCluster, diagnostics: Diagnostics) -> PostgresCl
     if not shared_pg.running:
         await shared_pg.start()
     return shared_pg
-
-
-def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    """One line per chaos scenario that finished (collected in tests.chaos.reporting)."""
-    if REPORT_LINES:
-        terminalreporter.section("chaos scenarios")
-        for line in REPORT_LINES:
-            terminalreporter.write_line(line)

@@ -21,6 +21,8 @@ from pathlib import Path
 
 from playwright.async_api import ConsoleMessage, Error, Page, Request
 
+from tests.support.processes import APT_WAIT
+
 REPO = Path(__file__).resolve().parents[2]
 # Where a failed test's screenshots go, one folder per test.
 ARTIFACTS = REPO / "test-artifacts" / "waiting-page"
@@ -40,10 +42,11 @@ def chromium_executable() -> str:
     if os.geteuid() != 0 or shutil.which("apt-get") is None:
         raise RuntimeError("the browser tests need chromium: apt-get install chromium")
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    install = ["apt-get", "install", "-y", "-q", "chromium"]
+    install = ["apt-get", *APT_WAIT, "install", "-y", "-q", "chromium"]
     if subprocess.run(install, env=env, capture_output=True, check=False).returncode != 0:
         # A fresh machine has no package lists yet.
-        subprocess.run(["apt-get", "update", "-q"], env=env, capture_output=True, check=True)
+        update = ["apt-get", *APT_WAIT, "update", "-q"]
+        subprocess.run(update, env=env, capture_output=True, check=True)
         subprocess.run(install, env=env, capture_output=True, check=True)
     found = shutil.which("chromium")
     if found is None:

@@ -32,6 +32,11 @@ _PRCTL = ctypes.CDLL(None).prctl if sys.platform == "linux" else None
 PR_SET_PDEATHSIG = 1
 
 
+# apt-get waits this long for another installer's lock (a parallel test worker
+# installing a package of its own) instead of failing at once.
+APT_WAIT = ("-o", "DPkg::Lock::Timeout=600")
+
+
 def die_with_parent(sig: int = signal.SIGKILL) -> Callable[[], None]:
     """A ``preexec_fn`` that has the kernel send ``sig`` to the child when its
     parent dies, even by SIGKILL (Linux only; elsewhere it does nothing)."""

@@ -19,7 +19,7 @@ from typing import Self
 
 from tests.support.polling import GaveUp, wait_for
 from tests.support.ports import HOST, free_port
-from tests.support.processes import Child, OwnsChild, Started, make_tmp, remove_tmp, tail
+from tests.support.processes import APT_WAIT, Child, OwnsChild, Started, make_tmp, remove_tmp, tail
 
 JAR = Path("/usr/share/java/zookeeper.jar")  # its manifest's Class-Path names the rest
 MAIN = "org.apache.zookeeper.server.ZooKeeperServerMain"
@@ -38,9 +38,9 @@ def ensure_installed() -> None:
     if shutil.which("apt-get") is None:
         raise RuntimeError("ZooKeeper is missing: install Debian's 'zookeeper' package")
     env = {"DEBIAN_FRONTEND": "noninteractive", "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
-    subprocess.run(["apt-get", "update", "-qq"], check=True, env=env, timeout=600)
+    subprocess.run(["apt-get", *APT_WAIT, "update", "-qq"], check=True, env=env, timeout=600)
     subprocess.run(
-        ["apt-get", "install", "-y", "-qq", "zookeeper"],
+        ["apt-get", *APT_WAIT, "install", "-y", "-qq", "zookeeper"],
         check=True,
         env=env,
         timeout=900,
