@@ -3,12 +3,11 @@
 PY      ?= python3
 VENV    := .venv
 BIN     := $(VENV)/bin
-# One virtualenv, a stamp per extra: `make run` installs what serving needs
-# (BASE); the test and benchmark targets add the dev and bench extras (STAMP:
-# all of it; the test suite runs Locust and loadtests/ too).
-BASE    := $(VENV)/.base
-DEV     := $(VENV)/.dev
-BENCH   := $(VENV)/.bench
+# One virtualenv, two stamps: `make run` installs what serving needs
+# (SERVING); the test and benchmark targets install the dev and bench extras
+# too, in one resolution (STAMP: all of it; the test suite runs Locust and
+# loadtests/ too). Not named BASE: `make ab BASE=<rev>` takes that name.
+SERVING := $(VENV)/.serving
 STAMP   := $(VENV)/.installed
 # `make run`'s admin token and admission secret, unless the environment sets them.
 GATEWAY_ADMIN_TOKEN ?= dev-admin-token
@@ -19,29 +18,24 @@ export GATEWAY_REDIS_URL ?= redis://127.0.0.1:6379/0
 
 .PHONY: run test check lint typecheck pytest services bench locust chaos audit clean compare ab
 
-$(BASE): pyproject.toml
+$(SERVING): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q -U pip
 	$(BIN)/pip install -q -e .
 	touch $@
 
-$(DEV): $(BASE)
-	$(BIN)/pip install -q -e '.[dev]'
-	touch $@
-
-$(BENCH): $(BASE)
-	$(BIN)/pip install -q -e '.[bench]'
-	touch $@
-
-$(STAMP): $(DEV) $(BENCH)
-	touch $@
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q -U pip
+	$(BIN)/pip install -q -e '.[dev,bench]'
+	touch $(SERVING) $@
 
 services:
 	@bash scripts/services.sh
 
 # Every feature out of the box: admin routes, and waiting rooms (their tokens
 # are signed with the dev admission secret). Set either variable to override it.
-run: $(BASE) services
+run: $(SERVING) services
 	@echo "admin token:      $(GATEWAY_ADMIN_TOKEN)  (Authorization: Bearer $(GATEWAY_ADMIN_TOKEN))"
 	@echo "admission secret: $(GATEWAY_ADMISSION_SECRET)  (signs waiting-room admission tokens; dev only)"
 	@echo "waiting-room page: http://127.0.0.1:$${GATEWAY_PORT:-8080}/wait/demo?user_id=alice"
@@ -73,7 +67,7 @@ check: lint typecheck
 chaos: $(STAMP) services
 	$(BIN)/pytest -q -p no:cacheprovider tests/chaos
 
-audit: $(BASE) services
+audit: $(SERVING) services
 	$(BIN)/flashsale-gateway audit $(if $(SKU),--sku $(SKU))
 
 bench: $(STAMP) services

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
+from aiohttp.web_runner import BaseRunner
 from redis.asyncio import Redis
 
 from gateway import lane
@@ -107,7 +108,7 @@ async def start_gateway(
     async with contextlib.AsyncExitStack() as stack:
 
         async def start(**overrides: Any) -> TestClient[web.Request, web.Application]:
-            client = TestClient(TestServer(create_app(make_settings(**overrides))))
+            client = TestClient(_ServedAsInProduction(create_app(make_settings(**overrides))))
             stack.push_async_callback(client.close)
             await client.start_server()
             assert client.server.runner is not None and client.server.runner.server is not None
@@ -116,6 +117,18 @@ async def start_gateway(
             return client
 
         yield start
+
+
+class _ServedAsInProduction(TestServer):
+    """aiohttp's test server cancels a handler whose client went away; the gateway's
+    own runner (gateway.server) does not, and a purchase cancelled between its Redis
+    reservation and its batch leaves the reservation to the reconciler (30 s), which
+    a buyer retrying meanwhile sees as ``in_progress``. The tests serve as
+    production does."""
+
+    async def _make_runner(self, **kwargs: Any) -> BaseRunner:
+        kwargs["handler_cancellation"] = False
+        return await super()._make_runner(**kwargs)
 
 
 @pytest.fixture
