@@ -13,6 +13,7 @@ after the fact the lag alone could not.
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 import threading
 import time
@@ -24,17 +25,27 @@ import structlog
 log = structlog.get_logger(__name__)
 
 INTERVAL_S = 0.1
+# The calling thread's scheduler statistics (a pread of it costs a few µs).
+SCHEDSTAT = "/proc/thread-self/schedstat"
 # Innermost frames of a stalled loop's stack put in the log line.
 STACK_FRAMES = 12
 
 
 class LoopLag:
     """Records the loop's lag every ``interval_s``; reports stalls past ``stall_report_s``
-    (0: no report, no thread)."""
+    (0: no report, no thread).
+
+    Each lag is told to ``observe`` with its own part: the lag less the time the
+    loop thread spent runnable but waiting for a CPU over the interval (Linux's
+    ``/proc/thread-self/schedstat``). On a machine short of CPU a timer runs
+    late through no fault of the process; a call that blocks or a long
+    computation on the loop is the process's own. Where schedstat is missing
+    the whole lag counts as its own.
+    """
 
     def __init__(
         self,
-        observe: Callable[[float], None],
+        observe: Callable[[float, float], None],
         *,
         interval_s: float = INTERVAL_S,
         stall_report_s: float = 0.0,
@@ -51,13 +62,17 @@ class LoopLag:
         if self._stall_report_s > 0:
             watcher = _StallWatcher(self, threading.get_ident(), self._stall_report_s)
             watcher.start()
+        waited = _RunQueueWait()
         try:
             while True:
                 due = loop.time() + self._interval_s
+                before = waited.seconds()
                 await asyncio.sleep(self._interval_s)
                 self._beat = time.monotonic()
-                self._observe(max(0.0, loop.time() - due))
+                lag = max(0.0, loop.time() - due)
+                self._observe(lag, max(0.0, lag - (waited.seconds() - before)))
         finally:
+            waited.close()
             if watcher is not None:
                 watcher.stop()
 
@@ -65,6 +80,28 @@ class LoopLag:
     def beat(self) -> float:
         """When the timer last fired (``time.monotonic()``)."""
         return self._beat
+
+
+class _RunQueueWait:
+    """How long the calling thread has waited for a CPU, in all (0 where unknown)."""
+
+    def __init__(self) -> None:
+        try:
+            # Opened by the loop's thread: the descriptor stays that thread's.
+            self._fd: int | None = os.open(SCHEDSTAT, os.O_RDONLY)
+        except OSError:
+            self._fd = None
+
+    def seconds(self) -> float:
+        if self._fd is None:
+            return 0.0
+        # "<ns on a CPU> <ns waiting on a run queue> <timeslices>"
+        return int(os.pread(self._fd, 128, 0).split()[1]) / 1e9
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
 
 class _StallWatcher(threading.Thread):

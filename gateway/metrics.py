@@ -65,6 +65,13 @@ class Metrics:
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
+        self.loop_own_lag = Histogram(
+            "flashsale_event_loop_own_lag_seconds",
+            "That lag less the time the loop's thread waited for a CPU: what this"
+            " process caused (a blocking call, a long computation), not the machine.",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
         self.flush_failures = Counter(
             "flashsale_flush_failures", "Flushes that failed, by reason.", ["reason"], registry=r
         )
@@ -184,9 +191,11 @@ class Metrics:
         """Record the current queue depth (sampled, not set on the hot path)."""
         self.queue_depth.set(depth)
 
-    def loop_lagged(self, seconds: float) -> None:
-        """The loop ran its lag timer ``seconds`` late."""
+    def loop_lagged(self, seconds: float, own: float) -> None:
+        """The loop ran its lag timer ``seconds`` late, ``own`` of them not
+        waiting for a CPU."""
         self.loop_lag.observe(seconds)
+        self.loop_own_lag.observe(own)
 
     # The service's observer.
     def flushed(self, size: int, seconds: float) -> None:

@@ -38,7 +38,10 @@ SIGTERM_EXIT_S = DRAIN_S + CLOSE_S + 4.0
 # The lag guard: a gateway whose event loop ran a timer this much late after
 # start-up fails the test that ran it (see Gateway.lag_report).
 LAG_LIMIT_S = 0.25
-LAG_BUCKETS = "flashsale_event_loop_lag_seconds_bucket"
+# The lag the process caused, less its waits for a CPU: a loaded test machine
+# (CI runs with a core burned) delays a timer by half a second through no fault
+# of the gateway's.
+LAG_BUCKETS = "flashsale_event_loop_own_lag_seconds_bucket"
 
 
 def gateway_env(settings: Mapping[str, str | int | float]) -> dict[str, str]:

@@ -17,10 +17,17 @@ def _block_the_loop_for(seconds: float) -> None:
 
 
 async def test_a_blocked_loop_is_recorded_as_lag_and_its_stack_is_logged() -> None:
-    """A callback that holds the loop for 0.4 s shows as one lag of about 0.4 s, and
-    the watcher logs, while the loop is still stuck, a stack naming the call."""
+    """A callback that holds the loop for 0.4 s shows as one lag of about 0.4 s, all
+    of it the process's own, and the watcher logs, while the loop is still stuck, a
+    stack naming the call."""
     lags: list[float] = []
-    lag = LoopLag(lags.append, interval_s=0.02, stall_report_s=0.15)
+    own: list[float] = []
+
+    def observe(seconds: float, own_part: float) -> None:
+        lags.append(seconds)
+        own.append(own_part)
+
+    lag = LoopLag(observe, interval_s=0.02, stall_report_s=0.15)
     with capture_logs() as logs:
         task = asyncio.create_task(lag.run())
         await wait_for(lambda: len(lags) >= 3, within=5, what="the timer runs")
@@ -29,6 +36,9 @@ async def test_a_blocked_loop_is_recorded_as_lag_and_its_stack_is_logged() -> No
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
     assert 0.3 < max(lags) < 2.0, lags
+    # Asleep in a call is the process's own doing, not a wait for a CPU.
+    assert max(own) > 0.3, own
+    assert all(o <= la for o, la in zip(own, lags, strict=True))
     assert sorted(lags)[len(lags) // 2] < 0.1, "an idle loop's typical lag is small"
     stalls = [e for e in logs if e["event"] == "event_loop_stalled"]
     assert len(stalls) == 1, logs
@@ -39,7 +49,7 @@ async def test_a_blocked_loop_is_recorded_as_lag_and_its_stack_is_logged() -> No
 async def test_without_a_stall_report_no_watcher_thread_runs() -> None:
     """stall_report_s=0 measures lag only: no thread, no stall log."""
     lags: list[float] = []
-    lag = LoopLag(lags.append, interval_s=0.01, stall_report_s=0.0)
+    lag = LoopLag(lambda seconds, _own: lags.append(seconds), interval_s=0.01)
     task = asyncio.create_task(lag.run())
     await wait_for(lambda: len(lags) >= 2, within=5, what="the timer runs")
     assert not any(t.name == "loop-stall-watcher" for t in threading.enumerate())
