@@ -2,7 +2,7 @@
 
 ``serve`` (the default) runs the gateway on uvloop without an access log;
 ``migrate`` creates the database if needed and applies the migrations;
-``audit`` checks the books of every sku (or ``--sku``), see gateway.audit;
+``audit`` checks the books of every sku (or ``--sku``), see gateway.ops.audit;
 ``writer`` runs a queue strategy's stream writer alone until SIGTERM.
 """
 
@@ -16,9 +16,10 @@ from collections.abc import Sequence
 import asyncpg
 from aiohttp import web
 
-from gateway import audit, logs, server, settings
-from gateway.appkeys import ADMIN, ORDERS, SETTINGS
-from gateway.database import ensure_database, migrate
+from gateway import server, settings
+from gateway.http.appkeys import ADMIN, ORDERS, SETTINGS
+from gateway.ops import audit, logs
+from gateway.postgres.database import ensure_database, migrate
 
 DEMO_SKU, DEMO_STOCK = "demo", 100
 

@@ -17,11 +17,10 @@ from collections.abc import AsyncIterator
 import structlog
 from aiohttp import web
 
-from gateway import adminviews, views
-from gateway.admin import StockAdmin
-from gateway.admintokens import AdminTokens
-from gateway.admission import Admissions
-from gateway.appkeys import (
+from gateway.domain.model import Strategy
+from gateway.http import admin_views, views
+from gateway.http.admin_tokens import AdminTokens
+from gateway.http.appkeys import (
     ADMIN,
     ADMIN_TOKENS,
     ADMISSIONS,
@@ -42,41 +41,42 @@ from gateway.appkeys import (
     WAITING_PAGE,
     ZOOKEEPER,
 )
-from gateway.batcher import Batcher
-from gateway.catalog import Catalog
-from gateway.clients import TrustedProxies, parse_networks
-from gateway.domain import Strategy
-from gateway.events import ChangeFeed
-from gateway.flusher import Flusher
-from gateway.inventory import Inventory
-from gateway.layout import channel
+from gateway.http.clients import TrustedProxies, parse_networks
+from gateway.http.middlewares import answering, gateway_middleware
+from gateway.http.payloads import MAX_BODY
+from gateway.http.waiting_page import WaitingPage
 from gateway.lock import LockSubscriber, load_lock_scripts
-from gateway.looplag import LoopLag
-from gateway.metrics import Metrics
-from gateway.middlewares import answering, gateway_middleware
-from gateway.orders import Orders
-from gateway.overload import AnswerLog
-from gateway.payloads import MAX_BODY
-from gateway.purchases import Purchases
-from gateway.rebuilds import Rebuilds
-from gateway.reconciler import Reconciler
+from gateway.ops.loop_lag import LoopLag
+from gateway.ops.metrics import Metrics
+from gateway.ops.overload import AnswerLog
+from gateway.postgres.orders import Orders
+from gateway.redis.events import ChangeFeed
+from gateway.redis.inventory import Inventory
+from gateway.redis.layout import channel
+from gateway.redis.streams import Streams
+from gateway.redis.waitingroom import WaitingRooms
 from gateway.resources import database_ctx, patiently, redis_ctx, zookeeper_ctx
-from gateway.salegate import SaleGate
-from gateway.servable import Servability
 from gateway.settings import Settings
-from gateway.skulocks import sku_locks
-from gateway.soldout import SoldOut
 from gateway.strategies import Deduction
 from gateway.strategies.optimistic import Optimistic
 from gateway.strategies.pessimistic import Pessimistic
 from gateway.strategies.rows import Rows
 from gateway.strategies.sql_direct import SqlDirect
-from gateway.streams import Streams
-from gateway.tokens import Signer
-from gateway.tracking import OrderTracker
-from gateway.waitingroom import WaitingRooms
-from gateway.waitpage import WaitingPage
-from gateway.writer import QueueWriter
+from gateway.usecases.admin import StockAdmin
+from gateway.usecases.admission import Admissions
+from gateway.usecases.catalog import Catalog
+from gateway.usecases.purchases import Purchases
+from gateway.usecases.rebuilds import Rebuilds
+from gateway.usecases.reconciler import Reconciler
+from gateway.usecases.sale_gate import SaleGate
+from gateway.usecases.servable import Servability
+from gateway.usecases.sold_out import SoldOut
+from gateway.usecases.tokens import Signer
+from gateway.usecases.tracking import OrderTracker
+from gateway.write.batcher import Batcher
+from gateway.write.flusher import Flusher
+from gateway.write.sku_locks import sku_locks
+from gateway.write.writer import QueueWriter
 
 QUEUE_SAMPLE_S = 0.5
 # Longest a stopping gateway waits for its background loops to end once cancelled.
@@ -289,5 +289,5 @@ def create_app(settings: Settings) -> web.Application:
     app.cleanup_ctx.extend([redis_ctx, database_ctx, zookeeper_ctx, service_ctx])
     app.on_shutdown.append(drain)
     app.add_routes(views.routes(with_metrics=settings.metrics))
-    app.add_routes(adminviews.routes())
+    app.add_routes(admin_views.routes())
     return app

@@ -15,11 +15,11 @@ import structlog
 from aiohttp import web
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from gateway.appkeys import ORDERS, REDIS, SETTINGS, ZOOKEEPER
-from gateway.connections import create_redis
-from gateway.database import create_pool, migrate
+from gateway.http.appkeys import ORDERS, REDIS, SETTINGS, ZOOKEEPER
 from gateway.lock import create_fence_sequence
-from gateway.orders import Orders
+from gateway.postgres.database import create_pool, migrate
+from gateway.postgres.orders import Orders
+from gateway.redis.connections import create_redis
 
 # Longest a stopping gateway waits for its PostgreSQL connections to close cleanly.
 POOL_CLOSE_S = 2.0

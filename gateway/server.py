@@ -29,10 +29,10 @@ import uvloop
 from aiohttp import web
 from prometheus_client.multiprocess import mark_process_dead
 
-from gateway import lane
 from gateway.app import create_app, create_writer_app, drain, lame_duck
-from gateway.appkeys import BATCHER, METRICS
-from gateway.guard import GuardedSite
+from gateway.http import lane
+from gateway.http.appkeys import BATCHER, METRICS
+from gateway.http.guard import GuardedSite
 from gateway.settings import Settings, worker_environment
 
 log = structlog.get_logger(__name__)

@@ -10,10 +10,10 @@ from collections.abc import Callable, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
-from gateway.clients import parse_networks
-from gateway.domain import Strategy
-from gateway.rules import parse_rate
-from gateway.waitpage import parse_origins
+from gateway.domain.model import Strategy
+from gateway.domain.rules import parse_rate
+from gateway.http.clients import parse_networks
+from gateway.http.waiting_page import parse_origins
 
 
 def _int(low: int) -> Callable[[str], int]:

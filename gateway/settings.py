@@ -15,8 +15,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
-from gateway.domain import Strategy
-from gateway.rules import Rate, parse_rate
+from gateway.domain.model import Strategy
+from gateway.domain.rules import Rate, parse_rate
 from gateway.settingparsers import PARSERS
 
 
@@ -63,12 +63,12 @@ class Settings:
     # sku's last write is its last settle); PostgreSQL answers, and refills it, after.
     sale_retention_s: float = 86_400.0
     # After Redis lost a sale, the most of the event loop's CPU time the
-    # background rebuild of its hashes takes (gateway.rebuilds); 1: no pacing.
+    # background rebuild of its hashes takes (gateway.usecases.rebuilds); 1: no pacing.
     rebuild_share: float = 0.1
     log_level: str = "info"
     metrics: bool = True
     # A loop stalled this long gets its stack logged while still stuck
-    # (event_loop_stalled, gateway.looplag); 0: never.
+    # (event_loop_stalled, gateway.ops.loop_lag); 0: never.
     loop_stall_report_s: float = 0.5
     # Worker processes sharing the port (SO_REUSEPORT), supervised by one parent.
     workers: int = 1
@@ -87,7 +87,7 @@ class Settings:
     request_read_timeout_s: float = 10.0
     # Open connections per gateway process; those beyond get a 503 and are closed.
     max_connections: int = 10_000
-    # How purchases take their stock (gateway.domain.Strategy).
+    # How purchases take their stock (gateway.domain.model.Strategy).
     strategy: Strategy = Strategy.RESERVE_BATCH
     # Queue strategy: run a stream writer inside each gateway process too (the
     # CLI's ``writer`` command runs writers on their own).
@@ -112,7 +112,7 @@ class Settings:
     user_rate: str | None = None
     client_rate: str | None = None
     # Origins a waiting-room page may send an admitted buyer back to
-    # (``return_to``, gateway.waitpage); empty: none, return_to is refused.
+    # (``return_to``, gateway.http.waiting_page); empty: none, return_to is refused.
     waiting_page_return_origins: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:

@@ -22,8 +22,8 @@ from collections.abc import Awaitable, Callable
 
 from redis.asyncio import Redis
 
-from gateway.layout import SkuKeys
-from gateway.scripts import Script, ScriptArg, read_script
+from gateway.redis.layout import SkuKeys
+from gateway.redis.scripts import Script, ScriptArg, read_script
 
 BATCH_SIZES = (1, 16, 64, 256)
 # A stock no run drains, and the sku's ARGV[1..7]: a day's retention, no

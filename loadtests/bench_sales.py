@@ -13,7 +13,7 @@ from typing import Any
 
 from redis import Redis
 
-from gateway.layout import SkuKeys
+from gateway.redis.layout import SkuKeys
 from loadtests import wrk
 from loadtests.bench_checks import wait_settled
 from loadtests.bench_paths import BIG_SKU, SMALL_SALE, SOLD_OUT_SKU

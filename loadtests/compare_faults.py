@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 from kazoo.client import KazooClient
 from redis import Redis
 
-from gateway.layout import lock_key
 from gateway.lock.zookeeper import ROOT
+from gateway.redis.layout import lock_key
 from loadtests.targets import Target
 from tests.support.proxy import FaultProxy
 from tests.support.sentinels import RedisSentinelCluster

@@ -17,10 +17,10 @@ import asyncio
 import uuid
 from collections.abc import Sequence
 
-from gateway.connections import create_redis
-from gateway.domain import Order
-from gateway.inventory import Inventory
-from gateway.layout import SkuKeys
+from gateway.domain.model import Order
+from gateway.redis.connections import create_redis
+from gateway.redis.inventory import Inventory
+from gateway.redis.layout import SkuKeys
 from gateway.settings import Settings
 
 PROJECTED = 1_000_000

@@ -34,10 +34,10 @@ from typing import Any
 import asyncpg
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.connections import create_redis
-from gateway.domain import Order
-from gateway.inventory import Inventory
-from gateway.layout import SkuKeys
+from gateway.domain.model import Order
+from gateway.redis.connections import create_redis
+from gateway.redis.inventory import Inventory
+from gateway.redis.layout import SkuKeys
 from gateway.settings import Settings
 from loadtests import wrk
 from loadtests.cputime import cpu_seconds

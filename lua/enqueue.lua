@@ -1,10 +1,10 @@
 -- enqueue.lua: reserve stock for the purchases of one sku and queue the ones
 -- reserved for the writers, atomically.
 --
--- gateway/scripts.py (read_composed) runs this file after reserve.lua, wrapped
+-- gateway/redis/scripts.py (read_composed) runs this file after reserve.lua, wrapped
 -- as the local function reserve(): one script, so a purchase is reserved if
 -- and only if it is queued, and reserve.lua's checks live in one place.
--- Keys and record formats are gateway/layout.py's.
+-- Keys and record formats are gateway/redis/layout.py's.
 --
 -- KEYS as in reserve.lua, then two more, last:
 --   KEYS[#KEYS - 1] stream    the sku's queue; entry fields rid, user, qty, at

@@ -1,6 +1,6 @@
 -- load_stock.lua: set a sku's Redis stock from the database's.
 --
--- Keys, channels and record formats are gateway/layout.py's.
+-- Keys, channels and record formats are gateway/redis/layout.py's.
 --
 -- KEYS[1] stock, KEYS[2] buyers, KEYS[3] pending, KEYS[4] done (as in reserve.lua)
 -- KEYS[5] rebuild (as in reserve.lua)

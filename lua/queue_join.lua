@@ -1,6 +1,6 @@
 -- queue_join.lua: put a user in a sku's waiting room, or find their ticket.
 --
--- Keys and records are gateway/layout.py's (QueueKeys, SkuKeys).
+-- Keys and records are gateway/redis/layout.py's (QueueKeys, SkuKeys).
 --
 -- KEYS[1] wait     zset:   ticket -> join sequence
 -- KEYS[2] users    hash:   user_id -> ticket

@@ -1,7 +1,7 @@
 -- rebuild.lua: write a sku's buyers and done hashes back from PostgreSQL's
 -- orders, once across the fleet, under a lease held in the rebuild key.
 --
--- Keys and record formats are gateway/layout.py's.
+-- Keys and record formats are gateway/redis/layout.py's.
 --
 -- KEYS[1] rebuild  string: "owner|lease_until_ms" (as in reserve.lua); its
 --                  presence says the two hashes are incomplete

@@ -1,6 +1,6 @@
 -- reserve.lua: reserve stock for the purchases of one sku, atomically, in order.
 --
--- Keys, channels and record formats are gateway/layout.py's. One call carries
+-- Keys, channels and record formats are gateway/redis/layout.py's. One call carries
 -- every reservation of the sku that arrived in one event-loop turn; each entry
 -- is decided as if it had had a call of its own, after the entries before it.
 --

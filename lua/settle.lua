@@ -1,7 +1,7 @@
 -- settle.lua: apply a flushed batch's outcomes to Redis after PostgreSQL decided.
 --
--- Keys, channels and record formats are gateway/layout.py's; the verdict
--- letters are gateway.domain.Verdict's (an expired "X" arrives as "R").
+-- Keys, channels and record formats are gateway/redis/layout.py's; the verdict
+-- letters are gateway.domain.model.Verdict's (an expired "X" arrives as "R").
 --
 -- KEYS[1] stock, KEYS[2] buyers, KEYS[3] pending, KEYS[4] done (as in reserve.lua)
 -- ARGV[1] pub/sub channel, ARGV[2] sku

@@ -1,6 +1,6 @@
 -- snapshot.lua: a sku's stock and its ledger, read at one moment.
 --
--- Keys and record formats are gateway/layout.py's.
+-- Keys and record formats are gateway/redis/layout.py's.
 --
 -- KEYS[1] stock, KEYS[2] pending (as in reserve.lua)
 -- No ARGV.

@@ -1,7 +1,7 @@
 -- Per-sku deduction strategy and the optimistic strategy's row version.
 -- Idempotent: every statement may run again on a database that has it.
 
--- The sku's own strategy (gateway.domain.Strategy); NULL sells it under the
+-- The sku's own strategy (gateway.domain.model.Strategy); NULL sells it under the
 -- gateway's GATEWAY_STRATEGY. The gateway checks the value before writing it.
 ALTER TABLE inventory ADD COLUMN IF NOT EXISTS strategy text;
 

@@ -1,4 +1,4 @@
--- A sku's optional waiting room (see gateway/admission.py): NULL admit_per_s
+-- A sku's optional waiting room (see gateway/usecases/admission.py): NULL admit_per_s
 -- means none. Idempotent: every statement may run again.
 ALTER TABLE inventory ADD COLUMN IF NOT EXISTS room_admit_per_s integer
     CHECK (room_admit_per_s IS NULL OR room_admit_per_s >= 1);

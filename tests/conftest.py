@@ -19,8 +19,8 @@ from aiohttp.test_utils import TestClient, TestServer
 from aiohttp.web_runner import BaseRunner
 from redis.asyncio import Redis
 
-from gateway import lane
 from gateway.app import create_app
+from gateway.http import lane
 from gateway.settings import Settings
 from tests.chaos.reporting import CHAOS_PROPERTY
 from tests.support.purchases import ADMIN_TOKEN

@@ -1,6 +1,6 @@
 """The synchronous deduction strategies that decide in PostgreSQL alone.
 
-``reserve-batch``, the default, is :mod:`gateway.purchases` itself: the Lua
+``reserve-batch``, the default, is :mod:`gateway.usecases.purchases` itself: the Lua
 reservation in Redis, then the batched, guarded flush. A sku may instead sell
 under one of these, each deciding one purchase at a time with no Redis at all:
 
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from gateway.domain import Purchase, Result, Strategy
+from gateway.domain.model import Purchase, Result, Strategy
 
 # The strategies that decide in PostgreSQL alone: a sku on one of them has no
 # Redis state (no counter, no ledger) for the reconciler or the audit to compare.
@@ -27,9 +27,9 @@ REDIS_FREE = frozenset({Strategy.SQL_DIRECT, Strategy.OPTIMISTIC, Strategy.PESSI
 
 
 class Deduction(Protocol):
-    """A strategy :class:`gateway.purchases.Purchases` hands a sku's purchases to."""
+    """A strategy :class:`gateway.usecases.purchases.Purchases` hands a sku's purchases to."""
 
     async def purchase(self, purchase: Purchase) -> Result:
         """Decide one purchase (it carries its request id); raises a
-        :class:`gateway.errors.GatewayError` for 4xx/503 answers."""
+        :class:`gateway.domain.errors.GatewayError` for 4xx/503 answers."""
         ...

@@ -16,9 +16,9 @@ import asyncio
 import random
 from typing import Protocol
 
-from gateway.database import Connection
-from gateway.domain import Purchase, Result
-from gateway.errors import Contended
+from gateway.domain.errors import Contended
+from gateway.domain.model import Purchase, Result
+from gateway.postgres.database import Connection
 from gateway.settings import Settings
 from gateway.strategies.rows import Rows
 
@@ -30,7 +30,7 @@ WHERE sku = $1 AND version = $3 AND stock >= $2 RETURNING stock
 
 
 class OptimisticObserver(Protocol):
-    """What the metrics want to know of the optimistic strategy (gateway.metrics)."""
+    """What the metrics want to know of the optimistic strategy (gateway.ops.metrics)."""
 
     def optimistic_conflict(self) -> None: ...
     def optimistic_retry(self) -> None: ...

@@ -8,9 +8,9 @@ writes the row without the lock.
 
 from __future__ import annotations
 
-from gateway.database import Connection
-from gateway.domain import Purchase, Result
-from gateway.errors import StockGuardRefused
+from gateway.domain.errors import StockGuardRefused
+from gateway.domain.model import Purchase, Result
+from gateway.postgres.database import Connection
 from gateway.strategies.rows import Rows
 from gateway.strategies.sql_direct import TAKE_STOCK
 

@@ -7,7 +7,7 @@ order. The unique constraints on ``orders`` (one order per request id, one per
 sku and buyer) decide a race between two such transactions: the loser's INSERT
 fails, its transaction rolls back with the stock it took, and it is answered
 from the winner's row. Driver errors become
-:class:`gateway.errors.PostgresUnavailable` here.
+:class:`gateway.domain.errors.PostgresUnavailable` here.
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ from collections.abc import Awaitable, Callable
 
 import asyncpg
 
-from gateway.database import Connection
-from gateway.domain import DUPLICATE, SOLD_OUT, Order, Outcome, Purchase, Result
-from gateway.errors import IdempotencyMismatch, PostgresUnavailable
-from gateway.orders import DB_ERRORS
+from gateway.domain.errors import IdempotencyMismatch, PostgresUnavailable
+from gateway.domain.model import DUPLICATE, SOLD_OUT, Order, Outcome, Purchase, Result
+from gateway.postgres.database import Connection
+from gateway.postgres.orders import DB_ERRORS
 
 # The request id's own order, and any order of this buyer of this sku: one
 # round trip for the replay and the duplicate checks.

@@ -7,8 +7,8 @@ the newest row, so the guard alone stops an oversell.
 
 from __future__ import annotations
 
-from gateway.database import Connection
-from gateway.domain import Purchase, Result
+from gateway.domain.model import Purchase, Result
+from gateway.postgres.database import Connection
 from gateway.strategies.rows import Rows
 
 TAKE_STOCK = """

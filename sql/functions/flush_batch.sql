@@ -14,13 +14,13 @@
 --   X  expired: the reconciler released this reservation; its buyer retries
 -- and the granted units are taken by one UPDATE guarded by stock >= total and
 -- the fencing token. A fencing token older than the row's raises SQLSTATE
--- FS001 (gateway.errors.FencedOut); a guard that refuses raises FS002
--- (gateway.errors.StockGuardRefused). Either way nothing is written.
+-- FS001 (gateway.domain.errors.FencedOut); a guard that refuses raises FS002
+-- (gateway.domain.errors.StockGuardRefused). Either way nothing is written.
 --
--- The verdict letters are gateway.domain.Verdict's values.
+-- The verdict letters are gateway.domain.model.Verdict's values.
 --
 -- A function, not a migration: the migrations apply this file again whenever
--- its text changes (gateway/database.py).
+-- its text changes (gateway/postgres/database.py).
 --
 -- Returns one row per distinct request id: request_id, verdict (C, R, D, S or X),
 -- the order's id, sku, user and qty (C and R), and the stock after the batch.

@@ -17,7 +17,7 @@
 -- as one statement, its own transaction, they are held only that long.
 --
 -- A function, not a migration: the migrations apply this file again whenever
--- its text changes (gateway/database.py).
+-- its text changes (gateway/postgres/database.py).
 --
 -- Returns verdict ('pass', 'not_started', 'ended', 'rate_limited') and wait_ms
 -- (not_started and rate_limited; else 0).

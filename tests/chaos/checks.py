@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 import asyncpg
 
-from gateway.audit import SkuAudit
+from gateway.ops.audit import SkuAudit
 from tests.chaos.stacks import Stack
 from tests.support.driver import CONFIRMED, SOLD_OUT, DriverSummary
 from tests.support.invariants import InvariantReport

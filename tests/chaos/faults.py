@@ -11,7 +11,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from gateway.layout import Pending, ledger, lock_key
+from gateway.redis.layout import Pending, ledger, lock_key
 from tests.chaos.stacks import Stack, pid_of, text_of
 from tests.support.gateways import Gateway
 from tests.support.redis_servers import redis_client

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from gateway.audit import Finding, SkuAudit
+from gateway.ops.audit import Finding, SkuAudit
 from tests.chaos.checks import FINAL_ANSWERS, explain, quiesce, unfinished
 from tests.chaos.reporting import REPORT_LINES
 from tests.chaos.stacks import Stack

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 import aiohttp
 import asyncpg
 
-from gateway.audit import SkuAudit, audit
-from gateway.layout import SkuKeys, lock_key
+from gateway.ops.audit import SkuAudit, audit
+from gateway.redis.layout import SkuKeys, lock_key
 from gateway.settings import Settings
 from tests.chaos.reporting import Diagnostics, constant, freeze
 from tests.support.gateways import GatewayCluster
@@ -70,7 +70,7 @@ class Stack:
         return self.redis_server.address
 
     async def audit_settings(self) -> Settings:
-        """Settings for :func:`gateway.audit.audit` on these servers, read directly."""
+        """Settings for :func:`gateway.ops.audit.audit` on these servers, read directly."""
         host, port = await self.redis_address()
         return Settings(
             redis_url=f"redis://{host}:{port}/0",

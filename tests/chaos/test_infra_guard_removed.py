@@ -9,8 +9,8 @@ import time
 import asyncpg
 import pytest
 
-from gateway.audit import Finding, audit
-from gateway.database import migrate
+from gateway.ops.audit import Finding, audit
+from gateway.postgres.database import migrate
 from gateway.settings import Settings
 from tests.chaos.reporting import REPORT_LINES
 from tests.support.driver import (
@@ -69,7 +69,7 @@ async def test_harness_catches_oversell_when_the_guard_is_gone(
     real migrations, the CHECK (stock >= 0) constraint is dropped, and a naive,
     test-only flush (check stock, then an unguarded ``stock = stock - 1`` plus an
     order insert, 30 concurrent buyers) plays the gateway without its guard. The
-    same ``check_invariants`` and ``gateway.audit.audit`` the scenarios rely on
+    same ``check_invariants`` and ``gateway.ops.audit.audit`` the scenarios rely on
     must then report the oversell, the negative stock and a 201 without its row.
     """
     name = f"naive_{time.monotonic_ns()}"

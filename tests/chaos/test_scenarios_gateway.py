@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from gateway.layout import ledger
+from gateway.redis.layout import ledger
 from tests.chaos.faults import first_sent_to, young_batch_on
 from tests.chaos.reporting import Diagnostics
 from tests.chaos.sale import LOCKS, SKU, run_scenario, settings_for

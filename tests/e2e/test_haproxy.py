@@ -17,7 +17,7 @@ from collections.abc import Iterator
 import aiohttp
 import pytest
 
-from gateway.audit import audit
+from gateway.ops.audit import audit
 from gateway.settings import Settings
 from tests.support.driver import ClientPolicy, DriverSummary, LoadDriver
 from tests.support.gateways import SIGTERM_EXIT_S, Gateway, GatewayCluster

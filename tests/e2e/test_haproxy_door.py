@@ -19,10 +19,10 @@ from collections.abc import Iterator
 import pytest
 from redis.asyncio import Redis
 
-from gateway.domain import Verdict
-from gateway.layout import rejected_key
+from gateway.domain.model import Verdict
+from gateway.redis.layout import rejected_key
+from gateway.redis.streams import Streams
 from gateway.settings import Settings
-from gateway.streams import Streams
 from tests.support.gateways import REPO, GatewayCluster
 from tests.support.haproxy import (
     Answer,

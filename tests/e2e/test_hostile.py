@@ -12,7 +12,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from gateway.admintokens import fingerprint
+from gateway.http.admin_tokens import fingerprint
 from tests.support.gateways import GatewayCluster
 from tests.support.metrics import metric, samples
 from tests.support.polling import wait_for

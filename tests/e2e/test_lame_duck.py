@@ -11,7 +11,7 @@ import structlog
 from redis.asyncio import Redis
 
 from gateway.app import drain
-from gateway.clients import add_client
+from gateway.http.clients import add_client
 from tests.support.gateways import SIGTERM_EXIT_S, GatewayCluster
 from tests.support.polling import wait_for
 from tests.support.purchases import put_sku

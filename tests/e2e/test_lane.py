@@ -1,4 +1,4 @@
-"""The purchase lane (gateway.lane): a plain ``POST /v1/purchase`` is served beside
+"""The purchase lane (gateway.http.lane): a plain ``POST /v1/purchase`` is served beside
 the router, and a buyer sees exactly what the router's way in answers.
 
 The router's way in is reached with ``Expect: 100-continue``, which the lane
@@ -15,14 +15,14 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import make_mocked_request
 
-from gateway.admission import Admissions
-from gateway.appkeys import ADMISSIONS, ANSWER, PURCHASES
-from gateway.clients import TrustedProxies
-from gateway.lane import lane
-from gateway.metrics import Metrics
-from gateway.middlewares import answering
-from gateway.overload import AnswerLog
-from gateway.purchases import Purchases
+from gateway.http.appkeys import ADMISSIONS, ANSWER, PURCHASES
+from gateway.http.clients import TrustedProxies
+from gateway.http.lane import lane
+from gateway.http.middlewares import answering
+from gateway.ops.metrics import Metrics
+from gateway.ops.overload import AnswerLog
+from gateway.usecases.admission import Admissions
+from gateway.usecases.purchases import Purchases
 from tests.support.metrics import samples
 from tests.support.purchases import Client, buy, put_sku, wait_sold_out_marked
 

@@ -9,8 +9,8 @@ import time
 import aiohttp
 from redis.asyncio import Redis
 
-from gateway.audit import audit
-from gateway.layout import SkuKeys
+from gateway.ops.audit import audit
+from gateway.redis.layout import SkuKeys
 from gateway.settings import Settings
 from tests.support.driver import LoadDriver, run_sale
 from tests.support.gateways import GatewayCluster

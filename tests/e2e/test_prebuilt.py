@@ -1,4 +1,4 @@
-"""Purchase answers written directly (gateway.prebuilt): the same bytes aiohttp
+"""Purchase answers written directly (gateway.http.prebuilt): the same bytes aiohttp
 would send for the ordinary response, keep-alive kept, and the ordinary response
 where a direct one would differ."""
 
@@ -11,8 +11,8 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer, make_mocked_request
 
-from gateway.domain import Order, Outcome, Result
-from gateway.views import purchase_answer, purchase_response
+from gateway.domain.model import Order, Outcome, Result
+from gateway.http.views import purchase_answer, purchase_response
 from tests.support.purchases import Client, buy, put_sku, wait_sold_out_marked
 
 # Both complete answers are far below this.

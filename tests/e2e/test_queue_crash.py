@@ -18,7 +18,7 @@ import asyncpg
 import pytest
 from redis.asyncio import Redis
 
-from gateway.layout import WRITERS_GROUP, stream_key
+from gateway.redis.layout import WRITERS_GROUP, stream_key
 from tests.support.driver import LoadDriver
 from tests.support.polling import wait_for
 from tests.support.queuestack import (

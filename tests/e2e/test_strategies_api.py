@@ -7,7 +7,7 @@ from typing import Any
 
 import aiohttp
 
-from gateway.audit import Finding, audit
+from gateway.ops.audit import Finding, audit
 from gateway.settings import Settings
 from tests.support.gateways import GatewayCluster
 from tests.support.redis_servers import RedisServer

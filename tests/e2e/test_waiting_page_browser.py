@@ -23,7 +23,7 @@ from aiohttp.test_utils import TestServer
 from playwright.async_api import Route
 from redis.asyncio import Redis
 
-from gateway.layout import QueueKeys
+from gateway.redis.layout import QueueKeys
 from tests.e2e.conftest import PHONE, OpenBuyer
 from tests.support.browser import Buyer
 from tests.support.purchases import ADMIN_HEADERS, Client, orders_of, put_sku

@@ -7,7 +7,7 @@ from typing import Any
 import aiohttp
 from redis.asyncio import Redis
 
-from gateway.layout import QueueKeys
+from gateway.redis.layout import QueueKeys
 from tests.support.gateways import GatewayCluster
 from tests.support.polling import wait_for
 from tests.support.rooms import SECRET

@@ -138,7 +138,7 @@ def test_the_venv_is_fresh(wheel_venv: Path) -> None:
     """The wheel's interpreter sees neither the repository nor the dev venv: its
     ``gateway`` and Lua scripts are the installed copies."""
     probe = (
-        "import gateway, gateway.scripts as s, gateway.database as d, sys;"
+        "import gateway, gateway.redis.scripts as s, gateway.postgres.database as d, sys;"
         "print(gateway.__file__); print(s.LUA_DIR); print(d.SQL_DIR);"
         "print(any('site-packages' in p and '.venv' in p for p in sys.path))"
     )

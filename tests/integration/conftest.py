@@ -10,10 +10,10 @@ import pytest
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 
-from gateway.database import migrate
-from gateway.layout import lock_key
 from gateway.lock import LockSubscriber
 from gateway.lock.zk_session import ZkSession
+from gateway.postgres.database import migrate
+from gateway.redis.layout import lock_key
 from tests.integration.lock_support import Backend, close_pg_pool, open_pg_pool
 from tests.support.redis_cluster import LocalRedisCluster
 from tests.support.zookeeper_servers import ZooKeeperServer

@@ -9,7 +9,7 @@ from typing import Any
 from structlog.contextvars import merge_contextvars
 from structlog.testing import capture_logs
 
-from gateway.admintokens import fingerprint
+from gateway.http.admin_tokens import fingerprint
 from tests.support.purchases import ADMIN_TOKEN, Client
 
 ROOM = {"admit_per_s": 5, "token_ttl_s": 60, "shuffle_at_start": False}

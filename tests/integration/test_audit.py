@@ -12,8 +12,8 @@ import asyncpg
 import pytest
 from redis.asyncio import Redis
 
-from gateway.audit import Finding, SkuAudit, audit, render
-from gateway.layout import SkuKeys
+from gateway.ops.audit import Finding, SkuAudit, audit, render
+from gateway.redis.layout import SkuKeys
 from gateway.settings import Settings
 from tests.support.commands import run_audit
 from tests.support.purchases import ADMIN_HEADERS, buy, put_sku

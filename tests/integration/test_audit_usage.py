@@ -10,9 +10,9 @@ from typing import Any
 import asyncpg
 import pytest
 
-from gateway.audit import Finding, audit
-from gateway.database import migrate
-from gateway.errors import UnknownSku
+from gateway.domain.errors import UnknownSku
+from gateway.ops.audit import Finding, audit
+from gateway.postgres.database import migrate
 from gateway.settings import Settings
 from tests.support.commands import run_audit
 from tests.support.purchases import put_sku

@@ -17,8 +17,8 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient
 
-from gateway.audit import audit
-from gateway.layout import SkuKeys
+from gateway.ops.audit import audit
+from gateway.redis.layout import SkuKeys
 from gateway.settings import Settings
 from tests.support.driver import DriverSummary, run_sale
 from tests.support.invariants import InvariantReport, check_invariants

@@ -16,8 +16,8 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient
 
-from gateway.layout import SkuKeys, channel
-from gateway.soldout import MARK_TTL_S
+from gateway.redis.layout import SkuKeys, channel
+from gateway.usecases.sold_out import MARK_TTL_S
 from tests.support.polling import wait_for
 from tests.support.purchases import buy, client_metric, put_sku
 from tests.support.redis_cluster import ClusterNodeServer, LocalRedisCluster

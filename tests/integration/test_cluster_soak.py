@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 import aiohttp
 import pytest
 
-from gateway.audit import audit
-from gateway.layout import SkuKeys
+from gateway.ops.audit import audit
+from gateway.redis.layout import SkuKeys
 from gateway.settings import Settings
 from tests.support.gateways import ADMIN_TOKEN, GatewayCluster
 from tests.support.polling import wait_for

@@ -16,9 +16,9 @@ import uvloop
 from redis.asyncio.connection import Connection
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from gateway.connections import guarded
-from gateway.errors import RedisUnavailable
+from gateway.domain.errors import RedisUnavailable
 from gateway.lock import closed_under_write, connection_errors
+from gateway.redis.connections import guarded
 from tests.support.services import REDIS_URL
 
 

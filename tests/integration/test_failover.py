@@ -17,7 +17,7 @@ import asyncpg
 import pytest
 from redis.asyncio import Redis
 
-from gateway.layout import identity_key
+from gateway.redis.layout import identity_key
 from tests.support.postgres_servers import PostgresCluster, PostgresStandby
 from tests.support.purchases import Client, buy, db_state, put_sku
 

@@ -16,8 +16,8 @@ from aiohttp.test_utils import TestClient, TestServer
 from redis.asyncio import Redis
 
 from gateway.app import create_app
-from gateway.database import migration_versions
-from gateway.layout import SkuKeys
+from gateway.postgres.database import migration_versions
+from gateway.redis.layout import SkuKeys
 from tests.support.polling import wait_for
 from tests.support.ports import free_port
 from tests.support.proxy import FaultProxy

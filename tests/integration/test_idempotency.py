@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
-from gateway.layout import SkuKeys
+from gateway.redis.layout import SkuKeys
 from tests.support.purchases import (
     Client,
     buy,

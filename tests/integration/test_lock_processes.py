@@ -14,8 +14,8 @@ import asyncpg
 import pytest
 from redis.asyncio import Redis
 
-from gateway.layout import lock_key
 from gateway.lock import LockSubscriber, RedisLock
+from gateway.redis.layout import lock_key
 from tests.integration.lock_support import (
     AnyLock,
     Backend,

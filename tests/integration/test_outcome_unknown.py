@@ -1,4 +1,4 @@
-"""A flush whose commit outcome is unknown (``gateway.errors.OutcomeUnknown``).
+"""A flush whose commit outcome is unknown (``gateway.domain.errors.OutcomeUnknown``).
 
 When the connection breaks after ``flush_batch()`` was sent, the flush may have
 committed. The gateway must not give the reservations back (that could sell the

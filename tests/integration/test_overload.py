@@ -7,7 +7,7 @@ from typing import Any
 from structlog.contextvars import merge_contextvars
 from structlog.testing import capture_logs
 
-from gateway.appkeys import ANSWERS, BATCHER
+from gateway.http.appkeys import ANSWERS, BATCHER
 from tests.support.purchases import put_sku
 
 

@@ -13,8 +13,8 @@ from collections.abc import Callable
 import asyncpg
 import pytest
 
-from gateway.database import create_pool
 from gateway.lock import advisory_key
+from gateway.postgres.database import create_pool
 from gateway.settings import Settings
 
 TRY_LOCK = "SELECT pg_try_advisory_lock($1)"

@@ -7,9 +7,9 @@ from typing import Any
 
 import asyncpg
 
-from gateway.domain import Outcome, Purchase
-from gateway.orders import Orders
-from gateway.statements import FLUSH_BATCH
+from gateway.domain.model import Outcome, Purchase
+from gateway.postgres.orders import Orders
+from gateway.postgres.statements import FLUSH_BATCH
 from tests.support.purchases import put_sku
 
 

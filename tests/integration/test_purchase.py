@@ -10,7 +10,7 @@ import asyncpg
 import pytest
 from redis.asyncio import Redis
 
-from gateway.layout import SkuKeys, lock_key
+from gateway.redis.layout import SkuKeys, lock_key
 from tests.support.purchases import (
     ADMIN_HEADERS,
     buy,

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
-from gateway.domain import Strategy
-from gateway.layout import WRITERS_GROUP, SkuKeys, stream_key
+from gateway.domain.model import Strategy
+from gateway.redis.layout import WRITERS_GROUP, SkuKeys, stream_key
 from tests.support.polling import wait_for
 from tests.support.purchases import (
     ADMIN_HEADERS,

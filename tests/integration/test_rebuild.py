@@ -18,9 +18,9 @@ import asyncpg
 import pytest
 from redis.asyncio import Redis
 
-from gateway.connections import create_redis
-from gateway.inventory import Inventory
-from gateway.layout import SkuKeys
+from gateway.redis.connections import create_redis
+from gateway.redis.inventory import Inventory
+from gateway.redis.layout import SkuKeys
 from gateway.settings import Settings
 from tests.support.polling import wait_for
 from tests.support.purchases import buy, db_state, put_sku, redis_state

@@ -10,9 +10,9 @@ from redis.asyncio import Redis
 from structlog.contextvars import merge_contextvars
 from structlog.testing import capture_logs
 
-from gateway.appkeys import BATCHER, INVENTORY, ORDERS, SETTINGS
-from gateway.domain import Purchase, SkuInfo
-from gateway.layout import Pending, SkuKeys, encode_pending
+from gateway.domain.model import Purchase, SkuInfo
+from gateway.http.appkeys import BATCHER, INVENTORY, ORDERS, SETTINGS
+from gateway.redis.layout import Pending, SkuKeys, encode_pending
 from tests.support.metrics import samples
 from tests.support.purchases import ADMIN_HEADERS, buy, put_sku, redis_state
 

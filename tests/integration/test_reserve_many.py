@@ -10,11 +10,11 @@ from typing import Any
 
 from redis.asyncio import Redis
 
-from gateway.appkeys import INVENTORY
-from gateway.domain import Purchase, SkuInfo
-from gateway.layout import SkuKeys, call_key
-from gateway.rules import Rate, SaleRules
-from gateway.scripts import read_script
+from gateway.domain.model import Purchase, SkuInfo
+from gateway.domain.rules import Rate, SaleRules
+from gateway.http.appkeys import INVENTORY
+from gateway.redis.layout import SkuKeys, call_key
+from gateway.redis.scripts import read_script
 from tests.support.purchases import buy, db_state, put_rules, redis_state
 from tests.support.redis_cluster import LocalRedisCluster
 

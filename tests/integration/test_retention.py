@@ -14,7 +14,7 @@ from typing import Any
 
 from redis.asyncio import Redis
 
-from gateway.layout import SkuKeys, identity_key
+from gateway.redis.layout import SkuKeys, identity_key
 from tests.support.polling import wait_for
 from tests.support.purchases import ADMIN_HEADERS, buy, db_state, put_sku
 from tests.support.services import create_database, drop_database

@@ -1,5 +1,5 @@
 """Every sale rule against every strategy (issue 19): a matrix, so a strategy
-added to :class:`gateway.domain.Strategy` is run against every rule without
+added to :class:`gateway.domain.model.Strategy` is run against every rule without
 anyone remembering to add it here.
 
 Each cell is one in-process gateway on real Redis and PostgreSQL, one sku on
@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from gateway.domain import Strategy
+from gateway.domain.model import Strategy
 from tests.support.purchases import ADMIN_HEADERS, Client
 from tests.support.rooms import SECRET
 

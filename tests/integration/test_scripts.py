@@ -19,7 +19,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError, NoScriptError, ResponseError
 
-from gateway.scripts import evalsha_many
+from gateway.redis.scripts import evalsha_many
 from tests.support.services import REDIS_URL
 
 ECHO = "return {KEYS[1], ARGV[1], tonumber(ARGV[2]) + 1}"

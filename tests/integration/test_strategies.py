@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
-from gateway.audit import Finding, audit
+from gateway.ops.audit import Finding, audit
 from gateway.settings import Settings
 from tests.support.purchases import (
     buy,

@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
-from gateway.audit import Finding, audit
-from gateway.domain import Strategy
-from gateway.layout import SkuKeys
+from gateway.domain.model import Strategy
+from gateway.ops.audit import Finding, audit
+from gateway.redis.layout import SkuKeys
 from gateway.settings import Settings
 from tests.support.purchases import (
     ADMIN_HEADERS,

@@ -8,8 +8,8 @@ from typing import Any
 
 from redis.asyncio import Redis
 
-from gateway.layout import QueueKeys
-from gateway.tokens import Signer
+from gateway.redis.layout import QueueKeys
+from gateway.usecases.tokens import Signer
 from tests.support.polling import wait_for
 from tests.support.purchases import ADMIN_HEADERS, client_metric, db_state
 from tests.support.rooms import (

@@ -12,7 +12,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient
 from redis.asyncio import Redis
 
-from gateway.layout import SkuKeys
+from gateway.redis.layout import SkuKeys
 from tests.support.metrics import metric, samples
 from tests.support.polling import wait_for
 

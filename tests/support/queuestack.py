@@ -15,8 +15,8 @@ import aiohttp
 import asyncpg
 from redis.asyncio import Redis
 
-from gateway.audit import audit
-from gateway.layout import SkuKeys, stream_key
+from gateway.ops.audit import audit
+from gateway.redis.layout import SkuKeys, stream_key
 from gateway.settings import Settings
 from tests.support.driver import CONFIRMED, ClientRecord, DriverSummary
 from tests.support.gateways import REPO, GatewayCluster

@@ -10,9 +10,9 @@ from collections.abc import Sequence
 
 import pytest
 
-from gateway.batcher import Batcher
-from gateway.domain import SOLD_OUT, Purchase, Result
-from gateway.errors import ShuttingDown, Unavailable
+from gateway.domain.errors import ShuttingDown, Unavailable
+from gateway.domain.model import SOLD_OUT, Purchase, Result
+from gateway.write.batcher import Batcher
 from tests.support.polling import wait_for
 
 

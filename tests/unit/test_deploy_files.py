@@ -19,7 +19,7 @@ from typing import Any
 import yaml
 
 from gateway.server import CLOSE_S
-from gateway.tracking import MAX_WAIT_S
+from gateway.usecases.tracking import MAX_WAIT_S
 from tests.support.haproxy import CONFIG
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -88,7 +88,7 @@ def test_prometheus_scrapes_every_gateway_and_loads_the_alerts() -> None:
     ]
     assert load("docs/grafana/alerts.yml")["groups"][0]["rules"]
     [lease] = load("deploy/rules/locks.yml")["groups"][0]["rules"]
-    # The metrics it compares are the ones gateway/metrics.py exports.
+    # The metrics it compares are the ones gateway/ops/metrics.py exports.
     assert "flashsale_lock_hold_seconds_bucket" in lease["expr"]
     assert "flashsale_lock_lease_seconds) / 3" in lease["expr"]
 

@@ -1,6 +1,6 @@
 """Every answer the gateway can give is in the published schema (docs/openapi.yaml).
 
-The error classes of ``gateway.errors`` are walked, not listed: a new class
+The error classes of ``gateway.domain.errors`` are walked, not listed: a new class
 whose code or status the schema lacks fails here before a schema fuzzer finds
 it (issue 20: ``idempotency_mismatch`` answered, and missing from the schema).
 """
@@ -12,8 +12,8 @@ from typing import Any
 
 import yaml
 
-from gateway import guard
-from gateway.errors import GatewayError, MethodNotAllowed
+from gateway.domain.errors import GatewayError, MethodNotAllowed
+from gateway.http import guard
 from tests.support.gateways import REPO
 
 PURCHASE = ("/v1/purchase", "post")

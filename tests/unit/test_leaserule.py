@@ -8,8 +8,8 @@ from typing import Any
 
 from structlog.testing import capture_logs
 
-from gateway.leaserule import MIN_HOLDS, WARN_EVERY_S, LeaseRule
 from gateway.lock import LockStats
+from gateway.write.lease_rule import MIN_HOLDS, WARN_EVERY_S, LeaseRule
 
 
 class Clock:

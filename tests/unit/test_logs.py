@@ -8,7 +8,7 @@ import sys
 
 SCRIPT = """
 import logging, structlog
-from gateway import logs
+from gateway.ops import logs
 logs.configure("info", json=True)
 structlog.contextvars.bind_contextvars(request_id="r-1", sku="s-1")
 structlog.get_logger().warning("request_failed", cause="redis")

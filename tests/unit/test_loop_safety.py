@@ -1,4 +1,4 @@
-"""Library paths that would block the event loop are never called (gateway.looplag)."""
+"""Library paths that would block the event loop are never called (gateway.ops.loop_lag)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The event loop's lag timer and the stall watcher (gateway.looplag)."""
+"""The event loop's lag timer and the stall watcher (gateway.ops.loop_lag)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import time
 
 from structlog.testing import capture_logs
 
-from gateway.looplag import LoopLag
+from gateway.ops.loop_lag import LoopLag
 from tests.support.polling import wait_for
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.domain import Strategy
-from gateway.scripts import read_composed, read_script
+from gateway.domain.model import Strategy
+from gateway.redis.scripts import read_composed, read_script
 from gateway.settings import SettingsError, load
 
 

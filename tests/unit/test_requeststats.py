@@ -6,8 +6,8 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, generate_latest
 from structlog.testing import capture_logs
 
-from gateway.overload import AnswerLog
-from gateway.requeststats import RequestCollector, RequestStats
+from gateway.ops.overload import AnswerLog
+from gateway.ops.request_stats import RequestCollector, RequestStats
 from tests.support.metrics import samples
 
 OUTCOMES = ("confirmed", "sold_out", "unavailable")

@@ -6,7 +6,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from gateway.rules import Rate, effective, parse_instant, parse_rate, rfc3339
+from gateway.domain.rules import Rate, effective, parse_instant, parse_rate, rfc3339
 from gateway.settings import SettingsError, load
 
 

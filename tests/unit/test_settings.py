@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from gateway.domain import Strategy
+from gateway.domain.model import Strategy
 from gateway.settings import Settings, SettingsError, load
 
 

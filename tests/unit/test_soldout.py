@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from gateway.soldout import UNBUILT, ConfirmedIds, SoldOut
+from gateway.usecases.sold_out import UNBUILT, ConfirmedIds, SoldOut
 
 
 def ids(*request_ids: str) -> ConfirmedIds:

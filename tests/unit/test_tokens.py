@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
-from gateway.admintokens import AdminTokens, fingerprint
+from gateway.http.admin_tokens import AdminTokens, fingerprint
 from gateway.settings import SettingsError, load
-from gateway.tokens import Admission, Signer
+from gateway.usecases.tokens import Admission, Signer
 
 KEY, OLD = "k" * 32, "o" * 32
 

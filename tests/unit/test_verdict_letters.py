@@ -1,4 +1,4 @@
-"""The verdict letters are one vocabulary: ``gateway.domain.Verdict``,
+"""The verdict letters are one vocabulary: ``gateway.domain.model.Verdict``,
 ``sql/functions/flush_batch.sql`` and ``lua/settle.lua`` agree on them.
 
 The letters are plain literals on both sides of Python, so nothing else ties
@@ -21,7 +21,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from gateway.domain import Verdict
+from gateway.domain.model import Verdict
 
 ROOT = Path(__file__).resolve().parents[2]
 FLUSH_BATCH = ROOT / "sql" / "functions" / "flush_batch.sql"

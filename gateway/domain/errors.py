@@ -1,0 +1,233 @@
+"""The gateway's errors: one hierarchy, each with its HTTP status and code.
+
+Adapters turn driver errors into these; one middleware turns these into JSON
+responses. Purchase outcomes such as ``sold_out`` are not errors: they are
+:class:`gateway.domain.model.Outcome` values.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+
+class GatewayError(Exception):
+    """Base of every error the gateway answers with a 4xx or 5xx."""
+
+    status: int = 500
+    code: str = "internal"
+    # Close the connection after answering, so the client reconnects elsewhere.
+    close_connection: bool = False
+
+    def __init__(self, detail: str | None = None, headers: Mapping[str, str] | None = None):
+        super().__init__(detail or self.code)
+        self.detail = detail
+        self.headers = dict(headers or {})
+
+    def body(self) -> dict[str, str]:
+        """The JSON body of the answer."""
+        body = {"error": self.code}
+        if self.detail is not None and self.detail != self.code:
+            body["detail"] = self.detail
+        return body
+
+
+class InvalidRequest(GatewayError):
+    """The request body or parameters are malformed."""
+
+    status = 400
+    code = "invalid_request"
+
+
+class Unauthorized(GatewayError):
+    """The admin bearer token is missing or wrong."""
+
+    status = 401
+    code = "unauthorized"
+
+
+class Forbidden(GatewayError):
+    """Admin routes are switched off (no admin token configured)."""
+
+    status = 403
+    code = "forbidden"
+
+
+class NotFound(GatewayError):
+    """No such route or record."""
+
+    status = 404
+    code = "not_found"
+
+
+class UnknownSku(NotFound):
+    """The sku does not exist in the inventory."""
+
+    code = "unknown_sku"
+
+
+class IdempotencyMismatch(GatewayError):
+    """The request id was first used for another purchase (sku, user or qty).
+
+    As draft-ietf-httpapi-idempotency-key-header asks: never the other
+    purchase's outcome, and nothing changes."""
+
+    status = 422
+    code = "idempotency_mismatch"
+
+    def __init__(self, request_id: str) -> None:
+        super().__init__(
+            f"request id {request_id!r} was first used for another purchase "
+            "(sku, user_id or qty); use a new request id for a new purchase"
+        )
+
+
+class NotConfigured(GatewayError):
+    """A sku configuration this instance could not serve: a setting it needs is
+    missing (see gateway.usecases.servable). Refused when configured, not when used."""
+
+    status = 422
+    code = "not_configured"
+
+
+class MethodNotAllowed(GatewayError):
+    """The route exists but not with this method."""
+
+    status = 405
+    code = "method_not_allowed"
+
+
+class TooLarge(GatewayError):
+    """The request body is over the size limit."""
+
+    status = 413
+    code = "too_large"
+
+
+class Unavailable(GatewayError):
+    """Redis or PostgreSQL could not confirm; whatever was reserved was given back."""
+
+    status = 503
+    code = "unavailable"
+    # Why, as the flush-failure metric and log label it.
+    reason: str = "unavailable"
+
+    def __init__(self, detail: str | None = None, retry_after: int = 1):
+        super().__init__(detail, {"Retry-After": str(retry_after)})
+
+
+class ShuttingDown(Unavailable):
+    """This instance is draining: try another one."""
+
+    close_connection = True
+
+    def __init__(self) -> None:
+        super().__init__("shutting down")
+
+
+class RedisUnavailable(Unavailable):
+    """Redis could not be reached or refused the command."""
+
+    reason = "redis"
+
+
+class PostgresUnavailable(Unavailable):
+    """PostgreSQL could not be reached or refused the statement."""
+
+    reason = "postgres"
+
+
+class OutcomeUnknown(PostgresUnavailable):
+    """The connection broke after the flush was sent: it may or may not have
+    committed. Its reservations stay in the ledger for the reconciler, which
+    settles each from the order rows; giving them back now could sell a unit
+    twice in Redis and tell a buyer who got the order that it was sold out."""
+
+
+class FencedOut(Unavailable):
+    """The flush's fencing token is older than the row's: its lock expired and
+    another holder wrote since. Nothing was written; the flush is retried under
+    a fresh acquisition."""
+
+    reason = "fenced_out"
+
+
+class StockGuardRefused(PostgresUnavailable):
+    """The guarded UPDATE found less stock than the batch was granted: nothing
+    was written. The row lock makes this unreachable unless something writes the
+    row without it; the guard is the floor that holds all the same."""
+
+    reason = "stock_guard"
+
+
+class AdmissionRequired(GatewayError):
+    """A waiting-room sku was bought without an ``Admission-Token`` header."""
+
+    status = 428
+    code = "admission_required"
+
+
+class AdmissionInvalid(GatewayError):
+    """The admission token is forged, expired, for another user or sku, or spent."""
+
+    status = 403
+    code = "admission_invalid"
+
+
+class UnknownTicket(NotFound):
+    """No such ticket in the sku's waiting room."""
+
+    code = "unknown_ticket"
+
+
+class NoWaitingRoom(NotFound):
+    """The sku exists but has no waiting room."""
+
+    code = "no_waiting_room"
+
+
+class Contended(Unavailable):
+    """An optimistic purchase lost the race for its sku's row on every attempt of
+    its budget. Nothing was written; the client may retry with the same request id."""
+
+    reason = "contended"
+
+
+def _seconds(ms: int) -> str:
+    """A Retry-After value: whole seconds, rounded up, at least one."""
+    return str(max(1, -(-ms // 1000)))
+
+
+class NotStarted(GatewayError):
+    """The sku's sale window has not opened yet (by Redis's clock)."""
+
+    status = 409
+    code = "not_started"
+
+    def __init__(self, starts_at: str, ms_to_start: int) -> None:
+        super().__init__(f"the sale starts at {starts_at}", {"Retry-After": _seconds(ms_to_start)})
+        self.starts_at = starts_at
+
+    def body(self) -> dict[str, str]:
+        """``{"status": "not_started", "starts_at": ...}``: an answer, not a fault."""
+        return {"status": self.code, "starts_at": self.starts_at}
+
+
+class Ended(GatewayError):
+    """The sku's sale window has closed (by Redis's clock)."""
+
+    status = 409
+    code = "ended"
+
+    def body(self) -> dict[str, str]:
+        """``{"status": "ended"}``."""
+        return {"status": self.code}
+
+
+class RateLimited(GatewayError):
+    """The user's or the client's token bucket for this sku is empty."""
+
+    status = 429
+    code = "rate_limited"
+
+    def __init__(self, ms_to_a_token: int) -> None:
+        super().__init__(None, {"Retry-After": _seconds(ms_to_a_token)})

@@ -1,0 +1,185 @@
+"""Pure domain types: purchases, orders and their outcomes. No I/O here."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, replace
+from datetime import datetime
+from enum import StrEnum
+
+from gateway.domain.rules import NO_RULES, Rate, SaleRules
+
+
+class Outcome(StrEnum):
+    """What a purchase ended as; the value is the ``status`` the client sees."""
+
+    CONFIRMED = "confirmed"
+    SOLD_OUT = "sold_out"
+    DUPLICATE = "duplicate"
+    IN_PROGRESS = "in_progress"
+    # Queue strategy: the purchase is in the sku's durable stream, not yet decided.
+    ACCEPTED = "accepted"
+
+
+@dataclass(frozen=True, slots=True)
+class Purchase:
+    """A validated purchase request; ``request_id`` is empty until one is generated."""
+
+    sku: str
+    user_id: str
+    qty: int
+    request_id: str
+    # When Redis reserved it (ms since the epoch): names this reservation of the
+    # request id, apart from an earlier one the reconciler released.
+    reserved_at_ms: int = 0
+
+    def identified(self) -> Purchase:
+        """This purchase with a request id, generated if the client gave none."""
+        if self.request_id:
+            return self
+        return replace(self, request_id=uuid.uuid4().hex)
+
+
+@dataclass(frozen=True, slots=True)
+class Order:
+    """A committed order row."""
+
+    order_id: str
+    request_id: str
+    sku: str
+    user_id: str
+    qty: int
+
+    def as_json(self) -> dict[str, str | int]:
+        """The order as the API shows it."""
+        return {
+            "order_id": self.order_id,
+            "request_id": self.request_id,
+            "sku": self.sku,
+            "user_id": self.user_id,
+            "qty": self.qty,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Result:
+    """A purchase's outcome, with its order when confirmed."""
+
+    outcome: Outcome
+    order: Order | None = None
+    # The request id an ACCEPTED purchase is followed by (GET /v1/orders/{id}).
+    request_id: str = ""
+
+
+class Verdict(StrEnum):
+    """The database's decision on one reserved purchase of a flushed batch.
+
+    The value is the letter ``flush_batch()`` (``sql/``) returns and
+    ``lua/settle.lua`` reads: one vocabulary from PostgreSQL through Python to Redis.
+    """
+
+    CONFIRMED = "C"  # granted now, or a replay of this buyer's own order
+    RELEASED = "R"  # goes back: the request id holds another purchase's order
+    SOLD_OUT = "S"  # too little stock in the database: Redis ran ahead of it
+    DUPLICATE = "D"  # the buyer already holds an order of this sku
+    EXPIRED = "X"  # the reconciler released this reservation before the flush
+
+    @property
+    def settled_as(self) -> Verdict:
+        """The verdict Redis settles the reservation with (settle.lua knows no X:
+        an expired reservation was already given back, so releasing it is a no-op)."""
+        return Verdict.RELEASED if self is Verdict.EXPIRED else self
+
+
+SOLD_OUT = Result(Outcome.SOLD_OUT)
+DUPLICATE = Result(Outcome.DUPLICATE)
+IN_PROGRESS = Result(Outcome.IN_PROGRESS)
+
+
+@dataclass(frozen=True, slots=True)
+class WaitingRoom:
+    """A sku's waiting room: how many people a second are let through, how long
+    their admission token lasts, and whether early arrivals are shuffled."""
+
+    admit_per_s: int
+    token_ttl_s: int
+    shuffle_at_start: bool = False
+
+    def as_json(self) -> dict[str, int | bool]:
+        """The waiting room as the admin API shows it."""
+        return {
+            "admit_per_s": self.admit_per_s,
+            "token_ttl_s": self.token_ttl_s,
+            "shuffle_at_start": self.shuffle_at_start,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class SkuInfo:
+    """What the gateway needs to know of a sku before reserving it."""
+
+    sku: str
+    per_user_limit: int
+    # None: anyone may buy without queueing first.
+    waiting_room: WaitingRoom | None = None
+    # The sku's own strategy; None sells it under the gateway's GATEWAY_STRATEGY.
+    strategy: Strategy | None = None
+    rules: SaleRules = NO_RULES
+
+
+@dataclass(frozen=True, slots=True)
+class SkuSettings:
+    """What an admin sets on a sku, one attribute per field of ``PUT`` and
+    ``PATCH /admin/skus/{sku}`` (a PATCH replaces the ones it names)."""
+
+    stock: int = 0
+    per_user_limit: int = 1
+    starts_at: datetime | None = None
+    ends_at: datetime | None = None
+    # None: the instance's default rate; "off": none for this sku.
+    user_rate: Rate | str | None = None
+    client_rate: Rate | str | None = None
+    waiting_room: WaitingRoom | None = None
+    strategy: Strategy | None = None
+
+    @property
+    def rules(self) -> SaleRules:
+        """The window and rates, as the purchases read them."""
+        return SaleRules(self.starts_at, self.ends_at, self.user_rate, self.client_rate)
+
+    def info(self, sku: str) -> SkuInfo:
+        """What the purchases need to know of ``sku`` so set."""
+        return SkuInfo(sku, self.per_user_limit, self.waiting_room, self.strategy, self.rules)
+
+    def as_json(self) -> dict[str, object]:
+        """Every field as the admin API writes it."""
+        return {
+            "stock": self.stock,
+            "per_user_limit": self.per_user_limit,
+            **self.rules.window_json(),
+            "user_rate": None if self.user_rate is None else str(self.user_rate),
+            "client_rate": None if self.client_rate is None else str(self.client_rate),
+            "waiting_room": None if self.waiting_room is None else self.waiting_room.as_json(),
+            "strategy": None if self.strategy is None else self.strategy.value,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class StockReport:
+    """Where a sku's stock stands, for the admin API and the audit."""
+
+    sku: str
+    db_stock: int
+    redis_stock: int | None
+    pending: int
+    sold: int
+
+
+class Strategy(StrEnum):
+    """How a purchase takes its stock (``GATEWAY_STRATEGY``)."""
+
+    RESERVE_BATCH = "reserve-batch"
+    SQL_DIRECT = "sql-direct"
+    OPTIMISTIC = "optimistic"
+    PESSIMISTIC = "pessimistic"
+    QUEUE = "queue"

@@ -1,0 +1,62 @@
+"""The purchase lane: ``POST /v1/purchase`` answered beside aiohttp's application layer.
+
+The sold-out answer is the one a storm gets most, and its own work is a dict
+lookup; a profile puts most of its cost in aiohttp's per-request layers. For
+every request, aiohttp's ``Application._handle`` resolves the route in the
+router, builds and freezes a ``UrlMappingMatchInfo``, wraps the handler in the
+middleware chain (a ``partial`` per middleware plus the wrapper that sets the
+request's current app), and only then calls the view.
+
+The lane is the request handler of the listening server
+(``web.Server.request_handler``, set by :func:`install` after start-up). It
+sends a plain ``POST /v1/purchase`` straight to the view, bound to the use
+cases, through the same answering code as the middleware (errors as JSON,
+outcome counted and timed). Every other request, a purchase with ``Expect:
+100-continue`` or a query string included, goes to the application as before.
+What a client sees is the same either way; ``tests/e2e/test_lane.py`` holds
+both paths to that.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Awaitable, Callable
+from typing import cast
+
+from aiohttp import hdrs, web
+
+from gateway.http.appkeys import ADMISSIONS, ANSWER, PURCHASES
+from gateway.http.views import buy
+from gateway.ops.request_stats import PURCHASE_ROUTE
+
+_POST = hdrs.METH_POST
+
+# What a web.Server calls per request.
+ServerHandler = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
+
+
+def install(app: web.Application, server: web.Server) -> None:
+    """Put the lane in front of ``app`` on ``server``: connections accepted from
+    now on are served through it."""
+    server.request_handler = lane(app, server.request_handler)
+
+
+def lane(app: web.Application, handle: ServerHandler) -> ServerHandler:
+    """A request handler: plain purchases to the view, the rest to ``handle``."""
+    answer = app[ANSWER]
+    # Bound once: the use cases exist from start-up, before the first connection.
+    purchase = functools.partial(buy, admissions=app[ADMISSIONS], purchases=app[PURCHASES])
+
+    async def serve(request: web.BaseRequest) -> web.StreamResponse:
+        # raw_path is the request line's target as sent: a query string or an
+        # escaped spelling goes through the router, which answers it as before.
+        if (
+            request.raw_path == PURCHASE_ROUTE
+            and request.method == _POST
+            and hdrs.EXPECT not in request.headers
+        ):
+            # An application runner's server builds web.Request objects.
+            return await answer(cast(web.Request, request), purchase, PURCHASE_ROUTE)
+        return await handle(request)
+
+    return serve

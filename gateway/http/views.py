@@ -1,0 +1,245 @@
+"""HTTP handlers: thin, parse and answer; the use cases do the work."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+import structlog
+from aiohttp import web
+
+from gateway.domain.errors import (
+    InvalidRequest,
+    NotFound,
+    TooLarge,
+)
+from gateway.domain.model import Outcome, Result
+from gateway.http import payloads
+from gateway.http.appkeys import (
+    ADMISSIONS,
+    BATCHER,
+    INVENTORY,
+    METRICS,
+    ORDERS,
+    OUTCOME,
+    PURCHASES,
+    SERVABILITY,
+    STOPPING,
+    TRACKER,
+    WAITING_PAGE,
+)
+from gateway.http.clients import current_client
+from gateway.http.prebuilt import DirectAnswers, Written
+from gateway.ops.metrics import CONTENT_TYPE
+from gateway.usecases.admission import Admissions
+from gateway.usecases.purchases import Purchases
+from gateway.usecases.tracking import MAX_WAIT_S
+
+log = structlog.get_logger(__name__)
+
+JSON = "application/json"
+_SOLD_OUT = orjson.dumps({"status": "sold_out"})
+_DUPLICATE = orjson.dumps({"status": "duplicate"})
+_IN_PROGRESS = orjson.dumps({"status": "in_progress"})
+_RETRY_AFTER = {"Retry-After": "1"}
+# Purchase answers written straight to the socket where that sends the same
+# bytes (see gateway.http.prebuilt); one Written response per outcome serves them all.
+DIRECT = DirectAnswers()
+_WRITTEN = {
+    outcome: Written(status, outcome.value)
+    for outcome, status in (
+        (Outcome.CONFIRMED, 201),
+        (Outcome.ACCEPTED, 202),
+        (Outcome.SOLD_OUT, 409),
+        (Outcome.DUPLICATE, 409),
+    )
+}
+_CONSTANT = {Outcome.SOLD_OUT: _SOLD_OUT, Outcome.DUPLICATE: _DUPLICATE}
+
+
+def json_response(
+    data: Any, status: int = 200, headers: dict[str, str] | None = None
+) -> web.Response:
+    """A JSON response rendered by orjson."""
+    return web.Response(body=orjson.dumps(data), status=status, content_type=JSON, headers=headers)
+
+
+async def read_body(request: web.Request) -> bytes:
+    """The body, refusing more than 4 KiB before reading it when the length is declared."""
+    if (request.content_length or 0) > payloads.MAX_BODY:
+        raise TooLarge(f"body over {payloads.MAX_BODY} bytes")
+    return await request.read()
+
+
+def purchase_response(result: Result) -> web.Response:
+    """The HTTP answer of a purchase outcome, tagged with it for the metrics."""
+    status, body, headers = _rendered(result)
+    resp = web.Response(body=body, status=status, content_type=JSON, headers=headers)
+    resp[OUTCOME] = result.outcome.value
+    return resp
+
+
+def _rendered(result: Result) -> tuple[int, bytes, dict[str, str] | None]:
+    """Status, JSON body and extra headers of a purchase outcome."""
+    outcome = result.outcome
+    if outcome is Outcome.CONFIRMED and result.order is not None:
+        return 201, orjson.dumps({"status": "confirmed", **result.order.as_json()}), None
+    if outcome is Outcome.ACCEPTED:
+        return 202, orjson.dumps({"status": "accepted", "request_id": result.request_id}), None
+    constant = _CONSTANT.get(outcome)
+    if constant is not None:
+        return 409, constant, None
+    return 409, _IN_PROGRESS, _RETRY_AFTER
+
+
+def purchase_answer(request: web.Request, result: Result) -> web.StreamResponse:
+    """The purchase's answer, written directly where that sends the same bytes."""
+    written = _WRITTEN.get(result.outcome)
+    if written is None or not DIRECT.fits(request):
+        return purchase_response(result)
+    constant = _CONSTANT.get(result.outcome)
+    if constant is not None:
+        return DIRECT.send_constant(request, written.status, constant, written)
+    status, body, headers = _rendered(result)
+    if headers is not None or status != written.status:  # not the answer it stands for
+        return purchase_response(result)
+    return DIRECT.send(request, status, body, written)
+
+
+async def purchase(request: web.Request) -> web.StreamResponse:
+    """POST /v1/purchase, through the router (see gateway.http.lane for the other way in)."""
+    app = request.app
+    return await buy(request, admissions=app[ADMISSIONS], purchases=app[PURCHASES])
+
+
+async def buy(
+    request: web.Request, *, admissions: Admissions, purchases: Purchases
+) -> web.StreamResponse:
+    """POST /v1/purchase, given the use cases: the purchase lane calls it bound
+    to them, since a request it serves has no matched route (and so no
+    ``request.app``)."""
+    body = await read_body(request)
+    headers = request.headers
+    p = payloads.purchase(body, headers.get("Idempotency-Key"))
+    # Checked whatever the sku does with it (tests/e2e/test_contract.py).
+    token = payloads.admission_token(headers.get("Admission-Token"))
+    if admissions.open_door(p.sku):
+        # The client address is worked out only if a client rate limit applies:
+        # nothing is parsed or allocated for it on the sold-out path.
+        result = await purchases.purchase(p, current_client)
+    else:
+        result = await admissions.purchase(p, token, current_client)
+    return purchase_answer(request, result)
+
+
+async def get_order(request: web.Request) -> web.Response:
+    """GET /v1/orders/{request_id}."""
+    request_id = payloads.identifier(request.match_info["request_id"], "request_id")
+    result = await request.app[TRACKER].status(request_id, _wait_s(request))
+    if result is None:
+        raise NotFound(f"no order for request {request_id!r}")
+    if result.outcome is Outcome.CONFIRMED and result.order is not None:
+        return json_response(result.order.as_json())
+    # Queued (202) or refused (409): the purchase's own answer.
+    return purchase_response(result)
+
+
+def _wait_s(request: web.Request) -> float:
+    """The ``?wait=S`` of a long poll: seconds, 0 to MAX_WAIT_S; 0 when absent."""
+    raw = request.query.get("wait")
+    if raw is None:
+        return 0.0
+    try:
+        wait = float(raw)
+    except ValueError:
+        raise InvalidRequest("wait must be a number of seconds") from None
+    if not 0 <= wait <= MAX_WAIT_S:
+        raise InvalidRequest(f"wait must be from 0 to {MAX_WAIT_S:g} seconds")
+    return wait
+
+
+async def get_sku(request: web.Request) -> web.Response:
+    """GET /v1/skus/{sku}: what is left to buy, the strategy it sells under, its
+    window and whether it has a waiting room."""
+    sku = payloads.identifier(request.match_info["sku"], "sku")
+    available = await request.app[PURCHASES].available(sku)
+    purchases = request.app[PURCHASES]
+    strategy, rules = await purchases.strategy(sku), await purchases.rules(sku)
+    body = {"sku": sku, "available": available, "strategy": strategy.value, **rules.window_json()}
+    body["waiting_room"] = await request.app[ADMISSIONS].has_room(sku)
+    return json_response(body)
+
+
+async def waiting_page(request: web.Request) -> web.Response:
+    """GET /wait/{sku}?user_id=U[&return_to=URL]: the waiting-room page."""
+    return request.app[WAITING_PAGE].answer(request)
+
+
+async def join_queue(request: web.Request) -> web.Response:
+    """POST /v1/queue/{sku}: a ticket in the sku's waiting room (the same one again
+    for a user who joined before), or 409 sold_out."""
+    sku = payloads.identifier(request.match_info["sku"], "sku")
+    data = payloads.parse_object(await read_body(request), payloads.QUEUE_FIELDS)
+    if "user_id" not in data:
+        raise InvalidRequest("user_id is required")
+    user_id = payloads.identifier(data["user_id"], "user_id")
+    place = await request.app[ADMISSIONS].join(sku, user_id)
+    if place is None:
+        return web.Response(body=_SOLD_OUT, status=409, content_type=JSON)
+    return json_response(place)
+
+
+async def poll_queue(request: web.Request) -> web.Response:
+    """GET /v1/queue/{sku}/{ticket}: waiting, admitted (with a token), or sold out."""
+    sku = payloads.identifier(request.match_info["sku"], "sku")
+    ticket = payloads.identifier(request.match_info["ticket"], "ticket")
+    return json_response(await request.app[ADMISSIONS].poll(sku, ticket))
+
+
+async def healthz(request: web.Request) -> web.Response:
+    """GET /healthz: the process answers."""
+    return json_response({"status": "ok"})
+
+
+async def readyz(request: web.Request) -> web.Response:
+    """GET /readyz: 200 while Redis and PostgreSQL answer and no stop has begun
+    (``draining`` covers the lame duck too: purchases are still served then).
+    ``unservable`` names the configured skus this instance cannot serve, and
+    why; they do not make it unready (see gateway.usecases.servable)."""
+    app = request.app
+    redis_ok = await app[INVENTORY].ping()
+    db_ok = await app[ORDERS].ping()
+    unservable = await app[SERVABILITY].unservable() if db_ok else {}
+    draining = app[STOPPING].is_set() or app[BATCHER].closing
+    ready = redis_ok and db_ok and not draining
+    body: dict[str, Any] = {"ready": ready, "redis": redis_ok, "postgres": db_ok}
+    body.update(draining=draining, unservable=unservable)
+    return json_response(body, status=200 if ready else 503)
+
+
+async def metrics(request: web.Request) -> web.Response:
+    """GET /metrics: Prometheus text exposition."""
+    body = request.app[METRICS].render()
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
+
+
+# The query parameters each route takes (by its path); the others take none.
+QUERIES = {
+    "/v1/orders/{request_id}": frozenset({"wait"}),
+    "/wait/{sku}": frozenset({"user_id", "return_to"}),
+}
+
+
+def routes(with_metrics: bool) -> list[web.RouteDef]:
+    """Every route of the API."""
+    return [
+        web.post("/v1/purchase", purchase),
+        web.get("/v1/orders/{request_id}", get_order),
+        web.get("/v1/skus/{sku}", get_sku),
+        web.post("/v1/queue/{sku}", join_queue),
+        web.get("/v1/queue/{sku}/{ticket}", poll_queue),
+        web.get("/wait/{sku}", waiting_page),
+        web.get("/healthz", healthz),
+        web.get("/readyz", readyz),
+        *([web.get("/metrics", metrics)] if with_metrics else []),
+    ]

@@ -1,0 +1,143 @@
+"""The waiting-room page: one HTML document a buyer's browser runs.
+
+``GET /wait/{sku}?user_id=U`` answers the same bytes for every sku and user:
+the script reads both from its own URL and asks the API for the rest, so the
+document is cacheable (ETag, ``Cache-Control: public``) and only the sku's
+data is not. Its style, script and texts (``gateway/http/pages/``) are inlined
+once, at start-up; the ``Content-Security-Policy`` allows exactly that style
+and that script by their SHA-256, and connections to the page's own origin.
+
+A shop that runs its own checkout passes ``return_to``, a URL on one of the
+origins of ``GATEWAY_WAITING_PAGE_RETURN_ORIGINS``: the page sends the buyer
+there once admitted. Any other ``return_to`` is a 400 (no open redirect).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+from dataclasses import dataclass
+from importlib import resources
+from importlib.abc import Traversable
+from urllib.parse import urlsplit
+
+from aiohttp import web
+
+from gateway.domain.errors import InvalidRequest
+from gateway.http import payloads
+
+PAGES_DIR: Traversable = resources.files("gateway.http.pages")
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+# What a return_to may not contain: browsers read a backslash as a slash and
+# drop whitespace and control characters, so the origin we check would not be
+# the one they go to.
+_UNSAFE = frozenset("\\ \t\r\n\x00")
+
+
+def origin_of(url: str) -> str | None:
+    """``scheme://host[:port]`` of an http(s) URL, lower case, default port left
+    out; None for anything else (no host, credentials, unsafe characters)."""
+    if any(c in _UNSAFE or ord(c) < 0x20 for c in url):
+        return None
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError:
+        return None
+    scheme = parts.scheme.lower()
+    if scheme not in _DEFAULT_PORTS or not parts.hostname or parts.username is not None:
+        return None
+    host = parts.hostname if ":" not in parts.hostname else f"[{parts.hostname}]"
+    if port is None or port == _DEFAULT_PORTS[scheme]:
+        return f"{scheme}://{host}"
+    return f"{scheme}://{host}:{port}"
+
+
+def parse_origins(raw: str) -> frozenset[str]:
+    """A comma-separated list of origins (``https://shop.example``, no path);
+    raises ValueError naming the first that is not one."""
+    origins = set()
+    for part in (p.strip() for p in raw.split(",")):
+        origin = origin_of(part)
+        if origin is None or urlsplit(part).path not in ("", "/") or "?" in part or "#" in part:
+            raise ValueError(f"{part!r} is not an origin such as https://shop.example")
+        origins.add(origin)
+    return frozenset(origins)
+
+
+def check_return_to(return_to: str | None, allowed: frozenset[str]) -> None:
+    """Refuse a ``return_to`` off the allowed origins; raises :class:`InvalidRequest`."""
+    if return_to is None:
+        return
+    if not allowed:
+        raise InvalidRequest(
+            "return_to is not allowed: GATEWAY_WAITING_PAGE_RETURN_ORIGINS is empty"
+        )
+    if origin_of(return_to) not in allowed:
+        raise InvalidRequest("return_to must be a URL on an origin the gateway allows")
+
+
+def _sha256(text: str) -> str:
+    """A CSP hash source of an inline element's exact text."""
+    return "'sha256-" + base64.b64encode(hashlib.sha256(text.encode()).digest()).decode() + "'"
+
+
+@dataclass(frozen=True, slots=True)
+class WaitingPage:
+    """The assembled document, its ETag and headers, and where it may send buyers."""
+
+    body: bytes
+    etag: str
+    headers: dict[str, str]
+    return_origins: frozenset[str]
+
+    def answer(self, request: web.Request) -> web.Response:
+        """``GET /wait/{sku}?user_id=U[&return_to=URL]``: the page, or 304 on a
+        matching ETag; raises :class:`InvalidRequest` for a bad sku, user_id or
+        return_to (the document does not depend on them: the script reads them)."""
+        payloads.identifier(request.match_info["sku"], "sku")
+        if "user_id" not in request.query:
+            raise InvalidRequest("user_id is required")
+        payloads.identifier(request.query["user_id"], "user_id")
+        check_return_to(request.query.get("return_to"), self.return_origins)
+        if any(tag.value == self.etag for tag in request.if_none_match or ()):
+            resp = web.Response(status=304, headers=self.headers)
+        else:
+            resp = web.Response(
+                body=self.body, headers=self.headers, content_type="text/html", charset="utf-8"
+            )
+        resp.etag = self.etag
+        return resp
+
+    @classmethod
+    def build(
+        cls, return_origins: frozenset[str] = frozenset(), pages: Traversable = PAGES_DIR
+    ) -> WaitingPage:
+        """Inline ``waiting.css``, ``waiting.js`` and ``texts.json`` into
+        ``waiting.html``, and make the policy that allows exactly them."""
+        style = (pages / "waiting.css").read_text()
+        script = (pages / "waiting.js").read_text()
+        # "</" cannot end the data block early: JSON allows "<\/" for it.
+        texts = (pages / "texts.json").read_text().replace("</", "<\\/")
+        html = (
+            (pages / "waiting.html")
+            .read_text()
+            .replace("{{style}}", style)
+            .replace("{{texts}}", texts)
+            .replace("{{script}}", script)
+        )
+        body = html.encode()
+        policy = (
+            f"default-src 'none'; script-src {_sha256(script)}; style-src {_sha256(style)}; "
+            "connect-src 'self'; img-src data:; base-uri 'none'; form-action 'none'; "
+            "frame-ancestors 'none'"
+        )
+        headers = {
+            "Content-Security-Policy": policy,
+            # The page's URL names the buyer: it goes to no other site.
+            "Referrer-Policy": "no-referrer",
+            "X-Content-Type-Options": "nosniff",
+            "Cache-Control": "public, max-age=300",
+        }
+        etag = hashlib.sha256(body).hexdigest()[:20]
+        return cls(body=body, etag=etag, headers=headers, return_origins=return_origins)

@@ -1,0 +1,97 @@
+"""The sku change feed: pub/sub announcements that drop in-process knowledge.
+
+Scripts publish ``avail:<sku>`` when stock comes back and ``meta:<sku>`` when an
+admin changed a sku (``gateway.redis.layout.Change``). Every instance listens on one
+connection. After every (re)subscription all marks are dropped, since
+announcements may have been missed while the connection was down.
+
+On a Redis Cluster the scripts PUBLISH from whichever node holds the sku, and
+classic pub/sub delivers a message to the subscribers of every node: one
+subscription on any node hears every shard. Sharded pub/sub would need a
+channel per sku (or slot) and a connection per primary for a feed of a few
+messages a second. Each (re)subscription goes to the next node in turn, so a
+dead node is left behind at the first retry without waiting for the slot map.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import structlog
+from redis.asyncio.client import PubSub
+from redis.asyncio.cluster import RedisCluster
+from redis.exceptions import RedisError
+
+from gateway.redis.connections import RedisClient
+from gateway.redis.layout import Change, parse_change
+from gateway.usecases.catalog import Catalog
+from gateway.usecases.sold_out import SoldOut
+
+log = structlog.get_logger(__name__)
+
+RETRY_S = 0.5
+
+
+class ChangeFeed:
+    """Applies announcements on the channel to the sold-out marks and catalog."""
+
+    def __init__(
+        self, redis: RedisClient, channel: str, soldout: SoldOut, catalog: Catalog
+    ) -> None:
+        self._redis = redis
+        self._turn = 0  # which cluster node the next subscription goes to
+        self._channel = channel
+        self._soldout = soldout
+        self._catalog = catalog
+        self.subscribed = asyncio.Event()
+
+    def apply(self, message: str) -> None:
+        """Apply one announcement."""
+        change, sku = parse_change(message)
+        if change is Change.RESET:
+            self._soldout.clear_all(filters=True)
+            self._catalog.forget_all()
+            return
+        self._soldout.clear(sku)
+        if change is not Change.AVAILABLE:  # an admin change, or one we don't know
+            self._catalog.forget(sku)
+
+    async def run(self) -> None:
+        """Listen until cancelled, resubscribing after connection failures."""
+        while True:
+            try:
+                await self._listen()
+            except (RedisError, OSError) as exc:
+                self.subscribed.clear()
+                log.warning("change_feed_down", cause=type(exc).__name__)
+                await asyncio.sleep(RETRY_S)
+            except Exception:
+                # Not a connection error we know, yet the feed must outlive it: a
+                # dead feed would leave restocked skus marked sold out for good.
+                # (redis-py lets a write on a connection closed under it escape as
+                # AttributeError or TypeError, redis/redis-py#4287.)
+                self.subscribed.clear()
+                log.exception("change_feed_failed")
+                await asyncio.sleep(RETRY_S)
+
+    async def _pubsub(self) -> PubSub:
+        if not isinstance(self._redis, RedisCluster):
+            return self._redis.pubsub()
+        nodes = self._redis.get_nodes()
+        if not nodes:  # no command has gone out yet: learn the topology first
+            await self._redis.initialize()
+            nodes = self._redis.get_nodes()
+        self._turn += 1
+        return self._redis.pubsub(node=nodes[self._turn % len(nodes)])
+
+    async def _listen(self) -> None:
+        async with await self._pubsub() as pubsub:
+            await pubsub.subscribe(self._channel)
+            async for message in pubsub.listen():
+                if message["type"] == "subscribe":
+                    # From here on nothing is missed; before, anything may have been.
+                    self._soldout.clear_all()
+                    self._catalog.forget_all()
+                    self.subscribed.set()
+                elif message["type"] == "message" and isinstance(message["data"], str):
+                    self.apply(message["data"])

@@ -1,0 +1,308 @@
+"""The Redis adapter: the only caller of the stock scripts in ``lua/``.
+
+The keys and record formats are ``gateway.redis.layout``'s; every key of a sku carries
+the ``{sku}`` hash tag, so one script, pipeline or MULTI of a sku touches one
+cluster slot (``gateway.redis.connections``). Driver errors become
+:class:`gateway.domain.errors.RedisUnavailable` here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from typing import Any
+
+from redis.exceptions import RedisError
+
+from gateway.domain.errors import RedisUnavailable
+from gateway.domain.model import Order, Purchase, SkuInfo
+from gateway.redis.connections import RedisClient, guarded
+from gateway.redis.layout import (
+    STATE_SUFFIXES,
+    Change,
+    Pending,
+    SkuKeys,
+    channel,
+    client_bucket_key,
+    decode_confirmed,
+    encode_confirmed,
+    identity_key,
+    ledger,
+    sku_state_pattern,
+    user_bucket_key,
+)
+from gateway.redis.replies import Reply, Settlement, reply_of
+from gateway.redis.reservecalls import Entry, ReserveCalls
+from gateway.redis.scripts import Script, ScriptBatcher, read_composed, read_script
+from gateway.settings import Settings
+
+# Orders written back per round trip when rebuilding a sku's hashes.
+RESTORE_CHUNK = 1000
+# Confirmed ids asked for per HSCAN round trip.
+SCAN_CHUNK = 5000
+
+
+class Inventory:
+    """Reservations, settlement and stock counters of every sku in Redis."""
+
+    def __init__(
+        self,
+        redis: RedisClient,
+        settings: Settings,
+        on_noscript: Callable[[str], None] | None = None,
+    ) -> None:
+        self.redis = redis
+        self._prefix = settings.key_prefix
+        self._channel = channel(settings.key_prefix)
+        self._retention_ms = max(1, round(settings.sale_retention_s * 1000))
+        self._identity_key = identity_key(settings.key_prefix)
+        self._state_pattern = sku_state_pattern(settings.key_prefix)
+        self._keys: dict[str, SkuKeys] = {}
+        self._reserve = read_script("reserve")
+        self._settle = read_script("settle")
+        self._load_stock = read_script("load_stock")
+        self._rebuild = read_script("rebuild")
+        self._snapshot = read_script("snapshot")
+        self._enqueue = read_composed("enqueue", "reserve")
+        for script in self.scripts:
+            script.on_reload = on_noscript
+        self._calls = ReserveCalls(settings, self.keys)
+        # The one call made per purchase goes out coalesced: one per sku and turn.
+        self._reserve_many = ScriptBatcher(redis, self._reserve, self._calls.reserve)
+        self._enqueue_many = ScriptBatcher(redis, self._enqueue, self._calls.enqueue)
+
+    @property
+    def scripts(self) -> tuple[Script, ...]:
+        """The scripts this adapter calls."""
+        return (
+            self._reserve,
+            self._settle,
+            self._load_stock,
+            self._rebuild,
+            self._enqueue,
+            self._snapshot,
+        )
+
+    def keys(self, sku: str) -> SkuKeys:
+        """The (cached) keys of a sku."""
+        keys = self._keys.get(sku)
+        if keys is None:
+            keys = self._keys[sku] = SkuKeys.of(self._prefix, sku)
+        return keys
+
+    async def load_scripts(self) -> None:
+        """SCRIPT LOAD every script; a syntax error raises here, at start-up."""
+        for script in self.scripts:
+            await script.load(self.redis)
+
+    async def reserve(
+        self,
+        purchase: Purchase,
+        info: SkuInfo,
+        client: Callable[[], str | None] | None = None,
+        *,
+        verified: bool = False,
+    ) -> Reply:
+        """Reserve stock for one purchase (reserve.lua, with the sku's window and
+        rate limits from ``info``); ``client`` names the client address, asked
+        only when a client rate applies. ``verified``: PostgreSQL holds no order
+        of its request id or buyer, so it may go on while the sku is rebuilt."""
+        return await self._reserve_with(self._reserve_many, purchase, info, client, verified)
+
+    async def enqueue(
+        self,
+        purchase: Purchase,
+        info: SkuInfo,
+        client: Callable[[], str | None] | None = None,
+        *,
+        verified: bool = False,
+    ) -> Reply:
+        """Reserve stock for one purchase as :meth:`reserve` does and queue it in
+        the sku's stream, in one script (enqueue.lua); "busy" when the stream is
+        full."""
+        return await self._reserve_with(self._enqueue_many, purchase, info, client, verified)
+
+    async def _reserve_with(
+        self,
+        batcher: ScriptBatcher[Entry],
+        purchase: Purchase,
+        info: SkuInfo,
+        client: Callable[[], str | None] | None,
+        verified: bool,
+    ) -> Reply:
+        head = self._calls.head(info)
+        user_key = client_key = ""
+        if head[3]:
+            user_key = user_bucket_key(self._prefix, purchase.sku, purchase.user_id)
+        if head[5]:
+            address = None if client is None else client()
+            if address is not None:
+                client_key = client_bucket_key(self._prefix, purchase.sku, address)
+        try:
+            raw = await batcher(purchase.sku, (purchase, user_key, client_key, head, verified))
+        except RedisError as exc:
+            raise RedisUnavailable(f"redis: {type(exc).__name__}") from exc
+        return reply_of(raw, purchase)
+
+    async def settle(
+        self, sku: str, settlements: Iterable[Settlement], db_stock_after: int | None
+    ) -> int:
+        """Apply a batch's verdicts (settle.lua); returns stock left, -1 if missing."""
+        args: list[str | int] = [
+            self._channel,
+            sku,
+            -1 if db_stock_after is None else db_stock_after,
+            self._retention_ms,
+        ]
+        for s in settlements:
+            args += (s.request_id, s.verdict.settled_as.value, s.user_id, s.qty, s.order_id)
+        return int(await self._call(self._settle, self.keys(sku).all(), args))
+
+    async def load_stock(self, sku: str, db_stock: int, *, reset: bool, fresh: bool = False) -> int:
+        """Set Redis stock from database stock minus the ledger (load_stock.lua).
+
+        With ``reset`` false only a missing key is set; setting one flags the
+        sku as rebuilding (:meth:`take_rebuild`) unless ``fresh``: the caller
+        knows the buyers and done hashes are whole (a sku created now, or a
+        tool that wrote them). Returns the stock now."""
+        mode = "fresh" if fresh else "reset" if reset else "reload"
+        args = (mode, db_stock, self._channel, sku, self._retention_ms)
+        keys = self.keys(sku)
+        raw = await self._call(self._load_stock, (*keys.all(), keys.rebuild), args)
+        return int(raw[1])
+
+    async def rebuilding(self, sku: str) -> bool:
+        """Whether the sku's buyers and done hashes are being rebuilt (incomplete)."""
+        return bool(await guarded(self.redis.exists(self.keys(sku).rebuild)))
+
+    async def take_rebuild(self, sku: str, token: str, lease_ms: int) -> bool:
+        """Take the sku's rebuild lease for ``token`` (rebuild.lua): when the sku
+        is flagged and nobody holds the lease, or its holder's ran out."""
+        return await self._rebuild_step(sku, "take", token, lease_ms)
+
+    async def write_rebuilt(
+        self, sku: str, token: str, lease_ms: int, fields: Sequence[str]
+    ) -> bool:
+        """Write orders, given flat as ``request_id, done record, user_id`` each
+        (``Orders.order_page``), into the buyers and done hashes and renew the
+        lease; False, writing nothing, when ``token`` no longer holds it."""
+        return await self._rebuild_step(sku, "write", token, lease_ms, fields)
+
+    async def finish_rebuild(self, sku: str, token: str) -> bool:
+        """End ``token``'s rebuild: reservations trust the hashes again."""
+        return await self._rebuild_step(sku, "finish", token, 0)
+
+    async def _rebuild_step(
+        self, sku: str, step: str, token: str, lease_ms: int, rows: Sequence[str] = ()
+    ) -> bool:
+        keys = self.keys(sku)
+        args = (step, token, lease_ms, self._retention_ms, *rows)
+        return bool(await self._call(self._rebuild, (keys.rebuild, keys.buyers, keys.done), args))
+
+    async def forget_stock(self, sku: str) -> None:
+        """Delete a sku's stock counter and announce the change (``meta:<sku>``): its
+        strategy keeps no Redis stock now. The ledger stays, for the flushes still
+        on their way; a later reserve-batch purchase or reset finds the counter
+        missing and loads it from the database."""
+        await guarded(self.redis.delete(self.keys(sku).stock))
+        await guarded(self.redis.publish(self._channel, f"{Change.META}:{sku}"))
+
+    async def restore_orders(self, sku: str, orders: Sequence[Order]) -> None:
+        """Write committed orders back into the buyers and done hashes.
+
+        After Redis lost its data these hashes are what answers a replay with its
+        order and a second request of a buyer with "duplicate"; the stock key is
+        reloaded only after this, so no reservation runs against empty hashes.
+        """
+        keys = self.keys(sku)
+        for start in range(0, len(orders), RESTORE_CHUNK):
+            chunk = orders[start : start + RESTORE_CHUNK]
+            pipe = self.redis.pipeline(transaction=False)
+            pipe.hset(keys.done, mapping={o.request_id: encode_confirmed(o) for o in chunk})
+            pipe.hset(keys.buyers, mapping={o.user_id: o.request_id for o in chunk})
+            pipe.pexpire(keys.done, self._retention_ms)
+            pipe.pexpire(keys.buyers, self._retention_ms)
+            await guarded(pipe.execute())
+
+    async def available(self, sku: str) -> int | None:
+        """Unreserved stock in Redis, or None when the key is missing."""
+        raw = await guarded(self.redis.get(self.keys(sku).stock))
+        return None if raw is None else int(raw)
+
+    async def pending(self, sku: str) -> list[Pending]:
+        """The ledger of a sku: reservations not yet settled."""
+        raw: dict[str, str] = await guarded(self.redis.hgetall(self.keys(sku).pending))
+        return ledger(raw)
+
+    async def snapshot(self, sku: str) -> tuple[int | None, list[Pending]]:
+        """Stock and ledger read in one script (snapshot.lua), so no reservation
+        falls between them."""
+        keys = self.keys(sku)
+        stock, flat = await self._call(self._snapshot, (keys.stock, keys.pending), ())
+        entries = dict(zip(flat[::2], flat[1::2], strict=True))
+        return (None if stock is None else int(stock)), ledger(entries)
+
+    async def settled_sold_out(self, sku: str) -> bool:
+        """Whether the sku's counter is 0 with nothing pending (as the waiting-room
+        scripts decide it); a missing counter is not sold out."""
+        stock, pending = await self.snapshot(sku)
+        return stock is not None and stock <= 0 and not pending
+
+    async def confirmed_count(self, sku: str) -> int:
+        """How many orders Redis knows as confirmed (HLEN of the done hash)."""
+        return int(await guarded(self.redis.hlen(self.keys(sku).done)))
+
+    async def confirmed_ids(self, sku: str) -> AsyncIterator[list[str]]:
+        """The confirmed request ids, a chunk (one HSCAN reply) at a time."""
+        done, cursor = self.keys(sku).done, 0
+        while True:
+            cursor, chunk = await guarded(self.redis.hscan(done, cursor, count=SCAN_CHUNK))
+            yield list(chunk)
+            if cursor == 0:
+                return
+
+    async def confirmed_order(self, sku: str, request_id: str) -> Order | None:
+        """The order Redis knows as confirmed for ``request_id``, if any."""
+        record = await guarded(self.redis.hget(self.keys(sku).done, request_id))
+        return None if record is None else decode_confirmed(sku, request_id, record)
+
+    async def adopt(self, identity: str) -> bool:
+        """Make the Redis state the state of the database ``identity`` names.
+
+        State stamped by another database (restored from a dump, a failover, a
+        different server) holds orders that database may not have: every sku's
+        keys are dropped, to be reloaded from PostgreSQL by the next purchase,
+        and every instance is told. State with no stamp yet is adopted as it is.
+        Returns whether anything was dropped.
+        """
+        stamped = await guarded(self.redis.get(self._identity_key))
+        if stamped == identity:
+            return False
+        if stamped is not None:
+            await self._drop_state()
+        await guarded(self.redis.set(self._identity_key, identity))
+        if stamped is None:
+            return False
+        await guarded(self.redis.publish(self._channel, f"{Change.RESET}:*"))
+        return True
+
+    async def _drop_state(self) -> None:
+        # On a cluster scan_iter walks every primary and UNLINK is split per slot.
+        doomed: list[str] = []
+        async for key in self.redis.scan_iter(match=self._state_pattern, count=SCAN_CHUNK):
+            if key.endswith(STATE_SUFFIXES):
+                doomed.append(key)
+            if len(doomed) >= SCAN_CHUNK:
+                await guarded(self.redis.unlink(*doomed))
+                doomed = []
+        if doomed:
+            await guarded(self.redis.unlink(*doomed))
+
+    async def ping(self) -> bool:
+        """Whether Redis answers."""
+        try:
+            return bool(await self.redis.ping())
+        except RedisError:
+            return False
+
+    async def _call(self, script: Script, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        return await guarded(script(self.redis, keys, args))

@@ -1,0 +1,191 @@
+"""The Redis Streams adapter of the queue strategy: the writers' side of each
+sku's stream, and what ``GET /v1/orders/{id}`` asks of a queued purchase.
+
+``enqueue.lua`` (called by :class:`gateway.redis.inventory.Inventory`) reserves and
+XADDs in one script; this adapter reads the entries in the consumer group
+``writers`` (XREADGROUP), claims a dead writer's (XAUTOCLAIM) and, once a
+batch is committed, records its rejections and acknowledges it (one MULTI in
+the sku's slot). Keys and entry fields are ``gateway.redis.layout``'s. Driver errors
+become :class:`gateway.domain.errors.RedisUnavailable` here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from redis.exceptions import RedisError, ResponseError
+
+from gateway.domain.errors import RedisUnavailable
+from gateway.domain.model import Purchase, Verdict
+from gateway.redis.connections import RedisClient, guarded
+from gateway.redis.layout import WRITERS_GROUP, rejected_key, request_key, stream_key
+from gateway.settings import Settings
+
+
+class StreamGone(Exception):
+    """The sku's stream (and with it the writers' group) no longer exists: it
+    expired, or was dropped. Its writer stops until a purchase makes it again."""
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One stream entry: a reserved purchase waiting for its commit."""
+
+    entry_id: str
+    purchase: Purchase
+
+
+@dataclass(frozen=True, slots=True)
+class Depth:
+    """How much a sku's stream holds: entries not yet acknowledged, and of
+    those the ones a writer has read (the group's pending entries)."""
+
+    length: int
+    pending: int
+
+
+def _entries(sku: str, raw: Iterable[tuple[str, Mapping[str, str] | None]]) -> list[Entry]:
+    # An entry deleted while pending comes back without fields: nothing to do.
+    return [
+        Entry(
+            entry_id,
+            Purchase(sku, f["user"], int(f["qty"]), f["rid"], reserved_at_ms=int(f["at"])),
+        )
+        for entry_id, f in raw
+        if f
+    ]
+
+
+class Streams:
+    """Reads, claims, acknowledgements and lookups of the queue strategy's streams."""
+
+    def __init__(self, redis: RedisClient, settings: Settings) -> None:
+        self.redis = redis
+        self._prefix = settings.key_prefix
+        self._retention_ms = max(1, round(settings.sale_retention_s * 1000))
+        self._count = settings.batch_max
+        self._block_ms = settings.writer_block_ms
+        self._claim_idle_ms = max(1, round(settings.writer_claim_idle_s * 1000))
+        self._max = settings.stream_max
+
+    async def ensure_group(self, sku: str) -> None:
+        """Create the writers' group on the sku's stream, reading from its start:
+        entries queued before the group existed are read too."""
+        key = stream_key(self._prefix, sku)
+        try:
+            await self.redis.xgroup_create(key, WRITERS_GROUP, "0", True)
+            # MKSTREAM may have made an empty stream: it expires like a used one.
+            await self.redis.pexpire(key, self._retention_ms, nx=True)
+        except ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise RedisUnavailable(f"redis: {exc}") from exc
+        except RedisError as exc:
+            raise RedisUnavailable(f"redis: {type(exc).__name__}") from exc
+
+    async def read(self, sku: str, consumer: str, *, new: bool) -> list[Entry]:
+        """A batch of entries for ``consumer``: new ones (waiting up to the block
+        time for the first), or with ``new`` false the ones it read before and
+        has not acknowledged (a batch that failed). Raises :class:`StreamGone`."""
+        key = stream_key(self._prefix, sku)
+        try:
+            reply: Any = await self.redis.xreadgroup(
+                WRITERS_GROUP,
+                consumer,
+                {key: ">" if new else "0"},
+                count=self._count,
+                block=self._block_ms if new else None,
+            )
+        except ResponseError as exc:
+            if "NOGROUP" in str(exc):
+                raise StreamGone(sku) from exc
+            raise RedisUnavailable(f"redis: {exc}") from exc
+        except RedisError as exc:
+            raise RedisUnavailable(f"redis: {type(exc).__name__}") from exc
+        return [e for _, raw in reply or [] for e in _entries(sku, raw)]
+
+    async def existing(self, skus: Sequence[str]) -> list[str]:
+        """The skus among ``skus`` whose stream exists (one pipeline): the ones
+        a purchase was queued for within the retention time."""
+        pipe = self.redis.pipeline(transaction=False)
+        for sku in skus:
+            pipe.exists(stream_key(self._prefix, sku))
+        found = await guarded(pipe.execute())
+        return [sku for sku, exists in zip(skus, found, strict=True) if exists]
+
+    async def claim(self, sku: str, consumer: str) -> list[Entry]:
+        """Take over entries another writer read and left unacknowledged for the
+        claim idle time: that writer is presumed dead (XAUTOCLAIM). Raises
+        :class:`StreamGone`."""
+        key = stream_key(self._prefix, sku)
+        try:
+            reply: Any = await self.redis.xautoclaim(
+                key, WRITERS_GROUP, consumer, self._claim_idle_ms, "0-0", count=self._count
+            )
+        except ResponseError as exc:
+            if "NOGROUP" in str(exc):
+                raise StreamGone(sku) from exc
+            raise RedisUnavailable(f"redis: {exc}") from exc
+        except RedisError as exc:
+            raise RedisUnavailable(f"redis: {type(exc).__name__}") from exc
+        return _entries(sku, reply[1])
+
+    async def finish(
+        self, sku: str, entries: Sequence[Entry], rejected: Mapping[str, Verdict]
+    ) -> None:
+        """After the commit: record the refused purchases' verdicts, then
+        acknowledge and delete the entries, in one pipeline (one slot).
+
+        Order is what matters, not atomicity: Redis runs a connection's commands
+        in turn, so an entry is never acknowledged before its verdict is
+        recorded, and a pipeline cut short leaves the entries pending, to be
+        committed again (idempotently) by whoever claims them. No MULTI: on a
+        cluster redis-py's asyncio transaction pipeline blocks the event loop
+        (a thread with its own loop per command)."""
+        key, rejections = stream_key(self._prefix, sku), rejected_key(self._prefix, sku)
+        ids = [e.entry_id for e in entries]
+        pipe = self.redis.pipeline(transaction=False)
+        if rejected:
+            pipe.hset(rejections, mapping={rid: v.value for rid, v in rejected.items()})
+            pipe.pexpire(rejections, self._retention_ms)
+        pipe.xack(key, WRITERS_GROUP, *ids)
+        pipe.xdel(key, *ids)
+        await guarded(pipe.execute())
+
+    async def remember(self, request_id: str, sku: str) -> None:
+        """Note which sku a queued request id belongs to, for its status."""
+        key = request_key(self._prefix, request_id)
+        await guarded(self.redis.set(key, sku, px=self._retention_ms))
+
+    async def status(self, request_id: str) -> tuple[str | None, Verdict | None]:
+        """(the sku the request id was queued for, the database's refusal if any);
+        (None, None) for a request id never queued (or forgotten after retention)."""
+        sku = await guarded(self.redis.get(request_key(self._prefix, request_id)))
+        if sku is None:
+            return None, None
+        letter = await guarded(self.redis.hget(rejected_key(self._prefix, sku), request_id))
+        return sku, None if letter is None else Verdict(letter)
+
+    async def queued_ids(self, sku: str) -> set[str]:
+        """Request ids of the entries still in the sku's stream (not yet
+        acknowledged): their reservations are queued, not stale."""
+        key = stream_key(self._prefix, sku)
+        raw = await guarded(self.redis.xrange(key, "-", "+", count=self._max))
+        return {fields["rid"] for _, fields in raw}
+
+    async def depth(self, sku: str) -> Depth:
+        """The sku's stream length and the writers' pending entries."""
+        key = stream_key(self._prefix, sku)
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.xlen(key)
+        pipe.xpending(key, WRITERS_GROUP)
+        try:
+            length, pending = await pipe.execute(raise_on_error=False)
+        except RedisError as exc:
+            raise RedisUnavailable(f"redis: {type(exc).__name__}") from exc
+        if isinstance(length, Exception):
+            raise RedisUnavailable(f"redis: {length}")
+        # No group yet (nothing read): nothing pending.
+        count = 0 if isinstance(pending, Exception) else int(pending["pending"])
+        return Depth(int(length), count)

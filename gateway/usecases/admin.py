@@ -1,0 +1,134 @@
+"""Stock administration: create or reset a sku, restock it, report on it.
+
+Each change writes the database (with its stock movement) and then sets the
+Redis counter to database stock minus the pending ledger, under the sku's
+flush lock so no flush commits in between; a counter that was missing comes
+back flagged as rebuilding, and its buyers and done hashes are written back in
+the background (``gateway.usecases.rebuilds``). A sku whose strategy keeps no Redis
+state (``gateway.strategies.REDIS_FREE``) has no counter: putting it there deletes
+the counter, and restocking it touches the database alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from gateway.domain.errors import UnknownSku
+from gateway.domain.model import StockReport
+from gateway.postgres.orders import Orders
+from gateway.redis.inventory import Inventory
+from gateway.strategies import REDIS_FREE
+from gateway.usecases.catalog import Catalog
+from gateway.usecases.rebuilds import Rebuilds
+from gateway.usecases.servable import Servability
+from gateway.usecases.sold_out import SoldOut
+from gateway.write.sku_locks import SkuLocks
+
+
+class StockAdmin:
+    """The admin use cases: stock changes in both stores, and reports."""
+
+    def __init__(
+        self,
+        *,
+        inventory: Inventory,
+        orders: Orders,
+        locks: SkuLocks,
+        catalog: Catalog,
+        soldout: SoldOut,
+        servability: Servability,
+        rebuilds: Rebuilds,
+    ) -> None:
+        self._inventory = inventory
+        self._servability = servability
+        self._orders = orders
+        self._locks = locks
+        self._catalog = catalog
+        self._soldout = soldout
+        self._rebuilds = rebuilds
+
+    async def change_sku(
+        self, sku: str, fields: Mapping[str, Any], *, create: bool
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Set ``fields`` (:class:`SkuSettings` attributes) on ``sku``, keeping the
+        others: ``PUT`` gives them all and creates a missing sku (``create``),
+        ``PATCH`` the ones it changes. Orders stay. Returns the API's answer and
+        what changed, each field set as ``[before, after]`` (before None for a
+        sku created now). Raises :class:`UnknownSku` (without ``create``),
+        :class:`InvalidRequest` for a window that would end before it starts and
+        :class:`NotConfigured` for a waiting room this instance could not serve."""
+        self._servability.check(fields.get("waiting_room"))
+        redis_stock: int | None = None
+        async with self._locks.held(sku):
+            changed = await self._orders.change_sku(sku, fields, create=create)
+            if changed is None:
+                raise UnknownSku(f"no sku {sku!r}")
+            before, after = changed
+            selling = after.strategy or self._catalog.default_strategy
+            if selling in REDIS_FREE:
+                await self._inventory.forget_stock(sku)
+            else:
+                redis_stock = await self._reset(sku, after.stock, fresh=before is None)
+        self._forget(sku)
+        shown = after.as_json()
+        answer = {
+            "sku": sku,
+            **shown,
+            "strategy": selling.value,
+            "redis_stock": redis_stock,
+        }
+        if after.waiting_room is None:
+            del answer["waiting_room"]
+        old = None if before is None else before.as_json()
+        change = {name: [None if old is None else old[name], shown[name]] for name in fields}
+        return answer, {"sku": sku, "created": before is None, "set": change}
+
+    async def restock(self, sku: str, delta: int) -> dict[str, Any]:
+        """Add ``delta`` units to ``sku``; raises :class:`UnknownSku`."""
+        if await self._catalog.strategy(sku) in REDIS_FREE:
+            # No counter to keep in step: the row lock of the UPDATE is enough.
+            stock = await self._orders.restock(sku, delta)
+            if stock is None:
+                raise UnknownSku(f"no sku {sku!r}")
+            return {"sku": sku, "stock": stock, "redis_stock": None}
+        async with self._locks.held(sku):
+            stock = await self._orders.restock(sku, delta)
+            if stock is None:
+                raise UnknownSku(f"no sku {sku!r}")
+            redis_stock = await self._reset(sku, stock)
+        self._forget(sku)
+        return {"sku": sku, "stock": stock, "redis_stock": redis_stock}
+
+    async def _reset(self, sku: str, stock: int, *, fresh: bool = False) -> int:
+        """Set the Redis counter; one set where it was missing (expired, lost, or
+        never written under another strategy) flagged the sku as rebuilding, so
+        take the rebuild unless another instance has (a no-op when not flagged).
+        ``fresh``: the sku was created now, so it has no orders to rebuild."""
+        redis_stock = await self._inventory.load_stock(sku, stock, reset=True, fresh=fresh)
+        if not fresh:
+            self._rebuilds.ensure(sku)
+        return redis_stock
+
+    async def report(self, sku: str) -> StockReport:
+        """Database stock, Redis stock, pending units and units sold of ``sku``."""
+        db_stock = await self._orders.stock(sku)
+        if db_stock is None:
+            raise UnknownSku(f"no sku {sku!r}")
+        sold = await self._orders.units_sold(sku)
+        if await self._catalog.strategy(sku) in REDIS_FREE:
+            # Nothing of it in Redis: the report needs no Redis either.
+            return StockReport(sku=sku, db_stock=db_stock, redis_stock=None, pending=0, sold=sold)
+        pending = sum(p.qty for p in await self._inventory.pending(sku))
+        return StockReport(
+            sku=sku,
+            db_stock=db_stock,
+            redis_stock=await self._inventory.available(sku),
+            pending=pending,
+            sold=sold,
+        )
+
+    def _forget(self, sku: str) -> None:
+        # This instance's own caches; the others learn from pub/sub.
+        self._catalog.forget(sku)
+        self._soldout.clear(sku)

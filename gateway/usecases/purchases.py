@@ -1,0 +1,315 @@
+"""The purchase use case: sold-out check, reservation, then the batch.
+
+A request walks: the catalog (the sku exists, the quantity is allowed), the
+in-process sold-out mark, ``reserve.lua`` in Redis (``Inventory.reserve``), then
+the batcher, whose flusher commits it in PostgreSQL. A stock key Redis lost is
+reloaded from PostgreSQL once for all the requests that find it missing; its
+hashes are rebuilt in the background (``gateway.usecases.rebuilds``).
+
+That is the ``reserve-batch`` strategy. A sku on another strategy (its own, or
+``GATEWAY_STRATEGY``) is handed to that strategy's :class:`Deduction` right
+after the catalog (``gateway.strategies``).
+
+Every strategy passes through :meth:`Purchases.purchase`, and so through the
+sale rules in one place: the per-user limit here; the window and both rate
+limits inside the reservation call for the strategies that reserve in Redis
+(``lua/reserve.lua``, no extra round trip), through :class:`SaleGate` in
+PostgreSQL for the others (``gateway.usecases.sale_gate``). The waiting room is in front
+of this, in ``gateway.usecases.admission``, for every strategy alike.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+from typing import Protocol
+
+import structlog
+
+from gateway.domain.errors import (
+    IdempotencyMismatch,
+    InvalidRequest,
+    ShuttingDown,
+    Unavailable,
+)
+from gateway.domain.model import (
+    DUPLICATE,
+    SOLD_OUT,
+    Order,
+    Outcome,
+    Purchase,
+    Result,
+    SkuInfo,
+    Strategy,
+)
+from gateway.domain.rules import SaleRules
+from gateway.postgres.lookups import OrderLookups
+from gateway.postgres.orders import Orders
+from gateway.redis.inventory import Inventory
+from gateway.redis.replies import Reply, outcome_of
+from gateway.redis.streams import Streams
+from gateway.strategies import REDIS_FREE, Deduction
+from gateway.usecases.catalog import Catalog
+from gateway.usecases.marking import SoldOutMarking
+from gateway.usecases.rebuilds import Rebuilds
+from gateway.usecases.sale_gate import SaleGate
+from gateway.usecases.sold_out import UNBUILT, ConfirmedIds, SoldOut, UnknownIds
+from gateway.write.batcher import Batcher
+from gateway.write.flusher import Flusher
+
+log = structlog.get_logger(__name__)
+
+# The strategies whose purchases reserve in Redis first (the others decide in
+# PostgreSQL alone, gateway.strategies).
+_RESERVING = frozenset({Strategy.RESERVE_BATCH, Strategy.QUEUE})
+
+
+class PurchaseObserver(Protocol):
+    """What the metrics want to know of the purchases (see gateway.ops.metrics)."""
+
+    def stock_reloaded(self) -> None: ...
+    def shed_one(self) -> None: ...
+    def confirmed_ids_built(self, count: int, seconds: float) -> None: ...
+
+
+class Purchases:
+    """Decides purchases; the batcher and its flusher commit the survivors."""
+
+    def __init__(
+        self,
+        *,
+        catalog: Catalog,
+        soldout: SoldOut,
+        inventory: Inventory,
+        orders: Orders,
+        batcher: Batcher,
+        flusher: Flusher,
+        rebuilds: Rebuilds,
+        observer: PurchaseObserver | None = None,
+        streams: Streams | None = None,
+        deductions: Mapping[Strategy, Deduction] | None = None,
+        deductions_max: int = 10_000,
+        gate: SaleGate | None = None,
+    ) -> None:
+        self._catalog = catalog
+        self._soldout = soldout
+        self._inventory = inventory
+        self._orders = orders
+        self._batcher = batcher
+        self._flusher = flusher
+        self._rebuilds = rebuilds
+        self._observer = observer
+        self._streams = streams
+        # The strategies other than reserve-batch this gateway serves.
+        self._deductions = dict(deductions or {})
+        # Their purchases in flight (most of them queued for a pool connection),
+        # bounded as the batcher's queue is: beyond it a storm is shed with 503.
+        self._deducting = 0
+        self._deductions_max = deductions_max
+        # Their window and rate limits (reserve.lua decides those of the others).
+        self._gate = gate
+        self._reloads: dict[str, asyncio.Future[None]] = {}
+        self._marking = SoldOutMarking(soldout, inventory, observer)
+        self._lookups = OrderLookups(orders)
+
+    async def purchase(
+        self, purchase: Purchase, client: Callable[[], str | None] | None = None
+    ) -> Result:
+        """Decide one purchase; ``client`` names the client's address (asked only
+        when a client rate limit applies). Raises a :class:`GatewayError` for
+        4xx/503 answers (not_started, ended and rate_limited included)."""
+        info = await self._catalog.get(purchase.sku)
+        if purchase.qty > info.per_user_limit:
+            raise InvalidRequest(f"qty exceeds the per-user limit of {info.per_user_limit}")
+        # The one place the strategy is chosen: the sku's own, else the gateway's.
+        strategy = self._catalog.strategy_of(info)
+        if strategy not in _RESERVING:
+            return await self._deduct(strategy, purchase, info, client)
+        confirmed = self._soldout.lookup(purchase.sku)
+        if confirmed is not None:
+            # Without a request id, or with one that has no order: no I/O.
+            if not purchase.request_id or purchase.request_id not in confirmed:
+                return SOLD_OUT
+            return await self._replay(purchase, confirmed)
+        purchase = purchase.identified()
+        structlog.contextvars.bind_contextvars(request_id=purchase.request_id, sku=purchase.sku)
+        self._admit()
+        generation = self._soldout.generation(purchase.sku)
+        queued = strategy is Strategy.QUEUE
+        reply = await self._reserve(purchase, info, client, queued=queued, generation=generation)
+        if isinstance(reply, Result):
+            return reply
+        if queued and reply.kind in ("ok", "in_progress", "busy"):
+            return await self._queued(purchase, reply.kind)
+        if reply.kind == "ok":
+            # Stamped by Redis's clock, like every reservation of every instance.
+            purchase = replace(purchase, reserved_at_ms=reply.reserved_at_ms)
+            try:
+                return await self._batcher.submit(purchase)
+            except ShuttingDown:
+                # Draining began while Redis reserved: nothing will flush it here.
+                await self._flusher.give_back(purchase.sku, [purchase])
+                raise
+        if reply.kind == "sold_out" and reply.settled:
+            self._marking.start(purchase.sku, generation)
+        return outcome_of(reply, purchase.request_id, info)
+
+    async def _reserve(
+        self,
+        purchase: Purchase,
+        info: SkuInfo,
+        client: Callable[[], str | None] | None,
+        *,
+        queued: bool,
+        generation: tuple[int, int],
+    ) -> Reply | Result:
+        """reserve.lua's (or enqueue.lua's) reply, after reloading a missing counter;
+        while the sku is rebuilt, PostgreSQL's answer to a replay or repeat buyer,
+        and a sold-out sku's answer (marked sold out here at once)."""
+        reserve = self._inventory.enqueue if queued else self._inventory.reserve
+        reply = await reserve(purchase, info, client)
+        if reply.kind == "missing":
+            await self._reload_once(purchase.sku)
+            reply = await reserve(purchase, info, client)
+        if reply.kind != "unverified":
+            return reply
+        if reply.orphaned:
+            self._rebuilds.ensure(purchase.sku)
+        if reply.settled:
+            # Sold out for good: only a replay gets anything but sold out, and the
+            # requests after this one are answered in-process.
+            self._marking.start(purchase.sku, generation, rebuilding=True)
+            return await self._replay(purchase, UNBUILT)
+        known = await self._verify(purchase)
+        if known is not None:
+            return known
+        return await reserve(purchase, info, client, verified=True)
+
+    async def available(self, sku: str) -> int:
+        """Units left to reserve: Redis's count, else the database's (the only count
+        of a sku whose strategy keeps no Redis state); raises UnknownSku."""
+        if await self._catalog.strategy(sku) in REDIS_FREE:
+            return await self._orders.stock(sku) or 0
+        available = await self._inventory.available(sku)
+        if available is None:
+            available = await self._orders.stock(sku) or 0
+        return available
+
+    async def settled_sold_out(self, info: SkuInfo) -> bool:
+        """Whether ``info``'s sku has nothing left to sell: no stock, and for a
+        strategy that reserves in Redis nothing pending that could come back."""
+        if self._catalog.strategy_of(info) in REDIS_FREE:
+            return (await self._orders.stock(info.sku) or 0) <= 0
+        return await self._inventory.settled_sold_out(info.sku)
+
+    async def _queued(self, purchase: Purchase, kind: str) -> Result:
+        """The answer of the queue strategy once enqueue.lua ran: 202 as soon
+        as the purchase is in the stream (now, or by an earlier request with
+        this id), 503 when the stream was full."""
+        if kind == "busy":
+            if self._observer is not None:
+                self._observer.shed_one()
+            raise Unavailable("queue full")
+        if self._streams is not None:
+            # Already durable: a failure here is a 503 whose retry answers 202.
+            # Also on a retry, in case the first request died before this.
+            await self._streams.remember(purchase.request_id, purchase.sku)
+        return Result(Outcome.ACCEPTED, request_id=purchase.request_id)
+
+    async def strategy(self, sku: str) -> Strategy:
+        """The strategy ``sku`` sells under; raises UnknownSku."""
+        return await self._catalog.strategy(sku)
+
+    async def _deduct(
+        self,
+        strategy: Strategy,
+        purchase: Purchase,
+        info: SkuInfo,
+        client: Callable[[], str | None] | None,
+    ) -> Result:
+        """Hand a purchase to its sku's strategy (no Redis reservation, no batch)
+        once its window and rate limits let it through."""
+        deduction = self._deductions.get(strategy)
+        if deduction is None:
+            raise Unavailable(f"strategy {strategy} is not served by this gateway")
+        if self._batcher.closing:
+            raise ShuttingDown()
+        if self._deducting >= self._deductions_max:
+            if self._observer is not None:
+                self._observer.shed_one()
+            raise Unavailable("gateway busy")
+        purchase = purchase.identified()
+        structlog.contextvars.bind_contextvars(request_id=purchase.request_id, sku=purchase.sku)
+        self._deducting += 1
+        try:
+            if self._gate is not None:
+                await self._gate.enforce(purchase, info, client)
+            return await deduction.purchase(purchase)
+        finally:
+            self._deducting -= 1
+
+    async def rules(self, sku: str) -> SaleRules:
+        """The sku's window and own rates; raises UnknownSku."""
+        return (await self._catalog.get(sku)).rules
+
+    def _admit(self) -> None:
+        """Refuse a purchase before reserving when draining or the queue is full."""
+        if self._batcher.closing:
+            raise ShuttingDown()
+        if self._batcher.full:
+            if self._observer is not None:
+                self._observer.shed_one()
+            raise Unavailable("gateway busy")
+
+    async def _reload_once(self, sku: str) -> None:
+        """Reload a sku's missing Redis state, once for all the requests that find it
+        missing: a storm of them must cost one load, not one per request."""
+        future = self._reloads.get(sku)
+        if future is None:
+            future = self._reloads[sku] = asyncio.ensure_future(self._reload(sku))
+            future.add_done_callback(lambda _: self._reloads.pop(sku, None))
+        await asyncio.shield(future)
+
+    async def _replay(self, purchase: Purchase, confirmed: ConfirmedIds | UnknownIds) -> Result:
+        """A sold-out sku's answer to a request id ``confirmed`` may hold: Redis's
+        done hash, else the order rows (Redis lost or dropped the sale's state,
+        or is rebuilding it, or the filter erred, about once in a thousand);
+        straight to the order rows while the filter is not built (the hashes
+        are being rebuilt), coalesced with the other requests'."""
+        rid = purchase.request_id
+        order = None
+        if confirmed is not UNBUILT:
+            order = await self._inventory.confirmed_order(purchase.sku, rid)
+        if order is None:
+            order = await self._lookups.order(rid)
+        if order is None:
+            return SOLD_OUT
+        return _replayed(order, purchase)
+
+    async def _verify(self, purchase: Purchase) -> Result | None:
+        """While the sku is rebuilt: a replay's order, a repeat buyer's "duplicate"
+        (from PostgreSQL), else None."""
+        made, bought = await self._orders.prior(purchase.sku, purchase.request_id, purchase.user_id)
+        if made is not None:
+            return _replayed(made, purchase)
+        return DUPLICATE if bought else None
+
+    async def _reload(self, sku: str) -> None:
+        # The counter comes back flagged as rebuilding (the hashes may be gone too).
+        stock = await self._orders.stock(sku)
+        if stock is None:
+            raise Unavailable("sku vanished")
+        await self._inventory.load_stock(sku, stock, reset=False)
+        self._rebuilds.ensure(sku)
+        if self._observer is not None:
+            self._observer.stock_reloaded()
+        log.warning("stock_reloaded", sku=sku, stock=stock)
+
+
+def _replayed(order: Order, purchase: Purchase) -> Result:
+    """The answer to a purchase whose request id made ``order``; raises
+    IdempotencyMismatch when it names another sku, buyer or qty."""
+    if (order.sku, order.user_id, order.qty) != (purchase.sku, purchase.user_id, purchase.qty):
+        raise IdempotencyMismatch(purchase.request_id)
+    return Result(Outcome.CONFIRMED, order)

@@ -1,0 +1,63 @@
+"""The sale window and rate limits of the strategies that decide in PostgreSQL alone.
+
+``reserve-batch`` and ``queue`` decide a sku's window and its buckets inside
+their one reservation call (``lua/reserve.lua``, by Redis's clock), at no extra
+round trip. ``sql-direct``, ``optimistic`` and ``pessimistic`` keep no Redis
+state and sell on with Redis down, so their window and buckets are decided by
+PostgreSQL, by its clock, in ``sale_gate()`` (``sql/functions/sale_gate.sql``):
+the same rules in the same order, with the same answers. A sku with no window
+and no rate that applies pays nothing: the gate is not called.
+
+Why PostgreSQL and not Redis for their limits: a Redis limiter would make these
+strategies depend on Redis again (fail closed: a rate-limited sku stops selling
+when Redis does) or let the limits lapse exactly when Redis is down (fail
+open). In PostgreSQL, the store that decides the stock, there is no third state:
+with PostgreSQL down the purchase is a 503 anyway, and with Redis down the
+limits hold.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from gateway.domain.errors import Ended, NotStarted, RateLimited
+from gateway.domain.model import Purchase, SkuInfo
+from gateway.domain.rules import Rate, effective
+from gateway.postgres.orders import Bucket, Orders
+from gateway.settings import Settings
+
+
+class SaleGate:
+    """Window and rates for a strategy without Redis state, decided in PostgreSQL."""
+
+    def __init__(self, orders: Orders, settings: Settings) -> None:
+        self._orders = orders
+        self._user_rate, self._client_rate = settings.user_rate_limit, settings.client_rate_limit
+
+    async def enforce(
+        self, purchase: Purchase, info: SkuInfo, client: Callable[[], str | None] | None
+    ) -> None:
+        """Let ``purchase`` (with its request id) through, or raise
+        :class:`NotStarted`, :class:`Ended` or :class:`RateLimited`; a replay of
+        a request id that has an order always goes through."""
+        rules = info.rules
+        user_rate = effective(rules.user_rate, self._user_rate)
+        client_rate = effective(rules.client_rate, self._client_rate)
+        if rules.starts_at is None and rules.ends_at is None and not (user_rate or client_rate):
+            return
+        user = None if user_rate is None else _bucket(f"u:{purchase.user_id}", user_rate)
+        address = None if client_rate is None or client is None else client()
+        by_client = (
+            None if address is None or client_rate is None else _bucket(f"c:{address}", client_rate)
+        )
+        verdict, wait_ms = await self._orders.sale_gate(purchase, user, by_client)
+        if verdict == "not_started":
+            raise NotStarted(info.rules.window_json()["starts_at"] or "", wait_ms)
+        if verdict == "ended":
+            raise Ended()
+        if verdict == "rate_limited":
+            raise RateLimited(wait_ms)
+
+
+def _bucket(name: str, rate: Rate) -> Bucket:
+    return (name, rate.per_s, rate.burst)

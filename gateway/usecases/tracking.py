@@ -1,0 +1,69 @@
+"""Where a purchase stands, by its request id: ``GET /v1/orders/{request_id}``.
+
+An order row answers for every strategy. A purchase of the queue strategy is
+also known before it has one: from the 202 on, Redis names the sku it was
+queued for (``Streams.remember``), and once the database refused it, the
+sku's rejections hold the verdict. With a wait the answer is polled until it
+is final, with a backoff, for a bounded time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from gateway.domain.errors import IdempotencyMismatch, Unavailable
+from gateway.domain.model import DUPLICATE, SOLD_OUT, Outcome, Result, Verdict
+from gateway.postgres.orders import Orders
+from gateway.redis.streams import Streams
+
+# The longest a client may ask to wait for a final answer.
+MAX_WAIT_S = 30.0
+# Pause between two looks while waiting, doubling from the first to the last.
+POLL_S = (0.02, 0.5)
+
+
+class OrderTracker:
+    """Answers what became of a request id."""
+
+    def __init__(self, *, orders: Orders, streams: Streams) -> None:
+        self._orders = orders
+        self._streams = streams
+
+    async def status(self, request_id: str, wait_s: float = 0.0) -> Result | None:
+        """The request id's outcome: CONFIRMED with its order, ACCEPTED while
+        queued, SOLD_OUT or DUPLICATE once refused; None when unknown.
+
+        With ``wait_s`` (at most :data:`MAX_WAIT_S`) an ACCEPTED answer is
+        looked at again until it is final or the time is up. Raises
+        :class:`IdempotencyMismatch` when the request id's queued purchase was
+        refused because the id holds another purchase's order, and
+        :class:`Unavailable` when it expired (its buyer may send it again).
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + min(wait_s, MAX_WAIT_S)
+        pause = POLL_S[0]
+        while True:
+            result = await self._look(request_id)
+            remaining = deadline - loop.time()
+            if result is None or result.outcome is not Outcome.ACCEPTED or remaining <= 0:
+                return result
+            await asyncio.sleep(min(pause, remaining))
+            pause = min(pause * 2, POLL_S[1])
+
+    async def _look(self, request_id: str) -> Result | None:
+        order = await self._orders.order(request_id)
+        if order is not None:
+            return Result(Outcome.CONFIRMED, order)
+        sku, verdict = await self._streams.status(request_id)
+        if sku is None:
+            return None
+        if verdict is None:
+            # Queued, or committed since the order was looked up: the next look says.
+            return Result(Outcome.ACCEPTED, request_id=request_id)
+        if verdict is Verdict.SOLD_OUT:
+            return SOLD_OUT
+        if verdict is Verdict.DUPLICATE:
+            return DUPLICATE
+        if verdict is Verdict.RELEASED:
+            raise IdempotencyMismatch(request_id)
+        raise Unavailable("reservation expired; send the purchase again")

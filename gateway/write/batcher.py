@@ -1,0 +1,225 @@
+"""Per-sku batching of reserved purchases into one database flush.
+
+Purchases that survived the Redis reservation wait here for their sku's flush.
+One flush per sku runs at a time in this process and the next batch fills
+behind it, so batches grow with the load on their own (natural batching, the
+default: ``batch_wait`` 0). With a ``batch_wait``, a batch is also held until
+it reaches ``batch_max`` or its oldest entry has waited that long, but not at
+all when, at the lane's recent pace of arrivals, no other purchase is due
+within the wait (a lone buyer is not kept waiting for nobody). When a sku's
+lane runs empty the flusher hears of it (``on_idle``): advice, whose failure
+is logged and never ends the lane (a lane's task that died would leave its sku
+reserving and never flushing, for good).
+Closing stops new submissions and drains what is queued: a closing batcher is
+what "draining" means for the whole instance.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+
+import structlog
+
+from gateway.domain.errors import ShuttingDown
+from gateway.domain.model import Purchase, Result
+
+# Flushes one sku's batch; returns one result or exception per purchase, in order.
+FlushFn = Callable[[str, Sequence[Purchase]], Awaitable[Sequence[Result | BaseException]]]
+# Told that a sku's lane has nothing left to flush.
+IdleFn = Callable[[str], Awaitable[None]]
+
+log = structlog.get_logger(__name__)
+
+# Weight of the newest gap between arrivals in a lane's moving average.
+GAP_WEIGHT = 0.25
+
+
+@dataclass(slots=True)
+class _Lane:
+    """One sku's queue and its flusher task."""
+
+    sku: str
+    entries: list[tuple[Purchase, asyncio.Future[Result]]] = field(default_factory=list)
+    first_at: float = 0.0
+    arrived: asyncio.Event = field(default_factory=asyncio.Event)
+    full: asyncio.Event = field(default_factory=asyncio.Event)
+    task: asyncio.Task[None] | None = None
+    # Arrivals: when the last one came, and a moving average of the gaps
+    # between them (seconds), from which the batch wait is decided.
+    last_at: float = 0.0
+    gap: float = float("inf")
+
+
+class Batcher:
+    """Collects reserved purchases per sku and flushes them in batches."""
+
+    def __init__(
+        self,
+        flush: FlushFn,
+        *,
+        batch_max: int,
+        batch_wait_s: float,
+        queue_max: int,
+        on_idle: IdleFn | None = None,
+    ) -> None:
+        self._flush = flush
+        self._on_idle = on_idle
+        self._max = batch_max
+        self._wait = batch_wait_s
+        self._queue_max = queue_max
+        self._lanes: dict[str, _Lane] = {}
+        self._depth = 0
+        self._closed = False
+
+    @property
+    def depth(self) -> int:
+        """Purchases queued or being flushed, across all skus."""
+        return self._depth
+
+    def queued(self, sku: str) -> int:
+        """Purchases of ``sku`` waiting for the next flush."""
+        lane = self._lanes.get(sku)
+        return 0 if lane is None else len(lane.entries)
+
+    @property
+    def closing(self) -> bool:
+        """Whether closing has begun: the instance is draining."""
+        return self._closed
+
+    @property
+    def full(self) -> bool:
+        """Whether a new purchase should be shed instead of reserved."""
+        return self._closed or self._depth >= self._queue_max
+
+    async def submit(self, purchase: Purchase) -> Result:
+        """Queue a reserved purchase and wait for its flush's result.
+
+        Raises :class:`ShuttingDown` once closing has begun, or with the flush's
+        own error. Cancelling the wait does not withdraw the purchase: it is
+        reserved, so it is flushed and settled regardless.
+        """
+        if self._closed:
+            raise ShuttingDown()
+        lane = self._lanes.get(purchase.sku)
+        if lane is None:
+            lane = self._lanes[purchase.sku] = _Lane(purchase.sku)
+            # A fresh context: the flusher must not carry the first request's log bindings.
+            lane.task = asyncio.create_task(
+                self._run(lane), name=f"flush:{purchase.sku}", context=contextvars.Context()
+            )
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Result] = loop.create_future()
+        now = loop.time()
+        lane.gap = _next_gap(lane.gap, now - lane.last_at, self._wait)
+        lane.last_at = now
+        if not lane.entries:
+            lane.first_at = now
+            lane.arrived.set()
+        lane.entries.append((purchase, future))
+        self._depth += 1
+        if len(lane.entries) >= self._max:
+            lane.full.set()
+        return await future
+
+    async def close(self) -> None:
+        """Refuse new purchases, flush every queued one, and stop the flushers."""
+        self._closed = True
+        for lane in self._lanes.values():
+            lane.arrived.set()
+            lane.full.set()
+        tasks = [lane.task for lane in self._lanes.values() if lane.task is not None]
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    def abort(self) -> None:
+        """Stop every flusher now, after :meth:`close` ran out of time.
+
+        Whatever was not committed stays reserved in the Redis ledger, as after a
+        crash, and the reconciler settles it from the order rows.
+        """
+        self._closed = True
+        for lane in self._lanes.values():
+            if lane.task is not None:
+                lane.task.cancel()
+            for _, future in lane.entries:
+                if not future.done():
+                    future.set_exception(ShuttingDown())
+            self._depth -= len(lane.entries)
+            lane.entries.clear()
+
+    async def _run(self, lane: _Lane) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            if not lane.entries:
+                if self._on_idle is not None:
+                    await self._idle(lane.sku)
+                    if lane.entries:  # arrived while the flusher let go
+                        continue
+                if self._closed:
+                    return
+                lane.arrived.clear()
+                await lane.arrived.wait()
+                continue
+            remaining = self._wait - (loop.time() - lane.first_at)
+            # Wait only for a batch that will fill: when, at the recent pace,
+            # another purchase is due before the wait is over. A lone buyer is
+            # flushed at once; under a storm batches fill (and while a flush
+            # runs the next batch fills behind it anyway).
+            if remaining < lane.gap:
+                remaining = 0.0
+            if len(lane.entries) < self._max and remaining > 0 and not self._closed:
+                lane.full.clear()
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(remaining):
+                        await lane.full.wait()
+            batch = lane.entries[: self._max]
+            del lane.entries[: self._max]
+            lane.first_at = loop.time()
+            await self._flush_batch(lane.sku, batch)
+
+    async def _idle(self, sku: str) -> None:
+        assert self._on_idle is not None
+        try:
+            await self._on_idle(sku)
+        except Exception as exc:
+            # A lock release that failed in an unforeseen way (a Redis failover
+            # raised one that nobody typed) must not end the lane.
+            log.error("lane_idle_failed", sku=sku, cause=repr(exc), exc_info=exc)
+
+    async def _flush_batch(
+        self, sku: str, batch: list[tuple[Purchase, asyncio.Future[Result]]]
+    ) -> None:
+        try:
+            results = await self._flush(sku, [p for p, _ in batch])
+        except Exception as exc:  # the flush answers every purchase, whatever failed
+            results = [exc] * len(batch)
+        except asyncio.CancelledError:  # aborted: the reconciler settles these
+            for _, future in batch:
+                if not future.done():
+                    future.set_exception(ShuttingDown())
+            raise
+        finally:
+            self._depth -= len(batch)
+        for (_, future), result in zip(batch, results, strict=True):
+            if future.done():
+                continue
+            if isinstance(result, BaseException):
+                future.set_exception(result)
+            else:
+                future.set_result(result)
+
+
+def _next_gap(average: float, gap: float, wait: float) -> float:
+    """The moving average of a lane's gaps between arrivals after one more ``gap``.
+
+    A gap longer than the wait counts as the wait: a quiet minute must not take
+    a storm many arrivals to forget, and one arrival within the wait after a
+    lone one is enough to hold batches again.
+    """
+    gap = min(gap, wait)
+    if average == float("inf"):
+        return gap
+    return average + GAP_WEIGHT * (gap - average)

@@ -1,0 +1,206 @@
+"""The flush: commit a sku's batch in PostgreSQL under its lock, then settle Redis.
+
+The batcher hands each batch to :meth:`Flusher.flush`, which holds the sku's
+flush lock, makes one ``flush_batch()`` call (``Orders.commit_batch``) and
+settles the reservations with ``settle.lua`` (``Inventory.settle``). It keeps
+the lock across back-to-back flushes for at most :data:`HOLD_SLICE_S`, and lets
+go when its sku's lane runs empty (:meth:`Flusher.idle`). Every failure before
+the commit gives the reservations back; nothing committed is ever undone.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Protocol
+
+import structlog
+from redis.exceptions import RedisError
+
+from gateway.domain.errors import FencedOut, OutcomeUnknown, Unavailable
+from gateway.domain.model import Purchase, Result, Verdict
+from gateway.lock.errors import LockError, LockLost, LockTimeout
+from gateway.postgres.decisions import BatchDecision
+from gateway.postgres.orders import Orders
+from gateway.redis.inventory import Inventory
+from gateway.redis.replies import Settlement
+from gateway.write.sku_locks import FlushLock, SkuLocks
+
+log = structlog.get_logger(__name__)
+
+# Longest a sku's flusher keeps its lock across back-to-back flushes.
+HOLD_SLICE_S = 0.05
+
+# A flush fenced out or whose lock was lost is retried this many times under a
+# fresh acquisition before its purchases are answered 503 and released.
+FLUSH_ATTEMPTS = 3
+
+
+class FlushObserver(Protocol):
+    """What the metrics want to know of the flushes (see gateway.ops.metrics)."""
+
+    def flushed(self, size: int, seconds: float) -> None: ...
+    def flush_failed(self, reason: str) -> None: ...
+    def fenced_out(self) -> None: ...
+
+
+class Flusher:
+    """Commits and settles batches, one sku at a time per caller, under the sku's lock."""
+
+    def __init__(
+        self,
+        *,
+        inventory: Inventory,
+        orders: Orders,
+        locks: SkuLocks,
+        observer: FlushObserver | None = None,
+    ) -> None:
+        self._inventory = inventory
+        self._orders = orders
+        self._locks = locks
+        self._observer = observer
+        # Skus whose flusher holds the flush lock now, with when it took it.
+        self._holding: dict[str, float] = {}
+
+    async def flush(self, sku: str, batch: Sequence[Purchase]) -> list[Result | BaseException]:
+        """Commit a batch and settle its reservations; one result per purchase."""
+        started = time.perf_counter()
+        try:
+            decision = await self.commit(sku, batch)
+        except Exception as exc:
+            return await self._failed(sku, batch, exc)
+        if self._observer is not None:
+            self._observer.flushed(len(batch), time.perf_counter() - started)
+        return [decision.decisions[p.request_id].result for p in batch]
+
+    async def commit(self, sku: str, batch: Sequence[Purchase]) -> BatchDecision:
+        """Commit a batch under the sku's lock and settle it; what was decided.
+
+        A fenced-out flush or a lost lock is retried under a fresh acquisition.
+        Raises the last failure, and gives nothing back: :meth:`flush` does for
+        the batcher, while the queue's writers keep the purchases queued.
+        """
+        failure: Exception = Unavailable("flush failed")
+        for _ in range(FLUSH_ATTEMPTS):
+            try:
+                return await self._flush_once(sku, batch)
+            except FencedOut as exc:
+                if self._observer is not None:
+                    self._observer.fenced_out()
+                failure = exc
+            except LockLost as exc:
+                failure = exc
+        raise failure
+
+    async def give_back(self, sku: str, batch: Sequence[Purchase]) -> None:
+        """Release reservations that will not be flushed: stock and buyers go back."""
+        released = [Settlement(p.request_id, Verdict.RELEASED, p.user_id, p.qty) for p in batch]
+        try:
+            await self._inventory.settle(sku, released, None)
+        except Unavailable as exc:
+            log.warning("give_back_failed", sku=sku, size=len(batch), cause=str(exc))
+
+    async def idle(self, sku: str) -> None:
+        """The sku's lane ran empty: let other instances have the lock."""
+        lock = self._locks.get(sku)
+        if lock is not None:
+            await self._let_go(sku, lock)
+
+    async def _failed(
+        self, sku: str, batch: Sequence[Purchase], failure: Exception
+    ) -> list[Result | BaseException]:
+        reason = _reason(failure)
+        if self._observer is not None:
+            self._observer.flush_failed(reason)
+        # An unexpected error gets its traceback; an expected outage its cause.
+        log.warning(
+            "flush_failed",
+            sku=sku,
+            size=len(batch),
+            reason=reason,
+            cause=repr(failure),
+            exc_info=failure if reason == "error" else None,
+        )
+        if not isinstance(failure, OutcomeUnknown):
+            await self.give_back(sku, batch)
+        answer = failure if isinstance(failure, Unavailable) else Unavailable(reason)
+        return [answer] * len(batch)
+
+    async def _flush_once(self, sku: str, batch: Sequence[Purchase]) -> BatchDecision:
+        lock = self._locks.get(sku)
+        if lock is None:
+            unlocked = await self._orders.commit_batch(sku, batch, None)
+            await self._settle(sku, batch, unlocked)
+            return unlocked
+        await self._hold(sku, lock)
+        decision: BatchDecision | None = None
+        try:
+            decision = await self._orders.commit_batch(sku, batch, lock.fence)
+            # Settled under the lock, so the ledger and the database stock it
+            # compares come from one moment.
+            await self._settle(sku, batch, decision)
+        except Exception as exc:
+            # Whatever failed, the next flush starts from a fresh acquisition.
+            await self._let_go(sku, lock)
+            if decision is None:
+                raise
+            # Committed: what fails now changes nothing that was decided, and
+            # the buyers must hear about their orders.
+            log.warning("lock_after_commit", sku=sku, cause=repr(exc))
+            return decision
+        if time.monotonic() - self._holding.get(sku, 0.0) >= HOLD_SLICE_S:
+            await self._let_go(sku, lock)
+        return decision
+
+    async def _hold(self, sku: str, lock: FlushLock) -> None:
+        """Make sure this sku's flusher holds its lock, acquiring it if need be.
+
+        The lock stays with the flusher across back-to-back flushes (at most
+        HOLD_SLICE_S, then other instances get their turn): under a storm each
+        acquisition would otherwise cost a round trip per flush. The fencing
+        token in the flush's UPDATE still rejects a holder whose lease ran out.
+        """
+        if sku in self._holding:
+            if not lock.lost.is_set():
+                return
+            await self._let_go(sku, lock)
+        if not await lock.acquire(wait=self._locks.wait_s):
+            raise LockTimeout(sku, "flush lock not acquired in time")
+        self._holding[sku] = time.monotonic()
+
+    async def _let_go(self, sku: str, lock: FlushLock) -> None:
+        if self._holding.pop(sku, None) is None:
+            return
+        try:
+            await lock.release()
+        except Exception as exc:
+            # Lost, unreachable, or failed in a way nobody typed (a failover):
+            # stop renewing either way, and the lease runs out on its own.
+            lock.abandon()
+            log.warning("lock_release_failed", sku=sku, cause=repr(exc))
+
+    async def _settle(self, sku: str, batch: Sequence[Purchase], decision: BatchDecision) -> None:
+        settlements = []
+        for p in batch:
+            d = decision.decisions[p.request_id]
+            order = d.result.order if isinstance(d.result, Result) else None
+            order_id = order.order_id if order is not None else ""
+            settlements.append(Settlement(p.request_id, d.verdict, p.user_id, p.qty, order_id))
+        try:
+            await self._inventory.settle(sku, settlements, decision.short_stock_after)
+        except Unavailable as exc:
+            # Committed all the same: the reconciler settles the ledger later.
+            log.warning("settle_failed", sku=sku, size=len(batch), cause=str(exc))
+
+
+def _reason(exc: BaseException) -> str:
+    """A short label of why a flush failed, for logs and metrics."""
+    if isinstance(exc, LockLost):
+        return "lock_lost"
+    if isinstance(exc, LockError):
+        return "lock_unavailable"
+    if isinstance(exc, RedisError):
+        return "redis"
+    if isinstance(exc, Unavailable):
+        return exc.reason
+    return "error"
