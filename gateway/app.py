@@ -41,7 +41,7 @@ from gateway.http.appkeys import (
     WAITING_PAGE,
     ZOOKEEPER,
 )
-from gateway.http.clients import TrustedProxies, parse_networks
+from gateway.http.clients import TrustedProxies
 from gateway.http.middlewares import answering, gateway_middleware
 from gateway.http.payloads import MAX_BODY
 from gateway.http.waiting_page import WaitingPage
@@ -273,7 +273,7 @@ async def drain(app: web.Application) -> None:
 def create_app(settings: Settings) -> web.Application:
     """Build the gateway application for ``settings``."""
     metrics = Metrics(settings.multiproc_dir)
-    proxies = TrustedProxies(parse_networks(settings.trusted_proxies))
+    proxies = TrustedProxies(settings.trusted_networks)
     answers = AnswerLog(metrics.stats)
     answer = answering(proxies, metrics, answers, timed=settings.metrics)
     middleware = gateway_middleware(answer, views.QUERIES)

@@ -2,26 +2,236 @@
 
 This is the only module that reads ``os.environ``. Every setting is an
 environment variable ``GATEWAY_<NAME>`` and a CLI flag ``--<name>``; the flag
-wins; each value is parsed by :mod:`gateway.settingparsers`. A bad value raises
+wins. Each value is read from its text by its parser (:data:`PARSERS`), which
+raises ValueError with a short reason; :func:`load` turns that into a
 :class:`SettingsError` naming the setting, which the CLI prints as one line
 before it exits.
+
+Every layer is handed this object; it imports only the domain.
 """
 
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
+from urllib.parse import urlsplit
 
 from gateway.domain.model import Strategy
 from gateway.domain.rules import Rate, parse_rate
-from gateway.settingparsers import PARSERS
+
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 
 class SettingsError(ValueError):
     """A setting has a value the gateway cannot run with."""
+
+
+# How each setting is read from its text: one parser a field, each raising
+# ValueError with a short reason.
+
+
+def parse_networks(raw: str | None) -> tuple[Network, ...]:
+    """``"10.0.0.0/8, 127.0.0.1"`` as networks; raises ValueError on a bad entry."""
+    if not raw:
+        return ()
+    return tuple(ipaddress.ip_network(part.strip(), strict=False) for part in raw.split(","))
+
+
+# The origins of GATEWAY_WAITING_PAGE_RETURN_ORIGINS; the waiting-room page
+# checks a buyer's return_to with the same origin_of (gateway.http.waiting_page).
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+# What a return_to may not contain: browsers read a backslash as a slash and
+# drop whitespace and control characters, so the origin we check would not be
+# the one they go to.
+_UNSAFE = frozenset("\\ \t\r\n\x00")
+
+
+def origin_of(url: str) -> str | None:
+    """``scheme://host[:port]`` of an http(s) URL, lower case, default port left
+    out; None for anything else (no host, credentials, unsafe characters)."""
+    if any(c in _UNSAFE or ord(c) < 0x20 for c in url):
+        return None
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError:
+        return None
+    scheme = parts.scheme.lower()
+    if scheme not in _DEFAULT_PORTS or not parts.hostname or parts.username is not None:
+        return None
+    host = parts.hostname if ":" not in parts.hostname else f"[{parts.hostname}]"
+    if port is None or port == _DEFAULT_PORTS[scheme]:
+        return f"{scheme}://{host}"
+    return f"{scheme}://{host}:{port}"
+
+
+def parse_origins(raw: str) -> frozenset[str]:
+    """A comma-separated list of origins (``https://shop.example``, no path);
+    raises ValueError naming the first that is not one."""
+    origins = set()
+    for part in (p.strip() for p in raw.split(",")):
+        origin = origin_of(part)
+        if origin is None or urlsplit(part).path not in ("", "/") or "?" in part or "#" in part:
+            raise ValueError(f"{part!r} is not an origin such as https://shop.example")
+        origins.add(origin)
+    return frozenset(origins)
+
+
+def _int(low: int) -> Callable[[str], int]:
+    def parse(raw: str) -> int:
+        value = int(raw)
+        if value < low:
+            raise ValueError(f"must be >= {low}")
+        return value
+
+    return parse
+
+
+def _float(low: float) -> Callable[[str], float]:
+    def parse(raw: str) -> float:
+        value = float(raw)
+        if not value >= low:  # also rejects nan
+            raise ValueError(f"must be >= {low}")
+        return value
+
+    return parse
+
+
+def _share(raw: str) -> float:
+    value = float(raw)
+    if not 0 < value <= 1:  # also rejects nan
+        raise ValueError("must be > 0 and <= 1")
+    return value
+
+
+def _choice(*options: str) -> Callable[[str], str]:
+    def parse(raw: str) -> str:
+        if raw not in options:
+            raise ValueError(f"must be one of {', '.join(options)}")
+        return raw
+
+    return parse
+
+
+def _url(*schemes: str) -> Callable[[str], str]:
+    def parse(raw: str) -> str:
+        if urlsplit(raw).scheme not in schemes:
+            raise ValueError(f"must be a URL with scheme {' or '.join(schemes)}")
+        return raw
+
+    return parse
+
+
+def _bool(raw: str) -> bool:
+    lowered = raw.lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise ValueError("must be true or false")
+
+
+def _addresses(raw: str) -> str:
+    for part in raw.split(","):
+        host, _, port = part.strip().rpartition(":")
+        if not host or not port.isdigit():
+            raise ValueError("must be host:port[,host:port...]")
+    return raw
+
+
+def _networks(raw: str) -> str:
+    try:
+        parse_networks(raw)
+    except ValueError:
+        raise ValueError("must be CIDRs or addresses, comma-separated") from None
+    return raw
+
+
+def _rate(raw: str) -> str:
+    parse_rate(raw)
+    return raw
+
+
+def _text(raw: str) -> str:
+    if not raw or any(c.isspace() for c in raw):
+        raise ValueError("must be non-empty without spaces")
+    return raw
+
+
+def _file(raw: str) -> str:
+    if not os.path.isfile(raw):
+        raise ValueError("must name a readable file")
+    return raw
+
+
+def _secret(raw: str) -> str:
+    # An HMAC key guessable by brute force would let anyone mint admission tokens.
+    if len(raw) < 16 or any(c.isspace() for c in raw):
+        raise ValueError("must be at least 16 characters without spaces")
+    return raw
+
+
+def _writer_block(value: int) -> int:
+    # The Redis client's socket timeout is 5 s: a longer block would read as a timeout.
+    if value > 4000:
+        raise ValueError("must be <= 4000")
+    return value
+
+
+# One parser a field of gateway.settings.Settings: raw text in, the value out;
+# ValueError with a short reason when the text will not do.
+PARSERS: Mapping[str, Callable[[str], Any]] = {
+    "host": _text,
+    "port": _int(0),
+    "redis_url": _url("redis", "rediss", "unix"),
+    "database_url": _url("postgres", "postgresql"),
+    "redis_sentinels": _addresses,
+    "redis_sentinel_master": _text,
+    "redis_cluster_nodes": _addresses,
+    "key_prefix": _text,
+    "admin_token": _text,
+    "batch_max": _int(1),
+    "batch_wait_ms": _float(0.0),
+    "reservation_timeout_s": _float(0.1),
+    "flush_lock": _choice("redis", "postgres", "zookeeper", "none"),
+    "lock_lease_s": _float(0.05),
+    "queue_max": _int(1),
+    "redis_pool_size": _int(1),
+    "db_pool_size": _int(2),
+    "drain_s": _float(0.0),
+    "lame_duck_s": _float(0.0),
+    "trusted_proxies": _networks,
+    "startup_wait_s": _float(0.0),
+    "reconcile_interval_s": _float(0.05),
+    "sale_retention_s": _float(1.0),
+    "rebuild_share": _share,
+    "log_level": _choice("debug", "info", "warning", "error"),
+    "metrics": _bool,
+    "loop_stall_report_s": _float(0.0),
+    "workers": _int(1),
+    "multiproc_dir": _text,
+    "admin_token_file": _file,
+    "admission_secret": _secret,
+    "admission_secret_previous": _secret,
+    "request_read_timeout_s": _float(0.1),
+    "max_connections": _int(1),
+    "strategy": lambda raw: Strategy(_choice(*Strategy)(raw)),
+    "queue_writer": _bool,
+    "writer_block_ms": lambda raw: _writer_block(_int(1)(raw)),
+    "writer_claim_idle_s": _float(0.1),
+    "stream_max": _int(1),
+    "zookeeper_hosts": _addresses,
+    "optimistic_attempts": _int(1),
+    "optimistic_backoff_ms": _float(0.0),
+    "optimistic_backoff_max_ms": _float(0.0),
+    "user_rate": _rate,
+    "client_rate": _rate,
+    "waiting_page_return_origins": parse_origins,
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,6 +346,11 @@ class Settings:
     def client_rate_limit(self) -> Rate | None:
         """The default per-client-address rate of a sku, None when off."""
         return None if self.client_rate is None else parse_rate(self.client_rate)
+
+    @property
+    def trusted_networks(self) -> tuple[Network, ...]:
+        """The networks of GATEWAY_TRUSTED_PROXIES; empty when none are trusted."""
+        return parse_networks(self.trusted_proxies)
 
     @property
     def cluster_addresses(self) -> list[tuple[str, int]]:

@@ -26,15 +26,9 @@ from typing import Any
 from aiohttp import web
 from multidict import MultiMapping
 
+from gateway.settings import Network
+
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
-Network = ipaddress.IPv4Network | ipaddress.IPv6Network
-
-
-def parse_networks(raw: str | None) -> tuple[Network, ...]:
-    """``"10.0.0.0/8, 127.0.0.1"`` as networks; raises ValueError on a bad entry."""
-    if not raw:
-        return ()
-    return tuple(ipaddress.ip_network(part.strip(), strict=False) for part in raw.split(","))
 
 
 def parse_address(text: str) -> IPAddress | None:

@@ -19,50 +19,14 @@ import hashlib
 from dataclasses import dataclass
 from importlib import resources
 from importlib.abc import Traversable
-from urllib.parse import urlsplit
 
 from aiohttp import web
 
 from gateway.domain.errors import InvalidRequest
 from gateway.http import payloads
+from gateway.settings import origin_of
 
 PAGES_DIR: Traversable = resources.files("gateway.http.pages")
-_DEFAULT_PORTS = {"http": 80, "https": 443}
-# What a return_to may not contain: browsers read a backslash as a slash and
-# drop whitespace and control characters, so the origin we check would not be
-# the one they go to.
-_UNSAFE = frozenset("\\ \t\r\n\x00")
-
-
-def origin_of(url: str) -> str | None:
-    """``scheme://host[:port]`` of an http(s) URL, lower case, default port left
-    out; None for anything else (no host, credentials, unsafe characters)."""
-    if any(c in _UNSAFE or ord(c) < 0x20 for c in url):
-        return None
-    try:
-        parts = urlsplit(url)
-        port = parts.port
-    except ValueError:
-        return None
-    scheme = parts.scheme.lower()
-    if scheme not in _DEFAULT_PORTS or not parts.hostname or parts.username is not None:
-        return None
-    host = parts.hostname if ":" not in parts.hostname else f"[{parts.hostname}]"
-    if port is None or port == _DEFAULT_PORTS[scheme]:
-        return f"{scheme}://{host}"
-    return f"{scheme}://{host}:{port}"
-
-
-def parse_origins(raw: str) -> frozenset[str]:
-    """A comma-separated list of origins (``https://shop.example``, no path);
-    raises ValueError naming the first that is not one."""
-    origins = set()
-    for part in (p.strip() for p in raw.split(",")):
-        origin = origin_of(part)
-        if origin is None or urlsplit(part).path not in ("", "/") or "?" in part or "#" in part:
-            raise ValueError(f"{part!r} is not an origin such as https://shop.example")
-        origins.add(origin)
-    return frozenset(origins)
 
 
 def check_return_to(return_to: str | None, allowed: frozenset[str]) -> None:

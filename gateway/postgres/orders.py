@@ -1,10 +1,14 @@
-"""The PostgreSQL adapter: inventory rows, orders and stock movements.
+"""The PostgreSQL adapter: inventory rows, orders, stock movements, and the flush.
 
-Every statement is a named constant of :mod:`gateway.postgres.statements`, or, for the
-flush, the ``flush_batch`` function of ``sql/functions/flush_batch.sql``, so a
-flush costs one round trip.
-Driver errors become :class:`gateway.domain.errors.PostgresUnavailable` here, and the
-flush's own SQLSTATEs its typed errors.
+Its SQL is here, each statement a named constant next to the one class that
+runs it. The flush itself is the ``flush_batch`` function of
+``sql/functions/flush_batch.sql``, so a flush costs one round trip; what it
+decided comes back as a :class:`BatchDecision`. Every statement that takes
+stock carries its ``stock >=`` guard (``tests/unit/test_sql_guard.py`` scans
+for it), so the database refuses an oversell whatever Redis or a lock said.
+
+Driver errors become :class:`gateway.domain.errors.PostgresUnavailable` here,
+and the flush's own SQLSTATEs its typed errors.
 """
 
 from __future__ import annotations
@@ -16,40 +20,223 @@ from typing import Any
 import asyncpg
 
 from gateway.domain.errors import (
+    FencedOut,
+    GatewayError,
+    IdempotencyMismatch,
     InvalidRequest,
     OutcomeUnknown,
     PostgresUnavailable,
+    StockGuardRefused,
+    Unavailable,
 )
 from gateway.domain.model import (
+    DUPLICATE,
+    SOLD_OUT,
     Order,
+    Outcome,
     Purchase,
+    Result,
     SkuInfo,
     SkuSettings,
+    Strategy,
     Verdict,
+    WaitingRoom,
 )
-from gateway.postgres.decisions import FLUSH_ERRORS, BatchDecision, decision_of
-from gateway.postgres.skurows import settings_of, write_settings
-from gateway.postgres.statements import (
-    ALL_SKUS,
-    CREATE_SKU,
-    DATABASE_IDENTITY,
-    DATABASE_OID,
-    FLUSH_BATCH,
-    LOCK_INVENTORY_ROW,
-    LOCK_SKU_SETTINGS,
-    ORDER_PAGE,
-    ORDERS_BY_REQUESTS,
-    PRIOR_ORDERS,
-    PRUNE_RATE_BUCKETS,
-    RECORD_MOVEMENT,
-    RECORD_RELEASED,
-    RESTOCK,
-    SALE_GATE,
-    SKU_INFO,
-    SKU_STOCK,
-    UNITS_SOLD,
-    WAITING_ROOM_SKUS,
-)
+from gateway.domain.rules import Rate, rate_from_db
+from gateway.postgres.database import Connection
+
+# Serializes writers of one sku (admin changes lock the row too).
+LOCK_INVENTORY_ROW = "SELECT stock, fence FROM inventory WHERE sku = $1 FOR UPDATE"
+# A whole flush in one round trip: see sql/functions/flush_batch.sql, whose UPDATE
+# carries the stock >= guard and the fencing check.
+FLUSH_BATCH = """
+SELECT * FROM flush_batch($1, $2::text[], $3::text[], $4::int[], $5::bigint[], $6::bigint)
+"""
+# The reconciler's side of the same arbitration: under the row lock, stale
+# reservations without an order are recorded as released, so a flush still on
+# its way answers them "X" instead of committing them after their stock went back.
+RECORD_RELEASED = """
+INSERT INTO released_reservations (request_id, reserved_at_ms)
+SELECT * FROM unnest($1::text[], $2::bigint[]) ON CONFLICT DO NOTHING
+"""
+# Which database this is: the cluster's system identifier, the database's oid
+# and the WAL timeline (the first 8 hex digits of the current WAL file's name).
+# A database restored from a dump into a new database, or another cluster,
+# differs in the first two; a standby promoted by a failover, or a point-in-time
+# recovery, shares them with its origin but starts a new timeline.
+DATABASE_IDENTITY = """
+SELECT (SELECT system_identifier FROM pg_control_system())::text || ':'
+    || (SELECT oid FROM pg_database WHERE datname = current_database())::text || ':'
+    || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8)
+"""
+# Where pg_control_system() is not granted (some managed services): the oid alone.
+DATABASE_OID = """
+SELECT '?:' || (SELECT oid FROM pg_database WHERE datname = current_database())::text
+"""
+SKU_INFO = """
+SELECT stock, per_user_limit, room_admit_per_s, room_token_ttl_s, room_shuffle_at_start,
+       starts_at, ends_at, user_rate, client_rate, strategy
+FROM inventory WHERE sku = $1
+"""
+# The same, with the row locked for an admin change (admin changes and flushes
+# of the sku queue on it).
+LOCK_SKU_SETTINGS = SKU_INFO.rstrip() + " FOR UPDATE\n"
+SKU_STOCK = "SELECT stock FROM inventory WHERE sku = $1"
+ALL_SKUS = "SELECT sku FROM inventory ORDER BY sku"
+# Skus sold through a waiting room (gateway.usecases.servable: they need an admission secret).
+WAITING_ROOM_SKUS = """
+SELECT sku FROM inventory WHERE room_admit_per_s IS NOT NULL ORDER BY sku LIMIT $1
+"""
+ORDERS_BY_REQUESTS = """
+SELECT order_id::text, request_id, sku, user_id, qty FROM orders
+WHERE request_id = ANY($1::text[])
+"""
+# While a sku's Redis hashes are rebuilt: the order of a request id, and the
+# buyer's order of the sku (two unique indexes; at most two rows).
+PRIOR_ORDERS = """
+SELECT order_id::text, request_id, sku, user_id, qty FROM orders
+WHERE request_id = $1 OR (sku = $2 AND user_id = $3)
+"""
+# One page of a sku's orders for a rebuild, in the (sku, user_id) unique index's
+# order after the last buyer of the page before, as one text: per order its
+# request id, the done-hash record of gateway.redis.layout.encode_confirmed and its
+# buyer, every field followed by a tab (ids never hold one, gateway.http.payloads);
+# then the page's last buyer and its count of orders. One value to decode
+# instead of a row per order: the gateway's work per page is one split.
+ORDER_PAGE = """
+SELECT string_agg(
+    request_id || E'\\t' || order_id::text || '|' || user_id || '|' || qty::text || E'\\t'
+    || user_id || E'\\t', '' ORDER BY user_id), max(user_id), count(*)
+FROM (SELECT request_id, order_id, user_id, qty FROM orders
+      WHERE sku = $1 AND user_id > $2 ORDER BY user_id LIMIT $3) AS page
+"""
+UNITS_SOLD = "SELECT COALESCE(SUM(qty), 0) FROM orders WHERE sku = $1"
+# A new sku starts empty, so two concurrent creations both see the row (and
+# wait for its lock) and each records only its own difference.
+CREATE_SKU = """
+INSERT INTO inventory (sku, stock) VALUES ($1, 0) ON CONFLICT (sku) DO NOTHING RETURNING sku
+"""
+SET_SKU = """
+UPDATE inventory SET stock = $2, per_user_limit = $3, strategy = $4, updated_at = now()
+WHERE sku = $1
+"""
+SET_SALE_RULES = """
+UPDATE inventory SET starts_at = $2, ends_at = $3, user_rate = $4, client_rate = $5 WHERE sku = $1
+"""
+RESTOCK = """
+UPDATE inventory SET stock = stock + $2, updated_at = now() WHERE sku = $1 RETURNING stock
+"""
+# A PUT replaces the whole sku, so no waiting room in it means none any more.
+SET_WAITING_ROOM = """
+UPDATE inventory
+SET room_admit_per_s = $2, room_token_ttl_s = $3, room_shuffle_at_start = $4
+WHERE sku = $1
+"""
+RECORD_MOVEMENT = """
+INSERT INTO stock_movements (sku, delta, reason, stock_after) VALUES ($1, $2, $3, $4)
+"""
+# The window and rate limits of a strategy that decides in PostgreSQL alone, in
+# one round trip: see sql/functions/sale_gate.sql.
+SALE_GATE = "SELECT verdict, wait_ms FROM sale_gate($1, $2, $3, $4, $5, $6, $7, $8, $9)"
+# Buckets past their expiry are full again: the same as no row.
+PRUNE_RATE_BUCKETS = "DELETE FROM rate_buckets WHERE expires_at < now()"
+
+
+# What a flush decided (flush_batch's rows), and the SQLSTATEs that refuse a batch.
+
+# The SQLSTATEs flush_batch raises, each for one cause; nothing is written.
+FLUSH_ERRORS: dict[str, type[Unavailable]] = {
+    "FS001": FencedOut,  # a fencing token older than the row's
+    "FS002": StockGuardRefused,  # the stock >= guard refused the batch
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """The database's verdict on one purchase of a batch."""
+
+    result: Result | GatewayError
+    verdict: Verdict
+
+
+@dataclass(frozen=True, slots=True)
+class BatchDecision:
+    """What one committed flush decided, by request id."""
+
+    decisions: dict[str, Decision]
+    # Database stock after the batch when it found too little stock, else None.
+    short_stock_after: int | None
+
+
+def _decision_of(row: asyncpg.Record) -> Decision:
+    """One row of ``flush_batch`` as the decision on its purchase."""
+    verdict = Verdict(row["verdict"])
+    if verdict is Verdict.RELEASED:
+        # The request id holds another purchase's order: never answered with it.
+        return Decision(IdempotencyMismatch(row["request_id"]), verdict)
+    if verdict is Verdict.CONFIRMED:
+        order = Order(
+            row["order_id"],
+            row["request_id"],
+            row["order_sku"],
+            row["order_user"],
+            row["order_qty"],
+        )
+        return Decision(Result(Outcome.CONFIRMED, order), verdict)
+    if verdict is Verdict.EXPIRED:
+        # Already given back by the reconciler: nothing to settle but the answer.
+        return Decision(Unavailable("reservation expired; retry"), verdict)
+    return Decision(DUPLICATE if verdict is Verdict.DUPLICATE else SOLD_OUT, verdict)
+
+
+# A sku's settings as its inventory row holds them (read and written under the
+# row lock of an admin change).
+
+
+def _settings_of(row: asyncpg.Record) -> SkuSettings:
+    """A sku's settings from its inventory row (``SKU_INFO``'s columns)."""
+    room = None
+    if row["room_admit_per_s"] is not None:
+        room = WaitingRoom(
+            row["room_admit_per_s"], row["room_token_ttl_s"], row["room_shuffle_at_start"]
+        )
+    return SkuSettings(
+        stock=row["stock"],
+        per_user_limit=row["per_user_limit"],
+        starts_at=row["starts_at"],
+        ends_at=row["ends_at"],
+        user_rate=rate_from_db(row["user_rate"]),
+        client_rate=rate_from_db(row["client_rate"]),
+        waiting_room=room,
+        strategy=None if row["strategy"] is None else Strategy(row["strategy"]),
+    )
+
+
+async def _write_settings(con: Connection, sku: str, new: SkuSettings) -> None:
+    """Write every setting of ``sku`` (its row is locked)."""
+    room = new.waiting_room
+    await con.execute(SET_SKU, sku, new.stock, new.per_user_limit, new.strategy)
+    await con.execute(
+        SET_SALE_RULES,
+        sku,
+        new.starts_at,
+        new.ends_at,
+        _rate_text(new.user_rate),
+        _rate_text(new.client_rate),
+    )
+    await con.execute(
+        SET_WAITING_ROOM,
+        sku,
+        room and room.admit_per_s,
+        room and room.token_ttl_s,
+        bool(room and room.shuffle_at_start),
+    )
+
+
+def _rate_text(rate: Rate | str | None) -> str | None:
+    """A rate as its column holds it: ``N/s:burst``, ``off`` or NULL."""
+    return None if rate is None else str(rate)
+
 
 DB_ERRORS = (
     asyncpg.PostgresError,
@@ -125,7 +312,7 @@ class Orders:
             raise FLUSH_ERRORS.get(exc.sqlstate, PostgresUnavailable)(_cause(exc)) from exc
         except DB_ERRORS as exc:
             raise PostgresUnavailable(_cause(exc)) from exc
-        decisions = {row["request_id"]: decision_of(row) for row in rows}
+        decisions = {row["request_id"]: _decision_of(row) for row in rows}
         short = any(d.verdict is Verdict.SOLD_OUT for d in decisions.values())
         stock_after = rows[0]["stock_after"] if rows else None
         return BatchDecision(decisions, stock_after if short else None)
@@ -168,7 +355,7 @@ class Orders:
             row = await self.pool.fetchrow(SKU_INFO, sku)
         except DB_ERRORS as exc:
             raise PostgresUnavailable(_cause(exc)) from exc
-        return None if row is None else settings_of(row).info(sku)
+        return None if row is None else _settings_of(row).info(sku)
 
     async def stock(self, sku: str) -> int | None:
         """Database stock of a sku, or None when it does not exist."""
@@ -236,11 +423,11 @@ class Orders:
                 row = await con.fetchrow(LOCK_SKU_SETTINGS, sku)
                 if row is None:
                     return None
-                before = settings_of(row)
+                before = _settings_of(row)
                 after = replace(before, **fields)
                 if after.starts_at and after.ends_at and after.ends_at <= after.starts_at:
                     raise InvalidRequest("ends_at must be after starts_at")
-                await write_settings(con, sku, after)
+                await _write_settings(con, sku, after)
                 if "stock" in fields:
                     delta = after.stock - before.stock
                     await con.execute(RECORD_MOVEMENT, sku, delta, "set", after.stock)

@@ -1,44 +1,252 @@
-"""The Redis adapter: the only caller of the stock scripts in ``lua/``.
+"""Reservations in Redis: the only caller of the stock scripts in ``lua/``.
 
-The keys and record formats are ``gateway.redis.layout``'s; every key of a sku carries
-the ``{sku}`` hash tag, so one script, pipeline or MULTI of a sku touches one
-cluster slot (``gateway.redis.connections``). Driver errors become
+A purchase's reservation is one ``reserve.lua`` (or ``enqueue.lua``) call,
+coalesced with the other purchases of its sku in the same event-loop turn
+(:class:`ReserveCalls` builds the call's KEYS and ARGV); its :class:`Reply`
+says what the script decided. A flush's verdicts go back as ``settle.lua``'s
+:class:`Settlement` values.
+
+The keys and record formats are ``gateway.redis.layout``'s; every key of a sku
+carries the ``{sku}`` hash tag, so one script, pipeline or MULTI of a sku
+touches one cluster slot (``gateway.redis.connections``). Driver errors become
 :class:`gateway.domain.errors.RedisUnavailable` here.
 """
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 from redis.exceptions import RedisError
 
-from gateway.domain.errors import RedisUnavailable
-from gateway.domain.model import Order, Purchase, SkuInfo
+from gateway.domain.errors import (
+    Ended,
+    IdempotencyMismatch,
+    NotStarted,
+    RateLimited,
+    RedisUnavailable,
+    Unavailable,
+)
+from gateway.domain.model import (
+    DUPLICATE,
+    IN_PROGRESS,
+    SOLD_OUT,
+    Order,
+    Outcome,
+    Purchase,
+    Result,
+    SkuInfo,
+    Verdict,
+)
+from gateway.domain.rules import effective, epoch_ms
 from gateway.redis.connections import RedisClient, guarded
 from gateway.redis.layout import (
     STATE_SUFFIXES,
     Change,
     Pending,
     SkuKeys,
+    call_key,
     channel,
     client_bucket_key,
     decode_confirmed,
     encode_confirmed,
     identity_key,
     ledger,
+    rejected_key,
     sku_state_pattern,
+    stream_key,
     user_bucket_key,
 )
-from gateway.redis.replies import Reply, Settlement, reply_of
-from gateway.redis.reservecalls import Entry, ReserveCalls
-from gateway.redis.scripts import Script, ScriptBatcher, read_composed, read_script
+from gateway.redis.scripts import Script, ScriptArg, ScriptBatcher, read_composed, read_script
 from gateway.settings import Settings
 
 # Orders written back per round trip when rebuilding a sku's hashes.
 RESTORE_CHUNK = 1000
 # Confirmed ids asked for per HSCAN round trip.
 SCAN_CHUNK = 5000
+
+
+# What reserve.lua answers and settle.lua takes, as values.
+
+ReplyKind = Literal[
+    "ok",
+    "confirmed",
+    "mismatch",
+    "in_progress",
+    "missing",
+    "unverified",
+    "duplicate",
+    "sold_out",
+    "not_started",
+    "ended",
+    "rate_limited",
+    "busy",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """What reserve.lua answered for one purchase."""
+
+    kind: ReplyKind
+    order: Order | None = None
+    # "sold_out", "unverified": stock is 0 and nothing is pending.
+    settled: bool = False
+    # "ok": when Redis reserved it, by Redis's clock (the ledger's stamp).
+    reserved_at_ms: int = 0
+    # "not_started", "rate_limited": how long until trying again makes sense.
+    wait_ms: int = 0
+    # "unverified": nobody holds the sku's rebuild lease (its holder died).
+    orphaned: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Settlement:
+    """One reservation's verdict, as settle.lua takes it."""
+
+    request_id: str
+    verdict: Verdict
+    user_id: str
+    qty: int
+    order_id: str = ""
+
+
+_SIMPLE_KINDS: tuple[ReplyKind, ...] = (
+    "mismatch",
+    "in_progress",
+    "missing",
+    "duplicate",
+    "ended",
+    "busy",
+)
+_SIMPLE: dict[str, Reply] = {kind: Reply(kind) for kind in _SIMPLE_KINDS}
+_SOLD_OUT = Reply("sold_out")
+_SOLD_OUT_SETTLED = Reply("sold_out", settled=True)
+# "unverified", by (orphaned, settled).
+_UNVERIFIED = {
+    (orphaned, settled): Reply("unverified", settled=settled, orphaned=orphaned)
+    for orphaned in (False, True)
+    for settled in (False, True)
+}
+
+
+def reply_of(raw: Any, purchase: Purchase) -> Reply:
+    """reserve.lua's (or enqueue.lua's) raw answer for ``purchase`` as a :class:`Reply`."""
+    kind = raw[0]
+    if kind == "ok":
+        return Reply("ok", reserved_at_ms=int(raw[2]))
+    if kind == "sold_out":
+        return _SOLD_OUT_SETTLED if int(raw[1]) == 1 else _SOLD_OUT
+    if kind == "confirmed":
+        order = Order(raw[1], purchase.request_id, purchase.sku, raw[2], int(raw[3]))
+        return Reply("confirmed", order)
+    if kind == "unverified":
+        return _UNVERIFIED[int(raw[1]) == 1, int(raw[2]) == 1]
+    if kind in ("not_started", "rate_limited"):
+        return Reply(kind, wait_ms=int(raw[1]))
+    return _SIMPLE[kind]
+
+
+_OUTCOMES = {"sold_out": SOLD_OUT, "duplicate": DUPLICATE, "in_progress": IN_PROGRESS}
+
+
+def outcome_of(reply: Reply, request_id: str, info: SkuInfo) -> Result:
+    """The outcome of a reservation that did not reserve; raises the
+    :class:`GatewayError` of a refusal (mismatch, rate limit, window, 503)."""
+    if reply.kind == "confirmed":
+        return Result(Outcome.CONFIRMED, reply.order)
+    if reply.kind == "mismatch":
+        raise IdempotencyMismatch(request_id)
+    if reply.kind == "rate_limited":
+        raise RateLimited(reply.wait_ms)
+    if reply.kind == "not_started":
+        starts_at = info.rules.window_json()["starts_at"]
+        raise NotStarted(starts_at or "", reply.wait_ms)
+    if reply.kind == "ended":
+        raise Ended()
+    result = _OUTCOMES.get(reply.kind)
+    if result is None:
+        raise Unavailable("stock not loaded")
+    return result
+
+
+# The arguments of one coalesced reserve.lua or enqueue.lua call.
+
+# A purchase waiting for its sku's next reserve.lua call: the purchase, its
+# user's and its client's bucket keys ("" when that limit is off), the sku's
+# leading ARGV (see :meth:`ReserveCalls.head`), and whether PostgreSQL cleared
+# it while the sku's hashes are rebuilt (reserve.lua's "unverified").
+Entry = tuple[Purchase, str, str, tuple[ScriptArg, ...], bool]
+
+
+class ReserveCalls:
+    """Builds reserve.lua's and enqueue.lua's KEYS and ARGV for one gateway's settings."""
+
+    def __init__(self, settings: Settings, keys: Callable[[str], SkuKeys]) -> None:
+        self._prefix = settings.key_prefix
+        self._keys = keys
+        self._retention_ms = max(1, round(settings.sale_retention_s * 1000))
+        self._stream_max = settings.stream_max
+        self._user_rate, self._client_rate = settings.user_rate_limit, settings.client_rate_limit
+        self._heads: dict[str, tuple[SkuInfo, tuple[ScriptArg, ...]]] = {}
+
+    def head(self, info: SkuInfo) -> tuple[ScriptArg, ...]:
+        """reserve.lua's ARGV[1..7] for a sku: retention, window, effective rates;
+        worked out once per catalog entry."""
+        cached = self._heads.get(info.sku)
+        if cached is not None and cached[0] is info:
+            return cached[1]
+        rules = info.rules
+        user = effective(rules.user_rate, self._user_rate)
+        client = effective(rules.client_rate, self._client_rate)
+        starts, ends = epoch_ms(rules.starts_at), epoch_ms(rules.ends_at)
+        head: tuple[ScriptArg, ...] = (
+            self._retention_ms,
+            "" if starts is None else starts,
+            "" if ends is None else ends,
+            0 if user is None else user.per_s,
+            0 if user is None else user.burst,
+            0 if client is None else client.per_s,
+            0 if client is None else client.burst,
+        )
+        self._heads[info.sku] = (info, head)
+        return head
+
+    def reserve(self, entries: list[Entry]) -> tuple[list[str], list[ScriptArg]]:
+        """One reserve.lua call for a sku's queued purchases: its four keys, the
+        call's own key (a fresh id, so a call sent again is recognised), the
+        rebuild key and the bucket keys (each once), the sku's head (the newest
+        entry's), then six args per purchase."""
+        sku = entries[0][0].sku
+        sku_keys = self._keys(sku)
+        call = call_key(self._prefix, sku, uuid.uuid4().hex)
+        keys: list[str] = [*sku_keys.all(), call, sku_keys.rebuild]
+        index: dict[str, int] = {}
+        args: list[ScriptArg] = list(entries[-1][3])
+        for purchase, user_key, client_key, _, verified in entries:
+            args += (purchase.request_id, purchase.user_id, purchase.qty)
+            for bucket in (user_key, client_key):
+                if not bucket:
+                    args.append(0)
+                    continue
+                at = index.get(bucket)
+                if at is None:
+                    keys.append(bucket)
+                    at = index[bucket] = len(keys)
+                args.append(at)
+            args.append(1 if verified else 0)
+        return keys, args
+
+    def enqueue(self, entries: list[Entry]) -> tuple[list[str], list[ScriptArg]]:
+        """One enqueue.lua call: reserve.lua's, then the stream and rejections
+        keys last and the stream's bound as the last argument."""
+        keys, args = self.reserve(entries)
+        sku = entries[0][0].sku
+        keys += (stream_key(self._prefix, sku), rejected_key(self._prefix, sku))
+        args.append(self._stream_max)
+        return keys, args
 
 
 class Inventory:

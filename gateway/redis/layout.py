@@ -165,7 +165,7 @@ def ledger(raw: dict[str, str]) -> list[Pending]:
 
 def encode_confirmed(order: Order) -> str:
     """The done-hash record of a confirmed order (what settle.lua writes, and
-    ``gateway.postgres.statements.ORDER_PAGE`` reads for a rebuild)."""
+    ``gateway.postgres.orders.ORDER_PAGE`` reads for a rebuild)."""
     return SEPARATOR.join((order.order_id, order.user_id, str(order.qty)))
 
 

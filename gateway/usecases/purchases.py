@@ -46,8 +46,7 @@ from gateway.domain.model import (
 from gateway.domain.rules import SaleRules
 from gateway.postgres.lookups import OrderLookups
 from gateway.postgres.orders import Orders
-from gateway.redis.inventory import Inventory
-from gateway.redis.replies import Reply, outcome_of
+from gateway.redis.inventory import Inventory, Reply, outcome_of
 from gateway.redis.streams import Streams
 from gateway.strategies import REDIS_FREE, Deduction
 from gateway.usecases.catalog import Catalog

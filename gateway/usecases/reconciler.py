@@ -36,8 +36,7 @@ from gateway.domain.errors import Unavailable
 from gateway.domain.model import Verdict
 from gateway.lock.errors import LockError
 from gateway.postgres.orders import Orders
-from gateway.redis.inventory import Inventory
-from gateway.redis.replies import Settlement
+from gateway.redis.inventory import Inventory, Settlement
 from gateway.strategies import REDIS_FREE
 from gateway.usecases.catalog import Catalog
 from gateway.write.sku_locks import SkuLocks

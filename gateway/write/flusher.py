@@ -20,10 +20,8 @@ from redis.exceptions import RedisError
 from gateway.domain.errors import FencedOut, OutcomeUnknown, Unavailable
 from gateway.domain.model import Purchase, Result, Verdict
 from gateway.lock.errors import LockError, LockLost, LockTimeout
-from gateway.postgres.decisions import BatchDecision
-from gateway.postgres.orders import Orders
-from gateway.redis.inventory import Inventory
-from gateway.redis.replies import Settlement
+from gateway.postgres.orders import BatchDecision, Orders
+from gateway.redis.inventory import Inventory, Settlement
 from gateway.write.sku_locks import FlushLock, SkuLocks
 
 log = structlog.get_logger(__name__)

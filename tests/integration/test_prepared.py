@@ -8,8 +8,7 @@ from typing import Any
 import asyncpg
 
 from gateway.domain.model import Outcome, Purchase
-from gateway.postgres.orders import Orders
-from gateway.postgres.statements import FLUSH_BATCH
+from gateway.postgres.orders import FLUSH_BATCH, Orders
 from tests.support.purchases import put_sku
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from multidict import CIMultiDict, CIMultiDictProxy
 
-from gateway.http.clients import TrustedProxies, forwarded_for, parse_address, parse_networks
-from gateway.settings import SettingsError, load
+from gateway.http.clients import TrustedProxies, forwarded_for, parse_address
+from gateway.settings import SettingsError, load, parse_networks
 
 PROXIES = TrustedProxies(parse_networks("10.0.0.0/8, 127.0.0.1, fd00::/8"))
 

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.http.waiting_page import origin_of, parse_origins
-from gateway.settings import SettingsError, load
+from gateway.settings import SettingsError, load, origin_of, parse_origins
 
 
 class TestOrigins:
