@@ -27,13 +27,13 @@ from gateway.http.appkeys import (
     ANSWER,
     ANSWERS,
     BATCHER,
-    INVENTORY,
     METRICS,
     ORDERS,
     PROXIES,
     PURCHASES,
     RECONCILER,
     REDIS,
+    RESERVATIONS,
     SERVABILITY,
     SETTINGS,
     STOPPING,
@@ -46,15 +46,15 @@ from gateway.http.middlewares import answering, gateway_middleware
 from gateway.http.payloads import MAX_BODY
 from gateway.http.waiting_page import WaitingPage
 from gateway.lock import LockSubscriber, load_lock_scripts
+from gateway.ops.answer_log import AnswerLog
 from gateway.ops.loop_lag import LoopLag
 from gateway.ops.metrics import Metrics
-from gateway.ops.overload import AnswerLog
 from gateway.postgres.orders import Orders
-from gateway.redis.events import ChangeFeed
-from gateway.redis.inventory import Inventory
+from gateway.redis.change_feed import ChangeFeed
 from gateway.redis.layout import channel
+from gateway.redis.reservations import Reservations
+from gateway.redis.rooms import Rooms
 from gateway.redis.streams import Streams
-from gateway.redis.waitingroom import WaitingRooms
 from gateway.resources import database_ctx, patiently, redis_ctx, zookeeper_ctx
 from gateway.settings import Settings
 from gateway.strategies import Deduction
@@ -64,6 +64,7 @@ from gateway.strategies.rows import Rows
 from gateway.strategies.sql_direct import SqlDirect
 from gateway.usecases.admin import StockAdmin
 from gateway.usecases.admission import Admissions
+from gateway.usecases.admission_tokens import Signer
 from gateway.usecases.catalog import Catalog
 from gateway.usecases.purchases import Purchases
 from gateway.usecases.rebuilds import Rebuilds
@@ -71,14 +72,13 @@ from gateway.usecases.reconciler import Reconciler
 from gateway.usecases.sale_gate import SaleGate
 from gateway.usecases.servable import Servability
 from gateway.usecases.sold_out import SoldOut
-from gateway.usecases.tokens import Signer
 from gateway.usecases.tracking import OrderTracker
 from gateway.write.batcher import Batcher
 from gateway.write.flusher import Flusher
 from gateway.write.sku_locks import sku_locks
 from gateway.write.writer import QueueWriter
 
-QUEUE_SAMPLE_S = 0.5
+BACKLOG_SAMPLE_S = 0.5
 # Longest a stopping gateway waits for its background loops to end once cancelled.
 TASK_STOP_S = 2.0
 
@@ -89,32 +89,32 @@ async def service_ctx(app: web.Application) -> AsyncIterator[None]:
     """The use cases: scripts loaded, change feed subscribed; drained on stop."""
     settings, metrics = app[SETTINGS], app[METRICS]
     redis, orders = app[REDIS], app[ORDERS]
-    inventory = Inventory(redis, settings, on_noscript=metrics.noscript_reload)
-    await patiently("redis", settings.startup_wait_s, inventory.load_scripts)
+    reservations = Reservations(redis, settings, on_noscript=metrics.noscript_reload)
+    await patiently("redis", settings.startup_wait_s, reservations.load_scripts)
     await load_lock_scripts(redis)
-    if await inventory.adopt(await orders.identity()):
+    if await reservations.adopt(await orders.identity()):
         log.warning("redis_state_dropped", reason="another database")
     subscriber = LockSubscriber(redis, client_name=f"{settings.key_prefix}-lock-sub")
     locks = sku_locks(settings, redis, orders.pool, subscriber, metrics.lock, app[ZOOKEEPER])
     metrics.lock.lock_lease.set(settings.lock_lease_s)
     deductions = synchronous_strategies(app)
     catalog, soldout = Catalog(orders, settings.strategy), SoldOut()
-    flusher = Flusher(inventory=inventory, orders=orders, locks=locks, observer=metrics)
+    flusher = Flusher(reservations=reservations, orders=orders, locks=locks, observer=metrics)
     batcher = Batcher(
         flusher.flush,
         batch_max=settings.batch_max,
         batch_wait_s=settings.batch_wait_ms / 1000,
-        queue_max=settings.queue_max,
+        backlog_max=settings.backlog_max,
         on_idle=flusher.idle,
     )
-    app[INVENTORY], app[BATCHER] = inventory, batcher
-    rebuilds = Rebuilds(inventory, orders, metrics, share=settings.rebuild_share)
+    app[RESERVATIONS], app[BATCHER] = reservations, batcher
+    rebuilds = Rebuilds(reservations, orders, metrics, share=settings.rebuild_share)
     streams = Streams(redis, settings)
     app[TRACKER] = OrderTracker(orders=orders, streams=streams)
     app[PURCHASES] = Purchases(
         catalog=catalog,
         soldout=soldout,
-        inventory=inventory,
+        reservations=reservations,
         orders=orders,
         batcher=batcher,
         flusher=flusher,
@@ -122,10 +122,10 @@ async def service_ctx(app: web.Application) -> AsyncIterator[None]:
         observer=metrics,
         streams=streams,
         deductions=deductions,
-        deductions_max=settings.queue_max,
+        deductions_max=settings.backlog_max,
         gate=SaleGate(orders, settings),
     )
-    rooms = WaitingRooms(redis, settings, on_noscript=metrics.noscript_reload)
+    rooms = Rooms(redis, settings, on_noscript=metrics.noscript_reload)
     await rooms.load_scripts()
     signer = None
     if settings.admission_secret is not None:
@@ -141,7 +141,7 @@ async def service_ctx(app: web.Application) -> AsyncIterator[None]:
     app[SERVABILITY] = servability = Servability(settings, orders)
     await servability.report()
     app[ADMIN] = StockAdmin(
-        inventory=inventory,
+        reservations=reservations,
         orders=orders,
         locks=locks,
         catalog=catalog,
@@ -150,7 +150,7 @@ async def service_ctx(app: web.Application) -> AsyncIterator[None]:
         rebuilds=rebuilds,
     )
     app[RECONCILER] = reconciler = Reconciler(
-        inventory=inventory,
+        reservations=reservations,
         orders=orders,
         locks=locks,
         timeout_s=settings.reservation_timeout_s,
@@ -165,7 +165,7 @@ async def service_ctx(app: web.Application) -> AsyncIterator[None]:
         asyncio.create_task(lag.run(), name="loop-lag"),
         asyncio.create_task(feed.run(), name="change-feed"),
         asyncio.create_task(reconciler.run(), name="reconciler"),
-        asyncio.create_task(_sample_queue(batcher, metrics), name="queue-sampler"),
+        asyncio.create_task(_sample_backlog(batcher, metrics), name="backlog-sampler"),
         asyncio.create_task(app[ANSWERS].run(), name="answer-summary"),
     ]
     # Any sku may be put on the queue strategy: the writer serves those whose
@@ -211,12 +211,12 @@ async def writer_ctx(app: web.Application) -> AsyncIterator[None]:
     """A stream writer on its own (``flashsale-gateway writer``): no HTTP, no batcher."""
     settings, metrics = app[SETTINGS], app[METRICS]
     redis, orders = app[REDIS], app[ORDERS]
-    inventory = Inventory(redis, settings, on_noscript=metrics.noscript_reload)
-    await patiently("redis", settings.startup_wait_s, inventory.load_scripts)
+    reservations = Reservations(redis, settings, on_noscript=metrics.noscript_reload)
+    await patiently("redis", settings.startup_wait_s, reservations.load_scripts)
     await load_lock_scripts(redis)
     subscriber = LockSubscriber(redis, client_name=f"{settings.key_prefix}-lock-sub")
     locks = sku_locks(settings, redis, orders.pool, subscriber, metrics.lock)
-    flusher = Flusher(inventory=inventory, orders=orders, locks=locks, observer=metrics)
+    flusher = Flusher(reservations=reservations, orders=orders, locks=locks, observer=metrics)
     writer = _writer(settings, Streams(redis, settings), flusher, orders, metrics)
     task = asyncio.create_task(writer.run(), name="queue-writer")
     yield
@@ -243,10 +243,10 @@ def synchronous_strategies(app: web.Application) -> dict[Strategy, Deduction]:
     }
 
 
-async def _sample_queue(batcher: Batcher, metrics: Metrics) -> None:
+async def _sample_backlog(batcher: Batcher, metrics: Metrics) -> None:
     while True:
-        metrics.sample_queue(batcher.depth)
-        await asyncio.sleep(QUEUE_SAMPLE_S)
+        metrics.sample_backlog(batcher.depth)
+        await asyncio.sleep(BACKLOG_SAMPLE_S)
 
 
 async def lame_duck(app: web.Application, seconds: float) -> None:

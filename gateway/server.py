@@ -30,9 +30,9 @@ from aiohttp import web
 from prometheus_client.multiprocess import mark_process_dead
 
 from gateway.app import create_app, create_writer_app, drain, lame_duck
-from gateway.http import lane
+from gateway.http import fastpath
 from gateway.http.appkeys import BATCHER, METRICS
-from gateway.http.guard import GuardedSite
+from gateway.http.limits import LimitedSite
 from gateway.settings import Settings, worker_environment
 
 log = structlog.get_logger(__name__)
@@ -64,12 +64,12 @@ async def run(settings: Settings, on_startup: StartupHook | None = None) -> bool
     runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=HANDLERS_S)
     await runner.setup()
     assert runner.server is not None
-    lane.install(app, runner.server)
+    fastpath.install(app, runner.server)
     try:
         # Before listening: the collection blocks the loop once, and no buyer
         # should be in flight then (the lag timer records it before readiness).
         _settle_heap()
-        site = GuardedSite(runner, settings, observer=app[METRICS])
+        site = LimitedSite(runner, settings, observer=app[METRICS])
         await site.start()
         log.info("serving", host=settings.host, port=settings.port)
         await _stop_signal()

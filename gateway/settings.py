@@ -199,7 +199,7 @@ PARSERS: Mapping[str, Callable[[str], Any]] = {
     "reservation_timeout_s": _float(0.1),
     "flush_lock": _choice("redis", "postgres", "zookeeper", "none"),
     "lock_lease_s": _float(0.05),
-    "queue_max": _int(1),
+    "backlog_max": _int(1),
     "redis_pool_size": _int(1),
     "db_pool_size": _int(2),
     "drain_s": _float(0.0),
@@ -257,7 +257,9 @@ class Settings:
     reservation_timeout_s: float = 30.0
     flush_lock: str = "redis"
     lock_lease_s: float = 10.0
-    queue_max: int = 10_000
+    # Purchases in flight per process (the batcher's backlog, and those of the
+    # strategies that decide in PostgreSQL) past which new ones are shed with 503.
+    backlog_max: int = 10_000
     redis_pool_size: int = 64
     db_pool_size: int = 8
     drain_s: float = 10.0
@@ -370,16 +372,32 @@ def _pairs(addresses: str | None) -> list[tuple[str, int]]:
 _FOREIGN = {"multiproc_dir": "PROMETHEUS_MULTIPROC_DIR"}
 
 
+# Settings renamed, still read under their former names (after the new one), so
+# a deployment's environment and flags keep working: GATEWAY_QUEUE_MAX bounded
+# the batcher's backlog before "queue" named the queue strategy alone.
+_FORMER = {"backlog_max": "queue_max"}
+
+
 def env_name(field: str) -> str:
     """The environment variable of a setting: ``batch_max`` -> ``GATEWAY_BATCH_MAX``."""
     return _FOREIGN.get(field, f"GATEWAY_{field.upper()}")
+
+
+def _names(field: str) -> list[str]:
+    """A setting's name, then its former one if it was renamed."""
+    former = _FORMER.get(field)
+    return [field] if former is None else [field, former]
+
+
+def _flag(name: str) -> str:
+    return f"--{name.replace('_', '-')}"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add one ``--flag`` per setting to a CLI parser (values parsed later)."""
     for f in fields(Settings):
         parser.add_argument(
-            f"--{f.name.replace('_', '-')}",
+            *map(_flag, _names(f.name)),
             dest=f.name,
             default=None,
             metavar="VALUE",
@@ -398,11 +416,10 @@ def load(
     overrides = overrides or {}
     values: dict[str, Any] = {}
     for f in fields(Settings):
-        raw = overrides.get(f.name)
-        source = f"--{f.name.replace('_', '-')}"
-        if raw is None:
-            raw = environ.get(env_name(f.name))
-            source = env_name(f.name)
+        raw, source = overrides.get(f.name), _flag(f.name)
+        for name in _names(f.name):
+            if raw is None:
+                raw, source = environ.get(env_name(name)), env_name(name)
         if raw is None:
             continue
         try:

@@ -36,8 +36,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.domain.model import Order
 from gateway.redis.connections import create_redis
-from gateway.redis.inventory import Inventory
 from gateway.redis.layout import SkuKeys
+from gateway.redis.reservations import Reservations
 from gateway.settings import Settings
 from loadtests import wrk
 from loadtests.cputime import cpu_seconds
@@ -89,10 +89,10 @@ async def write_sale(database_url: str, redis_url: str, prefix: str, orders: int
     settings = Settings(redis_url=redis_url, key_prefix=prefix)
     redis = create_redis(settings)
     try:
-        inventory = Inventory(redis, settings)
-        await inventory.load_scripts()
-        await inventory.restore_orders(SKU, made)
-        await inventory.load_stock(SKU, 0, reset=True, fresh=True)
+        reservations = Reservations(redis, settings)
+        await reservations.load_scripts()
+        await reservations.restore_orders(SKU, made)
+        await reservations.load_stock(SKU, 0, reset=True, fresh=True)
     finally:
         await redis.aclose()
     return made

@@ -7,7 +7,7 @@
 --                  presence says the two hashes are incomplete
 -- KEYS[2] buyers, KEYS[3] done (as in reserve.lua)
 -- ARGV[1] step: "take", "write" or "finish"
--- ARGV[2] the caller's token, ARGV[3] lease in ms, ARGV[4] retention in ms
+-- ARGV[2] the caller's owner id, ARGV[3] lease in ms, ARGV[4] retention in ms
 -- ARGV[5..] "write" only: three per order: request_id, done record
 --           ("order_id|user_id|qty"), user_id
 --

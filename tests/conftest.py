@@ -20,7 +20,7 @@ from aiohttp.web_runner import BaseRunner
 from redis.asyncio import Redis
 
 from gateway.app import create_app
-from gateway.http import lane
+from gateway.http import fastpath
 from gateway.settings import Settings
 from tests.chaos.reporting import CHAOS_PROPERTY
 from tests.support.purchases import ADMIN_TOKEN
@@ -97,7 +97,7 @@ async def start_gateway(
 ) -> AsyncIterator[Callable[..., Awaitable[TestClient[web.Request, web.Application]]]]:
     """A factory of running gateway apps (in this process) with HTTP test clients.
 
-    These are not under the lag guard of gateway processes (tests.support.gateways):
+    These are not under the lag check of gateway processes (tests.support.gateways):
     their loop and heap are the test process's, whose full collections over
     every test's objects pause it for 0.1-0.2 s (0.5-0.8 s on a loaded machine),
     so a stall there is the harness's, not the gateway's. Every scenario where
@@ -112,8 +112,8 @@ async def start_gateway(
             stack.push_async_callback(client.close)
             await client.start_server()
             assert client.server.runner is not None and client.server.runner.server is not None
-            # As gateway.server does: plain purchases through the lane.
-            lane.install(client.app, client.server.runner.server)
+            # As gateway.server does: plain purchases through the fast path.
+            fastpath.install(client.app, client.server.runner.server)
             return client
 
         yield start

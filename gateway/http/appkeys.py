@@ -10,11 +10,11 @@ from aiohttp import web
 from gateway.http.admin_tokens import AdminTokens
 from gateway.http.clients import TrustedProxies
 from gateway.http.waiting_page import WaitingPage
+from gateway.ops.answer_log import AnswerLog
 from gateway.ops.metrics import Metrics
-from gateway.ops.overload import AnswerLog
 from gateway.postgres.orders import Orders
 from gateway.redis.connections import RedisClient
-from gateway.redis.inventory import Inventory
+from gateway.redis.reservations import Reservations
 from gateway.settings import Settings
 from gateway.usecases.admin import StockAdmin
 from gateway.usecases.admission import Admissions
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 SETTINGS = web.AppKey("settings", Settings)
 METRICS = web.AppKey("metrics", Metrics)
 REDIS = web.AppKey[RedisClient]("redis")
-INVENTORY = web.AppKey("inventory", Inventory)
+RESERVATIONS = web.AppKey("reservations", Reservations)
 ORDERS = web.AppKey("orders", Orders)
 # The batcher's closing is the instance's draining: purchases and /readyz ask it.
 BATCHER = web.AppKey("batcher", Batcher)
@@ -57,5 +57,5 @@ ANSWERS = web.AppKey("answers", AnswerLog)
 # The waiting-room page, assembled once (GET /wait/{sku}).
 WAITING_PAGE = web.AppKey("waiting_page", WaitingPage)
 # How every request is answered (errors as JSON, counted, timed): the
-# middleware and the purchase lane share it.
+# middleware and the fast path share it.
 ANSWER: web.AppKey[Answer] = web.AppKey("answer")

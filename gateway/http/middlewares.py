@@ -27,8 +27,8 @@ from gateway.domain.errors import (
 from gateway.http.appkeys import OUTCOME
 from gateway.http.clients import TrustedProxies, bind_request
 from gateway.lock import LockError, closed_under_write
+from gateway.ops.answer_log import AnswerLog
 from gateway.ops.metrics import Metrics
-from gateway.ops.overload import AnswerLog
 from gateway.postgres.orders import DB_ERRORS
 
 log = structlog.get_logger(__name__)
@@ -113,7 +113,7 @@ Answer = Callable[[web.Request, Handler, str | None], Awaitable[web.StreamRespon
 def answering(
     proxies: TrustedProxies, metrics: Metrics, answers: AnswerLog, *, timed: bool
 ) -> Answer:
-    """What wraps every request, through the middleware or the purchase lane:
+    """What wraps every request, through the middleware or the fast path:
     binds the request for its log lines, answers every failure as JSON (nothing
     escapes as an HTML page or a bare 500), and counts the answer by outcome,
     timed when ``timed`` (metrics on)."""
@@ -149,7 +149,7 @@ def gateway_middleware(answer: Answer, queries: Mapping[str, frozenset[str]]) ->
     """The one middleware of every route the router serves (see :func:`answering`).
 
     ``queries`` are the query parameters each route (by its canonical path)
-    takes: any other is a 400, as an unknown body field is. The purchase lane
+    takes: any other is a 400, as an unknown body field is. The fast path
     serves no query string, so its requests pay nothing for this."""
     nothing: frozenset[str] = frozenset()
 

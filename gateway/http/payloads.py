@@ -40,7 +40,7 @@ SKU_FIELDS = frozenset(
     }
 )
 ROOM_FIELDS = frozenset({"admit_per_s", "token_ttl_s", "shuffle_at_start"})
-QUEUE_FIELDS = frozenset({"user_id"})
+JOIN_FIELDS = frozenset({"user_id"})
 # A day: a token is meant to be spent within minutes of admission.
 MAX_TOKEN_TTL_S = 86_400
 RESTOCK_FIELDS = frozenset({"delta"})

@@ -18,11 +18,11 @@ from gateway.http import payloads
 from gateway.http.appkeys import (
     ADMISSIONS,
     BATCHER,
-    INVENTORY,
     METRICS,
     ORDERS,
     OUTCOME,
     PURCHASES,
+    RESERVATIONS,
     SERVABILITY,
     STOPPING,
     TRACKER,
@@ -107,7 +107,7 @@ def purchase_answer(request: web.Request, result: Result) -> web.StreamResponse:
 
 
 async def purchase(request: web.Request) -> web.StreamResponse:
-    """POST /v1/purchase, through the router (see gateway.http.lane for the other way in)."""
+    """POST /v1/purchase, through the router (see gateway.http.fastpath for the other way in)."""
     app = request.app
     return await buy(request, admissions=app[ADMISSIONS], purchases=app[PURCHASES])
 
@@ -115,7 +115,7 @@ async def purchase(request: web.Request) -> web.StreamResponse:
 async def buy(
     request: web.Request, *, admissions: Admissions, purchases: Purchases
 ) -> web.StreamResponse:
-    """POST /v1/purchase, given the use cases: the purchase lane calls it bound
+    """POST /v1/purchase, given the use cases: the fast path calls it bound
     to them, since a request it serves has no matched route (and so no
     ``request.app``)."""
     body = await read_body(request)
@@ -175,11 +175,11 @@ async def waiting_page(request: web.Request) -> web.Response:
     return request.app[WAITING_PAGE].answer(request)
 
 
-async def join_queue(request: web.Request) -> web.Response:
+async def join_room(request: web.Request) -> web.Response:
     """POST /v1/queue/{sku}: a ticket in the sku's waiting room (the same one again
     for a user who joined before), or 409 sold_out."""
     sku = payloads.identifier(request.match_info["sku"], "sku")
-    data = payloads.parse_object(await read_body(request), payloads.QUEUE_FIELDS)
+    data = payloads.parse_object(await read_body(request), payloads.JOIN_FIELDS)
     if "user_id" not in data:
         raise InvalidRequest("user_id is required")
     user_id = payloads.identifier(data["user_id"], "user_id")
@@ -189,7 +189,7 @@ async def join_queue(request: web.Request) -> web.Response:
     return json_response(place)
 
 
-async def poll_queue(request: web.Request) -> web.Response:
+async def poll_room(request: web.Request) -> web.Response:
     """GET /v1/queue/{sku}/{ticket}: waiting, admitted (with a token), or sold out."""
     sku = payloads.identifier(request.match_info["sku"], "sku")
     ticket = payloads.identifier(request.match_info["ticket"], "ticket")
@@ -207,7 +207,7 @@ async def readyz(request: web.Request) -> web.Response:
     ``unservable`` names the configured skus this instance cannot serve, and
     why; they do not make it unready (see gateway.usecases.servable)."""
     app = request.app
-    redis_ok = await app[INVENTORY].ping()
+    redis_ok = await app[RESERVATIONS].ping()
     db_ok = await app[ORDERS].ping()
     unservable = await app[SERVABILITY].unservable() if db_ok else {}
     draining = app[STOPPING].is_set() or app[BATCHER].closing
@@ -236,8 +236,8 @@ def routes(with_metrics: bool) -> list[web.RouteDef]:
         web.post("/v1/purchase", purchase),
         web.get("/v1/orders/{request_id}", get_order),
         web.get("/v1/skus/{sku}", get_sku),
-        web.post("/v1/queue/{sku}", join_queue),
-        web.get("/v1/queue/{sku}/{ticket}", poll_queue),
+        web.post("/v1/queue/{sku}", join_room),
+        web.get("/v1/queue/{sku}/{ticket}", poll_room),
         web.get("/wait/{sku}", waiting_page),
         web.get("/healthz", healthz),
         web.get("/readyz", readyz),

@@ -1,5 +1,5 @@
 """Lock errors: one small hierarchy, each error carrying the lock's name; and the
-guard that turns redis-py's leaked write errors into connection errors."""
+context manager that turns redis-py's leaked write errors into connection errors."""
 
 from __future__ import annotations
 

@@ -20,7 +20,7 @@ signal; :class:`BaseLock` supplies those, the backend five hooks.
 the parent is ever deleted and created anew; a zxid is ensemble-wide and only grows,
 across sessions, client restarts and leader elections (the election epoch is its
 high 32 bits). The holder is the lowest node present, so a later holder's node was
-created later and its czxid is larger. The base lifts these tokens above the
+created later and its czxid is larger. The base lifts these fencing tokens above the
 microsecond-clock tokens of the Redis and PostgreSQL locks (about 2**51), so a sku
 moved from those families to ZooKeeper is not fenced out by the row's old token;
 moving back the other way needs the row's fence reset, since a lower token never
@@ -107,9 +107,9 @@ class ZooKeeperLock(BaseLock[ZkHold]):
         self.path = f"{root}/{name}"
 
     async def _grant(self, owner: str, deadline: float | None) -> Grant[ZkHold] | None:
-        token = uuid.uuid4().hex
+        nonce = uuid.uuid4().hex
         node = await self._bg.undoable(
-            self._create(token, owner), lambda made: self._session.delete(made[0])
+            self._create(nonce, owner), lambda made: self._session.delete(made[0])
         )
         granted = False
         try:
@@ -120,12 +120,12 @@ class ZooKeeperLock(BaseLock[ZkHold]):
             if not granted:  # timed out, cancelled or failed: leave nothing behind
                 self._bg.spawn(self._delete_patiently(node[0]))
 
-    async def _create(self, token: str, owner: str) -> ZkNode:
+    async def _create(self, nonce: str, owner: str) -> ZkNode:
         try:
-            return await self._session.create(f"{self.path}/{token}-", owner.encode())
+            return await self._session.create(f"{self.path}/{nonce}-", owner.encode())
         except UNREACHABLE:
-            # The node may exist though the reply was lost; its name carries our token.
-            self._bg.spawn(self._sweep(token))
+            # The node may exist though the reply was lost; its name carries our nonce.
+            self._bg.spawn(self._sweep(nonce))
             raise
 
     async def _wait_turn(self, node: ZkNode, deadline: float | None) -> Grant[ZkHold] | None:
@@ -201,7 +201,7 @@ class ZooKeeperLock(BaseLock[ZkHold]):
             except Exception:
                 return  # anything but an outage will not get better by retrying
 
-    async def _sweep(self, token: str) -> None:
+    async def _sweep(self, nonce: str) -> None:
         """Delete the node of a create whose reply was lost, once it can be listed."""
         stop_at = time.monotonic() + _SWEEP_S
         while time.monotonic() < stop_at:
@@ -213,7 +213,7 @@ class ZooKeeperLock(BaseLock[ZkHold]):
             except Exception:
                 return
             for name in names:
-                if name.startswith(f"{token}-"):
+                if name.startswith(f"{nonce}-"):
                     await self._delete_patiently(f"{self.path}/{name}")
             return
 

@@ -49,7 +49,7 @@ import asyncpg
 from gateway.domain.errors import GatewayError, Unavailable, UnknownSku
 from gateway.domain.model import Strategy
 from gateway.redis.connections import create_redis
-from gateway.redis.inventory import Inventory
+from gateway.redis.reservations import Reservations
 from gateway.settings import Settings
 from gateway.strategies import REDIS_FREE
 
@@ -203,12 +203,12 @@ async def _read_counters(settings: Settings, skus: Sequence[str]) -> list[tuple[
     """(Redis stock or None, pending units) per sku, each pair read atomically
     (the stock adapter's snapshot script)."""
     redis = create_redis(settings)
-    inventory = Inventory(redis, settings)
+    reservations = Reservations(redis, settings)
     counters = []
     try:
         for sku in skus:
             try:
-                stock, entries = await inventory.snapshot(sku)
+                stock, entries = await reservations.snapshot(sku)
             except ValueError:
                 raise Unavailable(f"redis: a malformed ledger entry of sku {sku!r}") from None
             counters.append((stock, sum(entry.qty for entry in entries)))

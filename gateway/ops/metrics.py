@@ -123,14 +123,14 @@ class Metrics:
         self.noscript = Counter(
             "flashsale_noscript_reloads", "Scripts reloaded after NOSCRIPT.", ["script"], registry=r
         )
-        self.queue_depth = Gauge(
+        self.backlog_depth = Gauge(
             "flashsale_queue_depth",
-            "Purchases queued for or in a flush.",
+            "Purchases in the batcher's backlog: waiting for or in a flush.",
             registry=r,
             multiprocess_mode="livesum",
         )
         self.shed = Counter(
-            "flashsale_shed", "Purchases refused with 503 because the queue was full.", registry=r
+            "flashsale_shed", "Purchases refused with 503 because the backlog was full.", registry=r
         )
         self.room_length = Gauge(
             "flashsale_waiting_room_length",
@@ -187,9 +187,9 @@ class Metrics:
         MultiProcessCollector(merged, path=self._multiproc_dir)  # type: ignore[no-untyped-call]
         return generate_latest(merged)
 
-    def sample_queue(self, depth: int) -> None:
-        """Record the current queue depth (sampled, not set on the hot path)."""
-        self.queue_depth.set(depth)
+    def sample_backlog(self, depth: int) -> None:
+        """Record the batcher's backlog (sampled, not set on the hot path)."""
+        self.backlog_depth.set(depth)
 
     def loop_lagged(self, seconds: float, own: float) -> None:
         """The loop ran its lag timer ``seconds`` late, ``own`` of them not
@@ -223,7 +223,7 @@ class Metrics:
         self.confirmed_id_build_seconds.inc(seconds)
 
     def shed_one(self) -> None:
-        """A purchase was refused because the queue was full."""
+        """A purchase was refused because the backlog was full."""
         self.shed.inc()
         self.stats.shed += 1
 
@@ -238,7 +238,7 @@ class Metrics:
         """A purchase's admission token was refused (missing, forged, expired, used)."""
         self.admissions_refused.labels(reason).inc()
 
-    # The connection guard's observer (gateway.http.guard.GuardObserver).
+    # The listener limits' observer (gateway.http.limits.LimitsObserver).
     def connection_refused(self) -> None:
         """A connection beyond the cap was closed."""
         self.connections_refused.inc()

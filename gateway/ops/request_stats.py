@@ -4,7 +4,7 @@ The hot path does an integer increment and a bisect per request instead of a
 ``prometheus_client`` child's locked ``inc``/``observe``; the sums and the
 cumulative buckets are worked out only when ``/metrics`` is read, which is a
 few times a minute against thousands of requests a second. The counts are
-also what the overload summary (gateway.ops.overload) reads, metrics on or off.
+also what the overload summary (gateway.ops.answer_log) reads, metrics on or off.
 """
 
 from __future__ import annotations

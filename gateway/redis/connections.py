@@ -69,7 +69,7 @@ def create_redis(settings: Settings) -> RedisClient:
     return Redis.from_pool(pool)  # the client owns the pool: aclose() disconnects it
 
 
-async def guarded(call: Awaitable[Any]) -> Any:
+async def redis_call(call: Awaitable[Any]) -> Any:
     """Await a Redis call; a driver error becomes :class:`RedisUnavailable` (a 503),
     the one translation every Redis adapter makes, and so does a connection
     closed under a write that the client lets escape untyped

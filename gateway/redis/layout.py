@@ -176,8 +176,8 @@ def decode_confirmed(sku: str, request_id: str, record: str) -> Order:
 
 
 @dataclass(frozen=True, slots=True)
-class QueueKeys:
-    """The Redis keys of one sku's waiting room (``gateway.redis.waitingroom``), in its slot.
+class RoomKeys:
+    """The Redis keys of one sku's waiting room (``gateway.redis.rooms``), in its slot.
 
     ``...:q:wait``     zset    ticket -> join sequence: who waits, in order
     ``...:q:users``    hash    user_id -> ticket (joining twice finds it)
@@ -187,6 +187,9 @@ class QueueKeys:
     ``...:q:early``    string  the last join sequence given out before the sale's start
     ``...:q:shuffled`` string  set once the early arrivals were shuffled at the start
     ``...:q:used:<ticket>``  string  the request id that spent the ticket's token
+
+    The ``q`` is the room's former name (queue), kept in the keys: renamed, they
+    would strand the rooms of a sale in progress across a rolling upgrade.
     """
 
     wait: str
@@ -198,7 +201,7 @@ class QueueKeys:
     shuffled: str
 
     @classmethod
-    def of(cls, prefix: str, sku: str) -> QueueKeys:
+    def of(cls, prefix: str, sku: str) -> RoomKeys:
         """The waiting-room keys of ``sku`` under ``prefix``."""
         base = f"{sku_base(prefix, sku)}:q"
         names = ("wait", "users", "tickets", "recent", "seq", "early", "shuffled")

@@ -43,7 +43,7 @@ LUA_DIR: Traversable = resources.files("gateway.lua")
 
 KeyArg = str | bytes
 ScriptArg = str | bytes | int | float
-# One queued call of a ScriptBatcher (whatever its build function takes).
+# One call waiting in a ScriptCoalescer (whatever its build function takes).
 E = TypeVar("E")
 # One EVALSHA: the script's sha, its keys and its args.
 Call = tuple[str, Sequence[KeyArg], Sequence[ScriptArg]]
@@ -148,7 +148,7 @@ def read_composed(name: str, inner: str, lua_dir: Traversable = LUA_DIR) -> Scri
     return Script(name=name, source=f"local function {inner}()\n{body}\nend\n{outer}")
 
 
-class ScriptBatcher(Generic[E]):
+class ScriptCoalescer(Generic[E]):
     """Coalesces the calls of one script made in one event-loop turn: one script
     call per group (a sku), and every group's call in one pipeline.
 

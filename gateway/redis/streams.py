@@ -1,7 +1,7 @@
 """The Redis Streams adapter of the queue strategy: the writers' side of each
 sku's stream, and what ``GET /v1/orders/{id}`` asks of a queued purchase.
 
-``enqueue.lua`` (called by :class:`gateway.redis.inventory.Inventory`) reserves and
+``enqueue.lua`` (called by :class:`gateway.redis.reservations.Reservations`) reserves and
 XADDs in one script; this adapter reads the entries in the consumer group
 ``writers`` (XREADGROUP), claims a dead writer's (XAUTOCLAIM) and, once a
 batch is committed, records its rejections and acknowledges it (one MULTI in
@@ -19,7 +19,7 @@ from redis.exceptions import RedisError, ResponseError
 
 from gateway.domain.errors import RedisUnavailable
 from gateway.domain.model import Purchase, Verdict
-from gateway.redis.connections import RedisClient, guarded
+from gateway.redis.connections import RedisClient, redis_call
 from gateway.redis.layout import WRITERS_GROUP, rejected_key, request_key, stream_key
 from gateway.settings import Settings
 
@@ -111,7 +111,7 @@ class Streams:
         pipe = self.redis.pipeline(transaction=False)
         for sku in skus:
             pipe.exists(stream_key(self._prefix, sku))
-        found = await guarded(pipe.execute())
+        found = await redis_call(pipe.execute())
         return [sku for sku, exists in zip(skus, found, strict=True) if exists]
 
     async def claim(self, sku: str, consumer: str) -> list[Entry]:
@@ -151,27 +151,27 @@ class Streams:
             pipe.pexpire(rejections, self._retention_ms)
         pipe.xack(key, WRITERS_GROUP, *ids)
         pipe.xdel(key, *ids)
-        await guarded(pipe.execute())
+        await redis_call(pipe.execute())
 
     async def remember(self, request_id: str, sku: str) -> None:
         """Note which sku a queued request id belongs to, for its status."""
         key = request_key(self._prefix, request_id)
-        await guarded(self.redis.set(key, sku, px=self._retention_ms))
+        await redis_call(self.redis.set(key, sku, px=self._retention_ms))
 
     async def status(self, request_id: str) -> tuple[str | None, Verdict | None]:
         """(the sku the request id was queued for, the database's refusal if any);
         (None, None) for a request id never queued (or forgotten after retention)."""
-        sku = await guarded(self.redis.get(request_key(self._prefix, request_id)))
+        sku = await redis_call(self.redis.get(request_key(self._prefix, request_id)))
         if sku is None:
             return None, None
-        letter = await guarded(self.redis.hget(rejected_key(self._prefix, sku), request_id))
+        letter = await redis_call(self.redis.hget(rejected_key(self._prefix, sku), request_id))
         return sku, None if letter is None else Verdict(letter)
 
     async def queued_ids(self, sku: str) -> set[str]:
         """Request ids of the entries still in the sku's stream (not yet
         acknowledged): their reservations are queued, not stale."""
         key = stream_key(self._prefix, sku)
-        raw = await guarded(self.redis.xrange(key, "-", "+", count=self._max))
+        raw = await redis_call(self.redis.xrange(key, "-", "+", count=self._max))
         return {fields["rid"] for _, fields in raw}
 
     async def depth(self, sku: str) -> Depth:

@@ -17,7 +17,7 @@ from typing import Any
 from gateway.domain.errors import UnknownSku
 from gateway.domain.model import StockReport
 from gateway.postgres.orders import Orders
-from gateway.redis.inventory import Inventory
+from gateway.redis.reservations import Reservations
 from gateway.strategies import REDIS_FREE
 from gateway.usecases.catalog import Catalog
 from gateway.usecases.rebuilds import Rebuilds
@@ -32,7 +32,7 @@ class StockAdmin:
     def __init__(
         self,
         *,
-        inventory: Inventory,
+        reservations: Reservations,
         orders: Orders,
         locks: SkuLocks,
         catalog: Catalog,
@@ -40,7 +40,7 @@ class StockAdmin:
         servability: Servability,
         rebuilds: Rebuilds,
     ) -> None:
-        self._inventory = inventory
+        self._reservations = reservations
         self._servability = servability
         self._orders = orders
         self._locks = locks
@@ -67,7 +67,7 @@ class StockAdmin:
             before, after = changed
             selling = after.strategy or self._catalog.default_strategy
             if selling in REDIS_FREE:
-                await self._inventory.forget_stock(sku)
+                await self._reservations.forget_stock(sku)
             else:
                 redis_stock = await self._reset(sku, after.stock, fresh=before is None)
         self._forget(sku)
@@ -105,7 +105,7 @@ class StockAdmin:
         never written under another strategy) flagged the sku as rebuilding, so
         take the rebuild unless another instance has (a no-op when not flagged).
         ``fresh``: the sku was created now, so it has no orders to rebuild."""
-        redis_stock = await self._inventory.load_stock(sku, stock, reset=True, fresh=fresh)
+        redis_stock = await self._reservations.load_stock(sku, stock, reset=True, fresh=fresh)
         if not fresh:
             self._rebuilds.ensure(sku)
         return redis_stock
@@ -119,11 +119,11 @@ class StockAdmin:
         if await self._catalog.strategy(sku) in REDIS_FREE:
             # Nothing of it in Redis: the report needs no Redis either.
             return StockReport(sku=sku, db_stock=db_stock, redis_stock=None, pending=0, sold=sold)
-        pending = sum(p.qty for p in await self._inventory.pending(sku))
+        pending = sum(p.qty for p in await self._reservations.pending(sku))
         return StockReport(
             sku=sku,
             db_stock=db_stock,
-            redis_stock=await self._inventory.available(sku),
+            redis_stock=await self._reservations.available(sku),
             pending=pending,
             sold=sold,
         )

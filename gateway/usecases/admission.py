@@ -2,9 +2,9 @@
 
 A sku with a waiting room is bought in three steps: ``POST /v1/queue/{sku}``
 gives a ticket, ``GET /v1/queue/{sku}/{ticket}`` says where it stands and,
-once Redis let it through (``lua/queue_poll.lua``: at most ``admit_per_s`` a
+once Redis let it through (``lua/room_poll.lua``: at most ``admit_per_s`` a
 second across every instance, by Redis's clock), hands out a signed admission
-token (``gateway.usecases.tokens``); ``POST /v1/purchase`` with ``Admission-Token``
+token (``gateway.usecases.admission_tokens``); ``POST /v1/purchase`` with ``Admission-Token``
 spends it and buys. A sku without a room is bought as before, at the cost of one
 cached lookup.
 
@@ -34,11 +34,11 @@ from gateway.domain.errors import (
 )
 from gateway.domain.model import Purchase, Result, SkuInfo, WaitingRoom
 from gateway.domain.rules import rfc3339
-from gateway.redis.waitingroom import Standing, WaitingRooms
+from gateway.redis.rooms import Rooms, Standing
+from gateway.usecases.admission_tokens import Refusal, Signer
 from gateway.usecases.catalog import Catalog
 from gateway.usecases.purchases import Purchases
 from gateway.usecases.sold_out import SoldOut
-from gateway.usecases.tokens import Refusal, Signer
 
 # Clients are told to come back no sooner than this, and no later.
 MIN_POLL_S, MAX_POLL_S = 1, 30
@@ -61,7 +61,7 @@ class Admissions:
         catalog: Catalog,
         soldout: SoldOut,
         purchases: Purchases,
-        rooms: WaitingRooms,
+        rooms: Rooms,
         signer: Signer | None,
         observer: AdmissionObserver | None = None,
     ) -> None:

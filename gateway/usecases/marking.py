@@ -24,7 +24,7 @@ from typing import Protocol
 
 import structlog
 
-from gateway.redis.inventory import Inventory
+from gateway.redis.reservations import Reservations
 from gateway.usecases.sold_out import ConfirmedIds, SoldOut
 
 log = structlog.get_logger(__name__)
@@ -42,11 +42,11 @@ class SoldOutMarking:
     def __init__(
         self,
         soldout: SoldOut,
-        inventory: Inventory,
+        reservations: Reservations,
         observer: MarkObserver | None = None,
     ) -> None:
         self._soldout = soldout
-        self._inventory = inventory
+        self._reservations = reservations
         self._observer = observer
         self._building: dict[str, asyncio.Task[None]] = {}
 
@@ -73,16 +73,16 @@ class SoldOutMarking:
             log.warning("sold_out_mark_failed", sku=sku, cause=repr(task.exception()))
 
     async def _mark(self, sku: str, generation: tuple[int, int]) -> None:
-        if await self._inventory.rebuilding(sku):
+        if await self._reservations.rebuilding(sku):
             # Told sold out after PostgreSQL cleared the purchase: the done hash
             # is incomplete, and the next request marks the sku without a filter.
             return
-        count = await self._inventory.confirmed_count(sku)
+        count = await self._reservations.confirmed_count(sku)
         confirmed = self._soldout.built(sku, count)
         if confirmed is None:
             started = time.perf_counter()
             confirmed = ConfirmedIds(count)
-            async for chunk in self._inventory.confirmed_ids(sku):
+            async for chunk in self._reservations.confirmed_ids(sku):
                 confirmed.update(chunk)
             if self._observer is not None:
                 self._observer.confirmed_ids_built(count, time.perf_counter() - started)

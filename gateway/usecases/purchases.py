@@ -1,7 +1,7 @@
 """The purchase use case: sold-out check, reservation, then the batch.
 
 A request walks: the catalog (the sku exists, the quantity is allowed), the
-in-process sold-out mark, ``reserve.lua`` in Redis (``Inventory.reserve``), then
+in-process sold-out mark, ``reserve.lua`` in Redis (``Reservations.reserve``), then
 the batcher, whose flusher commits it in PostgreSQL. A stock key Redis lost is
 reloaded from PostgreSQL once for all the requests that find it missing; its
 hashes are rebuilt in the background (``gateway.usecases.rebuilds``).
@@ -46,7 +46,7 @@ from gateway.domain.model import (
 from gateway.domain.rules import SaleRules
 from gateway.postgres.lookups import OrderLookups
 from gateway.postgres.orders import Orders
-from gateway.redis.inventory import Inventory, Reply, outcome_of
+from gateway.redis.reservations import Reply, Reservations, outcome_of
 from gateway.redis.streams import Streams
 from gateway.strategies import REDIS_FREE, Deduction
 from gateway.usecases.catalog import Catalog
@@ -80,7 +80,7 @@ class Purchases:
         *,
         catalog: Catalog,
         soldout: SoldOut,
-        inventory: Inventory,
+        reservations: Reservations,
         orders: Orders,
         batcher: Batcher,
         flusher: Flusher,
@@ -93,7 +93,7 @@ class Purchases:
     ) -> None:
         self._catalog = catalog
         self._soldout = soldout
-        self._inventory = inventory
+        self._reservations = reservations
         self._orders = orders
         self._batcher = batcher
         self._flusher = flusher
@@ -103,13 +103,13 @@ class Purchases:
         # The strategies other than reserve-batch this gateway serves.
         self._deductions = dict(deductions or {})
         # Their purchases in flight (most of them queued for a pool connection),
-        # bounded as the batcher's queue is: beyond it a storm is shed with 503.
+        # bounded as the batcher's backlog is: beyond it a storm is shed with 503.
         self._deducting = 0
         self._deductions_max = deductions_max
         # Their window and rate limits (reserve.lua decides those of the others).
         self._gate = gate
         self._reloads: dict[str, asyncio.Future[None]] = {}
-        self._marking = SoldOutMarking(soldout, inventory, observer)
+        self._marking = SoldOutMarking(soldout, reservations, observer)
         self._lookups = OrderLookups(orders)
 
     async def purchase(
@@ -166,7 +166,7 @@ class Purchases:
         """reserve.lua's (or enqueue.lua's) reply, after reloading a missing counter;
         while the sku is rebuilt, PostgreSQL's answer to a replay or repeat buyer,
         and a sold-out sku's answer (marked sold out here at once)."""
-        reserve = self._inventory.enqueue if queued else self._inventory.reserve
+        reserve = self._reservations.enqueue if queued else self._reservations.reserve
         reply = await reserve(purchase, info, client)
         if reply.kind == "missing":
             await self._reload_once(purchase.sku)
@@ -190,7 +190,7 @@ class Purchases:
         of a sku whose strategy keeps no Redis state); raises UnknownSku."""
         if await self._catalog.strategy(sku) in REDIS_FREE:
             return await self._orders.stock(sku) or 0
-        available = await self._inventory.available(sku)
+        available = await self._reservations.available(sku)
         if available is None:
             available = await self._orders.stock(sku) or 0
         return available
@@ -200,7 +200,7 @@ class Purchases:
         strategy that reserves in Redis nothing pending that could come back."""
         if self._catalog.strategy_of(info) in REDIS_FREE:
             return (await self._orders.stock(info.sku) or 0) <= 0
-        return await self._inventory.settled_sold_out(info.sku)
+        return await self._reservations.settled_sold_out(info.sku)
 
     async def _queued(self, purchase: Purchase, kind: str) -> Result:
         """The answer of the queue strategy once enqueue.lua ran: 202 as soon
@@ -253,7 +253,7 @@ class Purchases:
         return (await self._catalog.get(sku)).rules
 
     def _admit(self) -> None:
-        """Refuse a purchase before reserving when draining or the queue is full."""
+        """Refuse a purchase before reserving when draining or the backlog is full."""
         if self._batcher.closing:
             raise ShuttingDown()
         if self._batcher.full:
@@ -279,7 +279,7 @@ class Purchases:
         rid = purchase.request_id
         order = None
         if confirmed is not UNBUILT:
-            order = await self._inventory.confirmed_order(purchase.sku, rid)
+            order = await self._reservations.confirmed_order(purchase.sku, rid)
         if order is None:
             order = await self._lookups.order(rid)
         if order is None:
@@ -299,7 +299,7 @@ class Purchases:
         stock = await self._orders.stock(sku)
         if stock is None:
             raise Unavailable("sku vanished")
-        await self._inventory.load_stock(sku, stock, reset=False)
+        await self._reservations.load_stock(sku, stock, reset=False)
         self._rebuilds.ensure(sku)
         if self._observer is not None:
             self._observer.stock_reloaded()

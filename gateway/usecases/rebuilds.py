@@ -33,7 +33,7 @@ from typing import Protocol
 import structlog
 
 from gateway.postgres.orders import Orders
-from gateway.redis.inventory import Inventory
+from gateway.redis.reservations import Reservations
 
 log = structlog.get_logger(__name__)
 
@@ -57,14 +57,14 @@ class Rebuilds:
 
     def __init__(
         self,
-        inventory: Inventory,
+        reservations: Reservations,
         orders: Orders,
         observer: RebuildObserver | None = None,
         *,
         share: float,
         page: int = PAGE,
     ) -> None:
-        self._inventory = inventory
+        self._reservations = reservations
         self._orders = orders
         self._observer = observer
         self._share = share
@@ -99,15 +99,15 @@ class Rebuilds:
             log.warning("rebuild_failed", sku=sku, cause=repr(task.exception()))
 
     async def _run(self, sku: str) -> None:
-        token = uuid.uuid4().hex
-        if not await self._inventory.take_rebuild(sku, token, LEASE_MS):
+        owner = uuid.uuid4().hex
+        if not await self._reservations.take_rebuild(sku, owner, LEASE_MS):
             return
         started, written, after = time.perf_counter(), 0, ""
         while True:
             cpu = time.thread_time()
             page = await self._orders.order_page(sku, after, self._page)
-            if page.count and not await self._inventory.write_rebuilt(
-                sku, token, LEASE_MS, page.fields
+            if page.count and not await self._reservations.write_rebuilt(
+                sku, owner, LEASE_MS, page.fields
             ):
                 log.warning("rebuild_lease_lost", sku=sku, written=written)
                 return
@@ -116,7 +116,7 @@ class Rebuilds:
                 break
             after = page.last_user
             await asyncio.sleep((time.thread_time() - cpu) * (1 / self._share - 1))
-        if await self._inventory.finish_rebuild(sku, token):
+        if await self._reservations.finish_rebuild(sku, owner):
             seconds = time.perf_counter() - started
             if self._observer is not None:
                 self._observer.rebuilt(written, seconds)

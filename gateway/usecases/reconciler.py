@@ -36,7 +36,7 @@ from gateway.domain.errors import Unavailable
 from gateway.domain.model import Verdict
 from gateway.lock.errors import LockError
 from gateway.postgres.orders import Orders
-from gateway.redis.inventory import Inventory, Settlement
+from gateway.redis.reservations import Reservations, Settlement
 from gateway.strategies import REDIS_FREE
 from gateway.usecases.catalog import Catalog
 from gateway.write.sku_locks import SkuLocks
@@ -65,7 +65,7 @@ class Reconciler:
     def __init__(
         self,
         *,
-        inventory: Inventory,
+        reservations: Reservations,
         orders: Orders,
         locks: SkuLocks,
         timeout_s: float,
@@ -74,7 +74,7 @@ class Reconciler:
         queued: Callable[[str], Awaitable[set[str]]] | None = None,
         catalog: Catalog | None = None,
     ) -> None:
-        self._inventory = inventory
+        self._reservations = reservations
         self._orders = orders
         self._locks = locks
         self._timeout_ms = int(timeout_s * 1000)
@@ -101,7 +101,7 @@ class Reconciler:
         this database's state (a restored or failed-over database drops it)."""
         # PostgreSQL's own housekeeping first: it needs no Redis.
         await self._orders.prune_rate_buckets()
-        if await self._inventory.adopt(await self._orders.identity()):
+        if await self._reservations.adopt(await self._orders.identity()):
             log.warning("redis_state_dropped", reason="another database")
         done: dict[str, SkuReconciliation] = {}
         for sku in await self._orders.skus():
@@ -118,9 +118,9 @@ class Reconciler:
             return await self._reconcile(sku, exact=self._locks.enabled)
 
     async def _reconcile(self, sku: str, *, exact: bool) -> SkuReconciliation:
-        inventory, orders = self._inventory, self._orders
+        reservations, orders = self._reservations, self._orders
         stale_before = int(time.time() * 1000) - self._timeout_ms
-        stale = [p for p in await inventory.pending(sku) if p.reserved_at_ms < stale_before]
+        stale = [p for p in await reservations.pending(sku) if p.reserved_at_ms < stale_before]
         if stale and self._queued is not None:
             waiting = await self._queued(sku)
             stale = [p for p in stale if p.request_id not in waiting]
@@ -138,10 +138,10 @@ class Reconciler:
             for p in stale
         ]
         if settlements:
-            await inventory.settle(sku, settlements, None)
+            await reservations.settle(sku, settlements, None)
             log.warning("reservations_settled", sku=sku, count=len(settlements))
         if self._catalog is not None and await self._catalog.strategy(sku) in REDIS_FREE:
-            drift, pending, repaired = 0, sum(p.qty for p in await inventory.pending(sku)), False
+            drift, pending, repaired = 0, sum(p.qty for p in await reservations.pending(sku)), False
         else:
             drift, pending, repaired = await self._check(sku, exact=exact)
         if self._publish is not None:
@@ -152,8 +152,8 @@ class Reconciler:
 
     async def _check(self, sku: str, *, exact: bool) -> tuple[int, int, bool]:
         """(drift, pending units, repaired); drift = db - (redis + pending - committed)."""
-        inventory, orders = self._inventory, self._orders
-        redis_stock, pending = await inventory.snapshot(sku)
+        reservations, orders = self._reservations, self._orders
+        redis_stock, pending = await reservations.snapshot(sku)
         db_stock = await orders.stock(sku)
         units = sum(p.qty for p in pending)
         if db_stock is None or redis_stock is None:
@@ -171,6 +171,6 @@ class Reconciler:
         self._suspect.pop(sku, None)
         # Entries already committed still sit in the ledger: count them as
         # database stock so the counter is not lowered twice for them.
-        after = await inventory.load_stock(sku, db_stock + committed, reset=True)
+        after = await reservations.load_stock(sku, db_stock + committed, reset=True)
         log.warning("drift_repaired", sku=sku, drift=drift, redis_stock=after, db_stock=db_stock)
         return drift, units, True

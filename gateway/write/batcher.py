@@ -10,6 +10,8 @@ within the wait (a lone buyer is not kept waiting for nobody). When a sku's
 lane runs empty the flusher hears of it (``on_idle``): advice, whose failure
 is logged and never ends the lane (a lane's task that died would leave its sku
 reserving and never flushing, for good).
+The backlog, every sku's purchases waiting for or in a flush, is bounded
+(``backlog_max``): past it :attr:`Batcher.full` tells the caller to shed.
 Closing stops new submissions and drains what is queued: a closing batcher is
 what "draining" means for the whole instance.
 """
@@ -40,7 +42,7 @@ GAP_WEIGHT = 0.25
 
 @dataclass(slots=True)
 class _Lane:
-    """One sku's queue and its flusher task."""
+    """One sku's backlog and its flusher task."""
 
     sku: str
     entries: list[tuple[Purchase, asyncio.Future[Result]]] = field(default_factory=list)
@@ -63,27 +65,22 @@ class Batcher:
         *,
         batch_max: int,
         batch_wait_s: float,
-        queue_max: int,
+        backlog_max: int,
         on_idle: IdleFn | None = None,
     ) -> None:
         self._flush = flush
         self._on_idle = on_idle
         self._max = batch_max
         self._wait = batch_wait_s
-        self._queue_max = queue_max
+        self._backlog_max = backlog_max
         self._lanes: dict[str, _Lane] = {}
         self._depth = 0
         self._closed = False
 
     @property
     def depth(self) -> int:
-        """Purchases queued or being flushed, across all skus."""
+        """The backlog: purchases waiting for or in a flush, across all skus."""
         return self._depth
-
-    def queued(self, sku: str) -> int:
-        """Purchases of ``sku`` waiting for the next flush."""
-        lane = self._lanes.get(sku)
-        return 0 if lane is None else len(lane.entries)
 
     @property
     def closing(self) -> bool:
@@ -93,10 +90,10 @@ class Batcher:
     @property
     def full(self) -> bool:
         """Whether a new purchase should be shed instead of reserved."""
-        return self._closed or self._depth >= self._queue_max
+        return self._closed or self._depth >= self._backlog_max
 
     async def submit(self, purchase: Purchase) -> Result:
-        """Queue a reserved purchase and wait for its flush's result.
+        """Add a reserved purchase to its sku's lane and wait for its flush's result.
 
         Raises :class:`ShuttingDown` once closing has begun, or with the flush's
         own error. Cancelling the wait does not withdraw the purchase: it is

@@ -2,7 +2,7 @@
 
 The batcher hands each batch to :meth:`Flusher.flush`, which holds the sku's
 flush lock, makes one ``flush_batch()`` call (``Orders.commit_batch``) and
-settles the reservations with ``settle.lua`` (``Inventory.settle``). It keeps
+settles the reservations with ``settle.lua`` (``Reservations.settle``). It keeps
 the lock across back-to-back flushes for at most :data:`HOLD_SLICE_S`, and lets
 go when its sku's lane runs empty (:meth:`Flusher.idle`). Every failure before
 the commit gives the reservations back; nothing committed is ever undone.
@@ -21,7 +21,7 @@ from gateway.domain.errors import FencedOut, OutcomeUnknown, Unavailable
 from gateway.domain.model import Purchase, Result, Verdict
 from gateway.lock.errors import LockError, LockLost, LockTimeout
 from gateway.postgres.orders import BatchDecision, Orders
-from gateway.redis.inventory import Inventory, Settlement
+from gateway.redis.reservations import Reservations, Settlement
 from gateway.write.sku_locks import FlushLock, SkuLocks
 
 log = structlog.get_logger(__name__)
@@ -48,12 +48,12 @@ class Flusher:
     def __init__(
         self,
         *,
-        inventory: Inventory,
+        reservations: Reservations,
         orders: Orders,
         locks: SkuLocks,
         observer: FlushObserver | None = None,
     ) -> None:
-        self._inventory = inventory
+        self._reservations = reservations
         self._orders = orders
         self._locks = locks
         self._observer = observer
@@ -94,7 +94,7 @@ class Flusher:
         """Release reservations that will not be flushed: stock and buyers go back."""
         released = [Settlement(p.request_id, Verdict.RELEASED, p.user_id, p.qty) for p in batch]
         try:
-            await self._inventory.settle(sku, released, None)
+            await self._reservations.settle(sku, released, None)
         except Unavailable as exc:
             log.warning("give_back_failed", sku=sku, size=len(batch), cause=str(exc))
 
@@ -185,7 +185,7 @@ class Flusher:
             order_id = order.order_id if order is not None else ""
             settlements.append(Settlement(p.request_id, d.verdict, p.user_id, p.qty, order_id))
         try:
-            await self._inventory.settle(sku, settlements, decision.short_stock_after)
+            await self._reservations.settle(sku, settlements, decision.short_stock_after)
         except Unavailable as exc:
             # Committed all the same: the reconciler settles the ledger later.
             log.warning("settle_failed", sku=sku, size=len(batch), cause=str(exc))

@@ -47,12 +47,12 @@ async def test_an_overlong_admission_token_is_refused_on_a_sku_without_room(
     start_gateway: Any, sku: str
 ) -> None:
     """An Admission-Token over 160 characters is a 400 on a sku without a waiting
-    room, through the purchase lane and through the router alike, and nothing
+    room, through the fast path and through the router alike, and nothing
     is sold; one within the limit is ignored there, as before."""
     client = await start_gateway()
     await put_sku(client, sku, 10)
     order = {"sku": sku, "user_id": "alice", "request_id": f"{sku}.r1"}
-    # The lane, then the router's way in (what the lane leaves to the application).
+    # The fast path, then the router's way in (what the fast path leaves to the application).
     for extra in ({}, {"Expect": "100-continue"}):
         headers = {"Admission-Token": "t" * 161, **extra}
         resp = await client.post("/v1/purchase", json=order, headers=headers)

@@ -23,7 +23,7 @@ from aiohttp.test_utils import TestServer
 from playwright.async_api import Route
 from redis.asyncio import Redis
 
-from gateway.redis.layout import QueueKeys
+from gateway.redis.layout import RoomKeys
 from tests.e2e.conftest import PHONE, OpenBuyer
 from tests.support.browser import Buyer
 from tests.support.purchases import ADMIN_HEADERS, Client, orders_of, put_sku
@@ -151,7 +151,7 @@ class TestWaitAndBuy:
         buyer = await buyers(origin)
         await buyer.open(f"/wait/{sku}?user_id=buyer")
         await buyer.reach("waiting")
-        keys = QueueKeys.of(key_prefix, sku)
+        keys = RoomKeys.of(key_prefix, sku)
         ticket = await redis.hget(keys.users, "buyer")
         before = int(await buyer.attr("position") or 0)
         await buyer.page.reload()

@@ -7,7 +7,7 @@ from typing import Any
 import aiohttp
 from redis.asyncio import Redis
 
-from gateway.redis.layout import QueueKeys
+from gateway.redis.layout import RoomKeys
 from tests.support.gateways import GatewayCluster
 from tests.support.polling import wait_for
 from tests.support.rooms import SECRET
@@ -59,7 +59,7 @@ class TestTwoInstances:
                 return len(tokens) == PEOPLE
 
             await wait_for(everyone_in, within=20, what="everyone admitted")
-            records = await redis.hmget(QueueKeys.of(key_prefix, sku).tickets, tickets)
+            records = await redis.hmget(RoomKeys.of(key_prefix, sku).tickets, tickets)
             at = [int(str(r, "utf-8").split("|")[1]) for r in records if isinstance(r, bytes)]
             assert len(at) == PEOPLE and at == sorted(at)
             assert max(sum(1 for t in at if s <= t < s + 1000) for s in at) == ADMIT_PER_S

@@ -11,7 +11,7 @@ started again as a replica, three times. What a buyer and an operator see:
 - no purchase is ever answered 500 (a failover is a 503 with Retry-After);
 - no flush fails for an unexpected error (``flush_failed reason=error``);
 - ``/healthz`` answers throughout, and the loop never stalls (the gateway's
-  lag guard, :mod:`tests.support.gateways`);
+  lag check, :mod:`tests.support.gateways`);
 - the books and the audit are clean once the reconciler has run.
 """
 

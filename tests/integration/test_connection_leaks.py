@@ -18,7 +18,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from gateway.domain.errors import RedisUnavailable
 from gateway.lock import closed_under_write, connection_errors
-from gateway.redis.connections import guarded
+from gateway.redis.connections import redis_call
 from tests.support.services import REDIS_URL
 
 
@@ -36,7 +36,7 @@ async def _closed_under_write() -> Connection:
 
 def test_uvloops_closed_transport_error_is_a_connection_error() -> None:
     """The raw error is uvloop's RuntimeError; connection_errors() makes it a
-    ConnectionError and guarded() a RedisUnavailable (the 503 of every adapter)."""
+    ConnectionError and redis_call() a RedisUnavailable (the 503 of every adapter)."""
 
     async def main() -> None:
         conn = await _closed_under_write()
@@ -50,7 +50,7 @@ def test_uvloops_closed_transport_error_is_a_connection_error() -> None:
 
         conn = await _closed_under_write()
         with pytest.raises(RedisUnavailable):
-            await guarded(conn.send_packed_command([b"PING\r\n"], check_health=False))
+            await redis_call(conn.send_packed_command([b"PING\r\n"], check_health=False))
 
     uvloop.run(main())
 

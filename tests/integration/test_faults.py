@@ -213,7 +213,7 @@ class TestBounds:
         """1,000 purchases at once through 4 Redis and 2 PostgreSQL connections and a
         queue of 200: every answer is 201, 409 or 503 with Retry-After, none a 500,
         and exactly the stock is sold."""
-        client = await start_gateway(redis_pool_size=4, db_pool_size=2, queue_max=200)
+        client = await start_gateway(redis_pool_size=4, db_pool_size=2, backlog_max=200)
         await put_sku(client, sku, 300)
         url = client.make_url("/v1/purchase")
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:

@@ -51,7 +51,7 @@ class TestOverloadLogging:
     async def test_sheds_are_counted(self, start_gateway: Any, sku: str) -> None:
         """With the queue bound at 0 every purchase is shed with 503 before Redis is
         asked; the summary counts them as sheds."""
-        client = await start_gateway(queue_max=0)
+        client = await start_gateway(backlog_max=0)
         await put_sku(client, sku, 10)
         answers = client.app[ANSWERS]
         answers.summary()

@@ -19,8 +19,8 @@ import pytest
 from redis.asyncio import Redis
 
 from gateway.redis.connections import create_redis
-from gateway.redis.inventory import Inventory
 from gateway.redis.layout import SkuKeys
+from gateway.redis.reservations import Reservations
 from gateway.settings import Settings
 from tests.support.polling import wait_for
 from tests.support.purchases import buy, db_state, put_sku, redis_state
@@ -36,13 +36,13 @@ AT_ONCE = 100
 
 
 @pytest.fixture
-async def other(make_settings: Callable[..., Settings]) -> AsyncIterator[Inventory]:
+async def other(make_settings: Callable[..., Settings]) -> AsyncIterator[Reservations]:
     """The Redis adapter of another gateway instance, played by the test."""
     settings = make_settings()
     client = create_redis(settings)
-    inventory = Inventory(client, settings)
-    await inventory.load_scripts()
-    yield inventory
+    reservations = Reservations(client, settings)
+    await reservations.load_scripts()
+    yield reservations
     await client.aclose()
 
 
@@ -85,7 +85,7 @@ async def _absent(redis: Redis, key: str) -> bool:
     return await redis.exists(key) == 0
 
 
-async def stall_rebuild(other: Inventory, sku: str, db_stock: int) -> None:
+async def stall_rebuild(other: Reservations, sku: str, db_stock: int) -> None:
     """Another instance found the counter missing first, reloaded it (flagging
     the sku as rebuilding) and took the rebuild's lease, then stalled."""
     await other.load_stock(sku, db_stock, reset=False)
@@ -101,7 +101,9 @@ async def held_by(redis: Redis, keys: SkuKeys) -> str | None:
     return text.partition("|")[0]
 
 
-async def take_over(client: Any, redis: Redis, other: Inventory, sku: str, keys: SkuKeys) -> None:
+async def take_over(
+    client: Any, redis: Redis, other: Reservations, sku: str, keys: SkuKeys
+) -> None:
     """The stalled instance's lease runs out; the next purchase that ``client``'s
     gateway asks Redis about takes the rebuild over, and it ends with both
     hashes whole."""
@@ -127,7 +129,7 @@ class TestSoldOutSaleLost:
         redis: Redis,
         key_prefix: str,
         database_url: str,
-        other: Inventory,
+        other: Reservations,
     ) -> None:
         """While another instance holds the rebuild (the hashes still empty), the
         next purchase is sold out and the sku is then known sold out here: a
@@ -183,7 +185,7 @@ class TestInStockSaleLost:
         redis: Redis,
         key_prefix: str,
         database_url: str,
-        other: Inventory,
+        other: Reservations,
     ) -> None:
         """30 units, 10 sold, then the keys vanish and another instance holds the
         rebuild. At once: the 10 buyers again with new request ids, their 10

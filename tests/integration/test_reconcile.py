@@ -11,7 +11,7 @@ from structlog.contextvars import merge_contextvars
 from structlog.testing import capture_logs
 
 from gateway.domain.model import Purchase, SkuInfo
-from gateway.http.appkeys import BATCHER, INVENTORY, ORDERS, SETTINGS
+from gateway.http.appkeys import BATCHER, ORDERS, RESERVATIONS, SETTINGS
 from gateway.redis.layout import Pending, SkuKeys, encode_pending
 from tests.support.metrics import samples
 from tests.support.purchases import ADMIN_HEADERS, buy, put_sku, redis_state
@@ -19,7 +19,7 @@ from tests.support.purchases import ADMIN_HEADERS, buy, put_sku, redis_state
 LONG_AGO_MS = 1_000
 
 
-def inventory_prefix(client: Any) -> str:
+def key_prefix_of(client: Any) -> str:
     """The key prefix of the gateway behind ``client``."""
     prefix: str = client.app[SETTINGS].key_prefix
     return prefix
@@ -28,14 +28,14 @@ def inventory_prefix(client: Any) -> str:
 async def crash_leftovers(client: Any, sku: str, database_url: str) -> None:
     """What a gateway killed mid-flush leaves: two old reservations in the ledger,
     one whose order committed ("ghost-a") and one that never reached PostgreSQL."""
-    inventory = client.app[INVENTORY]
+    reservations = client.app[RESERVATIONS]
     for user in ("a", "b"):
         rid = f"{sku}.ghost-{user}"
-        reply = await inventory.reserve(Purchase(sku, user, 1, rid), SkuInfo(sku, 1))
+        reply = await reservations.reserve(Purchase(sku, user, 1, rid), SkuInfo(sku, 1))
         assert reply.kind == "ok"
         # reserve.lua stamps with Redis's clock: backdate the ledger entry.
         old = encode_pending(Pending(rid, user, 1, LONG_AGO_MS))
-        await inventory.redis.hset(SkuKeys.of(inventory_prefix(client), sku).pending, rid, old)
+        await reservations.redis.hset(SkuKeys.of(key_prefix_of(client), sku).pending, rid, old)
     con = await asyncpg.connect(database_url)
     try:
         async with con.transaction():
@@ -105,8 +105,8 @@ class TestReconciliation:
         """A reservation younger than the timeout is in flight, not drift."""
         client = await start_gateway(reconcile_interval_s=3600)
         await put_sku(client, sku, 5)
-        inventory = client.app[INVENTORY]
-        await inventory.reserve(Purchase(sku, "z", 1, "fresh"), SkuInfo(sku, 1))
+        reservations = client.app[RESERVATIONS]
+        await reservations.reserve(Purchase(sku, "z", 1, "fresh"), SkuInfo(sku, 1))
         result = await (await client.post("/admin/reconcile", headers=ADMIN_HEADERS)).json()
         assert result[sku] == {
             "confirmed": 0,

@@ -12,7 +12,7 @@ from redis.asyncio import Redis
 
 from gateway.domain.model import Purchase, SkuInfo
 from gateway.domain.rules import Rate, SaleRules
-from gateway.http.appkeys import INVENTORY
+from gateway.http.appkeys import RESERVATIONS
 from gateway.redis.layout import SkuKeys, call_key
 from gateway.redis.scripts import read_script
 from tests.support.purchases import buy, db_state, put_rules, redis_state
@@ -44,7 +44,7 @@ class TestReserveMany:
         one after the other on a twin sku get the same replies, in order, and leave
         the same stock, buyers and ledger."""
         client = await start_gateway()
-        inventory = client.app[INVENTORY]
+        reservations = client.app[RESERVATIONS]
         together, apart = f"{sku}-together", f"{sku}-apart"
         rules = SaleRules(user_rate=Rate(0.01, 2))
         for name in (together, apart):
@@ -54,9 +54,11 @@ class TestReserveMany:
             return [Purchase(name, user, qty, rid) for user, rid, qty, _ in STORM]
 
         info = SkuInfo(together, 5, rules=rules)
-        at_once = await asyncio.gather(*(inventory.reserve(p, info) for p in purchases(together)))
+        at_once = await asyncio.gather(
+            *(reservations.reserve(p, info) for p in purchases(together))
+        )
         info = SkuInfo(apart, 5, rules=rules)
-        in_a_row = [await inventory.reserve(p, info) for p in purchases(apart)]
+        in_a_row = [await reservations.reserve(p, info) for p in purchases(apart)]
         expected = [kind for *_, kind in STORM]
         assert [r.kind for r in at_once] == [r.kind for r in in_a_row] == expected
         assert [r.settled for r in at_once] == [r.settled for r in in_a_row]

@@ -78,7 +78,10 @@ class TestGuardRefusal:
                     await flush(con, sku, ["a", "b"])
             assert refused.value.sqlstate == "FS002", refused.value
             assert "stock guard refused 2 units" in str(refused.value)
-            assert (await con.fetchval(INVENTORY, sku), await con.fetchval(ORDERS, sku)) == (1, 0)
+            assert (await con.fetchval(INVENTORY, sku), await con.fetchval(ORDERS, sku)) == (
+                1,
+                0,
+            )
         finally:
             await outer.rollback()
 

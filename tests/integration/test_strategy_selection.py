@@ -172,7 +172,7 @@ class TestShedding:
         """With GATEWAY_QUEUE_MAX=2 and the sku's row locked elsewhere, two sql-direct
         purchases wait; a third is answered 503 at once and counted as shed; once
         the row is free the two waiting ones are confirmed."""
-        client = await start_gateway(queue_max=2)
+        client = await start_gateway(backlog_max=2)
         await put_sku(client, sku, 5, strategy="sql-direct")
         async with row_held(database_url, sku, "SELECT 1 FROM inventory WHERE sku = $1 FOR UPDATE"):
             waiting = [asyncio.create_task(buy(client, sku, f"u{i}", f"r{i}")) for i in range(2)]

@@ -8,8 +8,8 @@ from typing import Any
 
 from redis.asyncio import Redis
 
-from gateway.redis.layout import QueueKeys
-from gateway.usecases.tokens import Signer
+from gateway.redis.layout import RoomKeys
+from gateway.usecases.admission_tokens import Signer
 from tests.support.polling import wait_for
 from tests.support.purchases import ADMIN_HEADERS, client_metric, db_state
 from tests.support.rooms import (
@@ -98,7 +98,7 @@ class TestPace:
             return all(a["status"] == "admitted" for a in answers)
 
         await wait_for(everyone_in, within=20, what="all ten admitted")
-        records = await redis.hmget(QueueKeys.of(key_prefix, sku).tickets, tickets)
+        records = await redis.hmget(RoomKeys.of(key_prefix, sku).tickets, tickets)
         admitted_ms = [int(str(r, "utf-8").split("|")[1]) for r in records if isinstance(r, bytes)]
         assert len(admitted_ms) == 10
         assert admitted_ms == sorted(admitted_ms), "let in out of join order"
@@ -270,7 +270,7 @@ class TestStart:
         tickets = [(await join(client, sku, f"early{i}"))[1]["ticket"] for i in range(30)]
         before = await poll(client, sku, tickets[0])
         assert before["status"] == "waiting" and before["eta_s"] >= 2
-        wait_key = QueueKeys.of(key_prefix, sku).wait
+        wait_key = RoomKeys.of(key_prefix, sku).wait
 
         async def someone_in() -> bool:
             await poll(client, sku, tickets[0])

@@ -35,7 +35,7 @@ ADMIN_TOKEN = "chaos-admin-token"
 # exit: the drain, then the bounded close, plus slack for a loaded machine.
 DRAIN_S = 3.0
 SIGTERM_EXIT_S = DRAIN_S + CLOSE_S + 4.0
-# The lag guard: a gateway whose event loop ran a timer this much late after
+# The lag check: a gateway whose event loop ran a timer this much late after
 # start-up fails the test that ran it (see Gateway.lag_report).
 LAG_LIMIT_S = 0.25
 # The lag the process caused, less its waits for a CPU: a loaded test machine
@@ -99,7 +99,7 @@ class Gateway(OwnsChild):
         return None if within is None or every is None else every - within
 
     async def lag_report(self) -> str | None:
-        """Why this instance fails the lag guard, or None: its loop ran a timer
+        """Why this instance fails the lag check, or None: its loop ran a timer
         more than LAG_LIMIT_S late after start-up (a call blocked it). A process
         stopped on purpose (SIGSTOP) is not judged."""
         if self._paused or self._lagged_at_start is None or not self.running:
@@ -228,7 +228,7 @@ class GatewayCluster(Started):
                 "admin_token": admin_token,
                 # Short drain: a SIGTERM'd instance must not hold a test for 10 s.
                 "drain_s": DRAIN_S,
-                # A stall the lag guard fails on is logged with its stack.
+                # A stall the lag check fails on is logged with its stack.
                 "loop_stall_report_s": LAG_LIMIT_S * 0.8,
                 "log_level": "info",
                 **(settings or {}),
@@ -314,7 +314,7 @@ class GatewayCluster(Started):
 
     async def close(self) -> None:
         """Stop every instance (SIGTERM, then SIGKILL) and remove the log directory;
-        then fail if an instance's event loop stalled while it ran (the lag guard)."""
+        then fail if an instance's event loop stalled while it ran (the lag check)."""
         stalled = [r for g in self.gateways if (r := await g.lag_report()) is not None]
         await asyncio.gather(*(g.stop(within=5) for g in self.gateways))
         remove_tmp(self.dir)

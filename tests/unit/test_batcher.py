@@ -41,7 +41,7 @@ class Recorder:
 async def test_full_batches_flush_at_batch_max() -> None:
     """Ten purchases with batch_max 4 and a long wait flush as 4, 4 and then 2."""
     flush = Recorder()
-    batcher = Batcher(flush, batch_max=4, batch_wait_s=0.05, queue_max=100)
+    batcher = Batcher(flush, batch_max=4, batch_wait_s=0.05, backlog_max=100)
     results = await asyncio.gather(*(batcher.submit(purchase(i)) for i in range(10)))
     assert results == [SOLD_OUT] * 10
     assert [len(b) for b in flush.batches] == [4, 4, 2]
@@ -52,7 +52,7 @@ async def test_full_batches_flush_at_batch_max() -> None:
 async def test_one_flush_per_sku_at_a_time_and_next_fills_behind() -> None:
     """While a flush runs the next batch fills; no two flushes of a sku overlap."""
     flush = Recorder(delay=0.02)
-    batcher = Batcher(flush, batch_max=3, batch_wait_s=0, queue_max=100)
+    batcher = Batcher(flush, batch_max=3, batch_wait_s=0, backlog_max=100)
     await asyncio.gather(*(batcher.submit(purchase(i)) for i in range(9)))
     assert flush.most_at_once == 1
     assert sum(len(b) for b in flush.batches) == 9
@@ -64,7 +64,7 @@ async def test_without_a_wait_batches_are_what_queued_behind_the_flush() -> None
     alone at once, and everyone who arrives while that flush runs goes into the
     next batch together, however they trickle in."""
     flush = Recorder(delay=0.5)
-    batcher = Batcher(flush, batch_max=100, batch_wait_s=0, queue_max=100)
+    batcher = Batcher(flush, batch_max=100, batch_wait_s=0, backlog_max=100)
     first = asyncio.ensure_future(batcher.submit(purchase(0)))
     await wait_for(lambda: bool(flush.batches), what="the first flush started", interval=0.001)
     rest = []
@@ -82,7 +82,7 @@ async def test_flush_errors_reach_every_waiter() -> None:
     async def failing(sku: str, batch: Sequence[Purchase]) -> list[Result | BaseException]:
         raise Unavailable("postgres down")
 
-    batcher = Batcher(failing, batch_max=10, batch_wait_s=0, queue_max=100)
+    batcher = Batcher(failing, batch_max=10, batch_wait_s=0, backlog_max=100)
     results = await asyncio.gather(
         *(batcher.submit(purchase(i)) for i in range(3)), return_exceptions=True
     )
@@ -94,7 +94,7 @@ async def test_flush_errors_reach_every_waiter() -> None:
 async def test_close_drains_and_then_refuses() -> None:
     """close() flushes what is queued; afterwards submissions are refused and full is set."""
     flush = Recorder()
-    batcher = Batcher(flush, batch_max=100, batch_wait_s=10, queue_max=100)
+    batcher = Batcher(flush, batch_max=100, batch_wait_s=10, backlog_max=100)
     waiting = [asyncio.create_task(batcher.submit(purchase(i))) for i in range(5)]
     await asyncio.sleep(0)
     await batcher.close()
@@ -105,9 +105,9 @@ async def test_close_drains_and_then_refuses() -> None:
 
 
 async def test_queue_bound_reports_full() -> None:
-    """At queue_max queued purchases the batcher reports full (the caller sheds)."""
+    """At backlog_max queued purchases the batcher reports full (the caller sheds)."""
     flush = Recorder()
-    batcher = Batcher(flush, batch_max=100, batch_wait_s=10, queue_max=3)
+    batcher = Batcher(flush, batch_max=100, batch_wait_s=10, backlog_max=3)
     waiting = [asyncio.create_task(batcher.submit(purchase(i))) for i in range(3)]
     await asyncio.sleep(0)
     assert batcher.full
@@ -119,7 +119,7 @@ async def test_abort_answers_every_waiting_purchase_and_stops_the_flushers() -> 
     """A flush that never ends and a batch queued behind it: after close() runs out
     of time, abort() answers both batches' purchases ShuttingDown at once."""
     flush = Recorder(delay=3600)
-    batcher = Batcher(flush, batch_max=2, batch_wait_s=0.0, queue_max=100)
+    batcher = Batcher(flush, batch_max=2, batch_wait_s=0.0, backlog_max=100)
     waiting = [asyncio.ensure_future(batcher.submit(purchase(i))) for i in range(4)]
     await wait_for(lambda: batcher.depth == 4 and bool(flush.batches), what="both batches queued")
     with pytest.raises(TimeoutError):
@@ -140,7 +140,7 @@ async def test_the_flusher_hears_when_a_lane_runs_empty() -> None:
     async def on_idle(sku: str) -> None:
         idle.append(sku)
 
-    batcher = Batcher(Recorder(), batch_max=4, batch_wait_s=0.0, queue_max=100, on_idle=on_idle)
+    batcher = Batcher(Recorder(), batch_max=4, batch_wait_s=0.0, backlog_max=100, on_idle=on_idle)
     await asyncio.gather(*(batcher.submit(purchase(i, "a")) for i in range(3)))
     await batcher.close()
     assert "a" in idle
@@ -150,7 +150,7 @@ async def test_a_lone_buyer_is_not_held_for_the_batch_wait() -> None:
     """With nobody else arriving, a purchase is flushed at once, not after the
     30 s batch wait: at that pace no other purchase would join its batch."""
     flush = Recorder()
-    batcher = Batcher(flush, batch_max=100, batch_wait_s=30, queue_max=100)
+    batcher = Batcher(flush, batch_max=100, batch_wait_s=30, backlog_max=100)
     assert await asyncio.wait_for(batcher.submit(purchase(0)), 5) == SOLD_OUT
     assert flush.batches == [["r0"]]
     await batcher.close()
@@ -160,7 +160,7 @@ async def test_a_storm_fills_batches() -> None:
     """Purchases arriving back to back (one per loop turn) are held for the
     batch wait, so after the first few the batches flush full."""
     flush = Recorder()
-    batcher = Batcher(flush, batch_max=5, batch_wait_s=1, queue_max=100)
+    batcher = Batcher(flush, batch_max=5, batch_wait_s=1, backlog_max=100)
     waiting = []
     for i in range(40):
         waiting.append(asyncio.ensure_future(batcher.submit(purchase(i))))
@@ -185,7 +185,7 @@ async def test_a_failing_idle_call_does_not_end_the_lane() -> None:
         if len(idle_calls) == 1:
             raise RuntimeError("unable to perform operation on <TCPTransport closed=True>")
 
-    batcher = Batcher(flush, batch_max=4, batch_wait_s=0, queue_max=100, on_idle=idle)
+    batcher = Batcher(flush, batch_max=4, batch_wait_s=0, backlog_max=100, on_idle=idle)
     assert await batcher.submit(purchase(1)) == SOLD_OUT
     await wait_for(lambda: idle_calls, within=5, what="the lane ran empty")
     async with asyncio.timeout(5):

@@ -13,7 +13,7 @@ from typing import Any
 import yaml
 
 from gateway.domain.errors import GatewayError, MethodNotAllowed
-from gateway.http import guard
+from gateway.http import limits
 from tests.support.gateways import REPO
 
 PURCHASE = ("/v1/purchase", "post")
@@ -76,7 +76,7 @@ def test_every_error_code_is_in_the_schema() -> None:
 def test_the_guards_own_codes_are_in_the_schema() -> None:
     """The codes the connection guard answers with before any handler runs."""
     errors = set(component("Error")["properties"]["error"]["enum"])
-    assert set(guard._CODES.values()) <= errors
+    assert set(limits._CODES.values()) <= errors
 
 
 def test_every_error_status_is_answered_somewhere() -> None:

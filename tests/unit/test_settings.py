@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import argparse
 import subprocess
 import sys
 
 import pytest
 
 from gateway.domain.model import Strategy
-from gateway.settings import Settings, SettingsError, load
+from gateway.settings import Settings, SettingsError, add_arguments, from_args, load
 
 
 def test_defaults() -> None:
@@ -29,6 +30,19 @@ def test_environment_and_flags() -> None:
     """Environment variables set values; a flag wins over the environment."""
     s = load({"GATEWAY_BATCH_MAX": "64", "GATEWAY_PORT": "9000"}, {"port": "9100"})
     assert (s.batch_max, s.port) == (64, 9100)
+
+
+def test_a_renamed_setting_is_read_under_its_former_name() -> None:
+    """GATEWAY_BACKLOG_MAX was GATEWAY_QUEUE_MAX (and --queue-max): the former
+    names still set it, and the new ones win over them."""
+    assert load({"GATEWAY_QUEUE_MAX": "7"}).backlog_max == 7
+    both = {"GATEWAY_QUEUE_MAX": "7", "GATEWAY_BACKLOG_MAX": "9"}
+    assert load(both).backlog_max == 9
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    assert from_args(["--queue-max", "5"], parser).backlog_max == 5
+    with pytest.raises(SettingsError, match=r"^GATEWAY_QUEUE_MAX='none'"):
+        load({"GATEWAY_QUEUE_MAX": "none"})
 
 
 @pytest.mark.parametrize(

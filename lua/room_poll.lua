@@ -1,7 +1,7 @@
--- queue_poll.lua: let the next people in (at most admit_per_s a second, by
+-- room_poll.lua: let the next people in (at most admit_per_s a second, by
 -- Redis's clock), then say where one ticket stands.
 --
--- Keys and records are gateway/redis/layout.py's (QueueKeys, SkuKeys).
+-- Keys and records are gateway/redis/layout.py's (RoomKeys, SkuKeys).
 --
 -- KEYS[1] wait     zset:   ticket -> join sequence
 -- KEYS[2] tickets  hash:   ticket -> "user_id" or "user_id|admitted_ms"

@@ -1,4 +1,4 @@
-"""The suite's lag guard: a gateway process whose event loop stalled fails its test.
+"""The suite's lag check: a gateway process whose event loop stalled fails its test.
 
 Every gateway process the suite starts (tests.support.gateways) is read at
 readiness and at its close: a timer run more than 250 ms late in between fails

@@ -4,7 +4,7 @@ aiohttp bounds the size of a request line, of a header and the number of
 headers (its parser's ``max_line_size``, ``max_field_size``, ``max_headers``),
 but has no deadline for reading a request: its keep-alive timer only runs
 between requests, so a client sending one byte a second (slowloris) holds a
-connection, and a task, for as long as it likes. :class:`GuardedHandler` is
+connection, and a task, for as long as it likes. :class:`LimitedHandler` is
 aiohttp's request handler with that deadline, at the protocol level, where the
 bytes arrive:
 
@@ -16,7 +16,7 @@ bytes arrive:
   earlier one on the same connection is being handled; it is from the first
   byte that arrives after.
 
-:class:`GuardedSite` listens like ``web.TCPSite`` but builds these handlers,
+:class:`LimitedSite` listens like ``web.TCPSite`` but builds these handlers,
 and refuses connections beyond ``GATEWAY_MAX_CONNECTIONS`` per process at
 once, with a 503 and a close, before any byte is read. Errors the parser
 answers itself (bad request line, headers too long or too many) are JSON like
@@ -70,7 +70,7 @@ OVER_CAPACITY = _raw_response(503, "Service Unavailable", "unavailable", "Retry-
 READ_TIMEOUT = _raw_response(408, "Request Timeout", "request_timeout")
 
 
-class GuardObserver(Protocol):
+class LimitsObserver(Protocol):
     """What the metrics want to know of the guard (see gateway.ops.metrics)."""
 
     def connection_refused(self) -> None: ...
@@ -85,7 +85,7 @@ class Connections:
     open: int = 0
 
 
-class GuardedHandler(RequestHandler):
+class LimitedHandler(RequestHandler):
     """aiohttp's request handler with a read deadline and a connection cap."""
 
     def __init__(
@@ -94,7 +94,7 @@ class GuardedHandler(RequestHandler):
         *,
         connections: Connections,
         read_timeout_s: float,
-        observer: GuardObserver | None,
+        observer: LimitsObserver | None,
         **kwargs: Any,
     ) -> None:
         super().__init__(manager, **kwargs)
@@ -183,11 +183,11 @@ class GuardedHandler(RequestHandler):
         self.force_close()
 
 
-class GuardedSite(web.BaseSite):
-    """A TCP site (SO_REUSEPORT) serving :class:`GuardedHandler` connections."""
+class LimitedSite(web.BaseSite):
+    """A TCP site (SO_REUSEPORT) serving :class:`LimitedHandler` connections."""
 
     def __init__(
-        self, runner: web.BaseRunner, settings: Settings, observer: GuardObserver | None = None
+        self, runner: web.BaseRunner, settings: Settings, observer: LimitsObserver | None = None
     ) -> None:
         super().__init__(runner, backlog=BACKLOG)
         self._host, self._port = settings.host, settings.port
@@ -207,8 +207,8 @@ class GuardedSite(web.BaseSite):
         manager = self._runner.server
         assert manager is not None
 
-        def handler() -> GuardedHandler:
-            return GuardedHandler(
+        def handler() -> LimitedHandler:
+            return LimitedHandler(
                 manager,
                 connections=self._connections,
                 read_timeout_s=self._read_timeout_s,

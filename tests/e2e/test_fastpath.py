@@ -1,7 +1,7 @@
-"""The purchase lane (gateway.http.lane): a plain ``POST /v1/purchase`` is served beside
+"""the fast path (gateway.http.fastpath): a plain ``POST /v1/purchase`` is served beside
 the router, and a buyer sees exactly what the router's way in answers.
 
-The router's way in is reached with ``Expect: 100-continue``, which the lane
+The router's way in is reached with ``Expect: 100-continue``, which the fast path
 leaves to the application (a query string is a 400 there: the purchase takes
 none); every comparison sends the same purchase both ways, against the same
 in-process gateway.
@@ -17,21 +17,21 @@ from aiohttp.test_utils import make_mocked_request
 
 from gateway.http.appkeys import ADMISSIONS, ANSWER, PURCHASES
 from gateway.http.clients import TrustedProxies
-from gateway.http.lane import lane
+from gateway.http.fastpath import fast_path
 from gateway.http.middlewares import answering
+from gateway.ops.answer_log import AnswerLog
 from gateway.ops.metrics import Metrics
-from gateway.ops.overload import AnswerLog
 from gateway.usecases.admission import Admissions
 from gateway.usecases.purchases import Purchases
 from tests.support.metrics import samples
 from tests.support.purchases import Client, buy, put_sku, wait_sold_out_marked
 
-# The router's way in: what the lane leaves to the application.
+# The router's way in: what the fast path leaves to the application.
 ROUTED = {"Expect": "100-continue"}
 
 
 async def _both(client: Client, body: bytes, **headers: str) -> list[tuple[int, str, bytes]]:
-    """The answer to ``body`` through the lane and through the router: status,
+    """The answer to ``body`` through the fast path and through the router: status,
     content type and body each."""
     answers = []
     for extra in ({}, ROUTED):
@@ -55,9 +55,9 @@ class TestSameAnswers:
         assert (await buy(client, sku, "second"))[0] == 409
         await wait_sold_out_marked(client)
         body = f'{{"sku": "{sku}", "user_id": "late"}}'.encode()
-        lane_answer, router_answer = await _both(client, body)
-        assert lane_answer == router_answer
-        assert lane_answer[0] == 409 and b"sold_out" in lane_answer[2]
+        fast_answer, router_answer = await _both(client, body)
+        assert fast_answer == router_answer
+        assert fast_answer[0] == 409 and b"sold_out" in fast_answer[2]
         direct = await client.post("/v1/purchase", data=body)
         routed = await client.post("/v1/purchase", data=body, headers=ROUTED)
         assert _header_names(direct) == _header_names(routed)
@@ -73,18 +73,18 @@ class TestSameAnswers:
         """A malformed purchase gets the same 400 and JSON detail either way."""
         client = await start_gateway()
         await put_sku(client, sku, 5)
-        lane_answer, router_answer = await _both(client, body.replace(b"SKU", sku.encode()))
-        assert lane_answer == router_answer
-        assert lane_answer[0] == 400 and lane_answer[1] == "application/json"
+        fast_answer, router_answer = await _both(client, body.replace(b"SKU", sku.encode()))
+        assert fast_answer == router_answer
+        assert fast_answer[0] == 400 and fast_answer[1] == "application/json"
 
     async def test_unknown_sku_and_bad_key_are_the_same_both_ways(self, start_gateway: Any) -> None:
         """404 unknown_sku, and a 400 for an invalid Idempotency-Key header."""
         client = await start_gateway()
         body = b'{"sku": "no-such-sku", "user_id": "u"}'
-        lane_answer, router_answer = await _both(client, body)
-        assert lane_answer == router_answer and lane_answer[0] == 404
-        lane_answer, router_answer = await _both(client, body, **{"Idempotency-Key": "a b"})
-        assert lane_answer == router_answer and lane_answer[0] == 400
+        fast_answer, router_answer = await _both(client, body)
+        assert fast_answer == router_answer and fast_answer[0] == 404
+        fast_answer, router_answer = await _both(client, body, **{"Idempotency-Key": "a b"})
+        assert fast_answer == router_answer and fast_answer[0] == 400
 
     async def test_both_ways_sell_and_are_counted(self, start_gateway: Any, sku: str) -> None:
         """A purchase through either way is confirmed, and each answer is counted
@@ -112,14 +112,14 @@ class TestSameAnswers:
 
 
 class TestWhichWay:
-    """Which requests the lane keeps and which it hands to the application."""
+    """Which requests the fast path keeps and which it hands to the application."""
 
     @staticmethod
-    def _lane() -> tuple[Any, list[str]]:
+    def _fast_path() -> tuple[Any, list[str]]:
         app = web.Application()
         metrics = Metrics()
         app[ANSWER] = answering(TrustedProxies(()), metrics, AnswerLog(metrics.stats), timed=True)
-        # Never reached below: the lane's purchases fail before the use cases.
+        # Never reached below: the fast path's purchases fail before the use cases.
         app[ADMISSIONS] = cast(Admissions, None)
         app[PURCHASES] = cast(Purchases, None)
         handed: list[str] = []
@@ -128,12 +128,12 @@ class TestWhichWay:
             handed.append(f"{request.method} {request.raw_path}")
             return web.Response(status=204)
 
-        return lane(app, application), handed
+        return fast_path(app, application), handed
 
-    async def test_plain_purchase_stays_in_the_lane(self) -> None:
+    async def test_plain_purchase_takes_the_fast_path(self) -> None:
         """A plain POST /v1/purchase is answered by the view itself (here its
         413 for a declared body over 4 KiB), without the application."""
-        serve, handed = self._lane()
+        serve, handed = self._fast_path()
         request = make_mocked_request("POST", "/v1/purchase", headers={"Content-Length": "5000"})
         resp = await serve(request)
         assert resp.status == 413 and handed == []
@@ -151,6 +151,6 @@ class TestWhichWay:
     async def test_everything_else_goes_to_the_application(
         self, method: str, path: str, headers: dict[str, str]
     ) -> None:
-        serve, handed = self._lane()
+        serve, handed = self._fast_path()
         resp = await serve(make_mocked_request(method, path, headers=headers))
         assert resp.status == 204 and handed == [f"{method} {path}"]

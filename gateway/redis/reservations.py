@@ -41,7 +41,7 @@ from gateway.domain.model import (
     Verdict,
 )
 from gateway.domain.rules import effective, epoch_ms
-from gateway.redis.connections import RedisClient, guarded
+from gateway.redis.connections import RedisClient, redis_call
 from gateway.redis.layout import (
     STATE_SUFFIXES,
     Change,
@@ -59,7 +59,7 @@ from gateway.redis.layout import (
     stream_key,
     user_bucket_key,
 )
-from gateway.redis.scripts import Script, ScriptArg, ScriptBatcher, read_composed, read_script
+from gateway.redis.scripts import Script, ScriptArg, ScriptCoalescer, read_composed, read_script
 from gateway.settings import Settings
 
 # Orders written back per round trip when rebuilding a sku's hashes.
@@ -249,7 +249,7 @@ class ReserveCalls:
         return keys, args
 
 
-class Inventory:
+class Reservations:
     """Reservations, settlement and stock counters of every sku in Redis."""
 
     def __init__(
@@ -275,8 +275,8 @@ class Inventory:
             script.on_reload = on_noscript
         self._calls = ReserveCalls(settings, self.keys)
         # The one call made per purchase goes out coalesced: one per sku and turn.
-        self._reserve_many = ScriptBatcher(redis, self._reserve, self._calls.reserve)
-        self._enqueue_many = ScriptBatcher(redis, self._enqueue, self._calls.enqueue)
+        self._reserve_many = ScriptCoalescer(redis, self._reserve, self._calls.reserve)
+        self._enqueue_many = ScriptCoalescer(redis, self._enqueue, self._calls.enqueue)
 
     @property
     def scripts(self) -> tuple[Script, ...]:
@@ -331,7 +331,7 @@ class Inventory:
 
     async def _reserve_with(
         self,
-        batcher: ScriptBatcher[Entry],
+        calls: ScriptCoalescer[Entry],
         purchase: Purchase,
         info: SkuInfo,
         client: Callable[[], str | None] | None,
@@ -346,7 +346,7 @@ class Inventory:
             if address is not None:
                 client_key = client_bucket_key(self._prefix, purchase.sku, address)
         try:
-            raw = await batcher(purchase.sku, (purchase, user_key, client_key, head, verified))
+            raw = await calls(purchase.sku, (purchase, user_key, client_key, head, verified))
         except RedisError as exc:
             raise RedisUnavailable(f"redis: {type(exc).__name__}") from exc
         return reply_of(raw, purchase)
@@ -380,30 +380,30 @@ class Inventory:
 
     async def rebuilding(self, sku: str) -> bool:
         """Whether the sku's buyers and done hashes are being rebuilt (incomplete)."""
-        return bool(await guarded(self.redis.exists(self.keys(sku).rebuild)))
+        return bool(await redis_call(self.redis.exists(self.keys(sku).rebuild)))
 
-    async def take_rebuild(self, sku: str, token: str, lease_ms: int) -> bool:
-        """Take the sku's rebuild lease for ``token`` (rebuild.lua): when the sku
+    async def take_rebuild(self, sku: str, owner: str, lease_ms: int) -> bool:
+        """Take the sku's rebuild lease for ``owner`` (rebuild.lua): when the sku
         is flagged and nobody holds the lease, or its holder's ran out."""
-        return await self._rebuild_step(sku, "take", token, lease_ms)
+        return await self._rebuild_step(sku, "take", owner, lease_ms)
 
     async def write_rebuilt(
-        self, sku: str, token: str, lease_ms: int, fields: Sequence[str]
+        self, sku: str, owner: str, lease_ms: int, fields: Sequence[str]
     ) -> bool:
         """Write orders, given flat as ``request_id, done record, user_id`` each
         (``Orders.order_page``), into the buyers and done hashes and renew the
-        lease; False, writing nothing, when ``token`` no longer holds it."""
-        return await self._rebuild_step(sku, "write", token, lease_ms, fields)
+        lease; False, writing nothing, when ``owner`` no longer holds it."""
+        return await self._rebuild_step(sku, "write", owner, lease_ms, fields)
 
-    async def finish_rebuild(self, sku: str, token: str) -> bool:
-        """End ``token``'s rebuild: reservations trust the hashes again."""
-        return await self._rebuild_step(sku, "finish", token, 0)
+    async def finish_rebuild(self, sku: str, owner: str) -> bool:
+        """End ``owner``'s rebuild: reservations trust the hashes again."""
+        return await self._rebuild_step(sku, "finish", owner, 0)
 
     async def _rebuild_step(
-        self, sku: str, step: str, token: str, lease_ms: int, rows: Sequence[str] = ()
+        self, sku: str, step: str, owner: str, lease_ms: int, rows: Sequence[str] = ()
     ) -> bool:
         keys = self.keys(sku)
-        args = (step, token, lease_ms, self._retention_ms, *rows)
+        args = (step, owner, lease_ms, self._retention_ms, *rows)
         return bool(await self._call(self._rebuild, (keys.rebuild, keys.buyers, keys.done), args))
 
     async def forget_stock(self, sku: str) -> None:
@@ -411,8 +411,8 @@ class Inventory:
         strategy keeps no Redis stock now. The ledger stays, for the flushes still
         on their way; a later reserve-batch purchase or reset finds the counter
         missing and loads it from the database."""
-        await guarded(self.redis.delete(self.keys(sku).stock))
-        await guarded(self.redis.publish(self._channel, f"{Change.META}:{sku}"))
+        await redis_call(self.redis.delete(self.keys(sku).stock))
+        await redis_call(self.redis.publish(self._channel, f"{Change.META}:{sku}"))
 
     async def restore_orders(self, sku: str, orders: Sequence[Order]) -> None:
         """Write committed orders back into the buyers and done hashes.
@@ -429,16 +429,16 @@ class Inventory:
             pipe.hset(keys.buyers, mapping={o.user_id: o.request_id for o in chunk})
             pipe.pexpire(keys.done, self._retention_ms)
             pipe.pexpire(keys.buyers, self._retention_ms)
-            await guarded(pipe.execute())
+            await redis_call(pipe.execute())
 
     async def available(self, sku: str) -> int | None:
         """Unreserved stock in Redis, or None when the key is missing."""
-        raw = await guarded(self.redis.get(self.keys(sku).stock))
+        raw = await redis_call(self.redis.get(self.keys(sku).stock))
         return None if raw is None else int(raw)
 
     async def pending(self, sku: str) -> list[Pending]:
         """The ledger of a sku: reservations not yet settled."""
-        raw: dict[str, str] = await guarded(self.redis.hgetall(self.keys(sku).pending))
+        raw: dict[str, str] = await redis_call(self.redis.hgetall(self.keys(sku).pending))
         return ledger(raw)
 
     async def snapshot(self, sku: str) -> tuple[int | None, list[Pending]]:
@@ -457,20 +457,20 @@ class Inventory:
 
     async def confirmed_count(self, sku: str) -> int:
         """How many orders Redis knows as confirmed (HLEN of the done hash)."""
-        return int(await guarded(self.redis.hlen(self.keys(sku).done)))
+        return int(await redis_call(self.redis.hlen(self.keys(sku).done)))
 
     async def confirmed_ids(self, sku: str) -> AsyncIterator[list[str]]:
         """The confirmed request ids, a chunk (one HSCAN reply) at a time."""
         done, cursor = self.keys(sku).done, 0
         while True:
-            cursor, chunk = await guarded(self.redis.hscan(done, cursor, count=SCAN_CHUNK))
+            cursor, chunk = await redis_call(self.redis.hscan(done, cursor, count=SCAN_CHUNK))
             yield list(chunk)
             if cursor == 0:
                 return
 
     async def confirmed_order(self, sku: str, request_id: str) -> Order | None:
         """The order Redis knows as confirmed for ``request_id``, if any."""
-        record = await guarded(self.redis.hget(self.keys(sku).done, request_id))
+        record = await redis_call(self.redis.hget(self.keys(sku).done, request_id))
         return None if record is None else decode_confirmed(sku, request_id, record)
 
     async def adopt(self, identity: str) -> bool:
@@ -482,15 +482,15 @@ class Inventory:
         and every instance is told. State with no stamp yet is adopted as it is.
         Returns whether anything was dropped.
         """
-        stamped = await guarded(self.redis.get(self._identity_key))
+        stamped = await redis_call(self.redis.get(self._identity_key))
         if stamped == identity:
             return False
         if stamped is not None:
             await self._drop_state()
-        await guarded(self.redis.set(self._identity_key, identity))
+        await redis_call(self.redis.set(self._identity_key, identity))
         if stamped is None:
             return False
-        await guarded(self.redis.publish(self._channel, f"{Change.RESET}:*"))
+        await redis_call(self.redis.publish(self._channel, f"{Change.RESET}:*"))
         return True
 
     async def _drop_state(self) -> None:
@@ -500,10 +500,10 @@ class Inventory:
             if key.endswith(STATE_SUFFIXES):
                 doomed.append(key)
             if len(doomed) >= SCAN_CHUNK:
-                await guarded(self.redis.unlink(*doomed))
+                await redis_call(self.redis.unlink(*doomed))
                 doomed = []
         if doomed:
-            await guarded(self.redis.unlink(*doomed))
+            await redis_call(self.redis.unlink(*doomed))
 
     async def ping(self) -> bool:
         """Whether Redis answers."""
@@ -513,4 +513,4 @@ class Inventory:
             return False
 
     async def _call(self, script: Script, keys: Sequence[str], args: Sequence[Any]) -> Any:
-        return await guarded(script(self.redis, keys, args))
+        return await redis_call(script(self.redis, keys, args))

@@ -1,4 +1,4 @@
-"""The purchase lane: ``POST /v1/purchase`` answered beside aiohttp's application layer.
+"""The purchase fast path: ``POST /v1/purchase`` answered beside aiohttp's application layer.
 
 The sold-out answer is the one a storm gets most, and its own work is a dict
 lookup; a profile puts most of its cost in aiohttp's per-request layers. For
@@ -7,13 +7,13 @@ router, builds and freezes a ``UrlMappingMatchInfo``, wraps the handler in the
 middleware chain (a ``partial`` per middleware plus the wrapper that sets the
 request's current app), and only then calls the view.
 
-The lane is the request handler of the listening server
+The fast path is the request handler of the listening server
 (``web.Server.request_handler``, set by :func:`install` after start-up). It
 sends a plain ``POST /v1/purchase`` straight to the view, bound to the use
 cases, through the same answering code as the middleware (errors as JSON,
 outcome counted and timed). Every other request, a purchase with ``Expect:
 100-continue`` or a query string included, goes to the application as before.
-What a client sees is the same either way; ``tests/e2e/test_lane.py`` holds
+What a client sees is the same either way; ``tests/e2e/test_fastpath.py`` holds
 both paths to that.
 """
 
@@ -36,12 +36,12 @@ ServerHandler = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
 
 
 def install(app: web.Application, server: web.Server) -> None:
-    """Put the lane in front of ``app`` on ``server``: connections accepted from
+    """Put the fast path in front of ``app`` on ``server``: connections accepted from
     now on are served through it."""
-    server.request_handler = lane(app, server.request_handler)
+    server.request_handler = fast_path(app, server.request_handler)
 
 
-def lane(app: web.Application, handle: ServerHandler) -> ServerHandler:
+def fast_path(app: web.Application, handle: ServerHandler) -> ServerHandler:
     """A request handler: plain purchases to the view, the rest to ``handle``."""
     answer = app[ANSWER]
     # Bound once: the use cases exist from start-up, before the first connection.

@@ -6,7 +6,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, generate_latest
 from structlog.testing import capture_logs
 
-from gateway.ops.overload import AnswerLog
+from gateway.ops.answer_log import AnswerLog
 from gateway.ops.request_stats import RequestCollector, RequestStats
 from tests.support.metrics import samples
 

@@ -1,7 +1,7 @@
--- queue_unburn.lua: give an admission token back after a purchase that failed
+-- room_give_back.lua: give an admission token back after a purchase that failed
 -- in a way the buyer may retry (503, 400), so the token can buy again.
 --
--- KEYS[1] used  string: the request id that spent the token (QueueKeys.used)
+-- KEYS[1] used  string: the request id that spent the token (RoomKeys.used)
 -- ARGV[1] request_id that spent it
 --
 -- Returns 1 when given back, 0 when another request holds it (or none does).

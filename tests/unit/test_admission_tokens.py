@@ -10,7 +10,7 @@ from structlog.testing import capture_logs
 
 from gateway.http.admin_tokens import AdminTokens, fingerprint
 from gateway.settings import SettingsError, load
-from gateway.usecases.tokens import Admission, Signer
+from gateway.usecases.admission_tokens import Admission, Signer
 
 KEY, OLD = "k" * 32, "o" * 32
 

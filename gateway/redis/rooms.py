@@ -1,6 +1,6 @@
-"""The waiting rooms' Redis adapter: the only caller of the ``lua/queue_*`` scripts.
+"""The waiting rooms' Redis adapter: the only caller of the ``lua/room_*`` scripts.
 
-A sku's queue lives in the sku's slot (``gateway.redis.layout.QueueKeys``), beside its
+A sku's room lives in the sku's slot (``gateway.redis.layout.RoomKeys``), beside its
 stock, so joining and polling read "settled sold out" in the same script. Who
 is let in, and when, is decided in Redis by Redis's clock, so every instance
 shares one pace. Driver errors become :class:`gateway.domain.errors.RedisUnavailable`.
@@ -13,8 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
-from gateway.redis.connections import RedisClient, guarded
-from gateway.redis.layout import QueueKeys, SkuKeys
+from gateway.redis.connections import RedisClient, redis_call
+from gateway.redis.layout import RoomKeys, SkuKeys
 from gateway.redis.scripts import Script, read_script
 from gateway.settings import Settings
 
@@ -39,7 +39,7 @@ _UNKNOWN = Standing("unknown")
 _SOLD_OUT = Standing("sold_out")
 
 
-class WaitingRooms:
+class Rooms:
     """Joins, polls and token spending of every sku's waiting room."""
 
     def __init__(
@@ -51,16 +51,16 @@ class WaitingRooms:
         self._redis = redis
         self._prefix = settings.key_prefix
         self._retention_ms = max(1, round(settings.sale_retention_s * 1000))
-        self._join = read_script("queue_join")
-        self._poll = read_script("queue_poll")
-        self._unburn = read_script("queue_unburn")
+        self._join = read_script("room_join")
+        self._poll = read_script("room_poll")
+        self._give_back = read_script("room_give_back")
         for script in self.scripts:
             script.on_reload = on_noscript
 
     @property
     def scripts(self) -> tuple[Script, ...]:
         """The scripts this adapter calls."""
-        return (self._join, self._poll, self._unburn)
+        return (self._join, self._poll, self._give_back)
 
     async def load_scripts(self) -> None:
         """SCRIPT LOAD every script; a syntax error raises here, at start-up."""
@@ -70,15 +70,15 @@ class WaitingRooms:
     async def join(
         self, sku: str, user_id: str, fresh_ticket: str, starts_ms: int, token_ttl_ms: int
     ) -> Standing:
-        """Queue ``user_id`` for ``sku`` with ``fresh_ticket``, or find the ticket
+        """Put ``user_id`` in ``sku``'s room with ``fresh_ticket``, or find the ticket
         they already hold (unless its admission is older than ``token_ttl_ms``:
         then the fresh ticket, at the back); ``sold_out`` when the sku is settled
         sold out. ``starts_ms`` is the sale's start (0: none), to tell early
         arrivals apart."""
-        q, s = QueueKeys.of(self._prefix, sku), SkuKeys.of(self._prefix, sku)
+        q, s = RoomKeys.of(self._prefix, sku), SkuKeys.of(self._prefix, sku)
         keys = (q.wait, q.users, q.tickets, q.seq, s.stock, s.pending, q.early)
         args = (user_id, fresh_ticket, self._retention_ms, starts_ms, token_ttl_ms)
-        raw = await guarded(self._join(self._redis, keys, args))
+        raw = await redis_call(self._join(self._redis, keys, args))
         if raw[0] == "sold_out":
             return _SOLD_OUT
         return Standing("waiting", raw[1], user_id, int(raw[2]), waiting=int(raw[3]))
@@ -89,11 +89,11 @@ class WaitingRooms:
         """Let the next people in if the sale has started and the pace allows (the
         early arrivals shuffled first, once, if ``shuffle``), then where ``ticket``
         stands."""
-        q, s = QueueKeys.of(self._prefix, sku), SkuKeys.of(self._prefix, sku)
+        q, s = RoomKeys.of(self._prefix, sku), SkuKeys.of(self._prefix, sku)
         keys = (q.wait, q.tickets, q.recent, s.stock, s.pending, q.early, q.shuffled)
         salt = secrets.token_hex(8)
         args = (ticket, admit_per_s, self._retention_ms, starts_ms, int(shuffle), salt)
-        raw = await guarded(self._poll(self._redis, keys, args))
+        raw = await redis_call(self._poll(self._redis, keys, args))
         kind = raw[0]
         if kind == "unknown":
             return _UNKNOWN
@@ -107,18 +107,18 @@ class WaitingRooms:
     async def spend(self, sku: str, ticket: str, request_id: str, ttl_ms: int) -> str | None:
         """Spend ``ticket``'s token on ``request_id`` (SET NX), kept ``ttl_ms`` plus
         the sale's retention; the request id that had already spent it, else None."""
-        key = QueueKeys.of(self._prefix, sku).used(ticket)
+        key = RoomKeys.of(self._prefix, sku).used(ticket)
         px = max(1, ttl_ms) + self._retention_ms
         # SET NX GET: one round trip both claims the token and names its holder.
-        held = await guarded(self._redis.set(key, request_id, nx=True, get=True, px=px))
+        held = await redis_call(self._redis.set(key, request_id, nx=True, get=True, px=px))
         return None if held is None else str(held)
 
     async def spent_by(self, sku: str, ticket: str) -> str | None:
         """The request id that spent ``ticket``'s token, if any."""
-        held = await guarded(self._redis.get(QueueKeys.of(self._prefix, sku).used(ticket)))
+        held = await redis_call(self._redis.get(RoomKeys.of(self._prefix, sku).used(ticket)))
         return None if held is None else str(held)
 
     async def give_back(self, sku: str, ticket: str, request_id: str) -> bool:
         """Unspend ``ticket``'s token if ``request_id`` holds it; whether it did."""
-        key = QueueKeys.of(self._prefix, sku).used(ticket)
-        return bool(await guarded(self._unburn(self._redis, (key,), (request_id,))))
+        key = RoomKeys.of(self._prefix, sku).used(ticket)
+        return bool(await redis_call(self._give_back(self._redis, (key,), (request_id,))))

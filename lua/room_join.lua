@@ -1,6 +1,6 @@
--- queue_join.lua: put a user in a sku's waiting room, or find their ticket.
+-- room_join.lua: put a user in a sku's waiting room, or find their ticket.
 --
--- Keys and records are gateway/redis/layout.py's (QueueKeys, SkuKeys).
+-- Keys and records are gateway/redis/layout.py's (RoomKeys, SkuKeys).
 --
 -- KEYS[1] wait     zset:   ticket -> join sequence
 -- KEYS[2] users    hash:   user_id -> ticket
@@ -12,7 +12,7 @@
 -- ARGV[1] user_id, ARGV[2] a fresh ticket, used only if the user has none
 -- ARGV[3] retention in ms: the queue's keys live that long after a join
 -- ARGV[4] the sale's start in ms since the epoch, 0 when it has no start
--- ARGV[5] the room's token lifetime in ms
+-- ARGV[5] the room's admission token lifetime in ms
 --
 -- Returns one of:
 --   {"sold_out"}                          stock is 0 and nothing is pending
