@@ -18,6 +18,7 @@ from aiohttp import web
 
 from gateway import server, settings
 from gateway.http.appkeys import ADMIN, ORDERS, SETTINGS
+from gateway.http.clients import add_client
 from gateway.ops import audit, logs
 from gateway.postgres.database import ensure_database, migrate
 
@@ -72,7 +73,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"flashsale-gateway: {exc}", file=sys.stderr)
         return 2
     args = parser.parse_args(argv)
-    logs.configure(config.log_level)
+    logs.configure(config.log_level, context=[add_client])
     if args.command == "audit":
         return audit.run(config, args.sku)
     if args.command == "migrate":

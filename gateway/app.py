@@ -48,7 +48,7 @@ from gateway.http.waiting_page import WaitingPage
 from gateway.lock import LockSubscriber, load_lock_scripts
 from gateway.ops.answer_log import AnswerLog
 from gateway.ops.loop_lag import LoopLag
-from gateway.ops.metrics import Metrics
+from gateway.ops.metrics import BacklogMetrics, Metrics
 from gateway.postgres.orders import Orders
 from gateway.redis.change_feed import ChangeFeed
 from gateway.redis.layout import channel
@@ -89,17 +89,19 @@ async def service_ctx(app: web.Application) -> AsyncIterator[None]:
     """The use cases: scripts loaded, change feed subscribed; drained on stop."""
     settings, metrics = app[SETTINGS], app[METRICS]
     redis, orders = app[REDIS], app[ORDERS]
-    reservations = Reservations(redis, settings, on_noscript=metrics.noscript_reload)
+    reservations = Reservations(redis, settings, on_noscript=metrics.scripts.reloaded)
     await patiently("redis", settings.startup_wait_s, reservations.load_scripts)
     await load_lock_scripts(redis)
     if await reservations.adopt(await orders.identity()):
         log.warning("redis_state_dropped", reason="another database")
     subscriber = LockSubscriber(redis, client_name=f"{settings.key_prefix}-lock-sub")
     locks = sku_locks(settings, redis, orders.pool, subscriber, metrics.lock, app[ZOOKEEPER])
-    metrics.lock.lock_lease.set(settings.lock_lease_s)
+    metrics.lock.set_lease(settings.lock_lease_s)
     deductions = synchronous_strategies(app)
     catalog, soldout = Catalog(orders, settings.strategy), SoldOut()
-    flusher = Flusher(reservations=reservations, orders=orders, locks=locks, observer=metrics)
+    flusher = Flusher(
+        reservations=reservations, orders=orders, locks=locks, observer=metrics.flushes
+    )
     batcher = Batcher(
         flusher.flush,
         batch_max=settings.batch_max,
@@ -108,7 +110,7 @@ async def service_ctx(app: web.Application) -> AsyncIterator[None]:
         on_idle=flusher.idle,
     )
     app[RESERVATIONS], app[BATCHER] = reservations, batcher
-    rebuilds = Rebuilds(reservations, orders, metrics, share=settings.rebuild_share)
+    rebuilds = Rebuilds(reservations, orders, metrics.rebuilds, share=settings.rebuild_share)
     streams = Streams(redis, settings)
     app[TRACKER] = OrderTracker(orders=orders, streams=streams)
     app[PURCHASES] = Purchases(
@@ -119,13 +121,13 @@ async def service_ctx(app: web.Application) -> AsyncIterator[None]:
         batcher=batcher,
         flusher=flusher,
         rebuilds=rebuilds,
-        observer=metrics,
+        observer=metrics.purchases,
         streams=streams,
         deductions=deductions,
         deductions_max=settings.backlog_max,
         gate=SaleGate(orders, settings),
     )
-    rooms = Rooms(redis, settings, on_noscript=metrics.noscript_reload)
+    rooms = Rooms(redis, settings, on_noscript=metrics.scripts.reloaded)
     await rooms.load_scripts()
     signer = None
     if settings.admission_secret is not None:
@@ -136,7 +138,7 @@ async def service_ctx(app: web.Application) -> AsyncIterator[None]:
         purchases=app[PURCHASES],
         rooms=rooms,
         signer=signer,
-        observer=metrics,
+        observer=metrics.rooms,
     )
     app[SERVABILITY] = servability = Servability(settings, orders)
     await servability.report()
@@ -155,17 +157,17 @@ async def service_ctx(app: web.Application) -> AsyncIterator[None]:
         locks=locks,
         timeout_s=settings.reservation_timeout_s,
         interval_s=settings.reconcile_interval_s,
-        publish=metrics.sku_state,
+        publish=metrics.reconciler.sku_state,
         queued=streams.queued_ids,
         catalog=catalog,
     )
-    feed = ChangeFeed(redis, channel(settings.key_prefix), soldout, catalog)
-    lag = LoopLag(metrics.loop_lagged, stall_report_s=settings.loop_stall_report_s)
+    feed = ChangeFeed(redis, channel(settings.key_prefix), subscribers=(soldout, catalog))
+    lag = LoopLag(metrics.loop.lagged, stall_report_s=settings.loop_stall_report_s)
     tasks = [
         asyncio.create_task(lag.run(), name="loop-lag"),
         asyncio.create_task(feed.run(), name="change-feed"),
         asyncio.create_task(reconciler.run(), name="reconciler"),
-        asyncio.create_task(_sample_backlog(batcher, metrics), name="backlog-sampler"),
+        asyncio.create_task(_sample_backlog(batcher, metrics.backlog), name="backlog-sampler"),
         asyncio.create_task(app[ANSWERS].run(), name="answer-summary"),
     ]
     # Any sku may be put on the queue strategy: the writer serves those whose
@@ -211,12 +213,14 @@ async def writer_ctx(app: web.Application) -> AsyncIterator[None]:
     """A stream writer on its own (``flashsale-gateway writer``): no HTTP, no batcher."""
     settings, metrics = app[SETTINGS], app[METRICS]
     redis, orders = app[REDIS], app[ORDERS]
-    reservations = Reservations(redis, settings, on_noscript=metrics.noscript_reload)
+    reservations = Reservations(redis, settings, on_noscript=metrics.scripts.reloaded)
     await patiently("redis", settings.startup_wait_s, reservations.load_scripts)
     await load_lock_scripts(redis)
     subscriber = LockSubscriber(redis, client_name=f"{settings.key_prefix}-lock-sub")
     locks = sku_locks(settings, redis, orders.pool, subscriber, metrics.lock)
-    flusher = Flusher(reservations=reservations, orders=orders, locks=locks, observer=metrics)
+    flusher = Flusher(
+        reservations=reservations, orders=orders, locks=locks, observer=metrics.flushes
+    )
     writer = _writer(settings, Streams(redis, settings), flusher, orders, metrics)
     task = asyncio.create_task(writer.run(), name="queue-writer")
     yield
@@ -238,14 +242,14 @@ def synchronous_strategies(app: web.Application) -> dict[Strategy, Deduction]:
     rows = Rows(app[ORDERS].pool)
     return {
         Strategy.SQL_DIRECT: SqlDirect(rows),
-        Strategy.OPTIMISTIC: Optimistic(rows, app[SETTINGS], app[METRICS]),
+        Strategy.OPTIMISTIC: Optimistic(rows, app[SETTINGS], app[METRICS].optimistic),
         Strategy.PESSIMISTIC: Pessimistic(rows),
     }
 
 
-async def _sample_backlog(batcher: Batcher, metrics: Metrics) -> None:
+async def _sample_backlog(batcher: Batcher, backlog: BacklogMetrics) -> None:
     while True:
-        metrics.sample_backlog(batcher.depth)
+        backlog.sample(batcher.depth)
         await asyncio.sleep(BACKLOG_SAMPLE_S)
 
 

@@ -69,7 +69,7 @@ async def run(settings: Settings, on_startup: StartupHook | None = None) -> bool
         # Before listening: the collection blocks the loop once, and no buyer
         # should be in flight then (the lag timer records it before readiness).
         _settle_heap()
-        site = LimitedSite(runner, settings, observer=app[METRICS])
+        site = LimitedSite(runner, settings, observer=app[METRICS].connections)
         await site.start()
         log.info("serving", host=settings.host, port=settings.port)
         await _stop_signal()

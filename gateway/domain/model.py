@@ -183,3 +183,9 @@ class Strategy(StrEnum):
     OPTIMISTIC = "optimistic"
     PESSIMISTIC = "pessimistic"
     QUEUE = "queue"
+
+
+# The strategies that decide in PostgreSQL alone (gateway.strategies): a sku on
+# one of them has no Redis state (no counter, no ledger) for the reconciler or
+# the audit to compare.
+REDIS_FREE = frozenset({Strategy.SQL_DIRECT, Strategy.OPTIMISTIC, Strategy.PESSIMISTIC})

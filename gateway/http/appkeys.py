@@ -9,6 +9,7 @@ from aiohttp import web
 
 from gateway.http.admin_tokens import AdminTokens
 from gateway.http.clients import TrustedProxies
+from gateway.http.middlewares import Answer
 from gateway.http.waiting_page import WaitingPage
 from gateway.ops.answer_log import AnswerLog
 from gateway.ops.metrics import Metrics
@@ -25,7 +26,6 @@ from gateway.usecases.tracking import OrderTracker
 from gateway.write.batcher import Batcher
 
 if TYPE_CHECKING:
-    from gateway.http.middlewares import Answer
     from gateway.lock.zk_session import ZkSession
 
 SETTINGS = web.AppKey("settings", Settings)
@@ -41,8 +41,6 @@ PROXIES = web.AppKey("proxies", TrustedProxies)
 PURCHASES = web.AppKey("purchases", Purchases)
 ADMIN = web.AppKey("admin", StockAdmin)
 RECONCILER = web.AppKey("reconciler", Reconciler)
-# A purchase response carries its outcome to the metrics middleware.
-OUTCOME = web.ResponseKey("outcome", str)
 # Waiting rooms in front of the purchases, and the admin tokens (with their file).
 ADMISSIONS = web.AppKey("admissions", Admissions)
 ADMIN_TOKENS = web.AppKey("admin_tokens", AdminTokens)

@@ -71,7 +71,7 @@ READ_TIMEOUT = _raw_response(408, "Request Timeout", "request_timeout")
 
 
 class LimitsObserver(Protocol):
-    """What the metrics want to know of the guard (see gateway.ops.metrics)."""
+    """What the metrics want to know of the limits (see gateway.ops.metrics)."""
 
     def connection_refused(self) -> None: ...
     def read_timed_out(self) -> None: ...
@@ -201,7 +201,7 @@ class LimitedSite(web.BaseSite):
         return f"http://{self._host}:{self._port}"
 
     async def start(self) -> None:
-        """Listen, building one guarded handler per connection."""
+        """Listen, building one limited handler per connection."""
         await super().start()
         loop = asyncio.get_running_loop()
         manager = self._runner.server

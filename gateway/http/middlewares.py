@@ -24,14 +24,16 @@ from gateway.domain.errors import (
     TooLarge,
     Unavailable,
 )
-from gateway.http.appkeys import OUTCOME
 from gateway.http.clients import TrustedProxies, bind_request
 from gateway.lock import LockError, closed_under_write
 from gateway.ops.answer_log import AnswerLog
 from gateway.ops.metrics import Metrics
-from gateway.postgres.orders import DB_ERRORS
+from gateway.postgres.database import DB_ERRORS
 
 log = structlog.get_logger(__name__)
+
+# A purchase response carries its outcome to the metrics (read by the answering below).
+OUTCOME = web.ResponseKey("outcome", str)
 
 JSON = "application/json"
 _INTERNAL = orjson.dumps({"error": "internal"})

@@ -29,7 +29,7 @@ from aiohttp import HttpVersion11, web
 from aiohttp.abc import AbstractStreamWriter
 from aiohttp.http import SERVER_SOFTWARE
 
-from gateway.http.appkeys import OUTCOME
+from gateway.http.middlewares import OUTCOME
 
 # Beyond this many bytes waiting to be sent, a connection's next answer goes
 # through aiohttp's writer, which applies backpressure.

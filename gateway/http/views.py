@@ -20,7 +20,6 @@ from gateway.http.appkeys import (
     BATCHER,
     METRICS,
     ORDERS,
-    OUTCOME,
     PURCHASES,
     RESERVATIONS,
     SERVABILITY,
@@ -29,6 +28,7 @@ from gateway.http.appkeys import (
     WAITING_PAGE,
 )
 from gateway.http.clients import current_client
+from gateway.http.middlewares import OUTCOME
 from gateway.http.prebuilt import DirectAnswers, Written
 from gateway.ops.metrics import CONTENT_TYPE
 from gateway.usecases.admission import Admissions

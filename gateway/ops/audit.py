@@ -22,7 +22,7 @@ Definitions, per sku (one SQL statement, so one snapshot even during a sale):
   pending)``, only when the Redis stock key exists. A reservation moves units
   from Redis stock to the ledger, and a flush takes them from the database and
   the ledger, so a quiet sku has no drift. A sku whose strategy keeps no Redis
-  state (``gateway.strategies.REDIS_FREE``) has no counter and no ledger: Redis is
+  state (``gateway.domain.model.REDIS_FREE``) has no counter and no ledger: Redis is
   not read for it (``redis_stock`` and ``drift`` show ``-``), and its books are
   checked all the same.
 
@@ -47,11 +47,11 @@ from enum import StrEnum
 import asyncpg
 
 from gateway.domain.errors import GatewayError, Unavailable, UnknownSku
-from gateway.domain.model import Strategy
+from gateway.domain.model import REDIS_FREE, Strategy
+from gateway.postgres.database import DB_ERRORS
 from gateway.redis.connections import create_redis
 from gateway.redis.reservations import Reservations
 from gateway.settings import Settings
-from gateway.strategies import REDIS_FREE
 
 # One statement, so the movements, orders and stock come from one snapshot.
 # $1 is a sku, or NULL for every sku.
@@ -81,14 +81,6 @@ LEFT JOIN repeat_buyers AS r USING (sku)
 WHERE $1::text IS NULL OR i.sku = $1
 ORDER BY i.sku
 """
-
-_DB_ERRORS = (
-    asyncpg.PostgresError,
-    asyncpg.InterfaceError,
-    asyncpg.InternalClientError,
-    OSError,
-    TimeoutError,
-)
 
 
 class Finding(StrEnum):
@@ -195,7 +187,7 @@ async def _read_books(database_url: str, sku: str | None) -> list[asyncpg.Record
             return await con.fetch(BOOKS, sku, timeout=30)
         finally:
             await con.close()
-    except _DB_ERRORS as exc:
+    except DB_ERRORS as exc:
         raise Unavailable(_one_line("postgres", exc)) from exc
 
 

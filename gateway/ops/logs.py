@@ -2,20 +2,21 @@
 
 Follows structlog's performance recipe: a filtering bound logger fixed at the
 configured level, cached on first use, contextvars merged (the request id and
-sku are bound there), the request's client address (worked out only when a
-line is rendered), orjson rendering to a bytes logger.
+sku are bound there), the caller's own processors (the gateway's adds the
+request's client address, worked out only when a line is rendered:
+``gateway.http.clients.add_client``), orjson rendering to a bytes logger.
 """
 
 from __future__ import annotations
 
 import logging
 import sys
+from collections.abc import Sequence
 from typing import Any
 
 import orjson
 import structlog
-
-from gateway.http.clients import add_client
+from structlog.typing import Processor
 
 _LEVELS = {
     "debug": logging.DEBUG,
@@ -25,13 +26,17 @@ _LEVELS = {
 }
 
 
-def configure(level: str = "info", *, json: bool | None = None) -> None:
-    """Configure structlog for the process; ``json`` defaults to "not a terminal"."""
+def configure(
+    level: str = "info", *, json: bool | None = None, context: Sequence[Processor] = ()
+) -> None:
+    """Configure structlog for the process; ``json`` defaults to "not a terminal".
+    ``context``: processors that add to every line after the bound context is
+    merged (structlog's and the standard library's lines alike)."""
     if json is None:
         json = not sys.stderr.isatty()
     processors: list[Any] = [
         structlog.contextvars.merge_contextvars,
-        add_client,
+        *context,
         structlog.processors.add_log_level,
         structlog.processors.TimeStamper(fmt="iso", utc=True),
         structlog.processors.format_exc_info,
@@ -48,10 +53,10 @@ def configure(level: str = "info", *, json: bool | None = None) -> None:
         logger_factory=factory,
         cache_logger_on_first_use=True,
     )
-    _route_stdlib(level, json=json)
+    _route_stdlib(level, json=json, context=context)
 
 
-def _route_stdlib(level: str, *, json: bool) -> None:
+def _route_stdlib(level: str, *, json: bool, context: Sequence[Processor]) -> None:
     """Libraries log through ``logging`` (asyncpg's pool, aiohttp): render their
     records in the same format, so the log stays one JSON object per line."""
     renderer: Any = (
@@ -62,7 +67,7 @@ def _route_stdlib(level: str, *, json: bool) -> None:
     formatter = structlog.stdlib.ProcessorFormatter(
         foreign_pre_chain=[
             structlog.contextvars.merge_contextvars,
-            add_client,
+            *context,
             structlog.stdlib.add_log_level,
             structlog.stdlib.add_logger_name,
             structlog.processors.TimeStamper(fmt="iso", utc=True),

@@ -1,7 +1,11 @@
-"""Prometheus metrics: the three health signals of a flash sale and the rest.
+"""Prometheus metrics: one registry per application, one small observer per component.
 
-The three signals are lock wait time, locks lost before release, and the
-deduction failure rate (purchase outcomes and flush failures by reason).
+The three health signals of a flash sale are lock wait time, locks lost before
+release, and the deduction failure rate (purchase outcomes and flush failures
+by reason). Each component reports through an observer protocol of its own
+(``gateway.write.flusher.FlushObserver``, ``gateway.lock.LockMetrics``, ...),
+and each protocol is fulfilled here by a small object that owns its metric
+families; :class:`Metrics` holds them, the registry and the request counts.
 Each application gets its own registry, so several apps can share a process
 (tests do). Label children used on the hot path are bound once, up front.
 """
@@ -13,9 +17,7 @@ from collections.abc import Callable
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.multiprocess import MultiProcessCollector
 
-from gateway.ops.lockmetrics import LockFamilies
 from gateway.ops.request_stats import PURCHASE_ROUTE, RequestCollector, RequestStats
-from gateway.ops.streammetrics import StreamFamilies
 
 OUTCOMES = (
     "confirmed",
@@ -36,8 +38,8 @@ REQUEST_DURATION = "flashsale_request_duration_seconds"
 
 
 class Metrics:
-    """Every metric of one gateway; implements the service's observers. The lock's
-    observer is :attr:`lock`, the queue writers' :attr:`streams`."""
+    """Every metric of one gateway: the registry, the request counts, and one
+    observer per component, each handed to its component by ``gateway.app``."""
 
     def __init__(self, multiproc_dir: str | None = None) -> None:
         # With several workers every value lives in files under multiproc_dir
@@ -57,8 +59,33 @@ class Metrics:
                 )
             )
         else:
-            self._shared = _SharedRequests(self.stats, r)
-            self.request = self._shared.record
+            self.request = _SharedRequests(self.stats, r).record
+        self.loop = LoopMetrics(r)
+        self.lock = FlushLockMetrics(r)
+        self.flushes = FlushMetrics(r, self.lock)
+        self.backlog = BacklogMetrics(r)
+        self.reconciler = ReconcileMetrics(r)
+        self.purchases = PurchaseMetrics(r, self.stats)
+        self.rebuilds = RebuildMetrics(r)
+        self.scripts = ScriptMetrics(r)
+        self.rooms = RoomMetrics(r)
+        self.connections = ConnectionMetrics(r)
+        self.streams = StreamMetrics(r)
+        self.optimistic = OptimisticMetrics(r)
+
+    def render(self) -> bytes:
+        """The exposition text of every metric (of every worker, with several)."""
+        if self._multiproc_dir is None:
+            return generate_latest(self.registry)
+        merged = CollectorRegistry()
+        MultiProcessCollector(merged, path=self._multiproc_dir)  # type: ignore[no-untyped-call]
+        return generate_latest(merged)
+
+
+class LoopMetrics:
+    """The event loop's lag (gateway.ops.loop_lag.LoopLag's ``observe``)."""
+
+    def __init__(self, r: CollectorRegistry) -> None:
         self.loop_lag = Histogram(
             "flashsale_event_loop_lag_seconds",
             "How late the event loop ran a timer due every 100 ms (gateway.ops.loop_lag).",
@@ -72,6 +99,103 @@ class Metrics:
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
+
+    def lagged(self, seconds: float, own: float) -> None:
+        """The loop ran its lag timer ``seconds`` late, ``own`` of them not
+        waiting for a CPU."""
+        self.loop_lag.observe(seconds)
+        self.loop_own_lag.observe(own)
+
+
+class FlushLockMetrics:
+    """The flush lock's wait, acquisitions, timeouts, renewals, losses, fencing,
+    and the hold time and lease the lease rule compares (gateway.write.lease_rule);
+    the lock's observer (``gateway.lock.LockMetrics``)."""
+
+    def __init__(self, r: CollectorRegistry) -> None:
+        # Lock holds: fine where flushes are, coarse up to the largest sensible lease.
+        hold_buckets = (*LATENCY_BUCKETS, 10.0, 30.0, 60.0)
+        self.lock_wait = Histogram(
+            "flashsale_lock_wait_seconds",
+            "Wait to acquire a flush lock.",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.lock_acquisitions = Counter(
+            "flashsale_lock_acquisitions",
+            "Lock acquisitions, by whether they had to wait.",
+            ["contended"],
+            registry=r,
+        )
+        self.lock_timeouts = Counter(
+            "flashsale_lock_timeouts", "Lock acquisitions that gave up waiting.", registry=r
+        )
+        self.lock_renewals = Counter(
+            "flashsale_lock_renewals", "Lease renewals by the watchdog.", registry=r
+        )
+        self.lock_renewal_failures = Counter(
+            "flashsale_lock_renewal_failures", "Renewal attempts that failed.", registry=r
+        )
+        self.locks_lost = Counter(
+            "flashsale_locks_lost", "Locks whose lease ran out while held.", registry=r
+        )
+        self.fenced = Counter(
+            "flashsale_fenced_out", "Flushes rejected for a stale fencing token.", registry=r
+        )
+        # The lease rule (gateway.write.lease_rule): p99 hold against lease / 3.
+        self.lock_hold = Histogram(
+            "flashsale_lock_hold_seconds",
+            "Time a flush lock was held, acquisition to release.",
+            buckets=hold_buckets,
+            registry=r,
+        )
+        self.lock_lease = Gauge(
+            "flashsale_lock_lease_seconds",
+            "The flush lock's lease (GATEWAY_LOCK_LEASE_S).",
+            registry=r,
+            multiprocess_mode="max",
+        )
+
+    def set_lease(self, seconds: float) -> None:
+        """The lease the flush locks are taken with."""
+        self.lock_lease.set(seconds)
+
+    def acquired(self, wait_s: float, contended: bool) -> None:
+        """A first acquisition after ``wait_s`` seconds."""
+        self.lock_wait.observe(wait_s)
+        self.lock_acquisitions.labels("true" if contended else "false").inc()
+
+    def released(self, held_s: float) -> None:
+        """A normal release after ``held_s`` seconds held."""
+        self.lock_hold.observe(held_s)
+
+    def timed_out(self) -> None:
+        """An acquisition gave up."""
+        self.lock_timeouts.inc()
+
+    def renewed(self) -> None:
+        """The watchdog renewed a lease."""
+        self.lock_renewals.inc()
+
+    def renewal_failed(self) -> None:
+        """One renewal attempt failed."""
+        self.lock_renewal_failures.inc()
+
+    def lost(self) -> None:
+        """A lock was lost while held."""
+        self.locks_lost.inc()
+
+    def fenced_out(self) -> None:
+        """A flush was fenced out."""
+        self.fenced.inc()
+
+
+class FlushMetrics:
+    """Batches flushed and failed (gateway.write.flusher.FlushObserver); a flush
+    fenced out counts where the lock's fencing does."""
+
+    def __init__(self, r: CollectorRegistry, lock: FlushLockMetrics) -> None:
+        self._lock = lock
         self.flush_failures = Counter(
             "flashsale_flush_failures", "Flushes that failed, by reason.", ["reason"], registry=r
         )
@@ -84,8 +208,42 @@ class Metrics:
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
-        # The flush lock's families and observer (gateway.ops.lockmetrics).
-        self.lock = LockFamilies(r, LATENCY_BUCKETS)
+
+    def flushed(self, size: int, seconds: float) -> None:
+        """A batch committed and settled."""
+        self.batch_size.observe(size)
+        self.flush_duration.observe(seconds)
+
+    def flush_failed(self, reason: str) -> None:
+        """A batch failed and was given back."""
+        self.flush_failures.labels(reason).inc()
+
+    def fenced_out(self) -> None:
+        """A flush was fenced out."""
+        self._lock.fenced_out()
+
+
+class BacklogMetrics:
+    """The batcher's backlog, sampled (not set on the hot path)."""
+
+    def __init__(self, r: CollectorRegistry) -> None:
+        # The name is public (dashboards, alerts): it predates "backlog".
+        self.backlog_depth = Gauge(
+            "flashsale_queue_depth",
+            "Purchases in the batcher's backlog: waiting for or in a flush.",
+            registry=r,
+            multiprocess_mode="livesum",
+        )
+
+    def sample(self, depth: int) -> None:
+        """The backlog now."""
+        self.backlog_depth.set(depth)
+
+
+class ReconcileMetrics:
+    """What the reconciler found per sku (its ``publish``)."""
+
+    def __init__(self, r: CollectorRegistry) -> None:
         self.pending = Gauge(
             "flashsale_reservations_pending",
             "Units reserved in Redis, not yet settled.",
@@ -98,8 +256,24 @@ class Metrics:
             ["sku"],
             registry=r,
         )
+
+    def sku_state(self, sku: str, pending: int, drift: int) -> None:
+        """A sku's pending units and drift, as one pass found them."""
+        self.pending.labels(sku).set(pending)
+        self.drift.labels(sku).set(drift)
+
+
+class PurchaseMetrics:
+    """Reloads, sheds and sold-out filters of the purchases
+    (gateway.usecases.purchases.PurchaseObserver)."""
+
+    def __init__(self, r: CollectorRegistry, stats: RequestStats) -> None:
+        self._stats = stats
         self.reloads = Counter(
             "flashsale_stock_reloads", "Stock keys reloaded from the database.", registry=r
+        )
+        self.shed = Counter(
+            "flashsale_shed", "Purchases refused with 503 because the backlog was full.", registry=r
         )
         self.confirmed_id_builds = Counter(
             "flashsale_confirmed_id_builds",
@@ -116,22 +290,55 @@ class Metrics:
             "Time those passes took, in the background (HSCAN round trips and hashing).",
             registry=r,
         )
+
+    def stock_reloaded(self) -> None:
+        """A missing stock key was loaded from the database."""
+        self.reloads.inc()
+
+    def shed_one(self) -> None:
+        """A purchase was refused because the backlog was full."""
+        self.shed.inc()
+        self._stats.shed += 1
+
+    def confirmed_ids_built(self, count: int, seconds: float) -> None:
+        """A sold-out sku's replay filter was built over ``count`` confirmed orders."""
+        self.confirmed_id_builds.inc()
+        self.confirmed_ids_read.inc(count)
+        self.confirmed_id_build_seconds.inc(seconds)
+
+
+class RebuildMetrics:
+    """Lost sales rebuilt (gateway.usecases.rebuilds.RebuildObserver)."""
+
+    def __init__(self, r: CollectorRegistry) -> None:
         self.rebuilds = Counter("flashsale_sale_rebuilds", "Lost sales rebuilt here.", registry=r)
         self.rebuild_seconds = Counter(
             "flashsale_sale_rebuild_seconds", "Time those rebuilds took (paced).", registry=r
         )
+
+    def rebuilt(self, orders: int, seconds: float) -> None:
+        """A sku's buyers and done hashes were rebuilt from ``orders`` order rows."""
+        self.rebuilds.inc()
+        self.rebuild_seconds.inc(seconds)
+
+
+class ScriptMetrics:
+    """Lua scripts Redis had forgotten (the Redis adapters' ``on_noscript``)."""
+
+    def __init__(self, r: CollectorRegistry) -> None:
         self.noscript = Counter(
             "flashsale_noscript_reloads", "Scripts reloaded after NOSCRIPT.", ["script"], registry=r
         )
-        self.backlog_depth = Gauge(
-            "flashsale_queue_depth",
-            "Purchases in the batcher's backlog: waiting for or in a flush.",
-            registry=r,
-            multiprocess_mode="livesum",
-        )
-        self.shed = Counter(
-            "flashsale_shed", "Purchases refused with 503 because the backlog was full.", registry=r
-        )
+
+    def reloaded(self, script: str) -> None:
+        """Redis had forgotten ``script``: it was loaded again."""
+        self.noscript.labels(script).inc()
+
+
+class RoomMetrics:
+    """Waiting rooms and admission tokens (gateway.usecases.admission.AdmissionObserver)."""
+
+    def __init__(self, r: CollectorRegistry) -> None:
         self.room_length = Gauge(
             "flashsale_waiting_room_length",
             "People waiting in a sku's waiting room (as last seen by a join or poll).",
@@ -151,6 +358,22 @@ class Metrics:
             ["reason"],
             registry=r,
         )
+
+    def room_seen(self, sku: str, waiting: int, admitted_now: int) -> None:
+        """A join or poll saw ``waiting`` people in the room and let ``admitted_now`` in."""
+        self.room_length.labels(sku).set(waiting)
+        if admitted_now:
+            self.room_admitted.labels(sku).inc(admitted_now)
+
+    def admission_refused(self, reason: str) -> None:
+        """A purchase's admission token was refused (missing, forged, expired, used)."""
+        self.admissions_refused.labels(reason).inc()
+
+
+class ConnectionMetrics:
+    """Connections the listener's limits closed (gateway.http.limits.LimitsObserver)."""
+
+    def __init__(self, r: CollectorRegistry) -> None:
         self.connections_refused = Counter(
             "flashsale_connections_refused",
             "Connections closed at once because GATEWAY_MAX_CONNECTIONS were open.",
@@ -161,8 +384,73 @@ class Metrics:
             "Connections dropped for not sending a request within GATEWAY_REQUEST_READ_TIMEOUT_S.",
             registry=r,
         )
-        # The queue strategy's streams and writers (gateway.ops.streammetrics).
-        self.streams = StreamFamilies(r, BATCH_BUCKETS)
+
+    def connection_refused(self) -> None:
+        """A connection beyond the cap was closed."""
+        self.connections_refused.inc()
+
+    def read_timed_out(self) -> None:
+        """A connection was dropped for sending its request too slowly."""
+        self.read_timeouts.inc()
+
+
+class StreamMetrics:
+    """The queue strategy's streams (length, pending entries, reclaims) and its
+    writers' batches (gateway.write.writer.WriterObserver)."""
+
+    def __init__(self, r: CollectorRegistry) -> None:
+        self.stream_length = Gauge(
+            "flashsale_stream_length",
+            "Queued purchases in a sku's stream, read or not (sampled by its writers).",
+            ["sku"],
+            registry=r,
+            multiprocess_mode="max",
+        )
+        self.stream_pending = Gauge(
+            "flashsale_stream_pending",
+            "Stream entries a writer has read and not yet acknowledged.",
+            ["sku"],
+            registry=r,
+            multiprocess_mode="max",
+        )
+        self.stream_reclaims = Counter(
+            "flashsale_stream_reclaimed",
+            "Stream entries claimed from a writer presumed dead (XAUTOCLAIM).",
+            registry=r,
+        )
+        self.writer_batches = Counter(
+            "flashsale_writer_batches",
+            "Batches of stream entries a writer committed, or failed to.",
+            ["result"],
+            registry=r,
+        )
+        self.writer_batch_size = Histogram(
+            "flashsale_writer_batch_size",
+            "Stream entries per committed writer batch.",
+            buckets=BATCH_BUCKETS,
+            registry=r,
+        )
+
+    def writer_batch(self, size: int, failed: bool) -> None:
+        """A writer committed a batch of ``size`` entries, or failed one."""
+        self.writer_batches.labels("failed" if failed else "committed").inc()
+        if not failed:
+            self.writer_batch_size.observe(size)
+
+    def stream_reclaimed(self, count: int) -> None:
+        """A writer claimed ``count`` entries of a dead one."""
+        self.stream_reclaims.inc(count)
+
+    def stream_depth(self, sku: str, length: int, pending: int) -> None:
+        """A sku's stream length and pending entries, as a writer sampled them."""
+        self.stream_length.labels(sku).set(length)
+        self.stream_pending.labels(sku).set(pending)
+
+
+class OptimisticMetrics:
+    """The optimistic strategy's races (gateway.strategies.optimistic.OptimisticObserver)."""
+
+    def __init__(self, r: CollectorRegistry) -> None:
         self.optimistic_conflicts = Counter(
             "flashsale_optimistic_conflicts",
             "Optimistic UPDATEs that found the row at another version (nothing written).",
@@ -179,88 +467,6 @@ class Metrics:
             registry=r,
         )
 
-    def render(self) -> bytes:
-        """The exposition text of every metric (of every worker, with several)."""
-        if self._multiproc_dir is None:
-            return generate_latest(self.registry)
-        merged = CollectorRegistry()
-        MultiProcessCollector(merged, path=self._multiproc_dir)  # type: ignore[no-untyped-call]
-        return generate_latest(merged)
-
-    def sample_backlog(self, depth: int) -> None:
-        """Record the batcher's backlog (sampled, not set on the hot path)."""
-        self.backlog_depth.set(depth)
-
-    def loop_lagged(self, seconds: float, own: float) -> None:
-        """The loop ran its lag timer ``seconds`` late, ``own`` of them not
-        waiting for a CPU."""
-        self.loop_lag.observe(seconds)
-        self.loop_own_lag.observe(own)
-
-    # The service's observer.
-    def flushed(self, size: int, seconds: float) -> None:
-        """A batch committed and settled."""
-        self.batch_size.observe(size)
-        self.flush_duration.observe(seconds)
-
-    def flush_failed(self, reason: str) -> None:
-        """A batch failed and was given back."""
-        self.flush_failures.labels(reason).inc()
-
-    def stock_reloaded(self) -> None:
-        """A missing stock key was loaded from the database."""
-        self.reloads.inc()
-
-    def rebuilt(self, orders: int, seconds: float) -> None:
-        """A sku's buyers and done hashes were rebuilt from ``orders`` order rows."""
-        self.rebuilds.inc()
-        self.rebuild_seconds.inc(seconds)
-
-    def confirmed_ids_built(self, count: int, seconds: float) -> None:
-        """A sold-out sku's replay filter was built over ``count`` confirmed orders."""
-        self.confirmed_id_builds.inc()
-        self.confirmed_ids_read.inc(count)
-        self.confirmed_id_build_seconds.inc(seconds)
-
-    def shed_one(self) -> None:
-        """A purchase was refused because the backlog was full."""
-        self.shed.inc()
-        self.stats.shed += 1
-
-    # The waiting rooms' observer (gateway.usecases.admission.AdmissionObserver).
-    def room_seen(self, sku: str, waiting: int, admitted_now: int) -> None:
-        """A join or poll saw ``waiting`` people queued and let ``admitted_now`` in."""
-        self.room_length.labels(sku).set(waiting)
-        if admitted_now:
-            self.room_admitted.labels(sku).inc(admitted_now)
-
-    def admission_refused(self, reason: str) -> None:
-        """A purchase's admission token was refused (missing, forged, expired, used)."""
-        self.admissions_refused.labels(reason).inc()
-
-    # The listener limits' observer (gateway.http.limits.LimitsObserver).
-    def connection_refused(self) -> None:
-        """A connection beyond the cap was closed."""
-        self.connections_refused.inc()
-
-    def read_timed_out(self) -> None:
-        """A connection was dropped for sending its request too slowly."""
-        self.read_timeouts.inc()
-
-    def noscript_reload(self, script: str) -> None:
-        """Redis had forgotten a script."""
-        self.noscript.labels(script).inc()
-
-    def sku_state(self, sku: str, pending: int, drift: int) -> None:
-        """What the reconciler found for a sku."""
-        self.pending.labels(sku).set(pending)
-        self.drift.labels(sku).set(drift)
-
-    def fenced_out(self) -> None:
-        """A flush was fenced out."""
-        self.lock.fenced_out()
-
-    # The optimistic strategy's observer (gateway.strategies.optimistic).
     def optimistic_conflict(self) -> None:
         """An optimistic UPDATE lost the race for the row."""
         self.optimistic_conflicts.inc()

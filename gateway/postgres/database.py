@@ -42,6 +42,16 @@ APPLIED_VERSIONS = "SELECT version FROM schema_migrations"
 RECORD_VERSION = "INSERT INTO schema_migrations (version) VALUES ($1)"
 
 Pool = asyncpg.Pool
+# What the driver raises when PostgreSQL cannot be reached or refuses: every
+# adapter turns these into PostgresUnavailable (a 503).
+DB_ERRORS = (
+    asyncpg.PostgresError,
+    asyncpg.InterfaceError,
+    # Raised by the driver when a broken connection is reused mid-protocol.
+    asyncpg.InternalClientError,
+    OSError,
+    TimeoutError,
+)
 # A connection of its own or one borrowed from a pool.
 Connection = asyncpg.Connection | asyncpg.pool.PoolConnectionProxy
 

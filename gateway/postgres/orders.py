@@ -43,7 +43,7 @@ from gateway.domain.model import (
     WaitingRoom,
 )
 from gateway.domain.rules import Rate, rate_from_db
-from gateway.postgres.database import Connection
+from gateway.postgres.database import DB_ERRORS, Connection
 
 # Serializes writers of one sku (admin changes lock the row too).
 LOCK_INVENTORY_ROW = "SELECT stock, fence FROM inventory WHERE sku = $1 FOR UPDATE"
@@ -236,16 +236,6 @@ async def _write_settings(con: Connection, sku: str, new: SkuSettings) -> None:
 def _rate_text(rate: Rate | str | None) -> str | None:
     """A rate as its column holds it: ``N/s:burst``, ``off`` or NULL."""
     return None if rate is None else str(rate)
-
-
-DB_ERRORS = (
-    asyncpg.PostgresError,
-    asyncpg.InterfaceError,
-    # Raised by the driver when a broken connection is reused mid-protocol.
-    asyncpg.InternalClientError,
-    OSError,
-    TimeoutError,
-)
 
 
 @dataclass(frozen=True, slots=True)

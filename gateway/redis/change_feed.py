@@ -2,8 +2,10 @@
 
 Scripts publish ``avail:<sku>`` when stock comes back and ``meta:<sku>`` when an
 admin changed a sku (``gateway.redis.layout.Change``). Every instance listens on one
-connection. After every (re)subscription all marks are dropped, since
-announcements may have been missed while the connection was down.
+connection and tells its subscribers (the use cases' caches, registered by the
+wiring) what each announcement means; after every (re)subscription they hear
+that anything may have changed, since announcements may have been missed while
+the connection was down.
 
 On a Redis Cluster the scripts PUBLISH from whichever node holds the sku, and
 classic pub/sub delivers a message to the subscribers of every node: one
@@ -16,6 +18,8 @@ dead node is left behind at the first retry without waiting for the slot map.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
+from typing import Protocol
 
 import structlog
 from redis.asyncio.client import PubSub
@@ -24,37 +28,50 @@ from redis.exceptions import RedisError
 
 from gateway.redis.connections import RedisClient
 from gateway.redis.layout import Change, parse_change
-from gateway.usecases.catalog import Catalog
-from gateway.usecases.sold_out import SoldOut
 
 log = structlog.get_logger(__name__)
 
 RETRY_S = 0.5
 
 
+class ChangeSubscriber(Protocol):
+    """What the feed tells: each announcement, and that anything may have changed."""
+
+    def stock_returned(self, sku: str) -> None:
+        """Stock of ``sku`` came back (a restock, a reset, reservations given back)."""
+
+    def sku_changed(self, sku: str) -> None:
+        """An admin changed ``sku`` (or an announcement of a kind not known here)."""
+
+    def state_dropped(self) -> None:
+        """Every sku's Redis state was dropped (it came from another database)."""
+
+    def feed_resumed(self) -> None:
+        """The feed (re)subscribed: announcements may have been missed before."""
+
+
 class ChangeFeed:
-    """Applies announcements on the channel to the sold-out marks and catalog."""
+    """Tells its subscribers what each announcement on the channel means."""
 
     def __init__(
-        self, redis: RedisClient, channel: str, soldout: SoldOut, catalog: Catalog
+        self, redis: RedisClient, channel: str, subscribers: Sequence[ChangeSubscriber]
     ) -> None:
         self._redis = redis
         self._turn = 0  # which cluster node the next subscription goes to
         self._channel = channel
-        self._soldout = soldout
-        self._catalog = catalog
+        self._subscribers = tuple(subscribers)
         self.subscribed = asyncio.Event()
 
     def apply(self, message: str) -> None:
-        """Apply one announcement."""
+        """Tell every subscriber of one announcement."""
         change, sku = parse_change(message)
-        if change is Change.RESET:
-            self._soldout.clear_all(filters=True)
-            self._catalog.forget_all()
-            return
-        self._soldout.clear(sku)
-        if change is not Change.AVAILABLE:  # an admin change, or one we don't know
-            self._catalog.forget(sku)
+        for subscriber in self._subscribers:
+            if change is Change.RESET:
+                subscriber.state_dropped()
+            elif change is Change.AVAILABLE:
+                subscriber.stock_returned(sku)
+            else:  # an admin change, or one we don't know
+                subscriber.sku_changed(sku)
 
     async def run(self) -> None:
         """Listen until cancelled, resubscribing after connection failures."""
@@ -90,8 +107,8 @@ class ChangeFeed:
             async for message in pubsub.listen():
                 if message["type"] == "subscribe":
                     # From here on nothing is missed; before, anything may have been.
-                    self._soldout.clear_all()
-                    self._catalog.forget_all()
+                    for subscriber in self._subscribers:
+                        subscriber.feed_resumed()
                     self.subscribed.set()
                 elif message["type"] == "message" and isinstance(message["data"], str):
                     self.apply(message["data"])

@@ -4,14 +4,14 @@ sku's stream, and what ``GET /v1/orders/{id}`` asks of a queued purchase.
 ``enqueue.lua`` (called by :class:`gateway.redis.reservations.Reservations`) reserves and
 XADDs in one script; this adapter reads the entries in the consumer group
 ``writers`` (XREADGROUP), claims a dead writer's (XAUTOCLAIM) and, once a
-batch is committed, records its rejections and acknowledges it (one MULTI in
-the sku's slot). Keys and entry fields are ``gateway.redis.layout``'s. Driver errors
+batch is committed, records its rejections and acknowledges it (one pipeline
+in the sku's slot). Keys and entry fields are ``gateway.redis.layout``'s. Driver errors
 become :class:`gateway.domain.errors.RedisUnavailable` here.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +19,7 @@ from redis.exceptions import RedisError, ResponseError
 
 from gateway.domain.errors import RedisUnavailable
 from gateway.domain.model import Purchase, Verdict
+from gateway.lock import connection_errors
 from gateway.redis.connections import RedisClient, redis_call
 from gateway.redis.layout import WRITERS_GROUP, rejected_key, request_key, stream_key
 from gateway.settings import Settings
@@ -27,6 +28,35 @@ from gateway.settings import Settings
 class StreamGone(Exception):
     """The sku's stream (and with it the writers' group) no longer exists: it
     expired, or was dropped. Its writer stops until a purchase makes it again."""
+
+
+class GroupExists(Exception):
+    """The writers' group is on the sku's stream already."""
+
+
+def _stream_error(sku: str, exc: RedisError) -> Exception:
+    """What a stream command's driver error means, told by the error code Redis
+    answered with (the first word of its reply; redis-py types neither of these):
+    NOGROUP, the stream and its group are gone; BUSYGROUP, the group exists;
+    anything else, Redis is unavailable."""
+    if isinstance(exc, ResponseError):
+        code = str(exc).partition(" ")[0]
+        if code == "NOGROUP":
+            return StreamGone(sku)
+        if code == "BUSYGROUP":
+            return GroupExists(sku)
+        return RedisUnavailable(f"redis: {exc}")
+    return RedisUnavailable(f"redis: {type(exc).__name__}")
+
+
+async def _stream_call(sku: str, call: Awaitable[Any]) -> Any:
+    """Await a command on ``sku``'s stream; a driver error raises what
+    :func:`_stream_error` says it means."""
+    try:
+        with connection_errors():
+            return await call
+    except RedisError as exc:
+        raise _stream_error(sku, exc) from exc
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,34 +105,27 @@ class Streams:
         entries queued before the group existed are read too."""
         key = stream_key(self._prefix, sku)
         try:
-            await self.redis.xgroup_create(key, WRITERS_GROUP, "0", True)
-            # MKSTREAM may have made an empty stream: it expires like a used one.
-            await self.redis.pexpire(key, self._retention_ms, nx=True)
-        except ResponseError as exc:
-            if "BUSYGROUP" not in str(exc):
-                raise RedisUnavailable(f"redis: {exc}") from exc
-        except RedisError as exc:
-            raise RedisUnavailable(f"redis: {type(exc).__name__}") from exc
+            await _stream_call(sku, self.redis.xgroup_create(key, WRITERS_GROUP, "0", True))
+        except GroupExists:
+            return
+        # MKSTREAM may have made an empty stream: it expires like a used one.
+        await redis_call(self.redis.pexpire(key, self._retention_ms, nx=True))
 
     async def read(self, sku: str, consumer: str, *, new: bool) -> list[Entry]:
         """A batch of entries for ``consumer``: new ones (waiting up to the block
         time for the first), or with ``new`` false the ones it read before and
         has not acknowledged (a batch that failed). Raises :class:`StreamGone`."""
         key = stream_key(self._prefix, sku)
-        try:
-            reply: Any = await self.redis.xreadgroup(
+        reply = await _stream_call(
+            sku,
+            self.redis.xreadgroup(
                 WRITERS_GROUP,
                 consumer,
                 {key: ">" if new else "0"},
                 count=self._count,
                 block=self._block_ms if new else None,
-            )
-        except ResponseError as exc:
-            if "NOGROUP" in str(exc):
-                raise StreamGone(sku) from exc
-            raise RedisUnavailable(f"redis: {exc}") from exc
-        except RedisError as exc:
-            raise RedisUnavailable(f"redis: {type(exc).__name__}") from exc
+            ),
+        )
         return [e for _, raw in reply or [] for e in _entries(sku, raw)]
 
     async def existing(self, skus: Sequence[str]) -> list[str]:
@@ -119,16 +142,10 @@ class Streams:
         claim idle time: that writer is presumed dead (XAUTOCLAIM). Raises
         :class:`StreamGone`."""
         key = stream_key(self._prefix, sku)
-        try:
-            reply: Any = await self.redis.xautoclaim(
-                key, WRITERS_GROUP, consumer, self._claim_idle_ms, "0-0", count=self._count
-            )
-        except ResponseError as exc:
-            if "NOGROUP" in str(exc):
-                raise StreamGone(sku) from exc
-            raise RedisUnavailable(f"redis: {exc}") from exc
-        except RedisError as exc:
-            raise RedisUnavailable(f"redis: {type(exc).__name__}") from exc
+        claim = self.redis.xautoclaim(
+            key, WRITERS_GROUP, consumer, self._claim_idle_ms, "0-0", count=self._count
+        )
+        reply = await _stream_call(sku, claim)
         return _entries(sku, reply[1])
 
     async def finish(

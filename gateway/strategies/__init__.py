@@ -19,11 +19,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from gateway.domain.model import Purchase, Result, Strategy
-
-# The strategies that decide in PostgreSQL alone: a sku on one of them has no
-# Redis state (no counter, no ledger) for the reconciler or the audit to compare.
-REDIS_FREE = frozenset({Strategy.SQL_DIRECT, Strategy.OPTIMISTIC, Strategy.PESSIMISTIC})
+from gateway.domain.model import Purchase, Result
 
 
 class Deduction(Protocol):

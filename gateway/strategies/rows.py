@@ -18,8 +18,7 @@ import asyncpg
 
 from gateway.domain.errors import IdempotencyMismatch, PostgresUnavailable
 from gateway.domain.model import DUPLICATE, SOLD_OUT, Order, Outcome, Purchase, Result
-from gateway.postgres.database import Connection
-from gateway.postgres.orders import DB_ERRORS
+from gateway.postgres.database import DB_ERRORS, Connection
 
 # The request id's own order, and any order of this buyer of this sku: one
 # round trip for the replay and the duplicate checks.

@@ -5,7 +5,7 @@ Redis counter to database stock minus the pending ledger, under the sku's
 flush lock so no flush commits in between; a counter that was missing comes
 back flagged as rebuilding, and its buyers and done hashes are written back in
 the background (``gateway.usecases.rebuilds``). A sku whose strategy keeps no Redis
-state (``gateway.strategies.REDIS_FREE``) has no counter: putting it there deletes
+state (``gateway.domain.model.REDIS_FREE``) has no counter: putting it there deletes
 the counter, and restocking it touches the database alone.
 """
 
@@ -15,10 +15,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from gateway.domain.errors import UnknownSku
-from gateway.domain.model import StockReport
+from gateway.domain.model import REDIS_FREE, StockReport
 from gateway.postgres.orders import Orders
 from gateway.redis.reservations import Reservations
-from gateway.strategies import REDIS_FREE
 from gateway.usecases.catalog import Catalog
 from gateway.usecases.rebuilds import Rebuilds
 from gateway.usecases.servable import Servability

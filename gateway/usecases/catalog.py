@@ -57,6 +57,22 @@ class Catalog:
         self._known.pop(sku, None)
         self._unknown.pop(sku, None)
 
+    # What the change feed tells (gateway.redis.change_feed.ChangeSubscriber).
+    def stock_returned(self, sku: str) -> None:
+        """Stock is not what the catalog holds: nothing to drop."""
+
+    def sku_changed(self, sku: str) -> None:
+        """An admin changed the sku: its entry is stale."""
+        self.forget(sku)
+
+    def state_dropped(self) -> None:
+        """Redis dropped every sku's state: it came from another database, so may this."""
+        self.forget_all()
+
+    def feed_resumed(self) -> None:
+        """Announcements may have been missed: every entry goes."""
+        self.forget_all()
+
     def forget_all(self) -> None:
         """Drop everything (the change feed was interrupted)."""
         self._known.clear()

@@ -35,6 +35,7 @@ from gateway.domain.errors import (
 )
 from gateway.domain.model import (
     DUPLICATE,
+    REDIS_FREE,
     SOLD_OUT,
     Order,
     Outcome,
@@ -48,7 +49,7 @@ from gateway.postgres.lookups import OrderLookups
 from gateway.postgres.orders import Orders
 from gateway.redis.reservations import Reply, Reservations, outcome_of
 from gateway.redis.streams import Streams
-from gateway.strategies import REDIS_FREE, Deduction
+from gateway.strategies import Deduction
 from gateway.usecases.catalog import Catalog
 from gateway.usecases.marking import SoldOutMarking
 from gateway.usecases.rebuilds import Rebuilds

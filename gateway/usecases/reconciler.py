@@ -16,7 +16,7 @@ A reservation of the queue strategy still in its sku's stream is not stale,
 however old: a writer will commit it (step 1 skips it); its units count as
 pending in step 2 like any reservation's.
 
-A sku whose strategy keeps no Redis state (``gateway.strategies.REDIS_FREE``) has
+A sku whose strategy keeps no Redis state (``gateway.domain.model.REDIS_FREE``) has
 no counter to compare: step 1 still settles what an earlier reserve-batch sale
 left in its ledger, step 2 is skipped. Its books (stock + sold = provided) are
 the database's alone, which the audit checks.
@@ -33,11 +33,10 @@ import structlog
 from redis.exceptions import RedisError
 
 from gateway.domain.errors import Unavailable
-from gateway.domain.model import Verdict
-from gateway.lock.errors import LockError
+from gateway.domain.model import REDIS_FREE, Verdict
+from gateway.lock import LockError
 from gateway.postgres.orders import Orders
 from gateway.redis.reservations import Reservations, Settlement
-from gateway.strategies import REDIS_FREE
 from gateway.usecases.catalog import Catalog
 from gateway.write.sku_locks import SkuLocks
 

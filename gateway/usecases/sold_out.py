@@ -125,6 +125,23 @@ class SoldOut:
         self._generations[sku] = self._generations.get(sku, 0) + 1
         self._marks.pop(sku, None)
 
+    # What the change feed tells (gateway.redis.change_feed.ChangeSubscriber).
+    def stock_returned(self, sku: str) -> None:
+        """Stock came back: the sku's mark is stale."""
+        self.clear(sku)
+
+    def sku_changed(self, sku: str) -> None:
+        """An admin changed the sku: its mark is stale."""
+        self.clear(sku)
+
+    def state_dropped(self) -> None:
+        """Redis dropped every sku's state: marks and the filters built from it go."""
+        self.clear_all(filters=True)
+
+    def feed_resumed(self) -> None:
+        """Announcements may have been missed: every mark goes (filters still hold)."""
+        self.clear_all()
+
     def clear_all(self, *, filters: bool = False) -> None:
         """Forget every mark (the change feed was interrupted), and with ``filters``
         every filter too (the state they were built from was dropped)."""

@@ -19,7 +19,7 @@ from redis.exceptions import RedisError
 
 from gateway.domain.errors import FencedOut, OutcomeUnknown, Unavailable
 from gateway.domain.model import Purchase, Result, Verdict
-from gateway.lock.errors import LockError, LockLost, LockTimeout
+from gateway.lock import LockError, LockLost, LockTimeout
 from gateway.postgres.orders import BatchDecision, Orders
 from gateway.redis.reservations import Reservations, Settlement
 from gateway.write.sku_locks import FlushLock, SkuLocks

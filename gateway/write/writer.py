@@ -29,7 +29,7 @@ from redis.exceptions import RedisError
 
 from gateway.domain.errors import Unavailable
 from gateway.domain.model import Verdict
-from gateway.lock.errors import LockError
+from gateway.lock import LockError
 from gateway.postgres.orders import Orders
 from gateway.redis.streams import Depth, Entry, StreamGone, Streams
 from gateway.write.flusher import Flusher

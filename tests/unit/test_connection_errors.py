@@ -8,7 +8,7 @@ import pytest
 from redis.asyncio.connection import Connection
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from gateway.lock.errors import connection_errors
+from gateway.lock import connection_errors
 
 
 async def test_a_write_on_a_connection_closed_under_it_is_a_connection_error() -> None:

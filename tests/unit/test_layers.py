@@ -1,0 +1,111 @@
+"""The layers import downward only: the tree is the architecture (README, "Layout").
+
+Every import of a ``gateway`` module, the type-only ones included, is read from
+the AST and checked against the layer it lands in. The top-level modules (the
+entry point, the wiring, the process) may import any layer; ``gateway.settings``
+is the configuration value every layer is handed, and imports only the domain.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+GATEWAY = Path(__file__).resolve().parents[2] / "gateway"
+
+# What each layer may import besides itself and gateway.settings, top to bottom.
+# lua, sql and the pages are package data, not code.
+ALLOWED: dict[str, frozenset[str]] = {
+    "http": frozenset(
+        {"usecases", "write", "strategies", "ops", "redis", "postgres", "domain", "lock"}
+    ),
+    "ops": frozenset({"redis", "postgres", "domain", "lock"}),
+    "usecases": frozenset({"write", "strategies", "redis", "postgres", "domain", "lock"}),
+    "write": frozenset({"redis", "postgres", "domain", "lock"}),
+    "strategies": frozenset({"postgres", "domain"}),
+    "redis": frozenset({"domain", "lock"}),
+    "postgres": frozenset({"domain"}),
+    "domain": frozenset(),
+    # A library of its own: redis-py and asyncpg only.
+    "lock": frozenset(),
+}
+TOP_LEVEL = frozenset({"__init__", "__main__", "app", "resources", "server"})
+
+
+def imported(tree: ast.AST) -> list[tuple[int, str]]:
+    """(line, dotted name) of every ``gateway`` module an AST imports; a name
+    imported from a package (``from gateway.http import views``) counts as
+    the module it names. A relative import is reported as ``.``: the gateway
+    spells every import in full, so none escapes the check."""
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, a.name) for a in node.names if a.name.startswith("gateway")]
+        elif isinstance(node, ast.ImportFrom) and node.level > 0:
+            found.append((node.lineno, "."))
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("gateway"):
+            found += [(node.lineno, f"{node.module}.{a.name}") for a in node.names]
+    return sorted(found)
+
+
+def layer_of(dotted: str) -> str:
+    """The layer a dotted name is in: ``gateway.<layer>...``, or ``settings``."""
+    parts = dotted.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def upward(path: Path, root: Path = GATEWAY) -> list[str]:
+    """The imports of the module at ``path`` (under the package ``root``) that its
+    layer may not make."""
+    relative = path.relative_to(root)
+    layer = relative.parts[0] if len(relative.parts) > 1 else relative.stem
+    if layer in TOP_LEVEL:
+        return []
+    allowed = {"domain"} if layer == "settings" else {layer, "settings", *ALLOWED[layer]}
+    tree = ast.parse(path.read_text(), str(path))
+    return [
+        f"{relative}:{line} imports {name}"
+        for line, name in imported(tree)
+        if layer_of(name) not in allowed
+    ]
+
+
+def sources() -> list[Path]:
+    return sorted(GATEWAY.rglob("*.py"))
+
+
+@pytest.mark.parametrize("path", sources(), ids=lambda p: str(p.relative_to(GATEWAY)))
+def test_no_layer_imports_upward(path: Path) -> None:
+    """A module imports its own layer, the layers below it and the settings only."""
+    assert upward(path) == []
+
+
+def test_every_package_is_a_known_layer() -> None:
+    """A new package under gateway/ takes its place in the rule above first."""
+    packages = {p.parent.name for p in GATEWAY.glob("*/__init__.py")} - {"lua", "sql"}
+    assert packages == set(ALLOWED)
+    modules = {p.stem for p in GATEWAY.glob("*.py")}
+    assert modules == TOP_LEVEL | {"settings"}, "the top level holds the entry and wiring"
+
+
+def test_the_rule_sees_an_upward_import(tmp_path: Path) -> None:
+    """Every spelling of an upward import is caught, a type-only one included,
+    and a downward one is not."""
+    planted = tmp_path / "gateway" / "redis" / "planted.py"
+    planted.parent.mkdir(parents=True)
+    planted.write_text(
+        "from gateway.http import views\n"
+        "import gateway.usecases.purchases\n"
+        "if TYPE_CHECKING:\n    from gateway.write.batcher import Batcher\n"
+        "from gateway.domain.model import Order\n"
+        "from gateway.settings import Settings\n"
+        "from . import layout\n"
+    )
+    assert upward(planted, tmp_path / "gateway") == [
+        "redis/planted.py:1 imports gateway.http.views",
+        "redis/planted.py:2 imports gateway.usecases.purchases",
+        "redis/planted.py:4 imports gateway.write.batcher.Batcher",
+        "redis/planted.py:7 imports .",
+    ]
