@@ -44,8 +44,8 @@ run: $(SERVING) services
 		exec $(BIN)/flashsale-gateway serve --demo
 
 lint: $(STAMP)
-	$(BIN)/ruff check gateway tests loadtests
-	$(BIN)/ruff format --check gateway tests loadtests
+	$(BIN)/ruff check gateway tests loadtests testkit
+	$(BIN)/ruff format --check gateway tests loadtests testkit
 	@bash scripts/module_size.sh
 
 typecheck: $(STAMP)
@@ -62,7 +62,7 @@ test: lint typecheck pytest
 
 # The inner loop: lint, types and the unit tests (no servers needed).
 check: lint typecheck
-	$(BIN)/pytest -q -p no:cacheprovider tests/unit
+	$(BIN)/pytest -q -p no:cacheprovider tests/unit loadtests/tests/unit
 
 chaos: $(STAMP) services
 	$(BIN)/pytest -q -p no:cacheprovider tests/chaos
@@ -78,7 +78,7 @@ bench: $(STAMP) services
 # (AB_ARGS: --paths sold_out,in_stock --rounds 8 --seconds 2).
 ab: $(STAMP) services
 	@bash scripts/bench_tools.sh
-	$(BIN)/python -m loadtests.ab --base $(BASE) $(AB_ARGS)
+	$(BIN)/python -m loadtests.bench_ab --base $(BASE) $(AB_ARGS)
 
 locust: $(STAMP) services
 	$(BIN)/python -m loadtests.locust_run

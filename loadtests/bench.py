@@ -1,15 +1,15 @@
 """The wrk benchmark: the gateway against a bare aiohttp app and a naive implementation.
 
 ``python -m loadtests.bench`` (``make bench``) creates bench databases, starts
-the targets on free loopback ports (``bare``: loadtests.baseline, ``gateway``
+the targets on free loopback ports (``bare``: loadtests.baselines.bare, ``gateway``
 and ``nometrics``: one ``flashsale-gateway serve`` process each, ``naive``:
-loadtests.naive), creates their skus, sells the sold-out skus out (a small sale
+loadtests.baselines.naive), creates their skus, sells the sold-out skus out (a small sale
 of 10 units, and on the gateway a big one of ``BENCH_BIG_STOCK`` units to new
-users), then drives them with wrk (``loadtests/purchase.lua``) in interleaved
-rounds, one target at a time (see ``loadtests.bench_paths`` for the paths).
+users), then drives them with wrk (``loadtests/lib/purchase.lua``) in interleaved
+rounds, one target at a time (see ``loadtests.lib.bench_paths`` for the paths).
 
 Measuring as issue 10 asks: with two cores or more wrk runs on core 0 and the
-targets on core 1 (``loadtests.pinning``), every (target, path) runs once per
+targets on core 1 (``loadtests.lib.pinning``), every (target, path) runs once per
 round, rounds interleave (the order rotates each round), and the table shows
 medians with min-max. The bare app has no in-stock path; its sold-out runs are
 the reference for both.
@@ -17,7 +17,7 @@ the reference for both.
 It prints one table, writes ``loadtests/results/latest.json`` and
 ``latest.png``, records the gateway's memory idle, after the big sale and after
 the load, the Redis memory of the big sale, and checks that the units sold match
-the 201s wrk saw. Then the open-loop latency runs (``loadtests.bench_openloop``:
+the 201s wrk saw. Then the open-loop latency runs (``loadtests.lib.bench_openloop``:
 fixed rates at 50 % and 80 % of each target's closed-loop median, latency from
 the intended send time, HdrHistogram). Everything it started or created is removed at the end,
 including on failure and Ctrl-C.
@@ -40,27 +40,25 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
 
-from loadtests import machine, wrk
-from loadtests.bench_checks import audit, audit_failures
-from loadtests.bench_config import Config, config_from
-from loadtests.bench_openloop import open_rows, run_open_loop
-from loadtests.bench_paths import (
+from loadtests.lib import machine, wrk
+from loadtests.lib.bench_checks import audit, audit_failures
+from loadtests.lib.bench_config import Config, config_from
+from loadtests.lib.bench_openloop import open_rows, run_open_loop
+from loadtests.lib.bench_paths import (
     BIG_SKU,
     IN_STOCK_SKU,
     PATH_TARGETS,
-    SKU_OF,
     SMALL_SALE,
     SOLD_OUT_SKU,
     WRITERS,
 )
-from loadtests.bench_report import flush_note, report, summarize
-from loadtests.bench_sales import sell_sales
-from loadtests.cputime import cpu_seconds
-from loadtests.harness import Harness, passthrough_settings
-from loadtests.pinning import Pinning
-from loadtests.signals import signals_interrupt
-from loadtests.targets import Target
-from tests.support.processes import stop_process
+from loadtests.lib.bench_report import flush_note, report, summarize
+from loadtests.lib.bench_runs import drive
+from loadtests.lib.bench_sales import sell_sales
+from loadtests.lib.harness import Harness, passthrough_settings
+from loadtests.lib.signals import signals_interrupt
+from loadtests.lib.targets import Target
+from testkit.processes import stop_process
 
 
 def start_targets(harness: Harness, config: Config) -> tuple[dict[str, Target], dict[str, str]]:
@@ -82,78 +80,6 @@ def start_targets(harness: Harness, config: Config) -> tuple[dict[str, Target], 
         targets[name].put_sku(IN_STOCK_SKU, config.stock)
     targets["gateway"].put_sku(BIG_SKU, config.big_stock)
     return targets, databases
-
-
-def drive(
-    target: Target, path: str, round_: int, seconds: float, config: Config, tag: str
-) -> wrk.WrkResult:
-    """One wrk run of ``path`` against ``target`` (see :func:`measured`), with what
-    the gateway's counters did meanwhile."""
-    before = target.scrape()
-    result = measured(
-        target,
-        path,
-        round_,
-        seconds,
-        tag=tag,
-        connections=config.connections,
-        threads=config.threads,
-        pinning=config.pinning,
-    )
-    if before:
-        result.extra["metrics"] = metrics_delta(before, target.scrape())
-    return result
-
-
-def measured(
-    target: Target,
-    path: str,
-    round_: int,
-    seconds: float,
-    *,
-    tag: str,
-    connections: int,
-    threads: int,
-    pinning: Pinning,
-) -> wrk.WrkResult:
-    """One wrk run of ``path`` against ``target``, with the target's CPU time per
-    request; fails if the target died."""
-    started = time.time()
-    cpu_before = cpu_seconds(target.pid)
-    raw = wrk.run(
-        target.url,
-        sku=SKU_OF[path],
-        tag=tag,
-        duration_s=seconds,
-        connections=connections,
-        threads=threads,
-        pinning=pinning,
-    )
-    if target.process.poll() is not None:
-        raise RuntimeError(f"{target.name} died under load:\n{target.log_tail()}")
-    result = wrk.to_result(target.name, path, round_, raw, started)
-    if result.requests:
-        spent = cpu_seconds(target.pid) - cpu_before
-        result.extra["cpu_us_per_request"] = round(spent / result.requests * 1e6, 1)
-    return result
-
-
-def metrics_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
-    """What the gateway's counters and histograms did during one run.
-
-    Adds mean batch size, mean flush time and mean lock wait when the gateway
-    exports those histograms; only what changed is kept.
-    """
-    delta = {k: v - before.get(k, 0.0) for k, v in after.items() if v != before.get(k, 0.0)}
-    for name, key, scale in (
-        ("flashsale_batch_size", "mean_batch_size", 1.0),
-        ("flashsale_flush_duration_seconds", "mean_flush_ms", 1000.0),
-        ("flashsale_lock_wait_seconds", "mean_lock_wait_ms", 1000.0),
-    ):
-        count = delta.get(f"{name}_count", 0.0)
-        if count:
-            delta[key] = round(scale * delta.get(f"{name}_sum", 0.0) / count, 3)
-    return delta
 
 
 def schedule(rounds: int) -> list[tuple[int, str, str]]:

@@ -1,22 +1,22 @@
 """``make compare``: every deduction strategy x lock family under one load and three faults.
 
-For each combination that makes sense (``loadtests.compare_round.matrix``) and
-each condition (``loadtests.compare_faults``), two gateway processes share one
+For each combination that makes sense (``loadtests.lib.compare_round.matrix``) and
+each condition (``loadtests.lib.compare_faults``), two gateway processes share one
 database, one Redis key prefix and one sku of ``--stock`` units; two wrk
 processes (one per gateway, every request a new buyer) send far more purchases
 than there is stock for ``--seconds``, while the fault, if any, strikes 0.3 s
 in. Then the reconciler settles what the fault left, ``flashsale-gateway
 audit`` checks the books, and the run records (see
-``loadtests.compare_measure.measure``): confirmed/s, latency p50/p99/p99.9, the
+``loadtests.lib.compare_measure.measure``): confirmed/s, latency p50/p99/p99.9, the
 seed's three health signals from ``/metrics`` (lock wait, locks lost, deduction
 failures by reason), retries, oversell, and stock left unsold or lost. A
 strategy or lock family the gateway refuses at start-up (or does not know yet)
 is skipped with its reason.
 
-The rounds' settings and options are ``loadtests.compare_round``'s, their books
-``loadtests.compare_books``'s, each row ``loadtests.compare_measure``'s.
+The rounds' settings and options are ``loadtests.lib.compare_round``'s, their books
+``loadtests.lib.compare_books``'s, each row ``loadtests.lib.compare_measure``'s.
 Results go to ``loadtests/results/compare.json`` and ``docs/strategies.md``
-(with ``docs/strategies.png``), see ``loadtests.compare_report``.
+(with ``docs/strategies.png``), see ``loadtests.lib.compare_report``.
 
     python -m loadtests.compare [--strategies a,b] [--locks a,b] [--conditions a,b]
         [--seconds 3] [--stock 2000] [--connections 32] [--no-pin]
@@ -32,9 +32,9 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from loadtests import machine, wrk
-from loadtests.compare_books import SoldSampler, settle_and_audit
-from loadtests.compare_faults import (
+from loadtests.lib import machine, wrk
+from loadtests.lib.compare_books import SoldSampler, settle_and_audit
+from loadtests.lib.compare_faults import (
     CONDITIONS,
     Servers,
     expire_sessions,
@@ -42,9 +42,9 @@ from loadtests.compare_faults import (
     holder_pid,
     stall_holder,
 )
-from loadtests.compare_measure import measure, scrape_all
-from loadtests.compare_report import cell_ms, write_results
-from loadtests.compare_round import (
+from loadtests.lib.compare_measure import measure, scrape_all
+from loadtests.lib.compare_report import cell_ms, write_results
+from loadtests.lib.compare_round import (
     FAULT_AT_S,
     LEASE_S,
     LOCKS,
@@ -55,11 +55,11 @@ from loadtests.compare_round import (
     matrix,
     unknown_strategy,
 )
-from loadtests.harness import Harness
-from loadtests.pinning import Pinning, choose
-from loadtests.signals import signals_interrupt
-from loadtests.targets import Target
-from tests.support.processes import stop_process
+from loadtests.lib.harness import Harness
+from loadtests.lib.pinning import Pinning, choose
+from loadtests.lib.signals import signals_interrupt
+from loadtests.lib.targets import Target
+from testkit.processes import stop_process
 
 
 def run_round(

@@ -1,7 +1,7 @@
 """Locust against a private gateway: ``python -m loadtests.locust_run`` (``make locust``).
 
 Starts one gateway on a fresh bench database and Redis prefix (the same
-start-up as the wrk bench, :mod:`loadtests.harness`), runs a Locust profile
+start-up as the wrk bench, :mod:`loadtests.lib.harness`), runs a Locust profile
 headless against it (the flash crowd for 30 s by default) in a subprocess, and
 writes the CSV stats and the HTML report to ``loadtests/results/``
 (``locust_<profile>_stats.csv``..., ``locust_<profile>.html``). Everything is
@@ -23,13 +23,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from loadtests.harness import Harness
-from loadtests.locust_stats import LocustStats, format_stats, read_stats, summary_line
-from loadtests.options import REPO_ROOT, RESULTS_DIR, parse_seconds
-from loadtests.profiles import PROFILES, Profile
-from loadtests.signals import signals_interrupt
+from loadtests.lib.harness import Harness
+from loadtests.lib.locust_stats import LocustStats, format_stats, read_stats, summary_line
+from loadtests.lib.options import REPO_ROOT, RESULTS_DIR, parse_seconds
+from loadtests.lib.profiles import PROFILES, Profile
+from loadtests.lib.signals import signals_interrupt
 
-LOCUSTFILE = REPO_ROOT / "loadtests" / "locustfile.py"
+LOCUSTFILE = REPO_ROOT / "loadtests" / "lib" / "locustfile.py"
 # Locust's own start-up and shutdown on top of the run time.
 OVERHEAD_S = 60.0
 

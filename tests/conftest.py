@@ -22,9 +22,9 @@ from redis.asyncio import Redis
 from gateway.app import create_app
 from gateway.http import fastpath
 from gateway.settings import Settings
+from testkit.purchases import ADMIN_TOKEN
+from testkit.services import REDIS_URL, create_database, drop_database
 from tests.chaos.reporting import CHAOS_PROPERTY
-from tests.support.purchases import ADMIN_TOKEN
-from tests.support.services import REDIS_URL, create_database, drop_database
 
 # The chaos scenarios' lines, as their reports arrive (from xdist workers too).
 _CHAOS_LINES: list[str] = []
@@ -97,7 +97,7 @@ async def start_gateway(
 ) -> AsyncIterator[Callable[..., Awaitable[TestClient[web.Request, web.Application]]]]:
     """A factory of running gateway apps (in this process) with HTTP test clients.
 
-    These are not under the lag check of gateway processes (tests.support.gateways):
+    These are not under the lag check of gateway processes (testkit.gateways):
     their loop and heap are the test process's, whose full collections over
     every test's objects pause it for 0.1-0.2 s (0.5-0.8 s on a loaded machine),
     so a stall there is the harness's, not the gateway's. Every scenario where

@@ -9,10 +9,10 @@ from collections.abc import Sequence
 import asyncpg
 
 from gateway.ops.audit import SkuAudit
+from testkit.driver import CONFIRMED, SOLD_OUT, DriverSummary
+from testkit.invariants import InvariantReport
+from testkit.polling import wait_for
 from tests.chaos.stacks import Stack
-from tests.support.driver import CONFIRMED, SOLD_OUT, DriverSummary
-from tests.support.invariants import InvariantReport
-from tests.support.polling import wait_for
 
 # The only final answers a first-wave buyer may get: each buys once, with one request id.
 FINAL_ANSWERS = {CONFIRMED, SOLD_OUT}

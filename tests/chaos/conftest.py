@@ -16,10 +16,10 @@ from collections.abc import AsyncIterator, Generator
 import pytest
 import pytest_asyncio
 
+from testkit.postgres_servers import PostgresCluster
+from testkit.redis_servers import RedisServer
+from testkit.sentinels import RedisSentinelCluster
 from tests.chaos.reporting import CHAOS_PROPERTY, REPORT_LINES, Diagnostics
-from tests.support.postgres_servers import PostgresCluster
-from tests.support.redis_servers import RedisServer
-from tests.support.sentinels import RedisSentinelCluster
 
 
 @pytest.hookimpl(wrapper=True)

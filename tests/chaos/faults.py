@@ -12,9 +12,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from gateway.redis.layout import Pending, ledger, lock_key
+from testkit.gateways import Gateway
+from testkit.redis_servers import redis_client
 from tests.chaos.stacks import Stack, pid_of, text_of
-from tests.support.gateways import Gateway
-from tests.support.redis_servers import redis_client
 
 
 @dataclass

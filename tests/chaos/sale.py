@@ -35,12 +35,12 @@ from dataclasses import dataclass, field
 import pytest
 
 from gateway.ops.audit import Finding, SkuAudit
+from testkit.driver import ClientPolicy, DriverSummary, LoadDriver
+from testkit.invariants import InvariantReport, check_invariants
+from testkit.polling import GaveUp, wait_for
 from tests.chaos.checks import FINAL_ANSWERS, explain, quiesce, unfinished
 from tests.chaos.reporting import REPORT_LINES
 from tests.chaos.stacks import Stack
-from tests.support.driver import ClientPolicy, DriverSummary, LoadDriver
-from tests.support.invariants import InvariantReport, check_invariants
-from tests.support.polling import GaveUp, wait_for
 
 # Settings every scenario starts from: batches that take a while to fill (so a
 # fault finds reservations in flight), reconciliation fast enough for a test.

@@ -20,14 +20,14 @@ import asyncpg
 from gateway.ops.audit import SkuAudit, audit
 from gateway.redis.layout import SkuKeys, lock_key
 from gateway.settings import Settings
+from testkit.gateways import GatewayCluster
+from testkit.metrics import metric, scrape
+from testkit.ports import Address
+from testkit.postgres_servers import PostgresCluster
+from testkit.proxy import FaultProxy
+from testkit.redis_servers import RedisServer, redis_client
+from testkit.sentinels import RedisSentinelCluster
 from tests.chaos.reporting import Diagnostics, constant, freeze
-from tests.support.gateways import GatewayCluster
-from tests.support.metrics import metric, scrape
-from tests.support.ports import Address
-from tests.support.postgres_servers import PostgresCluster
-from tests.support.proxy import FaultProxy
-from tests.support.redis_servers import RedisServer, redis_client
-from tests.support.sentinels import RedisSentinelCluster
 
 
 @dataclass

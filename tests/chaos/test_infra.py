@@ -19,15 +19,15 @@ import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from testkit.driver import LoadDriver
+from testkit.gateways import GatewayCluster
+from testkit.invariants import check_invariants
+from testkit.polling import wait_for
+from testkit.postgres_servers import PostgresCluster
+from testkit.proxy import FaultProxy
+from testkit.redis_servers import RedisServer, command, redis_client
+from testkit.sentinels import RedisSentinelCluster
 from tests.chaos.reporting import Diagnostics
-from tests.support.driver import LoadDriver
-from tests.support.gateways import GatewayCluster
-from tests.support.invariants import check_invariants
-from tests.support.polling import wait_for
-from tests.support.postgres_servers import PostgresCluster
-from tests.support.proxy import FaultProxy
-from tests.support.redis_servers import RedisServer, command, redis_client
-from tests.support.sentinels import RedisSentinelCluster
 
 pytestmark = [pytest.mark.chaos, pytest.mark.timeout(90)]
 

@@ -12,15 +12,15 @@ import pytest
 from gateway.ops.audit import Finding, audit
 from gateway.postgres.database import migrate
 from gateway.settings import Settings
-from tests.chaos.reporting import REPORT_LINES
-from tests.support.driver import (
+from testkit.driver import (
     CONFIRMED,
     ClientRecord,
     DriverSummary,
 )
-from tests.support.invariants import check_invariants
-from tests.support.postgres_servers import PostgresCluster
-from tests.support.redis_servers import RedisServer
+from testkit.invariants import check_invariants
+from testkit.postgres_servers import PostgresCluster
+from testkit.redis_servers import RedisServer
+from tests.chaos.reporting import REPORT_LINES
 
 # --------------------------------------------------------------------------- the harness bites
 

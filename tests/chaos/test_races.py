@@ -13,20 +13,20 @@ import aiohttp
 import asyncpg
 import pytest
 
-from tests.chaos.checks import explain, quiesce
-from tests.chaos.reporting import REPORT_LINES, Diagnostics
-from tests.chaos.sale import LOCKS, SKU, settings_for
-from tests.chaos.stacks import Stack, proxied_stack
-from tests.support.driver import (
+from testkit.driver import (
     CONFIRMED,
     TRANSPORT_ERRORS,
     Attempt,
     ClientRecord,
     DriverSummary,
 )
-from tests.support.invariants import check_invariants
-from tests.support.polling import wait_for
-from tests.support.postgres_servers import PostgresCluster
+from testkit.invariants import check_invariants
+from testkit.polling import wait_for
+from testkit.postgres_servers import PostgresCluster
+from tests.chaos.checks import explain, quiesce
+from tests.chaos.reporting import REPORT_LINES, Diagnostics
+from tests.chaos.sale import LOCKS, SKU, settings_for
+from tests.chaos.stacks import Stack, proxied_stack
 
 # --------------------------------------------------------------------------- two bugs, pinned down
 #

@@ -12,12 +12,12 @@ import time
 import pytest
 
 from gateway.redis.layout import ledger
+from testkit.gateways import SIGTERM_EXIT_S
+from testkit.postgres_servers import PostgresCluster
 from tests.chaos.faults import first_sent_to, young_batch_on
 from tests.chaos.reporting import Diagnostics
 from tests.chaos.sale import LOCKS, SKU, run_scenario, settings_for
 from tests.chaos.stacks import Stack, proxied_stack
-from tests.support.gateways import SIGTERM_EXIT_S
-from tests.support.postgres_servers import PostgresCluster
 
 # --------------------------------------------------------------------------- 6. gateway dies
 

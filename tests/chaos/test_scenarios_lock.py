@@ -12,13 +12,13 @@ from datetime import datetime
 import asyncpg
 import pytest
 
+from testkit.metrics import metric, scrape
+from testkit.polling import wait_for
+from testkit.postgres_servers import PostgresCluster
 from tests.chaos.faults import sleep_fault, stop_lock_holder, young_batch_on
 from tests.chaos.reporting import Diagnostics
 from tests.chaos.sale import LOCKS, SKU, SalePlan, run_scenario, settings_for
 from tests.chaos.stacks import Stack, proxied_stack
-from tests.support.metrics import metric, scrape
-from tests.support.polling import wait_for
-from tests.support.postgres_servers import PostgresCluster
 
 # --------------------------------------------------------------------------- 2. lock expiry
 

@@ -10,14 +10,14 @@ import time
 
 import pytest
 
+from testkit.driver import (
+    ClientPolicy,
+)
+from testkit.postgres_servers import PostgresCluster
 from tests.chaos.faults import sleep_fault
 from tests.chaos.reporting import Diagnostics
 from tests.chaos.sale import LOCKS, SalePlan, run_scenario, settings_for
 from tests.chaos.stacks import Stack, proxied_stack
-from tests.support.driver import (
-    ClientPolicy,
-)
-from tests.support.postgres_servers import PostgresCluster
 
 # --------------------------------------------------------------------------- 5. PostgreSQL
 

@@ -11,11 +11,11 @@ import time
 
 import pytest
 
+from testkit.postgres_servers import PostgresCluster
+from testkit.redis_servers import command, redis_client
 from tests.chaos.reporting import Diagnostics
 from tests.chaos.sale import LOCKS, run_scenario, settings_for
 from tests.chaos.stacks import Stack, metric_total, proxied_stack, sentinel_stack
-from tests.support.postgres_servers import PostgresCluster
-from tests.support.redis_servers import command, redis_client
 
 # --------------------------------------------------------------------------- 1. failover
 

@@ -14,13 +14,13 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
+from testkit.gateways import SIGTERM_EXIT_S
+from testkit.postgres_servers import PostgresCluster
+from testkit.redis_servers import command, redis_client
 from tests.chaos.faults import sleep_fault, stop_lock_holder
 from tests.chaos.reporting import Diagnostics
 from tests.chaos.sale import LOCKS, SalePlan, run_scenario, settings_for
 from tests.chaos.stacks import Stack, proxied_stack
-from tests.support.gateways import SIGTERM_EXIT_S
-from tests.support.postgres_servers import PostgresCluster
-from tests.support.redis_servers import command, redis_client
 
 # --------------------------------------------------------------------------- 7. all at once
 

@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Generator
 import pytest
 from playwright.async_api import async_playwright
 
-from tests.support.browser import ARTIFACTS, Buyer, chromium_executable, write_shots
+from testkit.browser import ARTIFACTS, Buyer, chromium_executable, write_shots
 
 FAILED = pytest.StashKey[bool]()
 # A phone 320 px wide, and a desktop.

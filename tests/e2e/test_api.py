@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.purchases import ADMIN_HEADERS, put_sku
+from testkit.purchases import ADMIN_HEADERS, put_sku
 
 BAD_PURCHASES: list[tuple[str, bytes, str]] = [
     ("malformed JSON", b'{"sku": ', "not valid JSON"),

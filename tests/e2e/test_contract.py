@@ -24,9 +24,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.gateways import REPO, GatewayCluster
-from tests.support.processes import make_tmp, remove_tmp
-from tests.support.services import REDIS_URL, create_database, drop_database
+from testkit.gateways import REPO, GatewayCluster
+from testkit.processes import make_tmp, remove_tmp
+from testkit.services import REDIS_URL, create_database, drop_database
 
 FIXED_SEED = 20_260_101
 RANDOM_SEED = int(os.environ.get("CONTRACT_SEED") or random.randrange(2**31))

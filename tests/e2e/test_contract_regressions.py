@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 import structlog
 
-from tests.support.purchases import ADMIN_HEADERS, buy, put_sku
-from tests.support.rooms import SECRET
-from tests.support.services import create_database, drop_database
+from testkit.purchases import ADMIN_HEADERS, buy, put_sku
+from testkit.rooms import SECRET
+from testkit.services import create_database, drop_database
 from tests.unit.test_error_codes import component
 
 ROOM = {"admit_per_s": 10, "token_ttl_s": 60}

@@ -23,8 +23,8 @@ from gateway.ops.answer_log import AnswerLog
 from gateway.ops.metrics import Metrics
 from gateway.usecases.admission import Admissions
 from gateway.usecases.purchases import Purchases
-from tests.support.metrics import samples
-from tests.support.purchases import Client, buy, put_sku, wait_sold_out_marked
+from testkit.metrics import samples
+from testkit.purchases import Client, buy, put_sku, wait_sold_out_marked
 
 # The router's way in: what the fast path leaves to the application.
 ROUTED = {"Expect": "100-continue"}

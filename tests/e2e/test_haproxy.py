@@ -19,16 +19,16 @@ import pytest
 
 from gateway.ops.audit import audit
 from gateway.settings import Settings
-from tests.support.driver import ClientPolicy, DriverSummary, LoadDriver
-from tests.support.gateways import SIGTERM_EXIT_S, Gateway, GatewayCluster
-from tests.support.haproxy import HAProxy, behind_haproxy, check_config
-from tests.support.invariants import check_invariants
-from tests.support.metrics import scrape
-from tests.support.polling import wait_for
-from tests.support.ports import HOST
-from tests.support.purchases import db_state
-from tests.support.rooms import SECRET
-from tests.support.services import REDIS_URL
+from testkit.driver import ClientPolicy, DriverSummary, LoadDriver
+from testkit.gateways import SIGTERM_EXIT_S, Gateway, GatewayCluster
+from testkit.haproxy import HAProxy, behind_haproxy, check_config
+from testkit.invariants import check_invariants
+from testkit.metrics import scrape
+from testkit.polling import wait_for
+from testkit.ports import HOST
+from testkit.purchases import db_state
+from testkit.rooms import SECRET
+from testkit.services import REDIS_URL
 
 # Longer than HAProxy needs to take a gateway out (fall 2, inter 1s).
 LAME_DUCK_S = 3

@@ -23,8 +23,8 @@ from gateway.domain.model import Verdict
 from gateway.redis.layout import rejected_key
 from gateway.redis.streams import Streams
 from gateway.settings import Settings
-from tests.support.gateways import REPO, GatewayCluster
-from tests.support.haproxy import (
+from testkit.gateways import REPO, GatewayCluster
+from testkit.haproxy import (
     Answer,
     HAProxy,
     MisbehavingGateway,
@@ -33,9 +33,9 @@ from tests.support.haproxy import (
     get,
     received,
 )
-from tests.support.metrics import scrape
-from tests.support.ports import HOST, free_port
-from tests.support.services import REDIS_URL
+from testkit.metrics import scrape
+from testkit.ports import HOST, free_port
+from testkit.services import REDIS_URL
 
 Topology = tuple[GatewayCluster, HAProxy]
 

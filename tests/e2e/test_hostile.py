@@ -13,10 +13,10 @@ import aiohttp
 import pytest
 
 from gateway.http.admin_tokens import fingerprint
-from tests.support.gateways import GatewayCluster
-from tests.support.metrics import metric, samples
-from tests.support.polling import wait_for
-from tests.support.services import REDIS_URL
+from testkit.gateways import GatewayCluster
+from testkit.metrics import metric, samples
+from testkit.polling import wait_for
+from testkit.services import REDIS_URL
 
 READ_TIMEOUT_S = 1.5
 MAX_CONNECTIONS = 6

@@ -1,6 +1,6 @@
 """The suite's lag check: a gateway process whose event loop stalled fails its test.
 
-Every gateway process the suite starts (tests.support.gateways) is read at
+Every gateway process the suite starts (testkit.gateways) is read at
 readiness and at its close: a timer run more than 250 ms late in between fails
 the test. Here a gateway's loop is held still for 0.6 s (SIGSTOP, then
 SIGCONT, sent directly so the guard is not told it was on purpose).
@@ -13,9 +13,9 @@ import signal
 
 import pytest
 
-from tests.support.gateways import GatewayCluster
-from tests.support.metrics import scrape
-from tests.support.services import REDIS_URL
+from testkit.gateways import GatewayCluster
+from testkit.metrics import scrape
+from testkit.services import REDIS_URL
 
 REQUIRED_BUCKETS = ("0.001", "0.005", "0.01", "0.05", "0.1", "0.25", "1.0", "5.0")
 

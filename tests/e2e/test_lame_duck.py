@@ -12,10 +12,10 @@ from redis.asyncio import Redis
 
 from gateway.app import drain
 from gateway.http.clients import add_client
-from tests.support.gateways import SIGTERM_EXIT_S, GatewayCluster
-from tests.support.polling import wait_for
-from tests.support.purchases import put_sku
-from tests.support.services import REDIS_URL
+from testkit.gateways import SIGTERM_EXIT_S, GatewayCluster
+from testkit.polling import wait_for
+from testkit.purchases import put_sku
+from testkit.services import REDIS_URL
 
 LAME_DUCK_S = 2.0
 

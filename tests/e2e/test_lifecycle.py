@@ -12,13 +12,13 @@ from redis.asyncio import Redis
 from gateway.ops.audit import audit
 from gateway.redis.layout import SkuKeys
 from gateway.settings import Settings
-from tests.support.driver import LoadDriver, run_sale
-from tests.support.gateways import GatewayCluster
-from tests.support.invariants import check_invariants
-from tests.support.metrics import samples
-from tests.support.polling import wait_for
-from tests.support.purchases import orders_of
-from tests.support.services import REDIS_URL
+from testkit.driver import LoadDriver, run_sale
+from testkit.gateways import GatewayCluster
+from testkit.invariants import check_invariants
+from testkit.metrics import samples
+from testkit.polling import wait_for
+from testkit.purchases import orders_of
+from testkit.services import REDIS_URL
 
 
 class TestGracefulShutdown:

@@ -13,7 +13,7 @@ from aiohttp.test_utils import TestClient, TestServer, make_mocked_request
 
 from gateway.domain.model import Order, Outcome, Result
 from gateway.http.views import purchase_answer, purchase_response
-from tests.support.purchases import Client, buy, put_sku, wait_sold_out_marked
+from testkit.purchases import Client, buy, put_sku, wait_sold_out_marked
 
 # Both complete answers are far below this.
 READ_MAX = 65536

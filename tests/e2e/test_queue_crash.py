@@ -19,9 +19,9 @@ import pytest
 from redis.asyncio import Redis
 
 from gateway.redis.layout import WRITERS_GROUP, stream_key
-from tests.support.driver import LoadDriver
-from tests.support.polling import wait_for
-from tests.support.queuestack import (
+from testkit.driver import LoadDriver
+from testkit.polling import wait_for
+from testkit.queuestack import (
     accept,
     assert_books,
     asyncpg_fetchval,

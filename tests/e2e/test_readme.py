@@ -18,11 +18,11 @@ from collections.abc import AsyncIterator
 import aiohttp
 import pytest
 
-from tests.support.gateways import REPO
-from tests.support.polling import GaveUp, wait_for
-from tests.support.ports import HOST, free_port
-from tests.support.processes import Child, make_tmp, remove_tmp, tail
-from tests.support.services import REDIS_URL, create_database, drop_database
+from testkit.gateways import REPO
+from testkit.polling import GaveUp, wait_for
+from testkit.ports import HOST, free_port
+from testkit.processes import Child, make_tmp, remove_tmp, tail
+from testkit.services import REDIS_URL, create_database, drop_database
 
 README_URL = "http://127.0.0.1:8080"
 EXPECT = re.compile(r"^# expect (\d{3})\b", re.M)

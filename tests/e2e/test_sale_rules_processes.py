@@ -11,9 +11,9 @@ import aiohttp
 import pytest
 from redis.asyncio import Redis
 
-from tests.support.gateways import GatewayCluster
-from tests.support.services import REDIS_URL
-from tests.support.skew import skewed_env
+from testkit.gateways import GatewayCluster
+from testkit.services import REDIS_URL
+from testkit.skew import skewed_env
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -9,8 +9,8 @@ import aiohttp
 
 from gateway.ops.audit import Finding, audit
 from gateway.settings import Settings
-from tests.support.gateways import GatewayCluster
-from tests.support.redis_servers import RedisServer
+from testkit.gateways import GatewayCluster
+from testkit.redis_servers import RedisServer
 
 REDIS_FREE = ("sql-direct", "optimistic", "pessimistic")
 

@@ -9,8 +9,8 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from tests.support.purchases import Client, put_sku
-from tests.support.rooms import SECRET, put_room_sku
+from testkit.purchases import Client, put_sku
+from testkit.rooms import SECRET, put_room_sku
 
 StartGateway = Callable[..., Awaitable[Client]]
 SHOP = "https://shop.example"

@@ -24,10 +24,10 @@ from playwright.async_api import Route
 from redis.asyncio import Redis
 
 from gateway.redis.layout import RoomKeys
+from testkit.browser import Buyer
+from testkit.purchases import ADMIN_HEADERS, Client, orders_of, put_sku
+from testkit.rooms import SECRET, join, put_room_sku
 from tests.e2e.conftest import PHONE, OpenBuyer
-from tests.support.browser import Buyer
-from tests.support.purchases import ADMIN_HEADERS, Client, orders_of, put_sku
-from tests.support.rooms import SECRET, join, put_room_sku
 
 # The first browser test's set-up may install chromium with apt-get (minutes on
 # a fresh machine); each test's own waits are bounded by STATE_WITHIN_S.

@@ -8,10 +8,10 @@ import aiohttp
 from redis.asyncio import Redis
 
 from gateway.redis.layout import RoomKeys
-from tests.support.gateways import GatewayCluster
-from tests.support.polling import wait_for
-from tests.support.rooms import SECRET
-from tests.support.services import REDIS_URL
+from testkit.gateways import GatewayCluster
+from testkit.polling import wait_for
+from testkit.rooms import SECRET
+from testkit.services import REDIS_URL
 
 ADMIT_PER_S = 2
 PEOPLE = 6

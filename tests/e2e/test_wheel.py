@@ -23,11 +23,11 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from tests.support.gateways import REPO, gateway_env
-from tests.support.polling import wait_for
-from tests.support.ports import HOST, free_port
-from tests.support.processes import Child
-from tests.support.services import REDIS_URL, drop_database
+from testkit.gateways import REPO, gateway_env
+from testkit.polling import wait_for
+from testkit.ports import HOST, free_port
+from testkit.processes import Child
+from testkit.services import REDIS_URL, drop_database
 
 # What the wheel is built from: the package's sources and its metadata.
 SOURCES = ("pyproject.toml", "README.md", "gateway", "lua", "sql")

@@ -14,9 +14,9 @@ from gateway.lock import LockSubscriber
 from gateway.lock.zk_session import ZkSession
 from gateway.postgres.database import migrate
 from gateway.redis.layout import lock_key
+from testkit.redis_cluster import LocalRedisCluster
+from testkit.zookeeper_servers import ZooKeeperServer
 from tests.integration.lock_support import Backend, close_pg_pool, open_pg_pool
-from tests.support.redis_cluster import LocalRedisCluster
-from tests.support.zookeeper_servers import ZooKeeperServer
 
 # The ZooKeeper session of the in-process locks: long enough for any lease a test
 # asks for (the lock's default lease is the session timeout).

@@ -10,7 +10,7 @@ from structlog.contextvars import merge_contextvars
 from structlog.testing import capture_logs
 
 from gateway.http.admin_tokens import fingerprint
-from tests.support.purchases import ADMIN_TOKEN, Client
+from testkit.purchases import ADMIN_TOKEN, Client
 
 ROOM = {"admit_per_s": 5, "token_ttl_s": 60, "shuffle_at_start": False}
 WINDOW = {"starts_at": "2030-01-01T10:00:00.000Z", "ends_at": "2030-01-01T12:00:00.000Z"}

@@ -15,9 +15,9 @@ from redis.asyncio import Redis
 from gateway.ops.audit import Finding, SkuAudit, audit, render
 from gateway.redis.layout import SkuKeys
 from gateway.settings import Settings
-from tests.support.commands import run_audit
-from tests.support.purchases import ADMIN_HEADERS, buy, put_sku
-from tests.support.services import execute as sql
+from testkit.commands import run_audit
+from testkit.purchases import ADMIN_HEADERS, buy, put_sku
+from testkit.services import execute as sql
 
 
 @pytest.fixture

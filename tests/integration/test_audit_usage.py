@@ -14,9 +14,9 @@ from gateway.domain.errors import UnknownSku
 from gateway.ops.audit import Finding, audit
 from gateway.postgres.database import migrate
 from gateway.settings import Settings
-from tests.support.commands import run_audit
-from tests.support.purchases import put_sku
-from tests.support.services import create_database, drop_database
+from testkit.commands import run_audit
+from testkit.purchases import put_sku
+from testkit.services import create_database, drop_database
 
 
 class TestDuplicateUser:

@@ -3,7 +3,7 @@
 Two in-process gateways share the session's cluster (``redis_cluster``) under this
 test's key prefix. Sales spread over the shards by the skus' hash tags; the
 checks are PostgreSQL's books against what every client saw
-(``tests.support.invariants``) and the audit.
+(``testkit.invariants``) and the audit.
 """
 
 from __future__ import annotations
@@ -20,11 +20,11 @@ from aiohttp.test_utils import TestClient
 from gateway.ops.audit import audit
 from gateway.redis.layout import SkuKeys
 from gateway.settings import Settings
-from tests.support.driver import DriverSummary, run_sale
-from tests.support.invariants import InvariantReport, check_invariants
-from tests.support.polling import wait_for
-from tests.support.purchases import ADMIN_HEADERS, put_sku
-from tests.support.redis_cluster import ClusterNodeServer, LocalRedisCluster
+from testkit.driver import DriverSummary, run_sale
+from testkit.invariants import InvariantReport, check_invariants
+from testkit.polling import wait_for
+from testkit.purchases import ADMIN_HEADERS, put_sku
+from testkit.redis_cluster import ClusterNodeServer, LocalRedisCluster
 
 pytestmark = pytest.mark.timeout(120)
 

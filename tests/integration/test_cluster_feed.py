@@ -18,10 +18,10 @@ from aiohttp.test_utils import TestClient
 
 from gateway.redis.layout import SkuKeys, channel
 from gateway.usecases.sold_out import MARK_TTL_S
-from tests.support.polling import wait_for
-from tests.support.purchases import buy, client_metric, put_sku
-from tests.support.redis_cluster import ClusterNodeServer, LocalRedisCluster
-from tests.support.redis_servers import command
+from testkit.polling import wait_for
+from testkit.purchases import buy, client_metric, put_sku
+from testkit.redis_cluster import ClusterNodeServer, LocalRedisCluster
+from testkit.redis_servers import command
 
 pytestmark = pytest.mark.timeout(90)
 

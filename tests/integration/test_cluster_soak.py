@@ -11,7 +11,7 @@ started again as a replica, three times. What a buyer and an operator see:
 - no purchase is ever answered 500 (a failover is a 503 with Retry-After);
 - no flush fails for an unexpected error (``flush_failed reason=error``);
 - ``/healthz`` answers throughout, and the loop never stalls (the gateway's
-  lag check, :mod:`tests.support.gateways`);
+  lag check, :mod:`testkit.gateways`);
 - the books and the audit are clean once the reconciler has run.
 """
 
@@ -30,10 +30,10 @@ import pytest
 from gateway.ops.audit import audit
 from gateway.redis.layout import SkuKeys
 from gateway.settings import Settings
-from tests.support.gateways import ADMIN_TOKEN, GatewayCluster
-from tests.support.polling import wait_for
-from tests.support.redis_cluster import LocalRedisCluster
-from tests.support.services import REDIS_URL
+from testkit.gateways import ADMIN_TOKEN, GatewayCluster
+from testkit.polling import wait_for
+from testkit.redis_cluster import LocalRedisCluster
+from testkit.services import REDIS_URL
 
 pytestmark = pytest.mark.timeout(240)
 

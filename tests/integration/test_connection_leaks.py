@@ -19,7 +19,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from gateway.domain.errors import RedisUnavailable
 from gateway.lock import closed_under_write, connection_errors
 from gateway.redis.connections import redis_call
-from tests.support.services import REDIS_URL
+from testkit.services import REDIS_URL
 
 
 async def _closed_under_write() -> Connection:

@@ -18,8 +18,8 @@ import pytest
 from redis.asyncio import Redis
 
 from gateway.redis.layout import identity_key
-from tests.support.postgres_servers import PostgresCluster, PostgresStandby
-from tests.support.purchases import Client, buy, db_state, put_sku
+from testkit.postgres_servers import PostgresCluster, PostgresStandby
+from testkit.purchases import Client, buy, db_state, put_sku
 
 STOCK = 10
 KEPT = 3  # orders the standby replayed before it stopped streaming

@@ -18,11 +18,11 @@ from redis.asyncio import Redis
 from gateway.app import create_app
 from gateway.postgres.database import migration_versions
 from gateway.redis.layout import SkuKeys
-from tests.support.polling import wait_for
-from tests.support.ports import free_port
-from tests.support.proxy import FaultProxy
-from tests.support.purchases import ADMIN_HEADERS, buy, db_state, put_sku, redis_state
-from tests.support.services import PG_ADMIN_URL, create_database, drop_database
+from testkit.polling import wait_for
+from testkit.ports import free_port
+from testkit.proxy import FaultProxy
+from testkit.purchases import ADMIN_HEADERS, buy, db_state, put_sku, redis_state
+from testkit.services import PG_ADMIN_URL, create_database, drop_database
 
 
 async def sale(

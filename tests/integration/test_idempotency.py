@@ -12,7 +12,7 @@ import pytest
 from redis.asyncio import Redis
 
 from gateway.redis.layout import SkuKeys
-from tests.support.purchases import (
+from testkit.purchases import (
     Client,
     buy,
     client_metric,

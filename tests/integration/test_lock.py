@@ -14,8 +14,8 @@ from gateway.lock import (
     LockStats,
     LockTimeout,
 )
+from testkit.polling import wait_for
 from tests.integration.lock_support import Backend
-from tests.support.polling import wait_for
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -16,15 +16,15 @@ from redis.asyncio import Redis
 
 from gateway.lock import LockSubscriber, RedisLock
 from gateway.redis.layout import lock_key
+from testkit.polling import wait_for
+from testkit.services import REDIS_URL
+from testkit.zookeeper_servers import ZooKeeperServer
 from tests.integration.lock_support import (
     AnyLock,
     Backend,
     workers,
 )
 from tests.integration.lock_worker import fenced_write
-from tests.support.polling import wait_for
-from tests.support.services import REDIS_URL
-from tests.support.zookeeper_servers import ZooKeeperServer
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -13,10 +13,10 @@ from redis.asyncio import BlockingConnectionPool, Redis
 from redis.exceptions import RedisError
 
 from gateway.lock import LockLost, LockStats, LockSubscriber, RedisLock
+from testkit.polling import wait_for
+from testkit.redis_servers import RedisServer
+from testkit.services import REDIS_URL
 from tests.integration.lock_support import Subscribers
-from tests.support.polling import wait_for
-from tests.support.redis_servers import RedisServer
-from tests.support.services import REDIS_URL
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -14,8 +14,8 @@ from kazoo.client import KazooClient
 from gateway.lock import LockLost
 from gateway.lock.zk_session import ZkSession
 from gateway.lock.zookeeper import ROOT, ZooKeeperLock
-from tests.support.polling import wait_for
-from tests.support.zookeeper_servers import ZooKeeperEnsemble, ZooKeeperServer
+from testkit.polling import wait_for
+from testkit.zookeeper_servers import ZooKeeperEnsemble, ZooKeeperServer
 
 pytestmark = pytest.mark.timeout(60)
 

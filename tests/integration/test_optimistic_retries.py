@@ -6,13 +6,13 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from tests.support.purchases import (
+from testkit.purchases import (
     buy,
     client_metric,
     db_state,
     put_sku,
 )
-from tests.support.rowlocks import row_held, waiting_on_the_row
+from testkit.rowlocks import row_held, waiting_on_the_row
 
 # Test-only: moves the version under the optimistic readers' feet (no stock taken).
 BUMP_VERSION = "UPDATE inventory SET version = version + 1 WHERE sku = $1"

@@ -20,9 +20,9 @@ from typing import Any
 import asyncpg
 from redis.asyncio import Redis
 
-from tests.support.polling import wait_for
-from tests.support.proxy import FaultProxy
-from tests.support.purchases import (
+from testkit.polling import wait_for
+from testkit.proxy import FaultProxy
+from testkit.purchases import (
     ADMIN_HEADERS,
     buy,
     client_metric,

@@ -8,7 +8,7 @@ from structlog.contextvars import merge_contextvars
 from structlog.testing import capture_logs
 
 from gateway.http.appkeys import ANSWERS, BATCHER
-from tests.support.purchases import put_sku
+from testkit.purchases import put_sku
 
 
 class TestOverloadLogging:

@@ -9,7 +9,7 @@ import asyncpg
 
 from gateway.domain.model import Outcome, Purchase
 from gateway.postgres.orders import FLUSH_BATCH, Orders
-from tests.support.purchases import put_sku
+from testkit.purchases import put_sku
 
 
 class TestPreparedStatements:

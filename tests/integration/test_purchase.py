@@ -11,7 +11,7 @@ import pytest
 from redis.asyncio import Redis
 
 from gateway.redis.layout import SkuKeys, lock_key
-from tests.support.purchases import (
+from testkit.purchases import (
     ADMIN_HEADERS,
     buy,
     client_metric,

@@ -14,8 +14,8 @@ import pytest
 from redis.asyncio import Redis
 
 from gateway.lock.zookeeper import FENCE_BASE
-from tests.support.purchases import buy, db_state, put_sku, redis_state
-from tests.support.zookeeper_servers import ZooKeeperServer
+from testkit.purchases import buy, db_state, put_sku, redis_state
+from testkit.zookeeper_servers import ZooKeeperServer
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -13,8 +13,8 @@ from redis.asyncio import Redis
 
 from gateway.domain.model import Strategy
 from gateway.redis.layout import WRITERS_GROUP, SkuKeys, stream_key
-from tests.support.polling import wait_for
-from tests.support.purchases import (
+from testkit.polling import wait_for
+from testkit.purchases import (
     ADMIN_HEADERS,
     Client,
     buy,

@@ -22,8 +22,8 @@ from gateway.redis.connections import create_redis
 from gateway.redis.layout import SkuKeys
 from gateway.redis.reservations import Reservations
 from gateway.settings import Settings
-from tests.support.polling import wait_for
-from tests.support.purchases import buy, db_state, put_sku, redis_state
+from testkit.polling import wait_for
+from testkit.purchases import buy, db_state, put_sku, redis_state
 
 BIG_SALE = 100_000
 # The lease of the instance the test plays: long enough never to run out by itself.

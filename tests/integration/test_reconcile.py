@@ -13,8 +13,8 @@ from structlog.testing import capture_logs
 from gateway.domain.model import Purchase, SkuInfo
 from gateway.http.appkeys import BATCHER, ORDERS, RESERVATIONS, SETTINGS
 from gateway.redis.layout import Pending, SkuKeys, encode_pending
-from tests.support.metrics import samples
-from tests.support.purchases import ADMIN_HEADERS, buy, put_sku, redis_state
+from testkit.metrics import samples
+from testkit.purchases import ADMIN_HEADERS, buy, put_sku, redis_state
 
 LONG_AGO_MS = 1_000
 

@@ -15,8 +15,8 @@ from gateway.domain.rules import Rate, SaleRules
 from gateway.http.appkeys import RESERVATIONS
 from gateway.redis.layout import SkuKeys, call_key
 from gateway.redis.scripts import read_script
-from tests.support.purchases import buy, db_state, put_rules, redis_state
-from tests.support.redis_cluster import LocalRedisCluster
+from testkit.purchases import buy, db_state, put_rules, redis_state
+from testkit.redis_cluster import LocalRedisCluster
 
 # One sku's purchases as (user, request id, qty), with what each is told: a
 # first buyer, a repeat click, a user over the limit (0.01/s:2), a request id

@@ -15,9 +15,9 @@ from typing import Any
 from redis.asyncio import Redis
 
 from gateway.redis.layout import SkuKeys, identity_key
-from tests.support.polling import wait_for
-from tests.support.purchases import ADMIN_HEADERS, buy, db_state, put_sku
-from tests.support.services import create_database, drop_database
+from testkit.polling import wait_for
+from testkit.purchases import ADMIN_HEADERS, buy, db_state, put_sku
+from testkit.services import create_database, drop_database
 
 
 async def run(*command: str) -> None:

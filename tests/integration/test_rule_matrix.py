@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from gateway.domain.model import Strategy
-from tests.support.purchases import ADMIN_HEADERS, Client
-from tests.support.rooms import SECRET
+from testkit.purchases import ADMIN_HEADERS, Client
+from testkit.rooms import SECRET
 
 # What a purchase that got through answers: 201, or 202 for the asynchronous one.
 ACCEPTED = {Strategy.QUEUE: 202}

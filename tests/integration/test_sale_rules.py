@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
-from tests.support.polling import wait_for
-from tests.support.purchases import ADMIN_HEADERS, buy, put_rules, redis_state
+from testkit.polling import wait_for
+from testkit.purchases import ADMIN_HEADERS, buy, put_rules, redis_state
 
 
 async def redis_now(redis: Redis) -> datetime:

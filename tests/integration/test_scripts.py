@@ -20,7 +20,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError, NoScriptError, ResponseError
 
 from gateway.redis.scripts import evalsha_many
-from tests.support.services import REDIS_URL
+from testkit.services import REDIS_URL
 
 ECHO = "return {KEYS[1], ARGV[1], tonumber(ARGV[2]) + 1}"
 FAILS = "return redis.error_reply('planted failure')"

@@ -20,7 +20,7 @@ import asyncpg
 import pytest
 from redis.asyncio import Redis
 
-from tests.support.purchases import buy, client_metric, db_state, put_sku, redis_state
+from testkit.purchases import buy, client_metric, db_state, put_sku, redis_state
 
 FUNCTION = Path(__file__).resolve().parents[2] / "sql" / "functions" / "flush_batch.sql"
 DECIDES = "ELSIF rec.q <= v_left THEN"

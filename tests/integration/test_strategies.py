@@ -15,7 +15,7 @@ from redis.asyncio import Redis
 
 from gateway.ops.audit import Finding, audit
 from gateway.settings import Settings
-from tests.support.purchases import (
+from testkit.purchases import (
     buy,
     buy_resending,
     db_state,

@@ -15,7 +15,7 @@ from gateway.domain.model import Strategy
 from gateway.ops.audit import Finding, audit
 from gateway.redis.layout import SkuKeys
 from gateway.settings import Settings
-from tests.support.purchases import (
+from testkit.purchases import (
     ADMIN_HEADERS,
     buy,
     client_metric,
@@ -25,7 +25,7 @@ from tests.support.purchases import (
     sku_json,
     storm,
 )
-from tests.support.rowlocks import row_held, waiting_on_the_row
+from testkit.rowlocks import row_held, waiting_on_the_row
 
 
 class TestSelection:

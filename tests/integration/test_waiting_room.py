@@ -10,9 +10,9 @@ from redis.asyncio import Redis
 
 from gateway.redis.layout import RoomKeys
 from gateway.usecases.admission_tokens import Signer
-from tests.support.polling import wait_for
-from tests.support.purchases import ADMIN_HEADERS, client_metric, db_state
-from tests.support.rooms import (
+from testkit.polling import wait_for
+from testkit.purchases import ADMIN_HEADERS, client_metric, db_state
+from testkit.rooms import (
     OLD_SECRET,
     SECRET,
     admitted_token,

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from tests.support.polling import wait_for
-from tests.support.rooms import SECRET, admitted_token, buy_with, join, put_room_sku
+from testkit.polling import wait_for
+from testkit.rooms import SECRET, admitted_token, buy_with, join, put_room_sku
 
 
 class TestExpiredAdmission:

@@ -13,7 +13,7 @@ import pytest
 from gateway.domain.errors import ShuttingDown, Unavailable
 from gateway.domain.model import SOLD_OUT, Purchase, Result
 from gateway.write.batcher import Batcher
-from tests.support.polling import wait_for
+from testkit.polling import wait_for
 
 
 def purchase(i: int, sku: str = "s") -> Purchase:

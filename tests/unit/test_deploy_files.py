@@ -20,7 +20,7 @@ import yaml
 
 from gateway.server import CLOSE_S
 from gateway.usecases.tracking import MAX_WAIT_S
-from tests.support.haproxy import CONFIG
+from testkit.haproxy import CONFIG
 
 ROOT = Path(__file__).resolve().parents[2]
 

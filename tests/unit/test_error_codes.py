@@ -14,7 +14,7 @@ import yaml
 
 from gateway.domain.errors import GatewayError, MethodNotAllowed
 from gateway.http import limits
-from tests.support.gateways import REPO
+from testkit.gateways import REPO
 
 PURCHASE = ("/v1/purchase", "post")
 

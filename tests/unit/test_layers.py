@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-GATEWAY = Path(__file__).resolve().parents[2] / "gateway"
+REPO = Path(__file__).resolve().parents[2]
+GATEWAY = REPO / "gateway"
 
 # What each layer may import besides itself and gateway.settings, top to bottom.
 # lua, sql and the pages are package data, not code.
@@ -109,3 +110,24 @@ def test_the_rule_sees_an_upward_import(tmp_path: Path) -> None:
         "redis/planted.py:4 imports gateway.write.batcher.Batcher",
         "redis/planted.py:7 imports .",
     ]
+
+
+def _top_packages(folder: str) -> set[str]:
+    """The top-level packages the Python files under ``folder`` import."""
+    found: set[str] = set()
+    for path in (REPO / folder).rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                found |= {a.name.partition(".")[0] for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                found.add(node.module.partition(".")[0])
+    return found
+
+
+def test_the_suites_share_testkit_only() -> None:
+    """tests/ and loadtests/ never import each other: what both need is testkit/,
+    which imports neither (and the gateway imports none of the three)."""
+    assert "loadtests" not in _top_packages("tests")
+    assert "tests" not in _top_packages("loadtests")
+    assert not {"tests", "loadtests"} & _top_packages("testkit")
+    assert not {"tests", "loadtests", "testkit"} & _top_packages("gateway")

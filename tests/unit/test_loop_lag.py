@@ -9,7 +9,7 @@ import time
 from structlog.testing import capture_logs
 
 from gateway.ops.loop_lag import LoopLag
-from tests.support.polling import wait_for
+from testkit.polling import wait_for
 
 
 def _block_the_loop_for(seconds: float) -> None:

@@ -8,7 +8,7 @@ from structlog.testing import capture_logs
 
 from gateway.ops.answer_log import AnswerLog
 from gateway.ops.request_stats import RequestCollector, RequestStats
-from tests.support.metrics import samples
+from testkit.metrics import samples
 
 OUTCOMES = ("confirmed", "sold_out", "unavailable")
 BOUNDS = (0.001, 0.01, 0.1)

@@ -1,0 +1,1 @@
+"""The load tests' own tests: they import ``loadtests`` and ``testkit``, never ``tests``."""

@@ -1,0 +1,1 @@
+"""The load tests against a real gateway."""

@@ -1,0 +1,1 @@
+"""The load tests' pure code."""

@@ -1,0 +1,130 @@
+"""A real browser for the waiting-room page: Debian's chromium, driven by Playwright.
+
+``playwright install`` cannot download browsers here, so the tests launch the
+distribution's ``chromium`` through ``executable_path``, installing the package
+with apt-get when it is missing (as ``scripts/services.sh`` does for Redis).
+
+:class:`Buyer` is one browser tab on the page. It waits on ``#waiting-room``'s
+``data-state`` (never on time), keeps a screenshot of every state it saw, and
+records what the page asked for and what its console said, so a test can
+assert that no request left the gateway's origin and that nothing went wrong.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from playwright.async_api import ConsoleMessage, Error, Page, Request
+
+from testkit.processes import APT_WAIT
+
+REPO = Path(__file__).resolve().parents[1]
+# Where a failed test's screenshots go, one folder per test.
+ARTIFACTS = REPO / "test-artifacts" / "waiting-page"
+# The longest a page may take to reach a state it is due in (bounded waits).
+STATE_WITHIN_S = 15.0
+_CANDIDATES = ("chromium", "chromium-browser")
+
+
+def chromium_executable() -> str:
+    """The path of Debian's chromium, installed with apt-get first if missing.
+
+    Raises RuntimeError saying what to install when that is not possible."""
+    for name in _CANDIDATES:
+        found = shutil.which(name)
+        if found:
+            return found
+    if os.geteuid() != 0 or shutil.which("apt-get") is None:
+        raise RuntimeError("the browser tests need chromium: apt-get install chromium")
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    install = ["apt-get", *APT_WAIT, "install", "-y", "-q", "chromium"]
+    if subprocess.run(install, env=env, capture_output=True, check=False).returncode != 0:
+        # A fresh machine has no package lists yet.
+        update = ["apt-get", *APT_WAIT, "update", "-q"]
+        subprocess.run(update, env=env, capture_output=True, check=True)
+        subprocess.run(install, env=env, capture_output=True, check=True)
+    found = shutil.which("chromium")
+    if found is None:
+        raise RuntimeError("apt-get installed chromium, but it is not on PATH")
+    return found
+
+
+@dataclass
+class Buyer:
+    """One tab on the waiting-room page, with what it saw, asked for and logged."""
+
+    page: Page
+    origin: str
+    shots: list[tuple[str, bytes]] = field(default_factory=list)
+    requests: list[str] = field(default_factory=list)
+    console_errors: list[str] = field(default_factory=list)
+    page_errors: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.page.on("request", self._requested)
+        self.page.on("console", self._logged)
+        self.page.on("pageerror", lambda error: self.page_errors.append(str(error)))
+
+    def _requested(self, request: Request) -> None:
+        self.requests.append(request.url)
+
+    def _logged(self, message: ConsoleMessage) -> None:
+        if message.type == "error":
+            self.console_errors.append(message.text)
+
+    @property
+    def root(self) -> str:
+        """The selector of the page's root element."""
+        return "#waiting-room"
+
+    async def open(self, path: str) -> None:
+        """Load ``path`` of the gateway (asserts a 200)."""
+        response = await self.page.goto(f"{self.origin}{path}")
+        assert response is not None and response.status == 200, path
+
+    async def reach(self, state: str, within: float = STATE_WITHIN_S) -> None:
+        """Wait until ``data-state`` is ``state`` (bounded), and keep a screenshot."""
+        selector = f'{self.root}[data-state="{state}"]'
+        try:
+            await self.page.wait_for_selector(selector, timeout=within * 1000)
+        except Error:
+            now = await self.attr("state")
+            raise AssertionError(
+                f"page never reached {state!r} within {within} s (is {now!r})"
+            ) from None
+        await self.snap(state)
+
+    async def snap(self, state: str) -> None:
+        """Keep a screenshot of the page as it is now, named ``state``."""
+        self.shots.append((state, await self.page.screenshot(full_page=True)))
+
+    async def attr(self, name: str) -> str | None:
+        """``data-<name>`` of ``#waiting-room`` (None when absent)."""
+        return await self.page.get_attribute(self.root, f"data-{name}")
+
+    async def text(self, selector: str) -> str:
+        """The text of an element of the page."""
+        return await self.page.inner_text(selector)
+
+    def foreign_requests(self) -> list[str]:
+        """Every request the page made off the gateway's origin (``data:`` aside)."""
+        return [u for u in self.requests if not u.startswith((f"{self.origin}/", "data:"))]
+
+    async def all_shots(self) -> list[tuple[str, bytes]]:
+        """Every kept screenshot, and one of the page as it is now (if it still is)."""
+        shots = list(self.shots)
+        with contextlib.suppress(Error):
+            shots.append(("last", await self.page.screenshot(full_page=True)))
+        return shots
+
+
+def write_shots(folder: Path, shots: list[tuple[str, bytes]]) -> None:
+    """Write screenshots to ``folder`` as ``NN-<state>.png``, in the order taken."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for i, (state, png) in enumerate(shots):
+        (folder / f"{i:02d}-{state}.png").write_bytes(png)
