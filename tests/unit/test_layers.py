@@ -131,3 +131,29 @@ def test_the_suites_share_testkit_only() -> None:
     assert "tests" not in _top_packages("loadtests")
     assert not {"tests", "loadtests"} & _top_packages("testkit")
     assert not {"tests", "loadtests", "testkit"} & _top_packages("gateway")
+
+
+def _readme_map() -> dict[str, str]:
+    """The README's layout map: each package's line by its name (``""``: the
+    top level), from "## Layout" to what lies beside ``gateway/``."""
+    text = (REPO / "README.md").read_text()
+    section = text[text.index("## Layout\n") : text.index("Beside `gateway/`:")]
+    lines: dict[str, str] = {}
+    for line in section.splitlines():
+        if line.startswith("- `gateway/` itself"):
+            lines[""] = line
+        elif line.startswith("- `") and "/`" in line.split()[1]:
+            lines[line.split("`")[1].rstrip("/")] = line
+    return lines
+
+
+def test_the_readme_maps_the_tree() -> None:
+    """The README's layout has a line for each package of gateway/, naming every
+    module in it, and none for a package that is not there."""
+    lines = _readme_map()
+    assert set(lines) == set(ALLOWED) | {""}
+    for package, line in lines.items():
+        folder = GATEWAY / package
+        modules = {p.name for p in folder.glob("*.py")} - {"__init__.py"}
+        missing = sorted(m for m in modules if f"`{m}`" not in line)
+        assert not missing, f"README's line of {package or 'gateway'}/ lacks {missing}"
