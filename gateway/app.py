@@ -249,7 +249,7 @@ def synchronous_strategies(app: web.Application) -> dict[Strategy, Deduction]:
 
 async def _sample_backlog(batcher: Batcher, backlog: BacklogMetrics) -> None:
     while True:
-        backlog.sample(batcher.depth)
+        backlog.sample(batcher.backlog)
         await asyncio.sleep(BACKLOG_SAMPLE_S)
 
 
@@ -270,7 +270,7 @@ async def drain(app: web.Application) -> None:
         return
     batcher = app[BATCHER]
     if not batcher.closing:
-        log.info("draining", queued=batcher.depth)
+        log.info("draining", queued=batcher.backlog)
     await batcher.close()
 
 

@@ -82,7 +82,7 @@ async def run(settings: Settings, on_startup: StartupHook | None = None) -> bool
         except TimeoutError:
             # Out of time: what has not committed is left to the reconciler, so
             # the shutdown below does not wait for it again without a bound.
-            log.warning("drain_timed_out", queued=app[BATCHER].depth)
+            log.warning("drain_timed_out", queued=app[BATCHER].backlog)
             app[BATCHER].abort()
     finally:
         closed = await _close_within(runner, CLOSE_S)

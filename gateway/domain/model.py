@@ -120,7 +120,7 @@ class SkuInfo:
 
     sku: str
     per_user_limit: int
-    # None: anyone may buy without queueing first.
+    # None: anyone may buy without waiting in a room first.
     waiting_room: WaitingRoom | None = None
     # The sku's own strategy; None sells it under the gateway's GATEWAY_STRATEGY.
     strategy: Strategy | None = None

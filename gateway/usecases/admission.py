@@ -73,7 +73,7 @@ class Admissions:
         self._observer = observer
 
     async def join(self, sku: str, user_id: str) -> dict[str, Any] | None:
-        """Queue ``user_id`` (or find their ticket): the answer, None when sold out.
+        """Put ``user_id`` in the sku's room (or find their ticket): the answer, None when sold out.
 
         Raises :class:`UnknownSku` or :class:`NoWaitingRoom`."""
         info, room, _ = await self._room(sku)
@@ -199,7 +199,7 @@ def _waiting(position: int, room: WaitingRoom, starts_ms: int) -> dict[str, int]
 
 
 def _ms(moment: datetime | None) -> int:
-    """A start as ms since the epoch, 0 for none (what the queue scripts take)."""
+    """A start as ms since the epoch, 0 for none (what the room scripts take)."""
     return 0 if moment is None else int(moment.timestamp() * 1000)
 
 

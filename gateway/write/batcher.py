@@ -74,13 +74,13 @@ class Batcher:
         self._wait = batch_wait_s
         self._backlog_max = backlog_max
         self._lanes: dict[str, _Lane] = {}
-        self._depth = 0
+        self._backlog = 0
         self._closed = False
 
     @property
-    def depth(self) -> int:
+    def backlog(self) -> int:
         """The backlog: purchases waiting for or in a flush, across all skus."""
-        return self._depth
+        return self._backlog
 
     @property
     def closing(self) -> bool:
@@ -90,7 +90,7 @@ class Batcher:
     @property
     def full(self) -> bool:
         """Whether a new purchase should be shed instead of reserved."""
-        return self._closed or self._depth >= self._backlog_max
+        return self._closed or self._backlog >= self._backlog_max
 
     async def submit(self, purchase: Purchase) -> Result:
         """Add a reserved purchase to its sku's lane and wait for its flush's result.
@@ -117,7 +117,7 @@ class Batcher:
             lane.first_at = now
             lane.arrived.set()
         lane.entries.append((purchase, future))
-        self._depth += 1
+        self._backlog += 1
         if len(lane.entries) >= self._max:
             lane.full.set()
         return await future
@@ -144,7 +144,7 @@ class Batcher:
             for _, future in lane.entries:
                 if not future.done():
                     future.set_exception(ShuttingDown())
-            self._depth -= len(lane.entries)
+            self._backlog -= len(lane.entries)
             lane.entries.clear()
 
     async def _run(self, lane: _Lane) -> None:
@@ -199,7 +199,7 @@ class Batcher:
                     future.set_exception(ShuttingDown())
             raise
         finally:
-            self._depth -= len(batch)
+            self._backlog -= len(batch)
         for (_, future), result in zip(batch, results, strict=True):
             if future.done():
                 continue

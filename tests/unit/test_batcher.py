@@ -87,7 +87,7 @@ async def test_flush_errors_reach_every_waiter() -> None:
         *(batcher.submit(purchase(i)) for i in range(3)), return_exceptions=True
     )
     assert all(isinstance(r, Unavailable) for r in results)
-    assert batcher.depth == 0
+    assert batcher.backlog == 0
     await batcher.close()
 
 
@@ -121,7 +121,7 @@ async def test_abort_answers_every_waiting_purchase_and_stops_the_flushers() -> 
     flush = Recorder(delay=3600)
     batcher = Batcher(flush, batch_max=2, batch_wait_s=0.0, backlog_max=100)
     waiting = [asyncio.ensure_future(batcher.submit(purchase(i))) for i in range(4)]
-    await wait_for(lambda: batcher.depth == 4 and bool(flush.batches), what="both batches queued")
+    await wait_for(lambda: batcher.backlog == 4 and bool(flush.batches), what="both batches queued")
     with pytest.raises(TimeoutError):
         async with asyncio.timeout(0.2):
             await batcher.close()
@@ -130,7 +130,7 @@ async def test_abort_answers_every_waiting_purchase_and_stops_the_flushers() -> 
     results = await asyncio.wait_for(asyncio.gather(*waiting, return_exceptions=True), 5)
     assert all(isinstance(r, ShuttingDown) for r in results), results
     await asyncio.wait_for(batcher.close(), 5)
-    assert batcher.depth == 0
+    assert batcher.backlog == 0
 
 
 async def test_the_flusher_hears_when_a_lane_runs_empty() -> None:
