@@ -94,8 +94,8 @@ async def service_ctx(app: web.Application) -> AsyncIterator[None]:
     await load_lock_scripts(redis)
     if await reservations.adopt(await orders.identity()):
         log.warning("redis_state_dropped", reason="another database")
-    subscriber = LockSubscriber(redis, client_name=f"{settings.key_prefix}-lock-sub")
-    locks = sku_locks(settings, redis, orders.pool, subscriber, metrics.lock, app[ZOOKEEPER])
+    lock_subscriber = LockSubscriber(redis, client_name=f"{settings.key_prefix}-lock-sub")
+    locks = sku_locks(settings, redis, orders.pool, lock_subscriber, metrics.lock, app[ZOOKEEPER])
     metrics.lock.set_lease(settings.lock_lease_s)
     deductions = synchronous_strategies(app)
     catalog, soldout = Catalog(orders, settings.strategy), SoldOut()
@@ -178,7 +178,7 @@ async def service_ctx(app: web.Application) -> AsyncIterator[None]:
     yield
     await batcher.close()
     await rebuilds.close()
-    await subscriber.aclose()
+    await lock_subscriber.aclose()
     await _stop(tasks)
 
 
@@ -216,8 +216,8 @@ async def writer_ctx(app: web.Application) -> AsyncIterator[None]:
     reservations = Reservations(redis, settings, on_noscript=metrics.scripts.reloaded)
     await patiently("redis", settings.startup_wait_s, reservations.load_scripts)
     await load_lock_scripts(redis)
-    subscriber = LockSubscriber(redis, client_name=f"{settings.key_prefix}-lock-sub")
-    locks = sku_locks(settings, redis, orders.pool, subscriber, metrics.lock)
+    lock_subscriber = LockSubscriber(redis, client_name=f"{settings.key_prefix}-lock-sub")
+    locks = sku_locks(settings, redis, orders.pool, lock_subscriber, metrics.lock)
     flusher = Flusher(
         reservations=reservations, orders=orders, locks=locks, observer=metrics.flushes
     )
@@ -225,7 +225,7 @@ async def writer_ctx(app: web.Application) -> AsyncIterator[None]:
     task = asyncio.create_task(writer.run(), name="queue-writer")
     yield
     await _stop([task])
-    await subscriber.aclose()
+    await lock_subscriber.aclose()
 
 
 def create_writer_app(settings: Settings) -> web.Application:
