@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
+import os
 import uuid
+import warnings
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
@@ -31,16 +34,62 @@ _CHAOS_LINES: list[str] = []
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    """Keep the chaos scenario lines a test's report carries."""
+    """Keep the chaos scenario lines and the leftovers a test's report carries."""
     _CHAOS_LINES.extend(str(v) for k, v in report.user_properties if k == CHAOS_PROPERTY)
+    if report.when == "teardown":
+        _LEFTOVERS.extend(
+            f"{report.nodeid}: {v}" for k, v in report.user_properties if k == LEFTOVER_PROPERTY
+        )
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    """One line per chaos scenario that finished (tests.chaos.reporting)."""
+    """One line per chaos scenario that finished (tests.chaos.reporting), and one
+    per connection the collector closed after a test."""
     if _CHAOS_LINES:
         terminalreporter.section("chaos scenarios")
         for line in _CHAOS_LINES:
             terminalreporter.write_line(line)
+    if _LEFTOVERS:
+        terminalreporter.section(LEFTOVER_PROPERTY)
+        for line in _LEFTOVERS:
+            terminalreporter.write_line(line)
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+# A test's report carries what the collector closed after it, so the controller
+# prints it (under pytest-xdist the test ran in a worker).
+LEFTOVER_PROPERTY = "left to the garbage collector"
+_LEFTOVERS: list[str] = []
+
+
+@pytest.fixture(autouse=True)
+async def _collect_leftovers_on_the_tests_loop(
+    request: pytest.FixtureRequest,
+) -> AsyncIterator[None]:
+    """Collect the garbage a test left while its event loop still runs, and name the test.
+
+    A library sometimes leaves a connection in a reference cycle (redis-py's
+    cluster client drops a failed-over node's connections that way). In the
+    gateway the collector closes it on the one loop, silently. Under pytest every
+    test has its own loop: collected after that loop closed, the connection warns
+    "unclosed socket" and "loop is closed" in whichever later test the collector
+    happens to run in, and that test fails for another file's leftovers (CI saw a
+    rebuild test fail on five connections to another test's Redis). So when a
+    test leaves descriptors open, collect at once, on its loop, and list what was
+    closed under its name at the end of the run. Leaks the collector cannot reach
+    are counted by tests/integration/test_connection_leaks.py."""
+    before = _open_fds()
+    yield
+    if _open_fds() <= before:
+        return
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ResourceWarning)
+        gc.collect()
+    for warning in caught:
+        request.node.user_properties.append((LEFTOVER_PROPERTY, str(warning.message)))
 
 
 @pytest.fixture(scope="session")
