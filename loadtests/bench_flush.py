@@ -2,6 +2,7 @@
 
     python -m loadtests.bench_flush [--rounds 5] [--batches 32,64,128,256,512]
         [--orders 4096] [--modes per-batch,slice,none] [--no-pin] [--out PATH]
+        [--pg-url URL] [--redis-url URL]
 
 The gateway's own flush path, in this process, on a database and a Redis key
 prefix of its own (``loadtests.lib.harness``, removed at the end): the
@@ -9,7 +10,7 @@ prefix of its own (``loadtests.lib.harness``, removed at the end): the
 ``RedisLock`` on the shared Redis, ``GATEWAY_FLUSH_LOCK=redis``), makes its one
 ``flush_batch()`` call (the guarded conditional UPDATE and the order inserts,
 committed) and settles the batch with ``settle.lua``. Each drain first reserves
-``--orders`` purchases of a new sku in Redis with ``reserve.lua`` (a new buyer
+``--orders`` purchases (in whole batches) of a new sku in Redis with ``reserve.lua`` (a new buyer
 each, one unit, the sku's stock exactly that), untimed; then hands them to the
 Flusher back to back in batches of B, timed from the first flush to the last,
 and checks that every one was confirmed, the ledger is empty and the database
@@ -36,17 +37,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import gc
 import os
 import statistics
 import sys
 import time
 import uuid
-from collections.abc import Iterable, Sequence
-from contextlib import AbstractAsyncContextManager
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import asyncpg
 import orjson
@@ -85,6 +86,9 @@ PINGS = 200
 TARGET_PER_S = 25_000
 
 
+Part = Literal["lock_s", "sql_s", "settle_s"]
+
+
 @dataclass(slots=True)
 class Splits:
     """Seconds spent so far in the flush lock, the SQL and the settle."""
@@ -92,6 +96,15 @@ class Splits:
     lock_s: float = 0.0
     sql_s: float = 0.0
     settle_s: float = 0.0
+
+    @contextlib.contextmanager
+    def timing(self, part: Part) -> Iterator[None]:
+        """Add the seconds the block takes to ``part``, whatever it raises."""
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            setattr(self, part, getattr(self, part) + time.perf_counter() - started)
 
 
 class TimedOrders(Orders):
@@ -104,11 +117,8 @@ class TimedOrders(Orders):
     async def commit_batch(
         self, sku: str, batch: Sequence[Purchase], fence: int | None
     ) -> BatchDecision:
-        started = time.perf_counter()
-        try:
+        with self._splits.timing("sql_s"):
             return await super().commit_batch(sku, batch, fence)
-        finally:
-            self._splits.sql_s += time.perf_counter() - started
 
 
 class TimedReservations(Reservations):
@@ -121,11 +131,8 @@ class TimedReservations(Reservations):
     async def settle(
         self, sku: str, settlements: Iterable[Settlement], db_stock_after: int | None
     ) -> int:
-        started = time.perf_counter()
-        try:
+        with self._splits.timing("settle_s"):
             return await super().settle(sku, settlements, db_stock_after)
-        finally:
-            self._splits.settle_s += time.perf_counter() - started
 
 
 class TimedLock:
@@ -144,23 +151,17 @@ class TimedLock:
         return self._lock.lost
 
     async def acquire(self, wait: float | None = None) -> bool:
-        started = time.perf_counter()
-        try:
+        with self._splits.timing("lock_s"):
             return await self._lock.acquire(wait)
-        finally:
-            self._splits.lock_s += time.perf_counter() - started
 
     async def release(self) -> None:
-        started = time.perf_counter()
-        try:
+        with self._splits.timing("lock_s"):
             await self._lock.release()
-        finally:
-            self._splits.lock_s += time.perf_counter() - started
 
     def abandon(self) -> None:
         self._lock.abandon()
 
-    def __call__(self, wait: float | None = None) -> AbstractAsyncContextManager[Any]:
+    def __call__(self, wait: float | None = None) -> contextlib.AbstractAsyncContextManager[Any]:
         return self._lock(wait)
 
 
