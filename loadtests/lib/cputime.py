@@ -28,3 +28,18 @@ def _own(pid: int) -> float:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
         return (int(fields[11]) + int(fields[12])) / _TICK
     return 0.0
+
+
+def run_and_queued(pid: int) -> tuple[float, float] | None:
+    """Seconds the threads of ``pid`` ran on a core and waited in a run queue for one
+    (``/proc/<pid>/task/*/schedstat``, in nanoseconds, so short runs resolve where
+    :func:`cpu_seconds`' clock ticks do not), or None when ``pid`` is gone or not ours
+    to read."""
+    ran = queued = 0
+    try:
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            fields = (task / "schedstat").read_text().split()
+            ran, queued = ran + int(fields[0]), queued + int(fields[1])
+    except (OSError, IndexError, ValueError):
+        return None
+    return ran / 1e9, queued / 1e9

@@ -31,6 +31,12 @@ class Pinning:
         """``command`` run on the servers' core (its children stay there too)."""
         return _on(self.servers, command)
 
+    def join_servers(self) -> None:
+        """Move the calling process onto the servers' core: a bench that runs the
+        gateway's code in-process is the server side itself."""
+        if self.servers is not None:
+            os.sched_setaffinity(0, {self.servers})
+
     def describe(self) -> str:
         """One line for the results."""
         if self.load is None:
