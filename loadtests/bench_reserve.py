@@ -22,37 +22,41 @@ from collections.abc import Awaitable, Callable
 
 from redis.asyncio import Redis
 
+from gateway.domain.model import Purchase
 from gateway.redis.layout import SkuKeys
+from gateway.redis.reservations import Entry, ReserveCalls
 from gateway.redis.scripts import Script, ScriptArg, read_script
+from gateway.settings import Settings
 
 BATCH_SIZES = (1, 16, 64, 256)
-# A stock no run drains, and the sku's ARGV[1..7]: a day's retention, no
-# window, no rate limits.
+# A stock no run drains; a day's retention, no window, no rate limits.
 STOCK = 10**12
 HEAD: tuple[ScriptArg, ...] = (86_400_000, "", "", 0, 0, 0, 0)
 
-Shape = Callable[[Redis, Script, tuple[str, ...], list[tuple[str, str]]], Awaitable[None]]
+Shape = Callable[[Redis, Script, ReserveCalls, list[Purchase]], Awaitable[None]]
+
+
+def _entries(batch: list[Purchase]) -> list[Entry]:
+    """The gateway's entries for ``batch``: no buckets, nothing to verify."""
+    return [(p, "", "", HEAD, False) for p in batch]
 
 
 async def pipelined(
-    redis: Redis, script: Script, keys: tuple[str, ...], batch: list[tuple[str, str]]
+    redis: Redis, script: Script, calls: ReserveCalls, batch: list[Purchase]
 ) -> None:
     """One single-entry call per reservation, all in one pipeline."""
     pipe = redis.pipeline(transaction=False)
-    for rid, user in batch:
-        pipe.execute_command("EVALSHA", script.sha, 4, *keys, *HEAD, rid, user, 1, 0, 0)
+    for entry in _entries(batch):
+        keys, args = calls.reserve([entry])
+        pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
     replies = await pipe.execute()
     assert all(reply[0][0] == b"ok" for reply in replies), replies[:3]
 
 
-async def many(
-    redis: Redis, script: Script, keys: tuple[str, ...], batch: list[tuple[str, str]]
-) -> None:
+async def many(redis: Redis, script: Script, calls: ReserveCalls, batch: list[Purchase]) -> None:
     """One call carrying every reservation."""
-    args: list[ScriptArg] = list(HEAD)
-    for rid, user in batch:
-        args += (rid, user, 1, 0, 0)
-    replies = await redis.evalsha(script.sha, 4, *keys, *args)
+    keys, args = calls.reserve(_entries(batch))
+    replies = await redis.evalsha(script.sha, len(keys), *keys, *args)
     assert all(reply[0] == b"ok" for reply in replies), replies[:3]
 
 
@@ -60,14 +64,20 @@ SHAPES: dict[str, Shape] = {"pipelined": pipelined, "many": many}
 
 
 async def rate(
-    redis: Redis, script: Script, keys: tuple[str, ...], shape: Shape, size: int, seconds: float
+    redis: Redis,
+    script: Script,
+    calls: ReserveCalls,
+    sku: str,
+    shape: Shape,
+    size: int,
+    seconds: float,
 ) -> float:
     """Reservations per second of ``shape`` in batches of ``size`` for ``seconds``."""
     counter = itertools.count()
     done, started = 0, time.perf_counter()
     while time.perf_counter() - started < seconds:
-        batch = [(f"r{n}", f"u{n}") for n in itertools.islice(counter, size)]
-        await shape(redis, script, keys, batch)
+        batch = [Purchase(sku, f"u{n}", 1, f"r{n}") for n in itertools.islice(counter, size)]
+        await shape(redis, script, calls, batch)
         done += size
     return done / (time.perf_counter() - started)
 
@@ -80,6 +90,9 @@ async def main() -> None:
     prefix = f"benchreserve{uuid.uuid4().hex[:8]}"
     script = read_script("reserve")
     await script.load(redis)
+    # The gateway's own builder of KEYS and ARGV, so the bench speaks the
+    # script's current contract (a copy of it here fell behind once).
+    calls = ReserveCalls(Settings(key_prefix=prefix), lambda sku: SkuKeys.of(prefix, sku))
     results: dict[tuple[str, int], list[float]] = {}
     try:
         for n in range(rounds):
@@ -87,11 +100,13 @@ async def main() -> None:
             for size in BATCH_SIZES:
                 for name in order:
                     # A fresh sku per run: ledgers of earlier runs do not weigh on it.
-                    keys = SkuKeys.of(prefix, f"{name}-{size}-{n}").all()
-                    await redis.set(keys[0], STOCK)
-                    found = await rate(redis, script, keys, SHAPES[name], size, seconds)
+                    sku = f"{name}-{size}-{n}"
+                    keys = SkuKeys.of(prefix, sku)
+                    await redis.set(keys.stock, STOCK)
+                    found = await rate(redis, script, calls, sku, SHAPES[name], size, seconds)
                     results.setdefault((name, size), []).append(found)
-                    await redis.delete(*keys)
+                    async for key in redis.scan_iter(match=f"{prefix}:{{{sku}}}*", count=1000):
+                        await redis.delete(key)
     finally:
         async for key in redis.scan_iter(match=f"{prefix}*", count=1000):
             await redis.delete(key)
