@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import time
 import uuid
 from collections.abc import Iterator
 
@@ -115,7 +114,6 @@ class TestRollingRestart:
         )
         sale = asyncio.create_task(driver.run())
         await wait_for(lambda: _sold(database_url, sku), within=30, what="first orders")
-        started = time.monotonic()
         seen = await _rolling_restart(cluster, proxy)
         sold_when_restarted = await _sold(database_url, sku)
         summary = await sale
@@ -133,7 +131,6 @@ class TestRollingRestart:
         )
         rows = await audit(settings, sku)
         assert [r.verdict for r in rows] == ["ok"], rows
-        assert time.monotonic() - started < 60
 
 
 class TestRetryOn503:
