@@ -69,10 +69,12 @@ BEGIN
                 SELECT 1 FROM released_reservations rr
                 WHERE rr.request_id = t.r AND rr.reserved_at_ms = t.ra)) AS released,
             (o.order_id IS NULL AND EXISTS (
-                SELECT 1 FROM orders b WHERE b.sku = p_sku AND b.user_id = t.u)) AS bought
+                SELECT 1 FROM orders b WHERE b.sku = p_sku AND b.user_id = t.u)) AS bought,
+            t.entries_of_user > 1 AS again
         FROM (
             SELECT x.r, x.u, x.q, x.ra, x.i,
-                row_number() OVER (PARTITION BY x.r ORDER BY x.i) AS nth
+                row_number() OVER (PARTITION BY x.r ORDER BY x.i) AS nth,
+                count(*) OVER (PARTITION BY x.u) AS entries_of_user
             FROM unnest(p_request_ids, p_user_ids, p_qtys, p_reserved_at)
                 WITH ORDINALITY AS x(r, u, q, ra, i)
         ) t
@@ -96,7 +98,10 @@ BEGIN
             d_skus := d_skus || NULL::text;
             d_users := d_users || NULL::text;
             d_qtys := d_qtys || NULL::integer;
-        ELSIF rec.bought OR rec.u = ANY (v_buyers) THEN
+        -- Only a buyer with another entry in this batch can be among the buyers
+        -- granted so far: the scan of v_buyers, which grows with the batch, is
+        -- skipped for everyone else (at 512 entries it cost 5.5 ms a batch).
+        ELSIF rec.bought OR (rec.again AND rec.u = ANY (v_buyers)) THEN
             d_rids := d_rids || rec.r;
             d_verdicts := d_verdicts || 'D'::text;
             d_orders := d_orders || NULL::text;

@@ -20,8 +20,10 @@ async def test_one_batch_with_every_verdict(con: asyncpg.Connection, sku: str) -
     once), a replay of an earlier order (C, its own id), a request id holding
     another buyer's order (R), a released reservation (X), a buyer who already
     holds an order (D), the first new buyer again under another id (D: granted
-    earlier in this very batch), three units when two are left (S), and one
-    unit after it, which still fits (granted: first fit, not a running sum).
+    earlier in this very batch), three units when two are left (S), one unit
+    after it, which still fits (granted: first fit, not a running sum), and the
+    buyer of the three again for one unit (granted: refused for size, they hold
+    nothing yet).
     """
     other = f"{sku}-other"
     await con.execute("INSERT INTO inventory (sku, stock) VALUES ($1, 7), ($2, 1)", sku, other)
@@ -51,6 +53,7 @@ async def test_one_batch_with_every_verdict(con: asyncpg.Connection, sku: str) -
         ("twice", "n1", 1, 1),
         ("big", "b", 3, 1),
         ("small", "s", 1, 1),
+        ("smaller", "b", 1, 1),
     ]
     rows = await con.fetch(
         FLUSH,
@@ -71,17 +74,18 @@ async def test_one_batch_with_every_verdict(con: asyncpg.Connection, sku: str) -
         "twice": "D",
         "big": "S",
         "small": "C",
+        "smaller": "C",
     }
     assert len(rows) == len(verdicts), "a request id repeated in the batch is answered once"
     by_id = {r["request_id"].removeprefix(f"{sku}."): r for r in rows}
     assert by_id["replay"]["order_id"] == order_of[f"{sku}.replay"]
     foreign = by_id["foreign"]
     assert (foreign["order_sku"], foreign["order_user"]) == (other, "elsewhere")
-    assert {r["stock_after"] for r in rows} == {1}
-    assert await con.fetchval("SELECT stock FROM inventory WHERE sku = $1", sku) == 1
+    assert {r["stock_after"] for r in rows} == {0}
+    assert await con.fetchval("SELECT stock FROM inventory WHERE sku = $1", sku) == 0
     buyers = await con.fetch(
         "SELECT user_id FROM orders WHERE sku = $1 AND request_id = ANY($2::text[])",
         sku,
-        [f"{sku}.new", f"{sku}.small"],
+        [f"{sku}.new", f"{sku}.small", f"{sku}.smaller"],
     )
-    assert sorted(r["user_id"] for r in buyers) == ["n1", "s"]
+    assert sorted(r["user_id"] for r in buyers) == ["b", "n1", "s"]
