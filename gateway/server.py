@@ -208,29 +208,40 @@ def supervise(workers: int, argv: Sequence[str]) -> int:
     """Run ``workers`` gateway processes, pass stop signals on, return the worst status.
 
     If a worker dies on its own the others are stopped too: a half-sized gateway
-    behind a load balancer is better replaced than left limping.
+    behind a load balancer is better replaced than left limping. A worker that
+    the signal passed on ends by that very signal was still starting (a serving
+    worker handles it and drains): it stopped as asked, with nothing to drain.
     """
     with tempfile.TemporaryDirectory(prefix="flashsale-metrics-") as metrics_dir:
         env = worker_environment(metrics_dir)
         command = [sys.executable, "-m", "gateway", *argv, "--workers", "1"]
-        procs = [subprocess.Popen(command, env=env) for _ in range(workers)]
-        stopping = False
+        procs: list[subprocess.Popen[bytes]] = []
+        sent: int | None = None
 
         def stop(signum: int, _frame: object) -> None:
-            nonlocal stopping
-            if stopping:
+            nonlocal sent
+            if sent is not None:
                 return
-            stopping = True
+            sent = signum
             for proc in procs:
                 if proc.returncode is None:
                     proc.send_signal(signum)
 
+        # Before the workers exist, so no stop signal can find the supervisor
+        # without its handler.
         signal.signal(signal.SIGTERM, stop)
         signal.signal(signal.SIGINT, stop)
+        procs += [subprocess.Popen(command, env=env) for _ in range(workers)]
+        if sent is not None:  # a stop came while they were being started
+            for proc in procs:
+                proc.send_signal(sent)
         status = 0
         for finished in _reap(procs):
             mark_process_dead(finished.pid, metrics_dir)  # type: ignore[no-untyped-call]
-            status = max(status, abs(finished.returncode or 0))
+            code = finished.returncode or 0
+            if sent is not None and code == -sent:
+                code = 0
+            status = max(status, abs(code))
             stop(signal.SIGTERM, None)
         return status
 

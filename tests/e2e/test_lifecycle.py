@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import aiohttp
 from redis.asyncio import Redis
@@ -13,10 +16,11 @@ from gateway.ops.audit import audit
 from gateway.redis.layout import SkuKeys
 from gateway.settings import Settings
 from testkit.driver import LoadDriver, run_sale
-from testkit.gateways import GatewayCluster
+from testkit.gateways import REPO, GatewayCluster, gateway_env
 from testkit.invariants import check_invariants
 from testkit.metrics import samples
 from testkit.polling import wait_for
+from testkit.ports import HOST, free_port
 from testkit.purchases import orders_of
 from testkit.services import REDIS_URL
 
@@ -147,3 +151,44 @@ class TestWorkers:
                     assert confirmed == i + 1
             cluster[0].kill(signal.SIGTERM)
             assert await cluster[0].wait_exit(within=15) == 0, cluster.logs()
+
+    async def test_a_stop_while_the_workers_start_exits_0(
+        self, database_url: str, key_prefix: str, tmp_path: Path
+    ) -> None:
+        """SIGTERM to the supervisor as soon as both workers exist, while they are
+        still importing: they end by the signal passed on (nothing to drain yet),
+        and the supervisor exits 0, not 15 (a stop as asked is not a failure)."""
+        env = gateway_env(
+            {
+                "redis_url": REDIS_URL,
+                "database_url": database_url,
+                "key_prefix": key_prefix,
+                "workers": 2,
+                "host": HOST,
+                "port": free_port(),
+            }
+        )
+        log = tmp_path / "supervisor.log"
+        with log.open("wb") as out:
+            supervisor = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                "gateway",
+                "serve",
+                cwd=REPO,
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+        try:
+            children = Path(f"/proc/{supervisor.pid}/task/{supervisor.pid}/children")
+            await wait_for(
+                lambda: len(children.read_text().split()) == 2, within=15, what="two workers"
+            )
+            supervisor.send_signal(signal.SIGTERM)
+            await asyncio.wait_for(supervisor.wait(), 15)
+        finally:
+            if supervisor.returncode is None:
+                supervisor.kill()
+                await supervisor.wait()
+        assert supervisor.returncode == 0, log.read_text()
