@@ -109,17 +109,20 @@ class TestWaiting:
     async def test_a_wait_longer_than_the_lease_leaves_the_new_hold_a_full_lease(
         self, backend: Backend
     ) -> None:
-        holder, waiter = backend.new(lease=0.3), backend.new(lease=0.3)
+        # Leases long enough that the test process's own stalls under load (its
+        # collections paused it 0.5-0.8 s) cannot cost the holder its lock: a
+        # 0.3 s lease was lost that way on a loaded CI machine.
+        holder, waiter = backend.new(lease=2.0), backend.new(lease=2.0)
         await holder.acquire()
 
         async def wait_then_hold() -> None:
-            async with waiter:  # waits about 1 s, three of its leases
-                await asyncio.sleep(0.5)  # its first renewals come due
+            async with waiter:  # waits about 2.5 s, longer than its lease
+                await asyncio.sleep(1.0)  # its first renewals come due
                 assert waiter.held and not waiter.lost.is_set()
 
         task = asyncio.create_task(wait_then_hold())
         await wait_for(lambda: backend.waiting_is(1), what="one acquisition waiting")
-        await asyncio.sleep(1.0)
+        await asyncio.sleep(2.5)
         await holder.release()
         await asyncio.wait_for(task, 5)
         assert stats(waiter).losses == 0
