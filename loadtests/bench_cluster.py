@@ -19,12 +19,11 @@ import json
 import statistics
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from loadtests.lib import wrk
 from loadtests.lib.harness import Harness
 from loadtests.lib.pinning import choose
-from loadtests.lib.targets import Target
 from testkit.redis_cluster import LocalRedisCluster
 
 SKU = "hot"
@@ -44,7 +43,17 @@ def configurations(cluster_nodes: str) -> dict[str, dict[str, str]]:
     }
 
 
-def measure(target: Target, round_: int, args: argparse.Namespace, pin: Any) -> dict[str, float]:
+class Measured(Protocol):
+    """What a run needs of its target: a name, where buyers go, and its metrics."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def url(self) -> str: ...
+    def scrape(self, prefix: str = ...) -> dict[str, float]: ...
+
+
+def measure(target: Measured, round_: int, args: argparse.Namespace, pin: Any) -> dict[str, float]:
     """One wrk run against ``target``: requests/s, p99 and the sku's flush figures."""
     before = target.scrape()
     raw = wrk.run(
