@@ -27,27 +27,42 @@ from gateway.http import fastpath
 from gateway.settings import Settings
 from testkit.purchases import ADMIN_TOKEN
 from testkit.services import REDIS_URL, create_database, drop_database
+from tests import summary
 from tests.chaos.reporting import CHAOS_PROPERTY
 
 # The chaos scenarios' lines, as their reports arrive (from xdist workers too).
 _CHAOS_LINES: list[str] = []
 
 
+# The lines tests added to the summary (tests.summary), by section.
+_SUMMARY: dict[str, list[str]] = {}
+
+
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    """Keep the chaos scenario lines and the leftovers a test's report carries."""
+    """Keep the chaos scenario lines, the summary lines and the leftovers a test's
+    report carries (a test's teardown report carries every property it added)."""
     _CHAOS_LINES.extend(str(v) for k, v in report.user_properties if k == CHAOS_PROPERTY)
     if report.when == "teardown":
         _LEFTOVERS.extend(
             f"{report.nodeid}: {v}" for k, v in report.user_properties if k == LEFTOVER_PROPERTY
         )
+        for k, v in report.user_properties:
+            section = summary.section_of(k)
+            if section is not None:
+                _SUMMARY.setdefault(section, []).append(str(v))
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    """One line per chaos scenario that finished (tests.chaos.reporting), and one
-    per connection the collector closed after a test."""
+    """One line per chaos scenario that finished (tests.chaos.reporting), the lines
+    tests added (tests.summary), and one per connection the collector closed
+    after a test."""
     if _CHAOS_LINES:
         terminalreporter.section("chaos scenarios")
         for line in _CHAOS_LINES:
+            terminalreporter.write_line(line)
+    for section, lines in _SUMMARY.items():
+        terminalreporter.section(section)
+        for line in lines:
             terminalreporter.write_line(line)
     if _LEFTOVERS:
         terminalreporter.section(LEFTOVER_PROPERTY)
