@@ -86,7 +86,8 @@ class Admissions:
         return {"ticket": standing.ticket, **_waiting(standing.position, room, starts_ms)}
 
     async def poll(self, sku: str, ticket: str) -> dict[str, Any]:
-        """Where ``ticket`` stands: waiting, admitted (with its token) or sold out.
+        """Where ``ticket`` stands: waiting, admitted (with its token and the user
+        it is for) or sold out.
 
         Raises :class:`UnknownSku`, :class:`NoWaitingRoom` or :class:`UnknownTicket`."""
         info, room, signer = await self._room(sku)
@@ -103,10 +104,14 @@ class Admissions:
             return {"status": "waiting", **_waiting(standing.position, room, starts_ms)}
         # Signed from Redis's admission time, so every poll gets the same token.
         expires_ms = standing.admitted_ms + room.token_ttl_s * 1000
+        # The user the token is for, echoed: a purchase must name the same user,
+        # and a client that follows the poll (the schema's BuyAdmitted link, the
+        # waiting page) then needs nothing but this answer.
         return {
             "status": "admitted",
             "admission_token": signer.sign(sku, standing.user_id, ticket, expires_ms),
             "expires_at": rfc3339(datetime.fromtimestamp(expires_ms / 1000, UTC)),
+            "user_id": standing.user_id,
         }
 
     async def has_room(self, sku: str) -> bool:

@@ -6,10 +6,12 @@ import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import yaml
 from redis.asyncio import Redis
 
 from gateway.redis.layout import RoomKeys
 from gateway.usecases.admission_tokens import Signer
+from testkit.gateways import REPO
 from testkit.polling import wait_for
 from testkit.purchases import ADMIN_HEADERS, client_metric, db_state
 from testkit.rooms import (
@@ -21,6 +23,34 @@ from testkit.rooms import (
     poll,
     put_room_sku,
 )
+
+
+def _link(path: str, name: str) -> dict[str, Any]:
+    """A link of the 200 answer of ``GET {path}`` in docs/openapi.yaml."""
+    published = yaml.safe_load((REPO / "docs" / "openapi.yaml").read_text())
+    link: dict[str, Any] = published["paths"][path]["get"]["responses"]["200"]["links"][name]
+    return link
+
+
+BUY_ADMITTED = _link("/v1/queue/{sku}/{ticket}", "BuyAdmitted")
+
+
+def _follow(
+    link: dict[str, Any], path: dict[str, str], answer: dict[str, Any]
+) -> tuple[dict[str, str], dict[str, Any]]:
+    """The headers and body a client following ``link`` sends, from the request's
+    ``path`` parameters and the ``answer`` it follows (the two runtime expressions
+    the schema's links use)."""
+
+    def value(expression: str) -> Any:
+        if expression.startswith("$request.path."):
+            return path[expression.removeprefix("$request.path.")]
+        return answer[expression.removeprefix("$response.body#/")]
+
+    headers = {
+        name.removeprefix("header."): value(e) for name, e in link.get("parameters", {}).items()
+    }
+    return headers, {name: value(e) for name, e in link.get("requestBody", {}).items()}
 
 
 async def queue_line(redis: Redis, wait_key: str) -> list[str]:
@@ -140,6 +170,24 @@ class TestTokens:
         assert (status, again["error"]) == (403, "admission_invalid")
         status, replay = await buy_with(client, sku, "alice", token, "r1")
         assert (status, replay["order_id"]) == (201, order["order_id"])
+        assert (await db_state(database_url, sku))[1] == 1
+
+    async def test_following_the_schemas_link_from_an_admitted_poll_buys(
+        self, start_gateway: Any, sku: str, database_url: str
+    ) -> None:
+        """A client that builds the purchase from docs/openapi.yaml's BuyAdmitted
+        link and the admitted poll alone (the poll names the user the token admits)
+        buys: 201 for that user. The schema fuzzer's stateful phase buys this way."""
+        client = await start_gateway(admission_secret=SECRET)
+        await put_room_sku(client, sku, 5)
+        _, place = await join(client, sku, "alice")
+        await admitted_token(client, sku, place["ticket"])
+        standing = await poll(client, sku, place["ticket"])
+        assert standing["user_id"] == "alice", standing
+        headers, body = _follow(BUY_ADMITTED, {"sku": sku}, standing)
+        resp = await client.post("/v1/purchase", json=body, headers=headers)
+        assert resp.status == 201, await resp.text()
+        assert (await resp.json())["user_id"] == "alice"
         assert (await db_state(database_url, sku))[1] == 1
 
     async def test_forged_foreign_and_expired_tokens_are_refused(

@@ -3,6 +3,8 @@
 The error classes of ``gateway.domain.errors`` are walked, not listed: a new class
 whose code or status the schema lacks fails here before a schema fuzzer finds
 it (issue 20: ``idempotency_mismatch`` answered, and missing from the schema).
+The schema's links, which the fuzzer's stateful phase follows, read fields the
+answers declare.
 """
 
 from __future__ import annotations
@@ -99,3 +101,46 @@ def test_retry_after_is_documented_where_it_is_sent() -> None:
     answers = responses(*PURCHASE)
     for status in ("409", "429", "503"):
         assert "Retry-After" in answers[status].get("headers", {}), status
+
+
+def _properties(answer_schema: dict[str, Any]) -> set[str]:
+    """The fields an answer's schema declares, over its oneOf branches, ``$ref``s resolved."""
+    if "$ref" in answer_schema:
+        answer_schema = component(answer_schema["$ref"].rsplit("/", 1)[1])
+    found = set(answer_schema.get("properties", {}))
+    for branch in answer_schema.get("oneOf", []):
+        found |= _properties(branch)
+    return found
+
+
+def test_every_link_reads_fields_the_answer_declares() -> None:
+    """Each ``$response.body#/<field>`` of a link names a field of the answer it
+    follows: a misspelt or missing one is silently skipped by a client following
+    the link (schemathesis's stateful phase then never makes the call it means)."""
+    undeclared = []
+    for path, operations in schema()["paths"].items():
+        for method, operation in operations.items():
+            for status, answer in operation["responses"].items():
+                declared = _properties(
+                    answer.get("content", {}).get("application/json", {}).get("schema", {})
+                )
+                for name, link in answer.get("links", {}).items():
+                    values = [
+                        *link.get("parameters", {}).values(),
+                        *link.get("requestBody", {}).values(),
+                    ]
+                    for value in values:
+                        field = value.removeprefix("$response.body#/")
+                        if field != value and field not in declared:
+                            undeclared.append((path, method, status, name, field))
+    assert undeclared == []
+
+
+def test_the_link_from_an_admitted_poll_names_the_whole_purchase() -> None:
+    """BuyAdmitted gives the purchase its token and the sku and user the token was
+    signed for (issue 20: without the user every purchase it led to was 403, so
+    the stateful phase never bought through a waiting room)."""
+    answer = schema()["paths"]["/v1/queue/{sku}/{ticket}"]["get"]["responses"]["200"]
+    link = answer["links"]["BuyAdmitted"]
+    assert link["parameters"] == {"header.Admission-Token": "$response.body#/admission_token"}
+    assert link["requestBody"] == {"sku": "$request.path.sku", "user_id": "$response.body#/user_id"}
