@@ -19,8 +19,6 @@ from collections.abc import Iterator
 import pytest
 from redis.asyncio import Redis
 
-from gateway.domain.model import Verdict
-from gateway.redis.layout import rejected_key
 from gateway.redis.streams import Streams
 from gateway.settings import Settings
 from testkit.gateways import REPO, GatewayCluster
@@ -115,28 +113,26 @@ class TestPublicDoor:
         assert b"flashsale_purchases_total" in internal[1].body
 
 
-OLD_SERVER_TIMEOUT_S = 15.0
+# The wait issue 19 asks to complete: past deploy/haproxy.cfg's storm-sized
+# 15 s server timeout, which once cut every long poll (504 in HTML at 15.0 s).
+LONG_POLL_S = 25
 
 
-async def _long_poll(proxy: HAProxy, cluster: GatewayCluster) -> tuple[float, Answer]:
+async def _long_poll(proxy: HAProxy, cluster: GatewayCluster) -> tuple[float, str, Answer]:
     """A purchase queued and not yet written (as the queue strategy leaves it
-    after its 202), polled with ``?wait=25`` through the public port; a writer's
-    verdict lands a second after the old 15 s server timeout. How long the poll
-    took, and its answer."""
+    after its 202 while its writer is behind), polled with ``?wait=25`` through
+    the public port: the gateway holds the poll the whole 25 s, as nothing lands,
+    then answers that it is still queued. How long the poll took, the request
+    id, and the answer."""
     sku, rid = f"poll-{cluster.key_prefix}", f"poll.{uuid.uuid4().hex[:12]}"
     settings = Settings(redis_url=REDIS_URL, key_prefix=cluster.key_prefix)
     redis = Redis.from_url(REDIS_URL, decode_responses=True)
     try:
         await Streams(redis, settings).remember(rid, sku)
         started = time.monotonic()
-        poll = asyncio.create_task(exchange(proxy.port, get(f"/v1/orders/{rid}?wait=25"), 40))
-        # Held on purpose past the old limit: what is tested is a poll that
-        # outlives it.
-        await asyncio.sleep(OLD_SERVER_TIMEOUT_S + 1)
-        assert not poll.done(), f"the poll ended early: {poll.result()}"
-        await redis.hset(rejected_key(cluster.key_prefix, sku), rid, Verdict.SOLD_OUT.value)
-        answer = await poll
-        return time.monotonic() - started, answer
+        target = f"/v1/orders/{rid}?wait={LONG_POLL_S}"
+        answer = await exchange(proxy.port, get(target), LONG_POLL_S + 15)
+        return time.monotonic() - started, rid, answer
     finally:
         await redis.aclose()
 
@@ -152,10 +148,11 @@ class TestTimeoutsAndOwnErrors:
     async def test_a_long_poll_outlives_the_storm_timeout_and_own_errors_are_json(
         self, topology: Topology
     ) -> None:
-        """Four things at once, so the suite pays about 16 s for all of them:
-        - GET /v1/orders/{id}?wait=25 through the public port is held past the
-          old 15 s server timeout (which answered it 504 in HTML at 15.0 s) and
-          gets its final answer, 409 sold_out, when the verdict lands at 16 s;
+        """Four things at once, so the suite pays about 25 s for all of them:
+        - GET /v1/orders/{id}?wait=25 through the public port, for a purchase
+          still queued, is held the whole 25 s, past the 15 s server timeout of
+          every other route (which once answered it 504 in HTML at 15.0 s), and
+          gets the gateway's own answer: 202, still accepted, in JSON;
         - a request head left unfinished past ``timeout http-request`` is
           closed without a byte: HAProxy 2.6 can only send its HTML 408 there,
           or nothing (deploy/haproxy.cfg says why);
@@ -173,9 +170,10 @@ class TestTimeoutsAndOwnErrors:
                 exchange(broken.port, get("/v1/stall"), 30),
                 exchange(broken.port, get("/v1/skus/x")),
             )
-        took, answer = polled
-        assert (answer.status, answer.json()) == (409, {"status": "sold_out"}), answer
-        assert took > OLD_SERVER_TIMEOUT_S + 1, took
+        took, rid, answer = polled
+        assert answer.headers.get("content-type") == "application/json", answer
+        assert (answer.status, answer.json()) == (202, {"status": "accepted", "request_id": rid})
+        assert took >= LONG_POLL_S, took
         assert slow == b"", slow
         for got, status, error in ((stalled, 504, "gateway_timeout"), (junk, 502, "bad_gateway")):
             assert _json_error(got, status, error) is None, _json_error(got, status, error)
