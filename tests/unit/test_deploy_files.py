@@ -6,13 +6,19 @@ public door beyond loopback; the HAProxy config compose mounts is the one the
 native HAProxy test runs, with the long poll's timeout and JSON errors; the
 alert rules and dashboard query the metrics the gateway exports; the Dockerfile
 builds a wheel, runs as non-root, checks /readyz and stops on SIGTERM.
+``make run`` honours the environment's admin token and admission secret and
+installs only what serving needs; scripts/services.sh checks the addresses
+the URLs name.
 """
 
 from __future__ import annotations
 
 import ipaddress
 import json
+import os
 import re
+import socket
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +27,7 @@ import yaml
 from gateway.server import CLOSE_S
 from gateway.usecases.tracking import MAX_WAIT_S
 from testkit.haproxy import CONFIG
+from testkit.ports import HOST, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -264,3 +271,82 @@ def test_dashboard_panels_for_the_loop_the_queue_strategy_and_haproxy() -> None:
         for dy in range(p["gridPos"]["h"])
     ]
     assert len(cells) == len(set(cells))
+
+
+# `make run` and `make services` as a newcomer meets them (issue 19): what make
+# would run, printed by `make -n` and not run, and services.sh against addresses
+# where nothing listens (it starts nothing there).
+
+_OURS = (
+    "GATEWAY_ADMIN_TOKEN",
+    "GATEWAY_ADMISSION_SECRET",
+    "GATEWAY_REDIS_URL",
+    "GATEWAY_DATABASE_URL",
+)
+
+
+def _env(**settings: str) -> dict[str, str]:
+    """This environment without the gateway settings make and services.sh read,
+    plus ``settings``."""
+    return {**{k: v for k, v in os.environ.items() if k not in _OURS}, **settings}
+
+
+def _dry_run(*args: str, **settings: str) -> list[str]:
+    """The commands ``make -n <args>`` prints, with ``settings`` in the environment."""
+    argv = ["make", "-n", *args]
+    done = subprocess.run(argv, cwd=ROOT, env=_env(**settings), capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.splitlines()
+
+
+def test_make_run_serves_with_the_token_and_secret_the_environment_sets() -> None:
+    """``GATEWAY_ADMIN_TOKEN=mytoken make run`` serves and prints mytoken, and the
+    same for GATEWAY_ADMISSION_SECRET; unset, the dev ones."""
+    mine = _dry_run(
+        "run", GATEWAY_ADMIN_TOKEN="mytoken", GATEWAY_ADMISSION_SECRET="my-secret-123456"
+    )
+    serve = "GATEWAY_ADMIN_TOKEN='{}' GATEWAY_ADMISSION_SECRET='{}' \\"
+    assert serve.format("mytoken", "my-secret-123456") in mine, mine
+    assert any("Bearer mytoken" in line for line in mine), mine
+    assert serve.format("dev-admin-token", "dev-admission-secret") in _dry_run("run")
+
+
+def test_make_run_installs_only_what_serving_needs() -> None:
+    """With pyproject.toml newer than the stamps (a fresh clone, a changed
+    dependency), ``make run`` installs the package without extras; the test
+    targets install the dev and bench extras."""
+
+    def installs(target: str) -> list[str]:
+        lines = _dry_run("-W", "pyproject.toml", target)
+        return [line for line in lines if "pip install" in line and "-U pip" not in line]
+
+    assert installs("run") == [".venv/bin/pip install -q -e ."]
+    assert installs("pytest") == [".venv/bin/pip install -q -e '.[dev,bench]'"]
+
+
+def test_services_checks_the_redis_and_postgresql_the_urls_name(tmp_path: Path) -> None:
+    """scripts/services.sh looks at the address of GATEWAY_REDIS_URL and of
+    GATEWAY_DATABASE_URL (user, password and database aside), not at 6379 and
+    5432: nothing listening there is an error naming the setting, and nothing
+    is started on a port that is not the default."""
+    nobody = free_port()
+    # services.sh wants the Redis Cluster tools installed: stand-ins on PATH.
+    for tool in ("redis-server", "redis-cli"):
+        (tmp_path / tool).write_text("#!/bin/sh\nexit 1\n")
+        (tmp_path / tool).chmod(0o755)
+    with socket.create_server((HOST, 0)) as redis:  # a Redis stand-in: it listens
+        cases = {
+            "GATEWAY_REDIS_URL": {"GATEWAY_REDIS_URL": f"redis://u:p@{HOST}:{nobody}/0"},
+            "GATEWAY_DATABASE_URL": {
+                "GATEWAY_REDIS_URL": f"redis://{HOST}:{redis.getsockname()[1]}/0",
+                "GATEWAY_DATABASE_URL": f"postgresql://u:p@{HOST}:{nobody}/x?sslmode=off",
+            },
+        }
+        for setting, settings in cases.items():
+            path = f"{tmp_path}:{os.environ['PATH']}"
+            env = _env(**settings, PATH=path, RUN_DIR=str(tmp_path / "run"))
+            argv = ["bash", "scripts/services.sh"]
+            done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True)
+            said = f"services: nothing answers at {HOST}:{nobody} ({setting}); start it there"
+            assert done.returncode == 1, (setting, done.stderr)
+            assert done.stderr.startswith(said), (setting, done.stderr)
