@@ -13,7 +13,8 @@ the sale's keys and a fresh gateway takes the next purchase: its latency is
 printed, then a sold-out storm of the same length runs while the gateway
 rebuilds the sale's hashes in the background, with replays of confirmed ids
 sent during it; its rate (against the first storm's), p99, the event loop's
-lag (``flashsale_event_loop_lag_seconds``) meanwhile, and whether the rebuild
+lag (``flashsale_event_loop_lag_seconds``) from the first purchase to the
+storm's end, and whether the rebuild
 was still running at its end are printed, then replays after the rebuild.
 Exits 1 on any wrong answer.
 
@@ -209,7 +210,6 @@ def reload_after_loss(
     print(
         f"after Redis lost the sale: the first purchase answered {status} in {took * 1000:.1f} ms"
     )
-    lag_before = lag_buckets(fresh)
     replays: list[int] = []
     thread = threading.Thread(target=lambda: replays.append(replay_all(fresh, made, 1)))
     thread.start()
