@@ -16,10 +16,10 @@ its lease run out, and the next instance whose purchase finds it so
 index's order, written one script call each, and paced by the loop's CPU:
 after a page during which the loop's thread spent c seconds of CPU (the page's
 own work and, under load, the buyers' it ran meanwhile), the task sleeps
-c * (1 / share - 1), so the rebuild's pages take at most ``share`` of the
-loop's CPU time (``GATEWAY_REBUILD_SHARE``): with the loop idle a page costs
-a few milliseconds and the rebuild runs at the pace of PostgreSQL
-and Redis; under a storm it yields to the buyers.
+c * (1 / share - 1), at most :data:`MAX_PAUSE_S`, so the rebuild's pages take
+at most ``share`` of the loop's CPU time (``GATEWAY_REBUILD_SHARE``): with the
+loop idle a page costs a few milliseconds and the rebuild runs at the pace of
+PostgreSQL and Redis; under a storm it yields to the buyers.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ import asyncio
 import contextvars
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 import structlog
@@ -44,6 +45,15 @@ log = structlog.get_logger(__name__)
 PAGE = 1000
 # How long a holder may go without writing a page before another takes over.
 LEASE_MS = 10_000
+# The longest pause after a page: a quarter of the lease, so the pacing alone
+# never lets the lease run out between two writes (the pause, one read and one
+# script call must fit in it; only a read or call stalled for 7.5 s loses it,
+# which is what the lease is for). Uncapped, a page during which a saturated
+# loop spent over 1.1 s of CPU would pause past the lease, and another
+# instance would take the rebuild over from the first page. A page that asks
+# for more than this ran on such a loop, its CPU almost all the buyers': the
+# page's own few milliseconds stay far below the share after this pause.
+MAX_PAUSE_S = LEASE_MS / 1000 / 4
 
 
 class RebuildObserver(Protocol):
@@ -53,7 +63,10 @@ class RebuildObserver(Protocol):
 
 
 class Rebuilds:
-    """Starts and runs this instance's rebuilds, one task per sku at most."""
+    """Starts and runs this instance's rebuilds, one task per sku at most.
+
+    ``cpu_clock`` (the loop thread's CPU time) and ``sleep`` pace the pages;
+    a test passes its own to play a saturated loop."""
 
     def __init__(
         self,
@@ -63,12 +76,16 @@ class Rebuilds:
         *,
         share: float,
         page: int = PAGE,
+        cpu_clock: Callable[[], float] = time.thread_time,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
         self._reservations = reservations
         self._orders = orders
         self._observer = observer
         self._share = share
         self._page = page
+        self._cpu_clock = cpu_clock
+        self._sleep = sleep
         self._tasks: dict[str, asyncio.Task[None]] = {}
 
     def running(self, sku: str) -> bool:
@@ -104,7 +121,7 @@ class Rebuilds:
             return
         started, written, after = time.perf_counter(), 0, ""
         while True:
-            cpu = time.thread_time()
+            cpu = self._cpu_clock()
             page = await self._orders.order_page(sku, after, self._page)
             if page.count and not await self._reservations.write_rebuilt(
                 sku, owner, LEASE_MS, page.fields
@@ -115,7 +132,8 @@ class Rebuilds:
             if page.count < self._page:
                 break
             after = page.last_user
-            await asyncio.sleep((time.thread_time() - cpu) * (1 / self._share - 1))
+            spent = self._cpu_clock() - cpu
+            await self._sleep(min(spent * (1 / self._share - 1), MAX_PAUSE_S))
         if await self._reservations.finish_rebuild(sku, owner):
             seconds = time.perf_counter() - started
             if self._observer is not None:
