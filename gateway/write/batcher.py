@@ -88,6 +88,8 @@ class _Lane:
     # batch, a commit finished, closing.
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task[None] | None = None
+    # The size at which the waiting batch wakes the lane: the newest flight's.
+    fill_to: int = 0
     # Flights sent and not yet landed, oldest first, with their buyers' futures.
     flights: deque[tuple[Any, list[asyncio.Future[Result]]]] = field(default_factory=deque)
     # Arrivals: when the last one came, and a moving average of the gaps
@@ -158,7 +160,7 @@ class Batcher:
             lane.wake.set()
         lane.entries.append((purchase, future))
         self._backlog += 1
-        if len(lane.entries) >= self._max:
+        if len(lane.entries) == lane.fill_to or len(lane.entries) >= self._max:
             lane.wake.set()
         return await future
 
@@ -227,7 +229,19 @@ class Batcher:
         return True
 
     def _may_send(self, lane: _Lane) -> bool:
-        return not lane.flights or self._pipeline.room(lane.sku)
+        """Whether the lane's waiting batch may go out now.
+
+        With a flight in flight, the next one goes out once its batch is as big
+        as that flight's (each flight costs the row a round trip and a commit,
+        and a small one sent early would take the second place from the batch
+        filling behind it), or as soon as that flight's commit has finished.
+        """
+        if not lane.flights:
+            return True
+        newest, futures = lane.flights[-1]
+        return self._pipeline.room(lane.sku) and (
+            newest.commit.done() or len(lane.entries) >= min(self._max, len(futures))
+        )
 
     def _hold_back(self, lane: _Lane) -> float:
         """How long the lane's next batch may still wait to fill (0: send it now).
@@ -247,6 +261,7 @@ class Batcher:
         lane.first_at = asyncio.get_running_loop().time()
         flight = await self._pipeline.send(lane.sku, [p for p, _ in batch])
         lane.flights.append((flight, [future for _, future in batch]))
+        lane.fill_to = len(batch)
         flight.commit.add_done_callback(lambda _: lane.wake.set())
 
     async def _land(self, lane: _Lane) -> None:

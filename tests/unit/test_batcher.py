@@ -229,27 +229,33 @@ class FakeFlights:
 
 
 async def test_the_next_batch_goes_out_while_the_last_commits_and_they_land_in_order() -> None:
-    """With a pipeline, a lane sends the batch that filled while its first
-    flight commits, keeps two in flight at most, and lands them in the order
-    sent even when the second commits first; then the third goes out."""
+    """With a pipeline, a lane sends the batch filling behind its first flight
+    once it is as big as that flight's, keeps two in flight at most, and lands
+    them in the order sent even when the second commits first; a smaller batch
+    goes out as soon as the flight ahead of it has committed."""
     flights = FakeFlights()
     batcher = Batcher(flights, batch_max=100, batch_wait_s=0, backlog_max=100)
-    buyers = [asyncio.ensure_future(batcher.submit(purchase(i))) for i in range(2)]
+    buyers = [asyncio.ensure_future(batcher.submit(purchase(i))) for i in range(3)]
     await wait_for(lambda: len(flights.sent) == 1, what="the first flight sent")
-    buyers += [asyncio.ensure_future(batcher.submit(purchase(i))) for i in range(2, 5)]
-    await wait_for(lambda: len(flights.sent) == 2, what="the second flight sent")
+    buyers += [asyncio.ensure_future(batcher.submit(purchase(i))) for i in range(3, 5)]
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert len(flights.sent) == 1, "two purchases wait to be as many as the three in flight"
     buyers.append(asyncio.ensure_future(batcher.submit(purchase(5))))
+    await wait_for(lambda: len(flights.sent) == 2, what="the second flight sent")
+    buyers.append(asyncio.ensure_future(batcher.submit(purchase(6))))
     first, second = flights.sent
-    assert (first.ids, second.ids) == (["r0", "r1"], ["r2", "r3", "r4"])
+    assert (first.ids, second.ids) == (["r0", "r1", "r2"], ["r3", "r4", "r5"])
     second.commit.set_result(None)
-    await asyncio.sleep(0)
+    for _ in range(5):
+        await asyncio.sleep(0)
     assert flights.landed == [] and len(flights.sent) == 2
     first.commit.set_result(None)
-    await wait_for(lambda: len(flights.sent) == 3, what="the third flight sent")
-    assert flights.landed == [["r0", "r1"], ["r2", "r3", "r4"]]
-    assert flights.sent[2].ids == ["r5"]
+    await wait_for(lambda: len(flights.landed) == 2, what="both flights landed")
+    assert flights.landed == [["r0", "r1", "r2"], ["r3", "r4", "r5"]]
+    assert [f.ids for f in flights.sent[2:]] == [["r6"]]
     flights.sent[2].commit.set_result(None)
-    assert await asyncio.wait_for(asyncio.gather(*buyers), 5) == [SOLD_OUT] * 6
+    assert await asyncio.wait_for(asyncio.gather(*buyers), 5) == [SOLD_OUT] * 7
     assert batcher.backlog == 0
     await batcher.close()
 
