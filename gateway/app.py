@@ -74,7 +74,6 @@ from gateway.usecases.servable import Servability
 from gateway.usecases.sold_out import SoldOut
 from gateway.usecases.tracking import OrderTracker
 from gateway.write.batcher import Batcher
-from gateway.write.flights import Flights
 from gateway.write.flusher import Flusher
 from gateway.write.sku_locks import sku_locks
 from gateway.write.writer import QueueWriter
@@ -104,7 +103,7 @@ async def service_ctx(app: web.Application) -> AsyncIterator[None]:
         reservations=reservations, orders=orders, locks=locks, observer=metrics.flushes
     )
     batcher = Batcher(
-        Flights(flusher, orders, metrics.flushes),
+        flusher.flush,
         batch_max=settings.batch_max,
         batch_wait_s=settings.batch_wait_ms / 1000,
         backlog_max=settings.backlog_max,

@@ -66,7 +66,7 @@ class Flusher:
         try:
             decision = await self.commit(sku, batch)
         except Exception as exc:
-            return await self.failed(sku, batch, exc)
+            return await self._failed(sku, batch, exc)
         if self._observer is not None:
             self._observer.flushed(len(batch), time.perf_counter() - started)
         return [decision.decisions[p.request_id].result for p in batch]
@@ -98,42 +98,15 @@ class Flusher:
         except Unavailable as exc:
             log.warning("give_back_failed", sku=sku, size=len(batch), cause=str(exc))
 
-    async def hold(self, sku: str) -> int | None:
-        """Make sure the calling task holds the sku's flush lock; its fencing token.
-
-        None without locks. Raises the lock's errors (:class:`LockTimeout` when it
-        was not acquired in time).
-        """
-        lock = self._locks.get(sku)
-        if lock is None:
-            return None
-        await self._hold(sku, lock)
-        return lock.fence
-
-    def hand_over_due(self, sku: str) -> bool:
-        """Whether the sku's flusher should let other instances have the lock as
-        soon as no flush of it is in flight (its slice is over)."""
-        taken = self._holding.get(sku)
-        return taken is not None and time.monotonic() - taken >= HOLD_SLICE_S
-
-    async def between_flushes(self, sku: str, *, let_go: bool = False) -> None:
-        """No flush of the sku is in flight: let go of its lock when
-        :meth:`hand_over_due`, or at once with ``let_go``."""
-        lock = self._locks.get(sku)
-        if lock is not None and (let_go or self.hand_over_due(sku)):
-            await self._let_go(sku, lock)
-
     async def idle(self, sku: str) -> None:
         """The sku's lane ran empty: let other instances have the lock."""
         lock = self._locks.get(sku)
         if lock is not None:
             await self._let_go(sku, lock)
 
-    async def failed(
+    async def _failed(
         self, sku: str, batch: Sequence[Purchase], failure: Exception
     ) -> list[Result | BaseException]:
-        """Count and log a batch that did not commit, give its reservations back
-        (unless the outcome is unknown) and answer each of its purchases 503."""
         reason = _reason(failure)
         if self._observer is not None:
             self._observer.flush_failed(reason)
@@ -155,7 +128,7 @@ class Flusher:
         lock = self._locks.get(sku)
         if lock is None:
             unlocked = await self._orders.commit_batch(sku, batch, None)
-            await self.settle(sku, batch, unlocked)
+            await self._settle(sku, batch, unlocked)
             return unlocked
         await self._hold(sku, lock)
         decision: BatchDecision | None = None
@@ -163,7 +136,7 @@ class Flusher:
             decision = await self._orders.commit_batch(sku, batch, lock.fence)
             # Settled under the lock, so the ledger and the database stock it
             # compares come from one moment.
-            await self.settle(sku, batch, decision)
+            await self._settle(sku, batch, decision)
         except Exception as exc:
             # Whatever failed, the next flush starts from a fresh acquisition.
             await self._let_go(sku, lock)
@@ -204,9 +177,7 @@ class Flusher:
             lock.abandon()
             log.warning("lock_release_failed", sku=sku, cause=repr(exc))
 
-    async def settle(self, sku: str, batch: Sequence[Purchase], decision: BatchDecision) -> None:
-        """Apply a committed batch's verdicts to Redis (and its short-stock ceiling,
-        if any); a Redis outage is logged and left to the reconciler."""
+    async def _settle(self, sku: str, batch: Sequence[Purchase], decision: BatchDecision) -> None:
         settlements = []
         for p in batch:
             d = decision.decisions[p.request_id]

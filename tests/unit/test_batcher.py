@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import pytest
 
@@ -193,83 +192,3 @@ async def test_a_failing_idle_call_does_not_end_the_lane() -> None:
         assert await batcher.submit(purchase(2)) == SOLD_OUT
     assert flush.batches == [["r1"], ["r2"]]
     await batcher.close()
-
-
-@dataclass(eq=False)
-class FakeFlight:
-    sku: str
-    ids: list[str]
-    commit: asyncio.Future[None]
-
-
-class FakeFlights:
-    """A pipeline of depth two whose commits finish when the test says so."""
-
-    def __init__(self) -> None:
-        self.sent: list[FakeFlight] = []
-        self.landed: list[list[str]] = []
-        self.abandoned: list[list[str]] = []
-
-    def room(self, sku: str) -> bool:
-        return sum(1 for f in self.sent if f.ids not in self.landed) < 2
-
-    async def send(self, sku: str, batch: Sequence[Purchase]) -> FakeFlight:
-        commit = asyncio.get_running_loop().create_future()
-        flight = FakeFlight(sku, [p.request_id for p in batch], commit)
-        self.sent.append(flight)
-        return flight
-
-    async def land(self, flight: FakeFlight) -> list[Result | BaseException]:
-        await flight.commit
-        self.landed.append(flight.ids)
-        return [SOLD_OUT] * len(flight.ids)
-
-    def abandon(self, flights: Sequence[FakeFlight]) -> None:
-        self.abandoned += [f.ids for f in flights]
-
-
-async def test_the_next_batch_goes_out_while_the_last_commits_and_they_land_in_order() -> None:
-    """With a pipeline, a lane sends the batch filling behind its first flight
-    once it is as big as that flight's, keeps two in flight at most, and lands
-    them in the order sent even when the second commits first; a smaller batch
-    goes out as soon as the flight ahead of it has committed."""
-    flights = FakeFlights()
-    batcher = Batcher(flights, batch_max=100, batch_wait_s=0, backlog_max=100)
-    buyers = [asyncio.ensure_future(batcher.submit(purchase(i))) for i in range(3)]
-    await wait_for(lambda: len(flights.sent) == 1, what="the first flight sent")
-    buyers += [asyncio.ensure_future(batcher.submit(purchase(i))) for i in range(3, 5)]
-    for _ in range(5):
-        await asyncio.sleep(0)
-    assert len(flights.sent) == 1, "two purchases wait to be as many as the three in flight"
-    buyers.append(asyncio.ensure_future(batcher.submit(purchase(5))))
-    await wait_for(lambda: len(flights.sent) == 2, what="the second flight sent")
-    buyers.append(asyncio.ensure_future(batcher.submit(purchase(6))))
-    first, second = flights.sent
-    assert (first.ids, second.ids) == (["r0", "r1", "r2"], ["r3", "r4", "r5"])
-    second.commit.set_result(None)
-    for _ in range(5):
-        await asyncio.sleep(0)
-    assert flights.landed == [] and len(flights.sent) == 2
-    first.commit.set_result(None)
-    await wait_for(lambda: len(flights.landed) == 2, what="both flights landed")
-    assert flights.landed == [["r0", "r1", "r2"], ["r3", "r4", "r5"]]
-    assert [f.ids for f in flights.sent[2:]] == [["r6"]]
-    flights.sent[2].commit.set_result(None)
-    assert await asyncio.wait_for(asyncio.gather(*buyers), 5) == [SOLD_OUT] * 7
-    assert batcher.backlog == 0
-    await batcher.close()
-
-
-async def test_abort_answers_the_buyers_of_every_flight_in_flight() -> None:
-    """Two flights that never commit: abort() answers both batches' buyers
-    ShuttingDown and hands the flights to the pipeline to abandon."""
-    flights = FakeFlights()
-    batcher = Batcher(flights, batch_max=2, batch_wait_s=0, backlog_max=100)
-    buyers = [asyncio.ensure_future(batcher.submit(purchase(i))) for i in range(4)]
-    await wait_for(lambda: len(flights.sent) == 2, what="two flights sent")
-    batcher.abort()
-    results = await asyncio.wait_for(asyncio.gather(*buyers, return_exceptions=True), 5)
-    assert all(isinstance(r, ShuttingDown) for r in results), results
-    assert flights.abandoned == [["r0", "r1"], ["r2", "r3"]]
-    await asyncio.wait_for(batcher.close(), 5)
-    assert batcher.backlog == 0
