@@ -45,7 +45,7 @@ from gateway.domain.model import (
     Strategy,
 )
 from gateway.domain.rules import SaleRules
-from gateway.postgres.lookups import OrderLookups
+from gateway.postgres.lookups import OrderLookups, PriorLookups
 from gateway.postgres.orders import Orders
 from gateway.redis.reservations import Reply, Reservations, outcome_of
 from gateway.redis.streams import Streams
@@ -112,6 +112,7 @@ class Purchases:
         self._reloads: dict[str, asyncio.Future[None]] = {}
         self._marking = SoldOutMarking(soldout, reservations, observer)
         self._lookups = OrderLookups(orders)
+        self._priors = PriorLookups(orders)
 
     async def purchase(
         self, purchase: Purchase, client: Callable[[], str | None] | None = None
@@ -289,8 +290,8 @@ class Purchases:
 
     async def _verify(self, purchase: Purchase) -> Result | None:
         """While the sku is rebuilt: a replay's order, a repeat buyer's "duplicate"
-        (from PostgreSQL), else None."""
-        made, bought = await self._orders.prior(purchase.sku, purchase.request_id, purchase.user_id)
+        (from PostgreSQL, coalesced with the other new purchases'), else None."""
+        made, bought = await self._priors.prior(purchase.sku, purchase.request_id, purchase.user_id)
         if made is not None:
             return _replayed(made, purchase)
         return DUPLICATE if bought else None
