@@ -236,15 +236,16 @@ class TestInStockSaleLost:
         another instance holds the rebuild (the hashes empty). At once: 100 new
         buyers, one of them twice with two request ids, an earlier buyer with a
         new request id, and an earlier buyer's replay (checked against
-        PostgreSQL together). Each new buyer gets one order, the earlier buyer is
-        a duplicate, the replay gets its order; exactly 100 units more are sold."""
+        PostgreSQL together); then a second wave alike. Each new buyer gets one
+        order, an earlier buyer is a duplicate, a replay gets its order; exactly
+        200 units more are sold."""
         client = await start_gateway(rebuild_share=UNPACED)
         keys = SkuKeys.of(key_prefix, sku)
         await put_sku(client, sku, LEFT)
         await write_orders(database_url, sku, BIG_SALE, LEFT)
         await lose_sale(redis, keys)
         await stall_rebuild(other, sku, LEFT)
-        replayed = (await order_ids(database_url, [f"{sku}.r2"]))[f"{sku}.r2"]
+        earlier = await order_ids(database_url, [f"{sku}.r2", f"{sku}.r4"])
 
         answers = await asyncio.gather(
             *(buy(client, sku, f"new{i}", f"new{i}") for i in range(AT_ONCE)),
@@ -259,7 +260,23 @@ class TestInStockSaleLost:
         assert sorted(status for status, _ in twice) == [201, 409]
         assert (409, {"status": "duplicate"}) in twice
         assert repeat == (409, {"status": "duplicate"})
-        assert (replay[0], replay[1]["order_id"]) == (201, replayed)
+        assert (replay[0], replay[1]["order_id"]) == (201, earlier[f"{sku}.r2"])
+        # A second wave, which this gateway checks in PostgreSQL before its one
+        # reserve.lua call (it knows the sku is rebuilt): new buyers, one of the
+        # first wave again, an earlier buyer again, a replay of each kind.
+        new6 = answers[6][1]["order_id"]
+        answers = await asyncio.gather(
+            *(buy(client, sku, f"next{i}", f"next{i}") for i in range(AT_ONCE)),
+            buy(client, sku, "new5", "new5-again"),
+            buy(client, sku, "u3", "again"),
+            buy(client, sku, "u4", "r4"),
+            buy(client, sku, "new6", "new6"),
+        )
+        assert [status for status, _ in answers[:AT_ONCE]] == [201] * AT_ONCE
+        assert answers[AT_ONCE : AT_ONCE + 2] == [(409, {"status": "duplicate"})] * 2
+        replays = [(status, body["order_id"]) for status, body in answers[-2:]]
+        assert replays == [(201, earlier[f"{sku}.r4"]), (201, new6)]
+
         assert await held_by(redis, keys) == "stalled"
-        sold = BIG_SALE + AT_ONCE
-        assert await db_state(database_url, sku) == (LEFT - AT_ONCE, sold, sold)
+        sold = BIG_SALE + 2 * AT_ONCE
+        assert await db_state(database_url, sku) == (LEFT - 2 * AT_ONCE, sold, sold)
