@@ -91,11 +91,12 @@ ORDERS_BY_REQUESTS = """
 SELECT order_id::text, request_id, sku, user_id, qty FROM orders
 WHERE request_id = ANY($1::text[])
 """
-# While a sku's Redis hashes are rebuilt: the order of a request id, and the
-# buyer's order of the sku (two unique indexes; at most two rows).
+# While a sku's Redis hashes are rebuilt, for the new purchases of one sku: the
+# orders of their request ids, and their buyers' orders of the sku (two unique
+# indexes; at most two rows a purchase).
 PRIOR_ORDERS = """
 SELECT order_id::text, request_id, sku, user_id, qty FROM orders
-WHERE request_id = $1 OR (sku = $2 AND user_id = $3)
+WHERE request_id = ANY($1::text[]) OR (sku = $2 AND user_id = ANY($3::text[]))
 """
 # One page of a sku's orders for a rebuild, in the (sku, user_id) unique index's
 # order after the last buyer of the page before, as one text: per order its
@@ -384,11 +385,16 @@ class Orders:
             raise PostgresUnavailable(_cause(exc)) from exc
         return {r["request_id"]: _order(r) for r in rows}
 
-    async def prior(self, sku: str, request_id: str, user_id: str) -> tuple[Order | None, bool]:
-        """The order ``request_id`` made, if any, and whether ``user_id`` bought ``sku``."""
-        found = [_order(r) for r in await self._fetch(PRIOR_ORDERS, request_id, sku, user_id)]
-        made = next((o for o in found if o.request_id == request_id), None)
-        return made, any(o.sku == sku and o.user_id == user_id for o in found)
+    async def priors(
+        self, sku: str, request_ids: Sequence[str], user_ids: Sequence[str]
+    ) -> tuple[dict[str, Order], set[str]]:
+        """The orders these request ids made (of any sku), by request id, and
+        which of these users bought ``sku``."""
+        rows = await self._fetch(PRIOR_ORDERS, list(request_ids), sku, list(user_ids))
+        found = [_order(r) for r in rows]
+        wanted = set(request_ids)
+        made = {o.request_id: o for o in found if o.request_id in wanted}
+        return made, {o.user_id for o in found if o.sku == sku}
 
     async def order_page(self, sku: str, after_user: str, limit: int) -> OrderPage:
         """Up to ``limit`` orders of ``sku`` whose buyer sorts after ``after_user``,

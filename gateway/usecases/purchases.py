@@ -21,6 +21,7 @@ of this, in ``gateway.usecases.admission``, for every strategy alike.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Protocol
@@ -45,7 +46,7 @@ from gateway.domain.model import (
     Strategy,
 )
 from gateway.domain.rules import SaleRules
-from gateway.postgres.lookups import OrderLookups
+from gateway.postgres.lookups import OrderLookups, PriorLookups
 from gateway.postgres.orders import Orders
 from gateway.redis.reservations import Reply, Reservations, outcome_of
 from gateway.redis.streams import Streams
@@ -63,6 +64,25 @@ log = structlog.get_logger(__name__)
 # The strategies whose purchases reserve in Redis first (the others decide in
 # PostgreSQL alone, gateway.strategies).
 _RESERVING = frozenset({Strategy.RESERVE_BATCH, Strategy.QUEUE})
+# How long after reserve.lua answered "unverified" this gateway checks a sku's
+# purchases in PostgreSQL before its one reserve.lua call, instead of learning
+# again from a first call each time. Then a purchase asks Redis first again:
+# whether the rebuild ended, settled or its lease ran out (to take it over,
+# well within the lease's 10 s).
+RECHECK_S = 1.0
+
+
+class Reserve(Protocol):
+    """:meth:`Reservations.reserve` or :meth:`Reservations.enqueue`."""
+
+    async def __call__(
+        self,
+        purchase: Purchase,
+        info: SkuInfo,
+        client: Callable[[], str | None] | None = None,
+        *,
+        verified: bool = False,
+    ) -> Reply: ...
 
 
 class PurchaseObserver(Protocol):
@@ -110,8 +130,11 @@ class Purchases:
         # Their window and rate limits (reserve.lua decides those of the others).
         self._gate = gate
         self._reloads: dict[str, asyncio.Future[None]] = {}
+        # The skus reserve.lua said are rebuilt, until when (time.monotonic()).
+        self._rebuilding: dict[str, float] = {}
         self._marking = SoldOutMarking(soldout, reservations, observer)
         self._lookups = OrderLookups(orders)
+        self._priors = PriorLookups(orders)
 
     async def purchase(
         self, purchase: Purchase, client: Callable[[], str | None] | None = None
@@ -168,12 +191,17 @@ class Purchases:
         while the sku is rebuilt, PostgreSQL's answer to a replay or repeat buyer,
         and a sold-out sku's answer (marked sold out here at once)."""
         reserve = self._reservations.enqueue if queued else self._reservations.reserve
+        if self._rebuilding.get(purchase.sku, 0.0) > time.monotonic():
+            checked = await self._reserve_checked(reserve, purchase, info, client)
+            if checked is not None:
+                return checked
         reply = await reserve(purchase, info, client)
         if reply.kind == "missing":
             await self._reload_once(purchase.sku)
             reply = await reserve(purchase, info, client)
         if reply.kind != "unverified":
             return reply
+        self._rebuilding[purchase.sku] = time.monotonic() + RECHECK_S
         if reply.orphaned:
             self._rebuilds.ensure(purchase.sku)
         if reply.settled:
@@ -185,6 +213,27 @@ class Purchases:
         if known is not None:
             return known
         return await reserve(purchase, info, client, verified=True)
+
+    async def _reserve_checked(
+        self,
+        reserve: Reserve,
+        purchase: Purchase,
+        info: SkuInfo,
+        client: Callable[[], str | None] | None,
+    ) -> Reply | Result | None:
+        """For a sku known to be rebuilt: PostgreSQL's answer to a replay or a
+        repeat buyer, else reserve.lua's to the purchase sent verified (one call
+        instead of an "unverified" one first); None when the counter is missing."""
+        known = await self._verify(purchase)
+        if known is not None:
+            return known
+        reply = await reserve(purchase, info, client, verified=True)
+        if reply.kind == "missing":
+            return None
+        if reply.kind == "sold_out":
+            # The next purchase asks Redis first: settled, it marks the sku.
+            self._rebuilding.pop(purchase.sku, None)
+        return reply
 
     async def available(self, sku: str) -> int:
         """Units left to reserve: Redis's count, else the database's (the only count
@@ -289,8 +338,8 @@ class Purchases:
 
     async def _verify(self, purchase: Purchase) -> Result | None:
         """While the sku is rebuilt: a replay's order, a repeat buyer's "duplicate"
-        (from PostgreSQL), else None."""
-        made, bought = await self._orders.prior(purchase.sku, purchase.request_id, purchase.user_id)
+        (from PostgreSQL, coalesced with the other new purchases'), else None."""
+        made, bought = await self._priors.prior(purchase.sku, purchase.request_id, purchase.user_id)
         if made is not None:
             return _replayed(made, purchase)
         return DUPLICATE if bought else None

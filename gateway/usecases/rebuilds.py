@@ -4,8 +4,11 @@ When a sku's stock counter is found missing, ``load_stock.lua`` sets it from
 PostgreSQL's stock and flags the sku as rebuilding in the same step. From then
 on ``reserve.lua`` trusts neither its buyers nor its done hash for a purchase it
 finds in neither: it answers "unverified", the purchase is checked against
-PostgreSQL's unique request id and (sku, user) (``Orders.prior``) and only then
-reserved. No purchase waits for the rebuild.
+PostgreSQL's unique request id and (sku, user) (``PriorLookups``: one read for
+the sku's purchases waiting) and only then reserved; for a second after that
+answer the gateway checks the sku's purchases first and sends them verified,
+one reserve.lua call each (``gateway.usecases.purchases``). No purchase waits
+for the rebuild.
 
 The rebuild itself (every order row of the sku written back into the two
 hashes) runs once across the fleet: the first instance to take the sku's

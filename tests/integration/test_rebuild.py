@@ -33,6 +33,8 @@ STALLED_MS = 600_000
 UNPACED = 1.0
 # Replays and new buyers sent at once while the sale is rebuilt.
 AT_ONCE = 100
+# Units left of a big sale still in stock when it is lost.
+LEFT = 1000
 
 
 @pytest.fixture
@@ -220,3 +222,61 @@ class TestInStockSaleLost:
         await take_over(client, redis, other, sku, keys)
         assert await redis.hlen(keys.done) == await redis.hlen(keys.buyers) == 30
         assert await redis_state(redis, key_prefix, sku) == (0, 0)
+
+    async def test_many_new_buyers_at_once_checked_in_postgresql(
+        self,
+        start_gateway: Any,
+        sku: str,
+        redis: Redis,
+        key_prefix: str,
+        database_url: str,
+        other: Reservations,
+    ) -> None:
+        """A sale of 100,000 orders with 1,000 units left loses its keys and
+        another instance holds the rebuild (the hashes empty). At once: 100 new
+        buyers, one of them twice with two request ids, an earlier buyer with a
+        new request id, and an earlier buyer's replay (checked against
+        PostgreSQL together); then a second wave alike. Each new buyer gets one
+        order, an earlier buyer is a duplicate, a replay gets its order; exactly
+        200 units more are sold."""
+        client = await start_gateway(rebuild_share=UNPACED)
+        keys = SkuKeys.of(key_prefix, sku)
+        await put_sku(client, sku, LEFT)
+        await write_orders(database_url, sku, BIG_SALE, LEFT)
+        await lose_sale(redis, keys)
+        await stall_rebuild(other, sku, LEFT)
+        earlier = await order_ids(database_url, [f"{sku}.r2", f"{sku}.r4"])
+
+        answers = await asyncio.gather(
+            *(buy(client, sku, f"new{i}", f"new{i}") for i in range(AT_ONCE)),
+            buy(client, sku, "new0", "new0-again"),
+            buy(client, sku, "u1", "again"),
+            buy(client, sku, "u2", "r2"),
+        )
+        twice = [answers[0], answers[AT_ONCE]]  # new0's two request ids
+        new, repeat, replay = answers[1:AT_ONCE], answers[-2], answers[-1]
+
+        assert [status for status, _ in new] == [201] * (AT_ONCE - 1)
+        assert sorted(status for status, _ in twice) == [201, 409]
+        assert (409, {"status": "duplicate"}) in twice
+        assert repeat == (409, {"status": "duplicate"})
+        assert (replay[0], replay[1]["order_id"]) == (201, earlier[f"{sku}.r2"])
+        # A second wave, which this gateway checks in PostgreSQL before its one
+        # reserve.lua call (it knows the sku is rebuilt): new buyers, one of the
+        # first wave again, an earlier buyer again, a replay of each kind.
+        new6 = answers[6][1]["order_id"]
+        answers = await asyncio.gather(
+            *(buy(client, sku, f"next{i}", f"next{i}") for i in range(AT_ONCE)),
+            buy(client, sku, "new5", "new5-again"),
+            buy(client, sku, "u3", "again"),
+            buy(client, sku, "u4", "r4"),
+            buy(client, sku, "new6", "new6"),
+        )
+        assert [status for status, _ in answers[:AT_ONCE]] == [201] * AT_ONCE
+        assert answers[AT_ONCE : AT_ONCE + 2] == [(409, {"status": "duplicate"})] * 2
+        replays = [(status, body["order_id"]) for status, body in answers[-2:]]
+        assert replays == [(201, earlier[f"{sku}.r4"]), (201, new6)]
+
+        assert await held_by(redis, keys) == "stalled"
+        sold = BIG_SALE + 2 * AT_ONCE
+        assert await db_state(database_url, sku) == (LEFT - 2 * AT_ONCE, sold, sold)
