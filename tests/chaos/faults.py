@@ -11,6 +11,8 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+from redis.asyncio import Redis
+
 from gateway.redis.layout import Pending, ledger, lock_key
 from testkit.gateways import Gateway
 from testkit.redis_servers import redis_client
@@ -41,31 +43,13 @@ async def stop_lock_holder(
 ) -> HolderStop:
     """Find the gateway holding ``sku``'s flush lock and SIGSTOP it for ``stop_s``.
 
-    Polls ``HGET <lock> owner`` until it names a gateway's pid, stops that
-    gateway, and keeps it stopped only if the lock is still its own 50 ms
-    later (a release already on the wire would have landed by then);
-    otherwise it resumes it and tries again. While the holder is stopped the
-    fence counter is read before and after: it only grows when someone
-    acquires, so growth shows the lease ran out and another instance took over.
+    The holder is caught by :func:`_catch_holder`. While it is stopped the fence
+    counter is read before and after: it only grows when someone acquires, so
+    growth shows the lease ran out and another instance took over.
     """
     key = lock_key(stack.key_prefix, sku)
-    deadline = time.monotonic() + within
     async with redis_client(await stack.redis_address(), within=2) as r:
-        while True:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"no gateway caught holding {key} within {within}s")
-            owner = text_of(await r.hget(key, "owner"))
-            pids = {g.pid: g for g in stack.gateways if g.running}
-            gateway = pids.get(pid_of(owner))
-            if gateway is None or owner is None:
-                await asyncio.sleep(0.001)
-                continue
-            gateway.pause()
-            stopped = time.monotonic()
-            await asyncio.sleep(0.05)
-            if text_of(await r.hget(key, "owner")) == owner:
-                break
-            gateway.resume()
+        gateway, owner, stopped = await _catch_holder(stack, r, key, within)
         try:
             fence_before = int(await r.get(key + ":fence") or 0)
             orders_before = await stack.orders(sku)
@@ -82,6 +66,62 @@ async def stop_lock_holder(
     return HolderStop(
         gateway, owner, fence_before, fence_after, seen, time.monotonic() - stopped, meanwhile
     )
+
+
+@dataclass
+class HolderKill:
+    """A gateway SIGKILLed while it held the sku's flush lock."""
+
+    gateway: Gateway
+    owner: str
+    fence: int
+    # Reservations in the ledger when it died: its batch in flight among them.
+    pending: int
+
+
+async def kill_lock_holder(stack: Stack, sku: str, *, within: float = 15.0) -> HolderKill:
+    """Find the gateway holding ``sku``'s flush lock and SIGKILL it, holding it.
+
+    Caught by :func:`_catch_holder` (stopped, the lock still its own), then
+    killed while stopped: it dies where it stood, the lock's hash naming it
+    until the lease runs out. A holder keeps the lock only while it flushes
+    back to back, so with the database's link slowed it dies mid-flush.
+    """
+    key = lock_key(stack.key_prefix, sku)
+    async with redis_client(await stack.redis_address(), within=2) as r:
+        gateway, owner, _ = await _catch_holder(stack, r, key, within)
+        fence = int(await r.get(key + ":fence") or 0)
+        pending = await r.hlen(stack.keys(sku).pending)
+        await gateway.crash()  # SIGKILL ends a stopped process too
+    return HolderKill(gateway, owner, fence, pending)
+
+
+async def _catch_holder(
+    stack: Stack, r: Redis, key: str, within: float
+) -> tuple[Gateway, str, float]:
+    """SIGSTOP the gateway that holds the lock at ``key``: (it, its owner id, when).
+
+    Polls ``HGET <lock> owner`` until it names a gateway's pid, stops that
+    gateway, and keeps it stopped only if the lock is still its own 50 ms
+    later (a release already on the wire would have landed by then);
+    otherwise it resumes it and tries again.
+    """
+    deadline = time.monotonic() + within
+    while True:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no gateway caught holding {key} within {within}s")
+        owner = text_of(await r.hget(key, "owner"))
+        pids = {g.pid: g for g in stack.gateways if g.running}
+        gateway = pids.get(pid_of(owner))
+        if gateway is None or owner is None:
+            await asyncio.sleep(0.001)
+            continue
+        gateway.pause()
+        stopped = time.monotonic()
+        await asyncio.sleep(0.05)
+        if text_of(await r.hget(key, "owner")) == owner:
+            return gateway, owner, stopped
+        gateway.resume()
 
 
 def first_sent_to(entry: Pending, gateway: int) -> bool:

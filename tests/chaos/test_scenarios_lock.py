@@ -1,5 +1,7 @@
-"""Chaos scenarios 2 and 3: the flush lock's holder paused past its lease, and a
-slow then stalled network that outlasts the lease, in the middle of a sale.
+"""Chaos scenarios 2 and 3: the flush lock's holder paused past its lease or killed
+mid-flush, and a slow then stalled network that outlasts the lease, in the middle
+of a sale. Both gateways sell the one hot sku, so its lock is wanted by the other
+instance whenever one holds it: the holder hands it over after its current flush.
 
 Each runs :func:`tests.chaos.sale.run_scenario` (the sale, the fault in its
 middle and every check are described there), with the flush lock on and off.
@@ -7,15 +9,18 @@ middle and every check are described there), with the flush lock on and off.
 
 from __future__ import annotations
 
+import signal
 from datetime import datetime
 
 import asyncpg
 import pytest
 
+from gateway.redis.layout import lock_key
 from testkit.metrics import metric, scrape
 from testkit.polling import wait_for
 from testkit.postgres_servers import PostgresCluster
-from tests.chaos.faults import sleep_fault, stop_lock_holder, young_batch_on
+from testkit.redis_servers import redis_client
+from tests.chaos.faults import kill_lock_holder, sleep_fault, stop_lock_holder, young_batch_on
 from tests.chaos.reporting import Diagnostics
 from tests.chaos.sale import LOCKS, SKU, SalePlan, run_scenario, settings_for
 from tests.chaos.stacks import Stack, proxied_stack
@@ -80,6 +85,39 @@ async def test_lock_holder_paused_past_its_lease(
 
         lost = await wait_for(learned, within=10, what="the stale holder counts a lost lock")
         assert lost >= 1
+
+
+@pytest.mark.chaos
+@pytest.mark.timeout(90)
+async def test_lock_holder_killed_mid_flush(pg: PostgresCluster, diagnostics: Diagnostics) -> None:
+    """With the Redis lock (lease 1 s) and the database's link slowed (40 ms each way,
+    so a flush takes over 80 ms and a holder spends its hold inside flushes), the
+    gateway caught holding the sku's flush lock is SIGKILLed. Its flush dies
+    committed or not: its buyers retry on the other gateway and get their order
+    (a replay) or, once the reconciler gave their reservation back, buy again. The
+    other gateway takes the lock when the lease runs out (the fence grows) and sells
+    the rest; no oversell, no false 201, the audit clean."""
+    async with proxied_stack(pg, diagnostics, settings_for("redis")) as stack:
+        kills = []
+
+        async def kill_holder(stack: Stack, sku: str) -> str:
+            stack.pg_proxy.set_latency(40)
+            try:
+                kill = await kill_lock_holder(stack, sku)
+            finally:
+                stack.pg_proxy.clear()
+            kills.append(kill)
+            return (
+                f"SIGKILL lock holder gw{kill.gateway.index} with the database link slowed"
+                f" 40 ms, {kill.pending} reservations pending"
+            )
+
+        await run_scenario(stack, "2 lock holder SIGKILL mid-flush [redis]", kill_holder)
+        (kill,) = kills
+        assert kill.gateway.returncode == -signal.SIGKILL
+        async with redis_client(await stack.redis_address(), within=2) as r:
+            fence = int(await r.get(lock_key(stack.key_prefix, SKU) + ":fence") or 0)
+        assert fence > kill.fence, "nobody acquired the lock after its holder died"
 
 
 async def _database_now(stack: Stack) -> datetime:

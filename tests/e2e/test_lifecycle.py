@@ -13,7 +13,7 @@ import aiohttp
 from redis.asyncio import Redis
 
 from gateway.ops.audit import audit
-from gateway.redis.layout import SkuKeys
+from gateway.redis.layout import SkuKeys, lock_key
 from gateway.settings import Settings
 from testkit.driver import LoadDriver, run_sale
 from testkit.gateways import REPO, GatewayCluster, gateway_env
@@ -151,6 +151,47 @@ class TestWorkers:
                     assert confirmed == i + 1
             cluster[0].kill(signal.SIGTERM)
             assert await cluster[0].wait_exit(within=15) == 0, cluster.logs()
+
+    async def test_two_workers_selling_one_hot_sku_both_flush_and_oversell_nothing(
+        self, database_url: str, key_prefix: str, redis: Redis, sku: str
+    ) -> None:
+        """400 buyers on both workers for 300 units of one sku: each worker holds the
+        sku's flush lock in turn (it goes to the other when that one waits), the
+        whole stock sells with no oversell, no lock wait times out, the ledger ends
+        empty and the audit is clean."""
+        async with GatewayCluster(
+            1,
+            redis_url=REDIS_URL,
+            database_url=database_url,
+            key_prefix=key_prefix,
+            settings={"workers": 2},
+        ) as cluster:
+            await cluster.put_sku(sku, 300)
+            sale = asyncio.create_task(run_sale(cluster.urls, sku, 400, start_spread_s=1.0))
+            holders: set[str] = set()
+            key = lock_key(key_prefix, sku)
+            while not sale.done():
+                owner = await redis.hget(key, "owner")
+                if isinstance(owner, bytes):
+                    holders.add(owner.decode().split(":", 1)[0])  # the worker's pid
+                await asyncio.sleep(0.001)
+            summary = await sale
+            report = await check_invariants(database_url, sku, 300, summary, scenario="workers")
+            assert report.ok and report.sold == 300, f"{report}\n{cluster.logs()}"
+            assert not summary.unresolved
+            assert len(holders) == 2, f"only {holders} held the flush lock"
+            async with (
+                aiohttp.ClientSession() as http,
+                http.get(f"{cluster.urls[0]}/metrics") as resp,
+            ):
+                metrics = samples(await resp.text())
+            assert metrics.get("flashsale_lock_timeouts_total", 0) == 0
+            assert await redis.hlen(SkuKeys.of(key_prefix, sku).pending) == 0
+            rows = await audit(
+                Settings(redis_url=REDIS_URL, database_url=database_url, key_prefix=key_prefix),
+                sku,
+            )
+            assert [r.verdict for r in rows] == ["ok"], rows
 
     async def test_a_stop_while_the_workers_start_exits_0(
         self, database_url: str, key_prefix: str, tmp_path: Path
