@@ -9,8 +9,9 @@ shared Redis:
   compose mounts, through ``testkit.haproxy``; the gateway is both ``gw1`` and
   ``gw2``);
 * ``haproxy_g2``: two gateway processes behind it, on one database and one key
-  prefix, selling the same sku: the deployment we ship, where round robin
-  spreads one hot sku's buyers over both.
+  prefix, selling the same sku: the deployment we ship. Run it with
+  ``balance roundrobin`` in the config to see what spreading one hot sku's
+  buyers over both costs.
 
 Each gets a database of its own; the gateways and HAProxy run on the servers'
 core, wrk on the load generator's (``loadtests.lib.pinning``). Rounds

@@ -142,13 +142,14 @@ class TestRetryOn503:
     ) -> None:
         """gw1 alone is restarted with the admission secret (a rollout half done), so
         gw2, still up and ready, answers 503 to every purchase of a waiting-room sku.
-        Four buyers admitted by gw1 buy through HAProxy one after the other: round
-        robin sends some of them to gw2 first, and every one ends 201 (only gw1 can
+        Four buyers admitted by gw1 buy through HAProxy one after the other: the
+        sku's purchases are routed to gw2 first, and every one ends 201 (only gw1 can
         sell this sku) while HAProxy's counters show the retries and redispatches
         away from gw2's 503s. gw1 is restored without the secret afterwards."""
         cluster, proxy = topology
         gw1 = cluster[0]
-        sku = f"room-{cluster.key_prefix}"
+        # A sku HAProxy routes to gw2, so each purchase meets gw2's 503 first.
+        sku = await _routed_to(proxy, "gw2", f"room-{cluster.key_prefix}")
         room = {"admit_per_s": 100, "token_ttl_s": 60}
         await _restart(gw1, "gw1", proxy, admission_secret=SECRET)
         try:
@@ -172,6 +173,57 @@ class TestRetryOn503:
         assert [status for status, _ in answers] == [201] * 4, context
         assert refused - refused_before >= 1, f"gw2 answered no 503: {context}"
         assert min(counted.values()) >= 1, f"HAProxy counted no retry/redispatch: {context}"
+
+
+class TestRoutingBySku:
+    """HAProxy sends a sku's purchases to one gateway (consistent hashing on the
+    body's ``sku``), so one hot sku's batches form in one process."""
+
+    async def test_a_skus_purchases_all_reach_one_gateway(self, topology: Topology) -> None:
+        """Twelve buyers of one sku through HAProxy: every purchase is answered by
+        the same gateway (HAProxy's per-server counters), and a second sku routed
+        to the other gateway is answered there, so both gateways take their share
+        of the skus."""
+        cluster, proxy = topology
+        skus = {
+            server: await _routed_to(proxy, server, f"hot-{server}-{cluster.key_prefix}")
+            for server in ("gw1", "gw2")
+        }
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=20)) as http:
+            for server, sku in skus.items():
+                await cluster.put_sku(sku, 100)
+                before = await _answered(proxy)
+                for n in range(12):
+                    body = {"sku": sku, "user_id": f"u{n}", "request_id": f"{sku}.{n}"}
+                    async with http.post(f"{proxy.url}/v1/purchase", json=body) as resp:
+                        assert resp.status == 201, await resp.text()
+                after = await _answered(proxy)
+                grew = {name: after[name] - before[name] for name in after}
+                other = "gw1" if server == "gw2" else "gw2"
+                assert grew == {server: 12, other: 0}, (sku, grew, proxy.log_tail())
+
+
+async def _answered(proxy: HAProxy) -> dict[str, int]:
+    """Requests each gateway answered so far, by HAProxy's count (``req_tot``)."""
+    stats = await proxy.stats()
+    return {name: int(stats[name]["req_tot"] or 0) for name in ("gw1", "gw2")}
+
+
+async def _routed_to(proxy: HAProxy, server: str, stem: str) -> str:
+    """A sku name (``stem`` plus a number) whose purchases HAProxy routes to
+    ``server``: each candidate is probed with one purchase of an unknown sku
+    (answered 404 by whichever gateway gets it, changing nothing)."""
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http:
+        for n in range(64):
+            sku = f"{stem}-{n}"
+            before = await _answered(proxy)
+            body = {"sku": sku, "user_id": "probe", "request_id": f"probe.{sku}"}
+            async with http.post(f"{proxy.url}/v1/purchase", json=body) as resp:
+                assert resp.status == 404, await resp.text()
+            after = await _answered(proxy)
+            if after[server] > before[server]:
+                return sku
+    raise AssertionError(f"no sku of 64 routed to {server}")
 
 
 async def _unavailable(url: str) -> float:
