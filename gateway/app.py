@@ -160,6 +160,7 @@ async def service_ctx(app: web.Application) -> AsyncIterator[None]:
         publish=metrics.reconciler.sku_state,
         queued=streams.queued_ids,
         catalog=catalog,
+        rebuilds=rebuilds,
     )
     feed = ChangeFeed(redis, channel(settings.key_prefix), subscribers=(soldout, catalog))
     lag = LoopLag(metrics.loop.lagged, stall_report_s=settings.loop_stall_report_s)
