@@ -47,7 +47,7 @@ from gateway.domain.model import (
     Strategy,
 )
 from gateway.domain.rules import SaleRules
-from gateway.postgres.lookups import OrderLookups, PriorLookups
+from gateway.postgres.lookups import Arbitrations, OrderLookups, PriorLookups
 from gateway.postgres.orders import Orders
 from gateway.redis.reservations import Reply, Reservations, outcome_of
 from gateway.redis.streams import Streams
@@ -138,6 +138,7 @@ class Purchases:
         self._marking = SoldOutMarking(soldout, reservations, observer)
         self._lookups = OrderLookups(orders)
         self._priors = PriorLookups(orders)
+        self._arbitrations = Arbitrations(orders)
         # Set when this gateway saw Redis fail lately: its sold-out answers to
         # request ids are checked in PostgreSQL (gateway.usecases.doubt).
         self._doubt = doubt if doubt is not None else RedisDoubt(MIN_WINDOW_S)
@@ -165,6 +166,7 @@ class Purchases:
         self._admit()
         generation = self._soldout.generation(purchase.sku)
         queued = strategy is Strategy.QUEUE
+        arrived_ms = int(time.time() * 1000)
         try:
             reply = await self._reserve(
                 purchase, info, client, queued=queued, generation=generation
@@ -177,8 +179,14 @@ class Purchases:
         if queued and reply.kind in ("ok", "in_progress", "busy"):
             return await self._queued(purchase, reply.kind)
         if reply.kind == "ok":
-            # Stamped by Redis's clock, like every reservation of every instance.
-            purchase = replace(purchase, reserved_at_ms=reply.reserved_at_ms)
+            # Stamped by Redis's clock, like every reservation of every instance,
+            # or by this attempt's arrival if earlier: a release PostgreSQL
+            # records at a moment (a sold out arbitrated after Redis failed)
+            # voids every attempt of the request id that arrived before it, also
+            # one whose call waited out a failover and reserved afterwards,
+            # when its client had long given up and its retry been told no.
+            reserved_at = min(reply.reserved_at_ms, arrived_ms)
+            purchase = replace(purchase, reserved_at_ms=reserved_at)
             try:
                 return await self._batcher.submit(purchase)
             except ShuttingDown:
@@ -358,12 +366,16 @@ class Purchases:
         done hash, else the order rows (Redis lost or dropped the sale's state,
         or is rebuilding it, or the filter erred, about once in a thousand);
         straight to the order rows while the filter is not built (the hashes
-        are being rebuilt), coalesced with the other requests'."""
+        are being rebuilt), coalesced with the other requests'. After Redis
+        failed lately, a flush of a reservation whose ledger entry Redis lost
+        may still be on its way: the sold out is arbitrated with it instead."""
         rid = purchase.request_id
         order = None
         if confirmed is not UNBUILT:
             order = await self._reservations.confirmed_order(purchase.sku, rid)
-        if order is None:
+        if order is None and self._doubt:
+            order = await self._arbitrations.order(purchase.sku, rid)
+        elif order is None:
             order = await self._lookups.order(rid)
         if order is None:
             return SOLD_OUT

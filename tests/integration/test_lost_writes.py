@@ -13,10 +13,14 @@ held off (one pass an hour): each test runs its passes itself.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
+import asyncpg
 from redis.asyncio import Redis
 
+from gateway.domain.model import Purchase, Verdict
+from gateway.http.appkeys import ORDERS
 from gateway.ops.audit import audit
 from gateway.redis.layout import Pending, SkuKeys, encode_pending
 from gateway.settings import Settings
@@ -169,3 +173,36 @@ class TestLostWrites:
         status, body = await buy(client, sku, "b", "rb")
         assert (status, body.get("order_id")) == (201, order_id), body
         assert (await buy(client, sku, "e"))[1]["status"] == "sold_out"
+
+    async def test_a_sold_out_told_after_redis_failed_voids_earlier_attempts(
+        self, start_gateway: Any, sku: str, redis: Redis, key_prefix: str, database_url: str
+    ) -> None:
+        """A sold out told to a request id after this gateway saw Redis fail is
+        made final in PostgreSQL: an attempt of that request id that arrived
+        before (its reservation lost with a failed node, or its call still
+        waiting one out while its client retried) is answered expired by the
+        flush, even once stock is back; an attempt after the answer buys."""
+        client = await start_gateway(**QUIET)
+        await put_sku(client, sku, 1)
+        assert (await buy(client, sku, "a", "ra"))[0] == 201
+        other = f"{sku}-other"
+        await put_sku(client, other, 1)
+        await redis.set(SkuKeys.of(key_prefix, other).stock, "garbled")
+        assert (await buy(client, other, "a", "ra"))[0] == 503
+
+        before = int(time.time() * 1000) - 1
+        assert (await buy(client, sku, "x", "rx"))[1]["status"] == "sold_out"
+        after = int(time.time() * 1000) + 1
+        con = await asyncpg.connect(database_url)
+        try:
+            await con.execute("UPDATE inventory SET stock = 1 WHERE sku = $1", sku)
+        finally:
+            await con.close()
+
+        orders, rid = client.app[ORDERS], f"{sku}.rx"
+        earlier = Purchase(sku, "x", 1, rid, reserved_at_ms=before)
+        decided = await orders.commit_batch(sku, [earlier], None)
+        assert decided.decisions[rid].verdict is Verdict.EXPIRED
+        later = Purchase(sku, "x", 1, rid, reserved_at_ms=after)
+        decided = await orders.commit_batch(sku, [later], None)
+        assert decided.decisions[rid].verdict is Verdict.CONFIRMED
