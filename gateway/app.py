@@ -66,6 +66,7 @@ from gateway.usecases.admin import StockAdmin
 from gateway.usecases.admission import Admissions
 from gateway.usecases.admission_tokens import Signer
 from gateway.usecases.catalog import Catalog
+from gateway.usecases.doubt import RedisDoubt, window_for
 from gateway.usecases.purchases import Purchases
 from gateway.usecases.rebuilds import Rebuilds
 from gateway.usecases.reconciler import Reconciler
@@ -99,8 +100,13 @@ async def service_ctx(app: web.Application) -> AsyncIterator[None]:
     metrics.lock.set_lease(settings.lock_lease_s)
     deductions = synchronous_strategies(app)
     catalog, soldout = Catalog(orders, settings.strategy), SoldOut()
+    doubt = RedisDoubt(window_for(settings.reconcile_interval_s))
     flusher = Flusher(
-        reservations=reservations, orders=orders, locks=locks, observer=metrics.flushes
+        reservations=reservations,
+        orders=orders,
+        locks=locks,
+        observer=metrics.flushes,
+        on_redis_failure=doubt.failed,
     )
     batcher = Batcher(
         flusher.flush,
@@ -126,6 +132,7 @@ async def service_ctx(app: web.Application) -> AsyncIterator[None]:
         deductions=deductions,
         deductions_max=settings.backlog_max,
         gate=SaleGate(orders, settings),
+        doubt=doubt,
     )
     rooms = Rooms(redis, settings, on_noscript=metrics.scripts.reloaded)
     await rooms.load_scripts()
@@ -160,6 +167,7 @@ async def service_ctx(app: web.Application) -> AsyncIterator[None]:
         publish=metrics.reconciler.sku_state,
         queued=streams.queued_ids,
         catalog=catalog,
+        rebuilds=rebuilds,
     )
     feed = ChangeFeed(redis, channel(settings.key_prefix), subscribers=(soldout, catalog))
     lag = LoopLag(metrics.loop.lagged, stall_report_s=settings.loop_stall_report_s)

@@ -7,7 +7,10 @@
 -- ARGV[1] mode: "reload" sets stock only when the key is missing (Redis lost
 --         it, or it expired); "reset" always sets it (an admin changed the
 --         database stock); "fresh" is a reset whose caller knows the buyers
---         and done hashes are whole (a sku created now has no orders)
+--         and done hashes are whole (a sku created now has no orders);
+--         "repair" is a reset after the counter disagreed with the database
+--         (the reconciler's drift): Redis lost writes, the hashes may miss
+--         orders too, so the sku is flagged as rebuilding as after a reload
 -- ARGV[2] database stock, ARGV[3] pub/sub channel, ARGV[4] sku
 -- ARGV[5] retention in ms: the sku's keys are kept that long after a change
 --
@@ -20,6 +23,8 @@
 -- buyers and done hashes, or some of them: setting it also flags the sku as
 -- rebuilding, with a lease nobody holds ("|0"), in the same step, so no
 -- reservation ever trusts the incomplete hashes (lua/rebuild.lua takes it).
+-- A "repair" flags it only when no rebuild is under way: the hashes are still
+-- there, and the running rebuild writes every order into them all the same.
 -- Returns {changed (0 or 1), stock, rebuilding (1 when this call flagged it)}.
 local missing = redis.call("EXISTS", KEYS[1]) == 0
 if ARGV[1] == "reload" and not missing then
@@ -39,6 +44,8 @@ end
 local flagged = 0
 if missing and ARGV[1] ~= "fresh" then
   redis.call("SET", KEYS[5], "|0", "PX", ARGV[5])
+  flagged = 1
+elseif ARGV[1] == "repair" and redis.call("SET", KEYS[5], "|0", "PX", ARGV[5], "NX") then
   flagged = 1
 end
 if ARGV[1] ~= "reload" then

@@ -3,7 +3,8 @@
 -- Keys, channels and record formats are gateway/redis/layout.py's; the verdict
 -- letters are gateway.domain.model.Verdict's (an expired "X" arrives as "R").
 --
--- KEYS[1] stock, KEYS[2] buyers, KEYS[3] pending, KEYS[4] done (as in reserve.lua)
+-- KEYS[1] stock, KEYS[2] buyers, KEYS[3] pending, KEYS[4] done, KEYS[5] rebuild
+--         (as in reserve.lua)
 -- ARGV[1] pub/sub channel, ARGV[2] sku
 -- ARGV[3] database stock after the batch, or -1 when the batch did not find
 --         the database short of stock
@@ -21,6 +22,11 @@
 -- onto an existing stock key, since a missing key is reloaded from the
 -- database, which already counts it. When the database was short, Redis ran
 -- ahead of it: stock is lowered to database stock minus what is still pending.
+-- Redis only runs ahead when it lost writes (a replica promoted without the
+-- newest reservations and settles): the buyers and done hashes may miss
+-- committed orders too, so the sku is flagged as rebuilding (as load_stock.lua
+-- does for a lost counter) unless a rebuild is under way, and "meta:<sku>"
+-- drops every gateway's sold-out mark, whose filter came from that done hash.
 -- Publishes "avail:<sku>" when stock goes from 0 to more.
 -- Returns the stock left, or -1 when the stock key is missing.
 local has_stock = redis.call("EXISTS", KEYS[1]) == 1
@@ -60,6 +66,9 @@ if db_after >= 0 then
   local ceiling = math.max(db_after - pending, 0)
   if tonumber(redis.call("GET", KEYS[1])) > ceiling then
     redis.call("SET", KEYS[1], ceiling)
+  end
+  if redis.call("SET", KEYS[5], "|0", "PX", ARGV[4], "NX") then
+    redis.call("PUBLISH", ARGV[1], "meta:" .. ARGV[2])
   end
 end
 local after = tonumber(redis.call("GET", KEYS[1]))

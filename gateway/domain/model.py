@@ -82,7 +82,7 @@ class Verdict(StrEnum):
     RELEASED = "R"  # goes back: the request id holds another purchase's order
     SOLD_OUT = "S"  # too little stock in the database: Redis ran ahead of it
     DUPLICATE = "D"  # the buyer already holds an order of this sku
-    EXPIRED = "X"  # the reconciler released this reservation before the flush
+    EXPIRED = "X"  # released before the flush: the reconciler, or a sold out arbitrated
 
     @property
     def settled_as(self) -> Verdict:

@@ -11,6 +11,15 @@ buyers hash can be trusted, so PostgreSQL answers what they would:
   in the unique ``request_id`` and ``(sku, user_id)`` (:class:`PriorLookups`)
   before ``reserve.lua`` may take it.
 
+After this gateway saw Redis fail (``gateway.usecases.doubt``), a sold-out
+answer to a request id is arbitrated instead (:class:`Arbitrations`): Redis
+may have lost the ledger entry of a reservation whose flush is still on its
+way, so a look-up that finds no order would not stay true. Under the sku's
+inventory row lock, as the reconciler settles a stale reservation, the order
+is read, or else the request id is recorded as released now, so that no
+flush commits a reservation of it made before (``flush_batch()`` answers it
+"X" and its buyer retries).
+
 One read per request would queue a storm on the pool the flushes use; here
 the keys asked for in one loop turn go out in one read (``= ANY($1)``, at most
 :data:`MAX_IDS`, one sku per read for the priors), with at most
@@ -22,6 +31,7 @@ more keys a read carries and the pool keeps connections for the flushes.
 from __future__ import annotations
 
 import asyncio
+import time
 from abc import ABC, abstractmethod
 from typing import Generic, TypeVar
 
@@ -133,6 +143,32 @@ class PriorLookups(_Coalesced[PriorKey, Prior]):
             sku, [rid for _, rid, _ in keys], [user for _, _, user in keys]
         )
         return {key: (made.get(key[1]), key[2] in bought) for key in keys}
+
+
+class Arbitrations(_Coalesced[tuple[str, str], Order | None]):
+    """Sold-out answers to request ids made final in PostgreSQL, one
+    transaction per sku for the request ids waiting (:meth:`Orders.release_stale`)."""
+
+    def __init__(self, orders: Orders, max_ids: int = MAX_IDS, max_reads: int = MAX_READS) -> None:
+        super().__init__(orders, max_ids, max_reads)
+
+    async def order(self, sku: str, request_id: str) -> Order | None:
+        """The order ``request_id`` made (of any sku), if any; else None, and no
+        reservation of it made before now commits any more; raises
+        PostgresUnavailable."""
+        return await self._ask((sku, request_id))
+
+    def _batch(self) -> list[tuple[str, str]]:
+        # One sku per transaction: it holds that sku's inventory row lock.
+        sku = next(iter(self._waiting))[0]
+        return [key for key in self._waiting if key[0] == sku][: self._max_ids]
+
+    async def _read_many(self, keys: list[tuple[str, str]]) -> dict[tuple[str, str], Order | None]:
+        # Reservations are stamped by Redis's clock, this by the gateway's: a
+        # skew between them shifts which reservations count as before.
+        now_ms = int(time.time() * 1000)
+        found = await self._orders.release_stale(keys[0][0], [(rid, now_ms) for _, rid in keys])
+        return {key: found.get(key[1]) for key in keys}
 
 
 def _resolve(futures: list[asyncio.Future[V]], value: V) -> None:

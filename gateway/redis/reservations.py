@@ -363,16 +363,21 @@ class Reservations:
         ]
         for s in settlements:
             args += (s.request_id, s.verdict.settled_as.value, s.user_id, s.qty, s.order_id)
-        return int(await self._call(self._settle, self.keys(sku).all(), args))
+        keys = self.keys(sku)
+        return int(await self._call(self._settle, (*keys.all(), keys.rebuild), args))
 
-    async def load_stock(self, sku: str, db_stock: int, *, reset: bool, fresh: bool = False) -> int:
+    async def load_stock(
+        self, sku: str, db_stock: int, *, reset: bool, fresh: bool = False, repair: bool = False
+    ) -> int:
         """Set Redis stock from database stock minus the ledger (load_stock.lua).
 
         With ``reset`` false only a missing key is set; setting one flags the
         sku as rebuilding (:meth:`take_rebuild`) unless ``fresh``: the caller
         knows the buyers and done hashes are whole (a sku created now, or a
-        tool that wrote them). Returns the stock now."""
-        mode = "fresh" if fresh else "reset" if reset else "reload"
+        tool that wrote them). ``repair``: a reset because the counter
+        disagreed with the database (Redis lost writes), which flags the sku
+        as rebuilding too, unless a rebuild is under way. Returns the stock now."""
+        mode = "repair" if repair else "fresh" if fresh else "reset" if reset else "reload"
         args = (mode, db_stock, self._channel, sku, self._retention_ms)
         keys = self.keys(sku)
         raw = await self._call(self._load_stock, (*keys.all(), keys.rebuild), args)

@@ -31,6 +31,7 @@ import structlog
 from gateway.domain.errors import (
     IdempotencyMismatch,
     InvalidRequest,
+    RedisUnavailable,
     ShuttingDown,
     Unavailable,
 )
@@ -46,12 +47,13 @@ from gateway.domain.model import (
     Strategy,
 )
 from gateway.domain.rules import SaleRules
-from gateway.postgres.lookups import OrderLookups, PriorLookups
+from gateway.postgres.lookups import Arbitrations, OrderLookups, PriorLookups
 from gateway.postgres.orders import Orders
 from gateway.redis.reservations import Reply, Reservations, outcome_of
 from gateway.redis.streams import Streams
 from gateway.strategies import Deduction
 from gateway.usecases.catalog import Catalog
+from gateway.usecases.doubt import MIN_WINDOW_S, RedisDoubt
 from gateway.usecases.marking import SoldOutMarking
 from gateway.usecases.rebuilds import Rebuilds
 from gateway.usecases.sale_gate import SaleGate
@@ -111,6 +113,7 @@ class Purchases:
         deductions: Mapping[Strategy, Deduction] | None = None,
         deductions_max: int = 10_000,
         gate: SaleGate | None = None,
+        doubt: RedisDoubt | None = None,
     ) -> None:
         self._catalog = catalog
         self._soldout = soldout
@@ -135,6 +138,10 @@ class Purchases:
         self._marking = SoldOutMarking(soldout, reservations, observer)
         self._lookups = OrderLookups(orders)
         self._priors = PriorLookups(orders)
+        self._arbitrations = Arbitrations(orders)
+        # Set when this gateway saw Redis fail lately: its sold-out answers to
+        # request ids are checked in PostgreSQL (gateway.usecases.doubt).
+        self._doubt = doubt if doubt is not None else RedisDoubt(MIN_WINDOW_S)
 
     async def purchase(
         self, purchase: Purchase, client: Callable[[], str | None] | None = None
@@ -151,32 +158,66 @@ class Purchases:
             return await self._deduct(strategy, purchase, info, client)
         confirmed = self._soldout.lookup(purchase.sku)
         if confirmed is not None:
-            # Without a request id, or with one that has no order: no I/O.
-            if not purchase.request_id or purchase.request_id not in confirmed:
-                return SOLD_OUT
-            return await self._replay(purchase, confirmed)
+            return await self._marked(purchase, confirmed)
+        # A request id the client sent may be a replay; one made here is not.
+        replayable = bool(purchase.request_id)
         purchase = purchase.identified()
         structlog.contextvars.bind_contextvars(request_id=purchase.request_id, sku=purchase.sku)
         self._admit()
         generation = self._soldout.generation(purchase.sku)
         queued = strategy is Strategy.QUEUE
-        reply = await self._reserve(purchase, info, client, queued=queued, generation=generation)
+        arrived_ms = int(time.time() * 1000)
+        try:
+            reply = await self._reserve(
+                purchase, info, client, queued=queued, generation=generation
+            )
+        except RedisUnavailable:
+            self._doubt.failed()
+            raise
         if isinstance(reply, Result):
             return reply
         if queued and reply.kind in ("ok", "in_progress", "busy"):
             return await self._queued(purchase, reply.kind)
         if reply.kind == "ok":
-            # Stamped by Redis's clock, like every reservation of every instance.
-            purchase = replace(purchase, reserved_at_ms=reply.reserved_at_ms)
+            # Stamped by Redis's clock, like every reservation of every instance,
+            # or by this attempt's arrival if earlier: a release PostgreSQL
+            # records at a moment (a sold out arbitrated after Redis failed)
+            # voids every attempt of the request id that arrived before it, also
+            # one whose call waited out a failover and reserved afterwards,
+            # when its client had long given up and its retry been told no.
+            reserved_at = min(reply.reserved_at_ms, arrived_ms)
+            purchase = replace(purchase, reserved_at_ms=reserved_at)
             try:
                 return await self._batcher.submit(purchase)
             except ShuttingDown:
                 # Draining began while Redis reserved: nothing will flush it here.
                 await self._flusher.give_back(purchase.sku, [purchase])
                 raise
-        if reply.kind == "sold_out" and reply.settled:
-            self._marking.start(purchase.sku, generation)
+        if reply.kind == "sold_out":
+            return await self._sold_out(purchase, reply, generation, replayable=replayable)
         return outcome_of(reply, purchase.request_id, info)
+
+    async def _marked(self, purchase: Purchase, confirmed: ConfirmedIds | UnknownIds) -> Result:
+        """The answer of a sku marked sold out here: without a request id, or with
+        one that has no order, sold out with no I/O; unless Redis failed lately,
+        when its done hash, which the filter came from, may have lost the order."""
+        if not purchase.request_id:
+            return SOLD_OUT
+        if purchase.request_id not in confirmed:
+            return await self._replay(purchase, UNBUILT) if self._doubt else SOLD_OUT
+        return await self._replay(purchase, confirmed)
+
+    async def _sold_out(
+        self, purchase: Purchase, reply: Reply, generation: tuple[int, int], *, replayable: bool
+    ) -> Result:
+        """reserve.lua's sold-out answer, after marking a settled sku; a request id
+        the client sent is looked up in PostgreSQL while Redis is doubted (it may
+        have lost the order's records: gateway.usecases.doubt)."""
+        if reply.settled:
+            self._marking.start(purchase.sku, generation)
+        if replayable and self._doubt:
+            return await self._replay(purchase, UNBUILT)
+        return SOLD_OUT
 
     async def _reserve(
         self,
@@ -325,12 +366,16 @@ class Purchases:
         done hash, else the order rows (Redis lost or dropped the sale's state,
         or is rebuilding it, or the filter erred, about once in a thousand);
         straight to the order rows while the filter is not built (the hashes
-        are being rebuilt), coalesced with the other requests'."""
+        are being rebuilt), coalesced with the other requests'. After Redis
+        failed lately, a flush of a reservation whose ledger entry Redis lost
+        may still be on its way: the sold out is arbitrated with it instead."""
         rid = purchase.request_id
         order = None
         if confirmed is not UNBUILT:
             order = await self._reservations.confirmed_order(purchase.sku, rid)
-        if order is None:
+        if order is None and self._doubt:
+            order = await self._arbitrations.order(purchase.sku, rid)
+        elif order is None:
             order = await self._lookups.order(rid)
         if order is None:
             return SOLD_OUT

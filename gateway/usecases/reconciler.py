@@ -9,8 +9,10 @@ flush lock (so one reconciler, and no flush, touches the sku at a time) and:
 2. checks ``redis_stock + pending == db_stock``. Entries whose order is
    already committed (a settle that failed after the commit) explain part of
    a difference and are left to step 1; any other drift is repaired from the
-   database and logged. Without a lock a drift may be a flush caught between
-   its commit and its settle, so it is repaired only when seen twice alike.
+   database and logged, and flags the sku's hashes for a rebuild (the writes
+   Redis lost may include the records of committed orders). Without a lock a
+   drift may be a flush caught between its commit and its settle, so it is
+   repaired only when seen twice alike.
 
 A reservation of the queue strategy still in its sku's stream is not stale,
 however old: a writer will commit it (step 1 skips it); its units count as
@@ -38,6 +40,7 @@ from gateway.lock import LockError
 from gateway.postgres.orders import Orders
 from gateway.redis.reservations import Reservations, Settlement
 from gateway.usecases.catalog import Catalog
+from gateway.usecases.rebuilds import Rebuilds
 from gateway.write.sku_locks import SkuLocks
 
 log = structlog.get_logger(__name__)
@@ -72,6 +75,7 @@ class Reconciler:
         publish: Callable[[str, int, int], None] | None = None,
         queued: Callable[[str], Awaitable[set[str]]] | None = None,
         catalog: Catalog | None = None,
+        rebuilds: Rebuilds | None = None,
     ) -> None:
         self._reservations = reservations
         self._orders = orders
@@ -83,6 +87,8 @@ class Reconciler:
         # durably queued, so never stale however long they wait for a writer.
         self._queued = queued
         self._catalog = catalog
+        # Starts the rebuild of the hashes a drift repair flagged.
+        self._rebuilds = rebuilds
         self._suspect: dict[str, int] = {}
 
     async def run(self) -> None:
@@ -169,7 +175,14 @@ class Reconciler:
             return drift, units, False
         self._suspect.pop(sku, None)
         # Entries already committed still sit in the ledger: count them as
-        # database stock so the counter is not lowered twice for them.
-        after = await reservations.load_stock(sku, db_stock + committed, reset=True)
+        # database stock so the counter is not lowered twice for them. A
+        # counter the scripts cannot have left lost writes (a replica promoted
+        # without the newest ones), and with them maybe the done and buyers
+        # records of committed orders: the repair flags the sku as rebuilding,
+        # so a replay of such an order is looked up in PostgreSQL, not told
+        # sold out, until the hashes are whole again (gateway.usecases.rebuilds).
+        after = await reservations.load_stock(sku, db_stock + committed, reset=True, repair=True)
+        if self._rebuilds is not None:
+            self._rebuilds.ensure(sku)
         log.warning("drift_repaired", sku=sku, drift=drift, redis_stock=after, db_stock=db_stock)
         return drift, units, True

@@ -11,7 +11,7 @@ the commit gives the reservations back; nothing committed is ever undone.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 import structlog
@@ -33,6 +33,10 @@ HOLD_SLICE_S = 0.05
 # fresh acquisition before its purchases are answered 503 and released.
 FLUSH_ATTEMPTS = 3
 
+# The failure reasons (see _reason) that say Redis, or the lock kept there,
+# failed under a flush: writes may have been lost (a failover).
+REDIS_REASONS = frozenset({"redis", "lock_lost", "lock_unavailable"})
+
 
 class FlushObserver(Protocol):
     """What the metrics want to know of the flushes (see gateway.ops.metrics)."""
@@ -52,11 +56,15 @@ class Flusher:
         orders: Orders,
         locks: SkuLocks,
         observer: FlushObserver | None = None,
+        on_redis_failure: Callable[[], None] | None = None,
     ) -> None:
         self._reservations = reservations
         self._orders = orders
         self._locks = locks
         self._observer = observer
+        # Told when Redis fails under a flush, a settle, a give-back or a lock
+        # release (gateway.usecases.doubt.RedisDoubt.failed).
+        self._on_redis_failure = on_redis_failure
         # Skus whose flusher holds the flush lock now, with when it took it.
         self._holding: dict[str, float] = {}
 
@@ -96,6 +104,7 @@ class Flusher:
         try:
             await self._reservations.settle(sku, released, None)
         except Unavailable as exc:
+            self._redis_failed()
             log.warning("give_back_failed", sku=sku, size=len(batch), cause=str(exc))
 
     async def idle(self, sku: str) -> None:
@@ -110,6 +119,8 @@ class Flusher:
         reason = _reason(failure)
         if self._observer is not None:
             self._observer.flush_failed(reason)
+        if reason in REDIS_REASONS:
+            self._redis_failed()
         # An unexpected error gets its traceback; an expected outage its cause.
         log.warning(
             "flush_failed",
@@ -175,6 +186,7 @@ class Flusher:
             # Lost, unreachable, or failed in a way nobody typed (a failover):
             # stop renewing either way, and the lease runs out on its own.
             lock.abandon()
+            self._redis_failed()
             log.warning("lock_release_failed", sku=sku, cause=repr(exc))
 
     async def _settle(self, sku: str, batch: Sequence[Purchase], decision: BatchDecision) -> None:
@@ -188,7 +200,12 @@ class Flusher:
             await self._reservations.settle(sku, settlements, decision.short_stock_after)
         except Unavailable as exc:
             # Committed all the same: the reconciler settles the ledger later.
+            self._redis_failed()
             log.warning("settle_failed", sku=sku, size=len(batch), cause=str(exc))
+
+    def _redis_failed(self) -> None:
+        if self._on_redis_failure is not None:
+            self._on_redis_failure()
 
 
 def _reason(exc: BaseException) -> str:

@@ -11,7 +11,9 @@
 --   D  a duplicate: the buyer already holds an order of this sku
 --   G  granted: it fits in the stock left (then inserted and returned as C)
 --   S  sold out: it does not fit
---   X  expired: the reconciler released this reservation; its buyer retries
+--   X  expired: the reconciler released this reservation, or a gateway told
+--      its request id sold out after Redis failed (a release at that moment:
+--      every reservation of the request id made before it); its buyer retries
 -- and the granted units are taken by one UPDATE guarded by stock >= total and
 -- the fencing token. A fencing token older than the row's raises SQLSTATE
 -- FS001 (gateway.domain.errors.FencedOut); a guard that refuses raises FS002
@@ -67,7 +69,7 @@ BEGIN
             o.qty AS o_qty,
             (o.order_id IS NULL AND EXISTS (
                 SELECT 1 FROM released_reservations rr
-                WHERE rr.request_id = t.r AND rr.reserved_at_ms = t.ra)) AS released,
+                WHERE rr.request_id = t.r AND rr.reserved_at_ms >= t.ra)) AS released,
             (o.order_id IS NULL AND EXISTS (
                 SELECT 1 FROM orders b WHERE b.sku = p_sku AND b.user_id = t.u)) AS bought,
             t.entries_of_user > 1 AS again
