@@ -100,14 +100,32 @@ def table(runs: dict[str, list[dict[str, float]]]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    """Run the interleaved rounds and print the table (and the raw rows as JSON)."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def options(description: str, argv: Sequence[str] | None) -> argparse.Namespace:
+    """The flags of a one-hot-sku run (rounds, duration, connections, --no-pin)."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--duration", type=float, default=3.0)
     parser.add_argument("--connections", type=int, default=64)
     parser.add_argument("--no-pin", action="store_true", help="let the kernel place everything")
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def interleave(
+    targets: Sequence[Measured], args: argparse.Namespace, pin: Any
+) -> dict[str, list[dict[str, float]]]:
+    """Every target once a round, ``args.rounds`` rounds after a dropped warm-up."""
+    runs: dict[str, list[dict[str, float]]] = {t.name: [] for t in targets}
+    for round_ in range(-1, args.rounds):  # round -1 warms up and is dropped
+        for target in targets:
+            row = measure(target, round_, args, pin)
+            if round_ >= 0:
+                runs[target.name].append(row)
+    return runs
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Run the interleaved rounds and print the table (and the raw rows as JSON)."""
+    args = options(__doc__.splitlines()[0], argv)
     pinning = choose(enabled=not args.no_pin)
     cluster = LocalRedisCluster()
     asyncio.run(cluster.start())
@@ -118,12 +136,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                 target = harness.start_gateway(harness.database(name), name, settings)
                 target.put_sku(SKU, STOCK)
                 targets.append(target)
-            runs: dict[str, list[dict[str, float]]] = {t.name: [] for t in targets}
-            for round_ in range(-1, args.rounds):  # round -1 warms up and is dropped
-                for target in targets:
-                    row = measure(target, round_, args, pinning)
-                    if round_ >= 0:
-                        runs[target.name].append(row)
+            runs = interleave(targets, args, pinning)
             print(f"{args.rounds} rounds of {args.duration:g} s, {pinning.describe()}")
             print(table(runs))
             print(json.dumps(runs))

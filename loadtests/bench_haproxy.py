@@ -24,7 +24,6 @@ of ``haproxy_g2`` to ``haproxy_g1``.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import os
@@ -33,7 +32,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from loadtests.bench_cluster import SKU, STOCK, measure, table
+from loadtests.bench_cluster import SKU, STOCK, interleave, options, table
 from loadtests.lib.harness import Harness
 from loadtests.lib.pinning import Pinning, choose
 from loadtests.lib.targets import Target
@@ -94,23 +93,13 @@ def start(harness: Harness, pinning: Pinning) -> tuple[list[Door], list[HAProxy]
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Run the interleaved rounds and print the table (and the raw rows as JSON)."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--duration", type=float, default=3.0)
-    parser.add_argument("--connections", type=int, default=64)
-    parser.add_argument("--no-pin", action="store_true", help="let the kernel place everything")
-    args = parser.parse_args(argv)
+    args = options(__doc__.splitlines()[0], argv)
     pinning = choose(enabled=not args.no_pin)
     proxies: list[HAProxy] = []
     try:
         with Harness(pinning=pinning) as harness:
             doors, proxies = start(harness, pinning)
-            runs: dict[str, list[dict[str, float]]] = {d.name: [] for d in doors}
-            for round_ in range(-1, args.rounds):  # round -1 warms up and is dropped
-                for door in doors:
-                    row = measure(door, round_, args, pinning)
-                    if round_ >= 0:
-                        runs[door.name].append(row)
+            runs = interleave(doors, args, pinning)
             print(f"{args.rounds} rounds of {args.duration:g} s, {pinning.describe()}")
             print(table(runs))
             ratios = [
