@@ -76,6 +76,7 @@ from gateway.usecases.sold_out import SoldOut
 from gateway.usecases.tracking import OrderTracker
 from gateway.write.batcher import Batcher
 from gateway.write.flusher import Flusher
+from gateway.write.lanes import HostLanes
 from gateway.write.sku_locks import sku_locks
 from gateway.write.writer import QueueWriter
 
@@ -116,6 +117,17 @@ async def service_ctx(app: web.Application) -> AsyncIterator[None]:
         on_idle=flusher.idle,
     )
     app[RESERVATIONS], app[BATCHER] = reservations, batcher
+    lanes = None
+    if settings.lanes_dir is not None and settings.lane_count > 1:
+        lanes = HostLanes(
+            batcher,
+            directory=settings.lanes_dir,
+            index=settings.lane_index,
+            count=settings.lane_count,
+            backlog_max=settings.backlog_max,
+            observer=metrics.lanes,
+        )
+        await lanes.start()
     rebuilds = Rebuilds(reservations, orders, metrics.rebuilds, share=settings.rebuild_share)
     streams = Streams(redis, settings)
     app[TRACKER] = OrderTracker(orders=orders, streams=streams)
@@ -124,7 +136,7 @@ async def service_ctx(app: web.Application) -> AsyncIterator[None]:
         soldout=soldout,
         reservations=reservations,
         orders=orders,
-        batcher=batcher,
+        batcher=batcher if lanes is None else lanes,
         flusher=flusher,
         rebuilds=rebuilds,
         observer=metrics.purchases,
@@ -185,6 +197,8 @@ async def service_ctx(app: web.Application) -> AsyncIterator[None]:
         tasks.append(asyncio.create_task(writer.run(), name="queue-writer"))
     yield
     await batcher.close()
+    if lanes is not None:
+        await lanes.close()
     await rebuilds.close()
     await lock_subscriber.aclose()
     await _stop(tasks)

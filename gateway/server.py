@@ -212,8 +212,10 @@ def supervise(workers: int, argv: Sequence[str]) -> int:
     the signal passed on ends by that very signal was still starting (a serving
     worker handles it and drains): it stopped as asked, with nothing to drain.
     """
-    with tempfile.TemporaryDirectory(prefix="flashsale-metrics-") as metrics_dir:
-        env = worker_environment(metrics_dir)
+    with (
+        tempfile.TemporaryDirectory(prefix="flashsale-metrics-") as metrics_dir,
+        tempfile.TemporaryDirectory(prefix="flashsale-lanes-") as lanes_dir,
+    ):
         command = [sys.executable, "-m", "gateway", *argv, "--workers", "1"]
         procs: list[subprocess.Popen[bytes]] = []
         sent: int | None = None
@@ -231,7 +233,10 @@ def supervise(workers: int, argv: Sequence[str]) -> int:
         # without its handler.
         signal.signal(signal.SIGTERM, stop)
         signal.signal(signal.SIGINT, stop)
-        procs += [subprocess.Popen(command, env=env) for _ in range(workers)]
+        procs += [
+            subprocess.Popen(command, env=worker_environment(metrics_dir, lanes_dir, i, workers))
+            for i in range(workers)
+        ]
         if sent is not None:  # a stop came while they were being started
             for proc in procs:
                 proc.send_signal(sent)

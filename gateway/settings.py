@@ -214,6 +214,9 @@ PARSERS: Mapping[str, Callable[[str], Any]] = {
     "loop_stall_report_s": _float(0.0),
     "workers": _int(1),
     "multiproc_dir": _text,
+    "lanes_dir": _text,
+    "lane_index": _int(0),
+    "lane_count": _int(1),
     "admin_token_file": _file,
     "admission_secret": _secret,
     "admission_secret_previous": _secret,
@@ -287,6 +290,12 @@ class Settings:
     # Set for workers by their supervisor (PROMETHEUS_MULTIPROC_DIR): where
     # prometheus-client keeps the values every worker's /metrics adds up.
     multiproc_dir: str | None = None
+    # Set for workers by their supervisor (gateway.write.lanes): the directory
+    # of the host's lane sockets, this worker's index and the number of
+    # workers; each sku is flushed by one of them, whichever worker reserved it.
+    lanes_dir: str | None = None
+    lane_index: int = 0
+    lane_count: int = 1
     # A file of admin bearer tokens, one a line (two during a rotation), read
     # again whenever its mtime, size or inode changes; with admin_token, both count.
     admin_token_file: str | None = None
@@ -328,6 +337,11 @@ class Settings:
     waiting_page_return_origins: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
+        if self.lane_index >= self.lane_count:
+            raise SettingsError(
+                f"{env_name('lane_index')}={self.lane_index}: must be below"
+                f" {env_name('lane_count')}={self.lane_count}"
+            )
         if self.redis_sentinels and self.redis_cluster_nodes:
             raise SettingsError(
                 f"{env_name('redis_cluster_nodes')} and {env_name('redis_sentinels')}:"
@@ -435,6 +449,16 @@ def from_args(argv: Sequence[str] | None, parser: argparse.ArgumentParser) -> Se
     return load(overrides={f.name: getattr(namespace, f.name, None) for f in fields(Settings)})
 
 
-def worker_environment(multiproc_dir: str) -> dict[str, str]:
-    """The environment of a worker process: ours, one worker, shared metric files."""
-    return {**os.environ, env_name("workers"): "1", env_name("multiproc_dir"): multiproc_dir}
+def worker_environment(
+    multiproc_dir: str, lanes_dir: str, index: int, count: int
+) -> dict[str, str]:
+    """The environment of worker ``index`` of ``count``: ours, one worker, shared
+    metric files, and the host's lanes (gateway.write.lanes)."""
+    return {
+        **os.environ,
+        env_name("workers"): "1",
+        env_name("multiproc_dir"): multiproc_dir,
+        env_name("lanes_dir"): lanes_dir,
+        env_name("lane_index"): str(index),
+        env_name("lane_count"): str(count),
+    }

@@ -64,6 +64,7 @@ class Metrics:
         self.lock = FlushLockMetrics(r)
         self.flushes = FlushMetrics(r, self.lock)
         self.backlog = BacklogMetrics(r)
+        self.lanes = LaneMetrics(r)
         self.reconciler = ReconcileMetrics(r)
         self.purchases = PurchaseMetrics(r, self.stats)
         self.rebuilds = RebuildMetrics(r)
@@ -238,6 +239,33 @@ class BacklogMetrics:
     def sample(self, depth: int) -> None:
         """The backlog now."""
         self.backlog_depth.set(depth)
+
+
+class LaneMetrics:
+    """The host's lanes (gateway.write.lanes): purchases flushed for another
+    worker, and those a worker kept because the owner could not take them."""
+
+    def __init__(self, r: CollectorRegistry) -> None:
+        self.lane_passed = Counter(
+            "flashsale_lane_passed",
+            "Purchases another worker of this host reserved and this one flushed.",
+            registry=r,
+        )
+        self.lane_kept = Counter(
+            "flashsale_lane_kept",
+            "Purchases flushed where they were reserved, their sku's owner"
+            " unreachable or draining.",
+            ["reason"],
+            registry=r,
+        )
+
+    def passed(self, count: int) -> None:
+        """``count`` purchases passed on to this worker were queued."""
+        self.lane_passed.inc(count)
+
+    def kept(self, reason: str) -> None:
+        """A purchase is flushed here: its owner is ``unreachable`` or ``draining``."""
+        self.lane_kept.labels(reason).inc()
 
 
 class ReconcileMetrics:

@@ -58,7 +58,6 @@ from gateway.usecases.marking import SoldOutMarking
 from gateway.usecases.rebuilds import Rebuilds
 from gateway.usecases.sale_gate import SaleGate
 from gateway.usecases.sold_out import UNBUILT, ConfirmedIds, SoldOut, UnknownIds
-from gateway.write.batcher import Batcher
 from gateway.write.flusher import Flusher
 
 log = structlog.get_logger(__name__)
@@ -95,6 +94,18 @@ class PurchaseObserver(Protocol):
     def confirmed_ids_built(self, count: int, seconds: float) -> None: ...
 
 
+class Batching(Protocol):
+    """Where reserved purchases go to be flushed: the batcher
+    (gateway.write.batcher), or the host's lanes in front of it with several
+    workers (gateway.write.lanes)."""
+
+    @property
+    def closing(self) -> bool: ...
+    @property
+    def full(self) -> bool: ...
+    async def submit(self, purchase: Purchase) -> Result: ...
+
+
 class Purchases:
     """Decides purchases; the batcher and its flusher commit the survivors."""
 
@@ -105,7 +116,7 @@ class Purchases:
         soldout: SoldOut,
         reservations: Reservations,
         orders: Orders,
-        batcher: Batcher,
+        batcher: Batching,
         flusher: Flusher,
         rebuilds: Rebuilds,
         observer: PurchaseObserver | None = None,

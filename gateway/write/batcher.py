@@ -99,6 +99,11 @@ class Batcher:
         own error. Cancelling the wait does not withdraw the purchase: it is
         reserved, so it is flushed and settled regardless.
         """
+        return await self.enqueue(purchase)
+
+    def enqueue(self, purchase: Purchase) -> asyncio.Future[Result]:
+        """Add a reserved purchase to its sku's lane; the future of its flush's
+        result (:meth:`submit` without a coroutine, for the host's lanes)."""
         if self._closed:
             raise ShuttingDown()
         lane = self._lanes.get(purchase.sku)
@@ -120,7 +125,7 @@ class Batcher:
         self._backlog += 1
         if len(lane.entries) >= self._max:
             lane.full.set()
-        return await future
+        return future
 
     async def close(self) -> None:
         """Refuse new purchases, flush every queued one, and stop the flushers."""

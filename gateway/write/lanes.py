@@ -1,0 +1,335 @@
+"""A host's lanes: one worker of a host flushes each sku for all of them.
+
+``GATEWAY_WORKERS`` processes share a port and the kernel spreads connections
+over them, so every worker reserves purchases of every sku. Flushed where they
+were reserved, a hot sku's batches split W ways and the workers take turns on
+its flush lock: two workers on one core sold 0.66x of one, at 5.1x its p99
+(docs/scaling.md). Here each sku has one owner among the host's workers, by a
+hash of its name. A worker passes the purchases it reserved for another's sku
+over a Unix socket to the owner's batcher, so its batches form whole there, and
+hands the owner's answer to its buyer. The fleet lock, the fencing token and
+the stock guard are unchanged: lanes only choose which process of a host
+flushes a sku, as the balancer chooses the host (``deploy/haproxy.cfg``).
+
+Frames are orjson lines. A purchase ``[seq, sku, user_id, qty, request_id,
+reserved_at_ms]``; its answer ``[seq, outcome, order, request_id]`` (``order``
+a list of the Order's fields, or null) or ``[seq, null, error, detail,
+headers]`` naming a :class:`GatewayError` class. Frames written in one turn of
+the loop go out in one write.
+
+When the owner cannot take a purchase it is flushed here, as without lanes:
+the owner is not listening yet or any more (its link is retried at most every
+:data:`RECONNECT_S`), or it is draining (it answers ShuttingDown before
+queueing). A link lost while purchases were passed on answers them
+:class:`OutcomeUnknown`: the owner may have committed them, so their
+reservations stay in the ledger for the reconciler, as after a crash.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import zlib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Protocol, cast
+
+import orjson
+import structlog
+
+from gateway.domain.errors import GatewayError, OutcomeUnknown, ShuttingDown, Unavailable
+from gateway.domain.model import Order, Outcome, Purchase, Result
+from gateway.write.batcher import Batcher
+
+log = structlog.get_logger(__name__)
+
+# Longest a worker flushes another's skus itself after failing to reach it.
+RECONNECT_S = 0.5
+
+
+class LaneObserver(Protocol):
+    """What the metrics want to know of the lanes (see gateway.ops.metrics)."""
+
+    def passed(self, count: int) -> None: ...
+    def kept(self, reason: str) -> None: ...
+
+
+def owner_of(sku: str, count: int) -> int:
+    """The index of the worker that flushes ``sku`` among ``count``: the same in
+    every worker of the host (crc32, not the salted ``hash``)."""
+    return zlib.crc32(sku.encode()) % count
+
+
+def socket_path(directory: str, index: int) -> str:
+    """Where worker ``index`` of the host listens for purchases passed to it."""
+    return str(Path(directory) / f"lane-{index}.sock")
+
+
+class HostLanes:
+    """Submits each reserved purchase to the batcher of its sku's owner.
+
+    In the role :class:`Batcher` plays without lanes (``submit``, ``full``,
+    ``closing``), and the owner's end of every other worker's link (``start``).
+    """
+
+    def __init__(
+        self,
+        batcher: Batcher,
+        *,
+        directory: str,
+        index: int,
+        count: int,
+        backlog_max: int,
+        observer: LaneObserver,
+    ) -> None:
+        self._batcher = batcher
+        self._directory = directory
+        self._index = index
+        self._count = count
+        self._backlog_max = backlog_max
+        self._observer = observer
+        self._links: dict[int, _Link] = {}
+        self._connecting: dict[int, asyncio.Task[None]] = {}
+        self._retry_at: dict[int, float] = {}
+        self._server: asyncio.AbstractServer | None = None
+        self._serving: set[_Serving] = set()
+
+    @property
+    def closing(self) -> bool:
+        """Whether this worker is draining."""
+        return self._batcher.closing
+
+    @property
+    def full(self) -> bool:
+        """Whether a new purchase should be shed: this worker's backlog and what
+        it passed on and awaits count together against the bound."""
+        passed = sum(len(link.pending) for link in self._links.values())
+        return self._batcher.full or self._batcher.backlog + passed >= self._backlog_max
+
+    async def start(self) -> None:
+        """Listen for the purchases the host's other workers pass on."""
+        path = socket_path(self._directory, self._index)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)  # a socket file left by a worker that died
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_unix_server(
+            lambda: _Serving(self._batcher, self._serving, self._observer), path
+        )
+
+    async def close(self) -> None:
+        """Stop listening and drop every link (after the batcher has drained)."""
+        for task in self._connecting.values():
+            task.cancel()
+        for link in list(self._links.values()):
+            link.close()
+        for serving in list(self._serving):
+            serving.close()
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+
+    async def submit(self, purchase: Purchase) -> Result:
+        """Flush ``purchase`` in its sku's lane and return its result (see
+        :meth:`Batcher.submit`): here if this worker owns the sku or cannot reach
+        its owner, else by the owner."""
+        owner = owner_of(purchase.sku, self._count)
+        if owner != self._index:
+            link = self._link(owner)
+            if link is not None:
+                result = await link.pass_on(purchase)
+                if result is not None:
+                    return result
+                self._observer.kept("draining")
+        return await self._batcher.submit(purchase)
+
+    def _link(self, owner: int) -> _Link | None:
+        """The open link to ``owner``; None while it is down, after starting a
+        reconnection unless one runs or failed within RECONNECT_S."""
+        link = self._links.get(owner)
+        if link is not None:
+            return link
+        now = asyncio.get_running_loop().time()
+        if owner not in self._connecting and now >= self._retry_at.get(owner, 0.0):
+            self._retry_at[owner] = now + RECONNECT_S
+            self._connecting[owner] = asyncio.create_task(
+                self._connect(owner), name=f"lane-connect:{owner}"
+            )
+        self._observer.kept("unreachable")
+        return None
+
+    async def _connect(self, owner: int) -> None:
+        loop = asyncio.get_running_loop()
+        path = socket_path(self._directory, owner)
+        try:
+            await loop.create_unix_connection(lambda: _Link(owner, self._links), path)
+        except OSError as exc:
+            log.info("lane_unreachable", owner=owner, cause=repr(exc))
+        finally:
+            del self._connecting[owner]
+
+
+class _Writes:
+    """Frames queued in one turn of the loop, written together at its end."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self._frames: list[bytes] = []
+
+    def send(self, frame: bytes) -> None:
+        if not self._frames:
+            asyncio.get_running_loop().call_soon(self._write)
+        self._frames.append(frame)
+
+    def _write(self) -> None:
+        frames, self._frames = self._frames, []
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(b"".join(frames))
+
+
+class _Lines(asyncio.Protocol):
+    """A protocol of newline-ended orjson frames."""
+
+    def __init__(self) -> None:
+        self._out = _Writes()
+        self._rest = b""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports are not asyncio.Transport's subclasses.
+        self._out.transport = cast(asyncio.Transport, transport)
+
+    def data_received(self, data: bytes) -> None:
+        *lines, self._rest = (self._rest + data).split(b"\n")
+        for line in lines:
+            self.frame_received(orjson.loads(line))
+
+    def frame_received(self, frame: list[Any]) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        if self._out.transport is not None:
+            self._out.transport.close()
+
+
+class _Link(_Lines):
+    """A worker's link to the owner of some skus: passes purchases, awaits answers."""
+
+    def __init__(self, owner: int, links: dict[int, _Link]) -> None:
+        super().__init__()
+        self._owner = owner
+        self._links = links
+        self._seq = 0
+        self.pending: dict[int, asyncio.Future[Result | None]] = {}
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        self._links[self._owner] = self
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._links.get(self._owner) is self:
+            del self._links[self._owner]
+        if self.pending:
+            log.warning("lane_lost", owner=self._owner, passed=len(self.pending), cause=repr(exc))
+        for future in self.pending.values():
+            if not future.done():
+                future.set_exception(OutcomeUnknown(f"lost the lane to worker {self._owner}"))
+        self.pending.clear()
+
+    async def pass_on(self, purchase: Purchase) -> Result | None:
+        """The owner's result for ``purchase``; None when it did not take it."""
+        self._seq += 1
+        seq = self._seq
+        future: asyncio.Future[Result | None] = asyncio.get_running_loop().create_future()
+        self.pending[seq] = future
+        p = purchase
+        self._out.send(
+            orjson.dumps([seq, p.sku, p.user_id, p.qty, p.request_id, p.reserved_at_ms]) + b"\n"
+        )
+        try:
+            return await future
+        finally:
+            # Cancelled (its buyer went away): the owner flushes it regardless,
+            # and its answer finds nobody.
+            self.pending.pop(seq, None)
+
+    def frame_received(self, frame: list[Any]) -> None:
+        future = self.pending.pop(frame[0], None)
+        if future is None or future.done():
+            return
+        if frame[1] is not None:
+            order = None if frame[2] is None else Order(*frame[2])
+            future.set_result(Result(Outcome(frame[1]), order, frame[3]))
+        elif frame[2] == ShuttingDown.__name__:
+            future.set_result(None)
+        else:
+            future.set_exception(_error(frame[2], frame[3], frame[4]))
+
+
+class _Serving(_Lines):
+    """The owner's end of one worker's link: queues purchases, answers each."""
+
+    def __init__(self, batcher: Batcher, serving: set[_Serving], observer: LaneObserver) -> None:
+        super().__init__()
+        self._batcher = batcher
+        self._serving = serving
+        self._observer = observer
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        self._serving.add(self)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        # What was queued is flushed and settled all the same; its answers
+        # find no link (the worker that passed them answered 503 already).
+        self._out.transport = None
+        self._serving.discard(self)
+
+    def frame_received(self, frame: list[Any]) -> None:
+        seq = frame[0]
+        try:
+            future = self._batcher.enqueue(Purchase(*frame[1:]))
+        except ShuttingDown as exc:
+            self._out.send(_error_frame(seq, exc))
+            return
+        self._observer.passed(1)
+        future.add_done_callback(self._answerer(seq))
+
+    def _answerer(self, seq: int) -> Callable[[asyncio.Future[Result]], None]:
+        def answer(future: asyncio.Future[Result]) -> None:
+            exc = future.exception()
+            if exc is not None:
+                self._out.send(_error_frame(seq, exc))
+                return
+            result = future.result()
+            order = result.order
+            fields = None
+            if order is not None:
+                fields = [order.order_id, order.request_id, order.sku, order.user_id, order.qty]
+            self._out.send(orjson.dumps([seq, result.outcome, fields, result.request_id]) + b"\n")
+
+        return answer
+
+
+def _error_frame(seq: int, exc: BaseException) -> bytes:
+    if not isinstance(exc, GatewayError):
+        # The flusher answers with gateway errors; anything else is a bug there,
+        # and the buyer gets what the flusher gives an unexpected failure.
+        exc = Unavailable("error")
+    frame = [seq, None, type(exc).__name__, exc.detail, exc.headers]
+    return orjson.dumps(frame) + b"\n"
+
+
+def _error(name: str, detail: str | None, headers: dict[str, str]) -> GatewayError:
+    """The gateway error a frame names, as the owner raised it (status, code,
+    detail and headers), without calling its class's own constructor."""
+    cls = _ERRORS.get(name, Unavailable)
+    error = cls.__new__(cls)
+    GatewayError.__init__(error, detail, headers)
+    return error
+
+
+def _subclasses(cls: type[GatewayError]) -> list[type[GatewayError]]:
+    return [cls, *(s for sub in cls.__subclasses__() for s in _subclasses(sub))]
+
+
+_ERRORS = {cls.__name__: cls for cls in _subclasses(GatewayError)}
