@@ -77,12 +77,31 @@ def run(targets: dict[str, Target], config: Config, run_id: str) -> list[wrk.Wrk
         for path, names in PATHS.items():
             shift = round_ % len(names)
             for name in names[shift:] + names[:shift]:
+                before = targets[name].scrape() if path == IN_STOCK else {}
                 result = drive(
                     targets[name], path, round_, config.duration_s, config, f"{run_id}r{round_}"
                 )
+                if path == IN_STOCK:
+                    result.extra.update(flushes(before, targets[name].scrape()))
                 runs.append(result)
                 print(f"  round {round_} {name:9} {path:9} {result.rps:8.0f} req/s", flush=True)
     return runs
+
+
+def flushes(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """What the gateway's own counters say of the flushes between two scrapes:
+    its mean batch and the flush lock's acquisitions per flush (with several
+    workers, all of them: their /metrics adds up)."""
+    count = after.get("flashsale_batch_size_count", 0.0) - before.get(
+        "flashsale_batch_size_count", 0.0
+    )
+    if count <= 0:
+        return {}
+    size = after["flashsale_batch_size_sum"] - before.get("flashsale_batch_size_sum", 0.0)
+    taken = after.get("flashsale_lock_acquisitions_total", 0.0) - before.get(
+        "flashsale_lock_acquisitions_total", 0.0
+    )
+    return {"mean_batch": size / count, "acquisitions_per_flush": taken / count}
 
 
 def table(runs: Sequence[wrk.WrkResult]) -> str:
@@ -101,8 +120,9 @@ def table(runs: Sequence[wrk.WrkResult]) -> str:
     }
     reference = median[("bare_min", SOLD_OUT)]
     lines = [
-        "| target | path | requests/s median | p99 ms | to bare_min | to w1 | CPU µs/request |",
-        "|---|---|--:|--:|--:|--:|--:|",
+        "| target | path | requests/s median | p99 ms | to bare_min | to w1 | CPU µs/request"
+        " | mean batch | lock acquisitions a flush |",
+        "|---|---|--:|--:|--:|--:|--:|--:|--:|",
     ]
     for (name, path), rps in median.items():
         one = median.get(("w1", path))
@@ -112,10 +132,15 @@ def table(runs: Sequence[wrk.WrkResult]) -> str:
             for r in runs
             if (r.target, r.path) == (name, path) and "cpu_us_per_request" in r.extra
         ]
+        counted = [r.extra for r in runs if (r.target, r.path) == (name, path)]
+        batch = [c["mean_batch"] for c in counted if "mean_batch" in c]
+        taken = [c["acquisitions_per_flush"] for c in counted if "acquisitions_per_flush" in c]
         lines.append(
             f"| {name} | {path} | {rps:,.0f} | {p99[(name, path)]:.1f} | "
             f"{rps / reference:.2f} | {to_one} | "
-            f"{statistics.median(cpu) if cpu else 0:.0f} |"
+            f"{statistics.median(cpu) if cpu else 0:.0f} | "
+            f"{f'{statistics.median(batch):.1f}' if batch else '-'} | "
+            f"{f'{statistics.median(taken):.2f}' if taken else '-'} |"
         )
     return "\n".join(lines)
 
