@@ -24,6 +24,8 @@ class HolderStop:
     """A gateway stopped (SIGSTOP) while it held the sku's flush lock."""
 
     gateway: Gateway
+    # The worker of the gateway stopped (GATEWAY_WORKERS > 1), or None: all of it.
+    worker: int | None
     owner: str
     fence_before: int
     fence_after: int
@@ -39,9 +41,10 @@ class HolderStop:
 
 
 async def stop_lock_holder(
-    stack: Stack, sku: str, *, stop_s: float, within: float = 15.0
+    stack: Stack, sku: str, *, stop_s: float, within: float = 15.0, workers: bool = False
 ) -> HolderStop:
-    """Find the gateway holding ``sku``'s flush lock and SIGSTOP it for ``stop_s``.
+    """Find the gateway holding ``sku``'s flush lock and SIGSTOP it for ``stop_s``;
+    with ``workers``, the worker process holding it (GATEWAY_WORKERS > 1).
 
     The holder is caught by :func:`_catch_holder`. While it is stopped the fence
     counter is read before and after: it only grows when someone acquires, so
@@ -49,7 +52,7 @@ async def stop_lock_holder(
     """
     key = lock_key(stack.key_prefix, sku)
     async with redis_client(await stack.redis_address(), within=2) as r:
-        gateway, owner, stopped = await _catch_holder(stack, r, key, within)
+        gateway, worker, owner, stopped = await _catch_holder(stack, r, key, within, workers)
         try:
             fence_before = int(await r.get(key + ":fence") or 0)
             orders_before = await stack.orders(sku)
@@ -62,9 +65,16 @@ async def stop_lock_holder(
             fence_after = int(await r.get(key + ":fence") or 0)
             meanwhile = await stack.orders(sku) - orders_before
         finally:
-            gateway.resume()
+            gateway.resume(worker)
     return HolderStop(
-        gateway, owner, fence_before, fence_after, seen, time.monotonic() - stopped, meanwhile
+        gateway,
+        worker,
+        owner,
+        fence_before,
+        fence_after,
+        seen,
+        time.monotonic() - stopped,
+        meanwhile,
     )
 
 
@@ -89,7 +99,7 @@ async def kill_lock_holder(stack: Stack, sku: str, *, within: float = 15.0) -> H
     """
     key = lock_key(stack.key_prefix, sku)
     async with redis_client(await stack.redis_address(), within=2) as r:
-        gateway, owner, _ = await _catch_holder(stack, r, key, within)
+        gateway, _, owner, _ = await _catch_holder(stack, r, key, within, workers=False)
         fence = int(await r.get(key + ":fence") or 0)
         pending = await r.hlen(stack.keys(sku).pending)
         await gateway.crash()  # SIGKILL ends a stopped process too
@@ -97,31 +107,42 @@ async def kill_lock_holder(stack: Stack, sku: str, *, within: float = 15.0) -> H
 
 
 async def _catch_holder(
-    stack: Stack, r: Redis, key: str, within: float
-) -> tuple[Gateway, str, float]:
-    """SIGSTOP the gateway that holds the lock at ``key``: (it, its owner id, when).
+    stack: Stack, r: Redis, key: str, within: float, workers: bool
+) -> tuple[Gateway, int | None, str, float]:
+    """SIGSTOP the gateway that holds the lock at ``key``, or with ``workers`` its
+    worker that does: (the gateway, the worker's pid or None, the lock's owner
+    id, when).
 
-    Polls ``HGET <lock> owner`` until it names a gateway's pid, stops that
-    gateway, and keeps it stopped only if the lock is still its own 50 ms
-    later (a release already on the wire would have landed by then);
+    Polls ``HGET <lock> owner`` until it names a gateway's (or a worker's) pid,
+    stops that process, and keeps it stopped only if the lock is still its own
+    50 ms later (a release already on the wire would have landed by then);
     otherwise it resumes it and tries again.
     """
     deadline = time.monotonic() + within
+    # Read once: finding a gateway's workers walks /proc, too slow to poll.
+    worker_pids = (
+        {pid: g for g in stack.gateways for pid in g.workers().values()} if workers else {}
+    )
     while True:
         if time.monotonic() > deadline:
             raise TimeoutError(f"no gateway caught holding {key} within {within}s")
         owner = text_of(await r.hget(key, "owner"))
-        pids = {g.pid: g for g in stack.gateways if g.running}
-        gateway = pids.get(pid_of(owner))
-        if gateway is None or owner is None:
+        pids: dict[int | None, tuple[Gateway, int | None]]
+        if workers:
+            pids = {pid: (g, pid) for pid, g in worker_pids.items() if g.running}
+        else:
+            pids = {g.pid: (g, None) for g in stack.gateways if g.running}
+        found = pids.get(pid_of(owner))
+        if found is None or owner is None:
             await asyncio.sleep(0.001)
             continue
-        gateway.pause()
+        gateway, worker = found
+        gateway.pause(worker)
         stopped = time.monotonic()
         await asyncio.sleep(0.05)
         if text_of(await r.hget(key, "owner")) == owner:
-            return gateway, owner, stopped
-        gateway.resume()
+            return gateway, worker, owner, stopped
+        gateway.resume(worker)
 
 
 def first_sent_to(entry: Pending, gateway: int) -> bool:
