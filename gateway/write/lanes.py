@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import os
 import zlib
 from collections.abc import Callable
@@ -153,8 +154,10 @@ class HostLanes:
         now = asyncio.get_running_loop().time()
         if owner not in self._connecting and now >= self._retry_at.get(owner, 0.0):
             self._retry_at[owner] = now + RECONNECT_S
+            # A fresh context: the link outlives the request that opened it, and
+            # its log lines must not carry that request's bindings.
             self._connecting[owner] = asyncio.create_task(
-                self._connect(owner), name=f"lane-connect:{owner}"
+                self._connect(owner), name=f"lane-connect:{owner}", context=contextvars.Context()
             )
         self._observer.kept("unreachable")
         return None

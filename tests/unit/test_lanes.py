@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+import structlog
+from structlog.testing import capture_logs
 
 from gateway.domain.errors import (
     GatewayError,
@@ -261,6 +263,30 @@ async def test_a_link_lost_with_purchases_passed_answers_outcome_unknown(
     p = purchase(2)
     assert await w0.lanes.submit(p) == confirmed(p)
     assert w0.flush.flushed == [p]
+
+
+async def test_a_lost_link_is_logged_without_the_bindings_of_the_request_that_opened_it(
+    tmp_path: Path,
+) -> None:
+    """The link opens during some buyer's request; when it is lost later, with
+    another buyer's purchase passed, the warning names the owner and how many
+    were passed, not the request id of the buyer who happened to open it."""
+    async with worker(tmp_path, 0) as w0, worker(tmp_path, 1) as w1:
+        structlog.contextvars.bind_contextvars(request_id="opener")
+        try:
+            await linked(w0.lanes, w1.flush, within=5)
+        finally:
+            structlog.contextvars.unbind_contextvars("request_id")
+        w1.flush.gate = asyncio.Event()
+        passed = asyncio.create_task(w0.lanes.submit(purchase(1)))
+        await asyncio.wait_for(w1.flush.entered.wait(), 5)
+        with capture_logs(processors=[structlog.contextvars.merge_contextvars]) as logs:
+            await w1.lanes.close()
+            with pytest.raises(OutcomeUnknown):
+                await asyncio.wait_for(passed, 5)
+        (lost,) = [e for e in logs if e["event"] == "lane_lost"]
+        assert (lost["owner"], lost["passed"]) == (1, 1)
+        assert "request_id" not in lost, lost
 
 
 async def test_a_cancelled_passer_leaves_the_other_answers_right(
