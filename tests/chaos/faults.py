@@ -15,6 +15,7 @@ from redis.asyncio import Redis
 
 from gateway.redis.layout import Pending, ledger, lock_key
 from testkit.gateways import Gateway
+from testkit.metrics import metric, scrape
 from testkit.redis_servers import redis_client
 from tests.chaos.stacks import Stack, pid_of, text_of
 
@@ -164,6 +165,26 @@ def young_batch_on(
         mine = [e for e in ledger(await stack.ledger(sku)) if first_sent_to(e, gateway)]
         now_ms = time.time() * 1000
         return bool(mine) and all(now_ms - e.reserved_at_ms < younger_than_ms for e in mine)
+
+    return ready
+
+
+def passed_into_young_batch(
+    stack: Stack, sku: str, gateway: int = 0
+) -> Callable[[], Awaitable[bool]]:
+    """A ``ready`` condition for a gateway of several workers (gateway.write.lanes)
+    and a batch wait of 400 ms: its sku's owner has a batch filling (as in
+    :func:`young_batch_on`) and was passed a purchase since the last poll, so
+    that purchase waits in the batch and the worker that passed it awaits the
+    owner's answer."""
+    young = young_batch_on(stack, sku, younger_than_ms=200, gateway=gateway)
+    seen: list[float] = []
+
+    async def ready() -> bool:
+        passed = metric(await scrape(stack.gateways[gateway].url), "flashsale_lane_passed_total")
+        fresh = bool(seen) and passed > seen[-1]
+        seen.append(passed)
+        return fresh and await young()
 
     return ready
 

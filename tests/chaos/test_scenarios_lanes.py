@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import signal
-from collections.abc import Awaitable, Callable
 
 import pytest
 
@@ -20,7 +19,7 @@ from testkit.gateways import SIGTERM_EXIT_S
 from testkit.metrics import metric, scrape
 from testkit.polling import wait_for
 from testkit.postgres_servers import PostgresCluster
-from tests.chaos.faults import stop_lock_holder, young_batch_on
+from tests.chaos.faults import passed_into_young_batch, stop_lock_holder
 from tests.chaos.reporting import Diagnostics
 from tests.chaos.sale import SKU, SalePlan, run_scenario, settings_for
 from tests.chaos.stacks import Stack, proxied_stack
@@ -29,23 +28,6 @@ WORKERS = 2
 OWNER = owner_of(SKU, WORKERS)
 
 # --------------------------------------------------------------------------- 8. lanes
-
-
-def passing(stack: Stack) -> Callable[[], Awaitable[bool]]:
-    """A ``ready`` condition: gateway 0's owner has a batch filling (its
-    reservations in the ledger all younger than half the batch wait) and was
-    passed a purchase since the last poll, so that purchase waits in the batch
-    and its buyer's worker awaits the owner's answer."""
-    young = young_batch_on(stack, SKU, younger_than_ms=200)
-    seen: list[float] = []
-
-    async def ready() -> bool:
-        passed = metric(await scrape(stack.gateways[0].url), "flashsale_lane_passed_total")
-        fresh = bool(seen) and passed > seen[-1]
-        seen.append(passed)
-        return fresh and await young()
-
-    return ready
 
 
 @pytest.mark.chaos
@@ -77,7 +59,7 @@ async def test_the_skus_owner_worker_killed_with_purchases_passed_to_it(
                 f" {orphans} reservations left, gw0 restarted"
             )
 
-        ready = passing(stack)
+        ready = passed_into_young_batch(stack, SKU)
         plan = SalePlan(trigger=0.05)
         run = await run_scenario(
             stack, "8 lane owner SIGKILL [redis]", kill_owner, plan, ready=ready
