@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import aiohttp
+import pytest
 from redis.asyncio import Redis
 
 from gateway.ops.audit import audit
@@ -28,13 +29,25 @@ from testkit.services import REDIS_URL
 class TestGracefulShutdown:
     """SIGTERM under load: drain, settle, exit 0; nothing confirmed is missing."""
 
+    @pytest.mark.parametrize(
+        ("workers", "batch_wait_ms"), [(1, 20), (2, 300)], ids=["one-worker", "two-workers"]
+    )
     async def test_sigterm_mid_sale(
-        self, database_url: str, key_prefix: str, redis: Redis, sku: str
+        self,
+        database_url: str,
+        key_prefix: str,
+        redis: Redis,
+        sku: str,
+        workers: int,
+        batch_wait_ms: int,
     ) -> None:
         """One of two instances gets SIGTERM while 400 buyers hit both: it exits 0
         within the drain bound, every 201 has its row, the ledger ends empty and the
-        survivors sell the whole stock."""
-        settings = {"batch_wait_ms": 20, "drain_s": 5}
+        survivors sell the whole stock. With two workers each, whose batches wait
+        300 ms, purchases are passed to the sku's owner when the signal comes: the
+        owner flushes them in its drain and each buyer gets the owner's answer,
+        none "lost the lane" (a 503 and a wait for the reconciler)."""
+        settings = {"batch_wait_ms": batch_wait_ms, "drain_s": 5, "workers": workers}
         async with GatewayCluster(
             2,
             redis_url=REDIS_URL,
@@ -45,11 +58,15 @@ class TestGracefulShutdown:
             await cluster.put_sku(sku, 300)
             sale = asyncio.create_task(run_sale(cluster.urls, sku, 400, start_spread_s=1.5, seed=1))
             await wait_for(lambda: _at_least(database_url, sku, 30), within=30, what="first orders")
+            if workers > 1:
+                passed = (await scrape(cluster.urls[0])).get("flashsale_lane_passed_total", 0)
+                assert passed > 0, "no purchase passed to the owner before the SIGTERM"
             started = time.monotonic()
             cluster[0].kill(signal.SIGTERM)
             assert await cluster[0].wait_exit(within=15) == 0, cluster.logs()
             assert time.monotonic() - started < 5 + 3
             summary = await sale
+            assert not cluster[0].log_events("lane_lost"), cluster.logs()
             report = await check_invariants(
                 database_url, sku, 300, summary, scenario="sigterm", faults="SIGTERM gw0"
             )
