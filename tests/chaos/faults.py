@@ -25,8 +25,6 @@ class HolderStop:
     """A gateway stopped (SIGSTOP) while it held the sku's flush lock."""
 
     gateway: Gateway
-    # The worker of the gateway stopped (GATEWAY_WORKERS > 1), or None: all of it.
-    worker: int | None
     owner: str
     fence_before: int
     fence_after: int
@@ -42,10 +40,11 @@ class HolderStop:
 
 
 async def stop_lock_holder(
-    stack: Stack, sku: str, *, stop_s: float, within: float = 15.0, workers: bool = False
+    stack: Stack, sku: str, *, stop_s: float, within: float = 15.0, lane: int | None = None
 ) -> HolderStop:
     """Find the gateway holding ``sku``'s flush lock and SIGSTOP it for ``stop_s``;
-    with ``workers``, the worker process holding it (GATEWAY_WORKERS > 1).
+    with ``lane``, a gateway's worker of that lane index (GATEWAY_WORKERS > 1)
+    holding it.
 
     The holder is caught by :func:`_catch_holder`. While it is stopped the fence
     counter is read before and after: it only grows when someone acquires, so
@@ -53,7 +52,7 @@ async def stop_lock_holder(
     """
     key = lock_key(stack.key_prefix, sku)
     async with redis_client(await stack.redis_address(), within=2) as r:
-        gateway, worker, owner, stopped = await _catch_holder(stack, r, key, within, workers)
+        gateway, worker, owner, stopped = await _catch_holder(stack, r, key, within, lane)
         try:
             fence_before = int(await r.get(key + ":fence") or 0)
             orders_before = await stack.orders(sku)
@@ -68,14 +67,7 @@ async def stop_lock_holder(
         finally:
             gateway.resume(worker)
     return HolderStop(
-        gateway,
-        worker,
-        owner,
-        fence_before,
-        fence_after,
-        seen,
-        time.monotonic() - stopped,
-        meanwhile,
+        gateway, owner, fence_before, fence_after, seen, time.monotonic() - stopped, meanwhile
     )
 
 
@@ -100,7 +92,7 @@ async def kill_lock_holder(stack: Stack, sku: str, *, within: float = 15.0) -> H
     """
     key = lock_key(stack.key_prefix, sku)
     async with redis_client(await stack.redis_address(), within=2) as r:
-        gateway, _, owner, _ = await _catch_holder(stack, r, key, within, workers=False)
+        gateway, _, owner, _ = await _catch_holder(stack, r, key, within, lane=None)
         fence = int(await r.get(key + ":fence") or 0)
         pending = await r.hlen(stack.keys(sku).pending)
         await gateway.crash()  # SIGKILL ends a stopped process too
@@ -108,11 +100,11 @@ async def kill_lock_holder(stack: Stack, sku: str, *, within: float = 15.0) -> H
 
 
 async def _catch_holder(
-    stack: Stack, r: Redis, key: str, within: float, workers: bool
+    stack: Stack, r: Redis, key: str, within: float, lane: int | None
 ) -> tuple[Gateway, int | None, str, float]:
-    """SIGSTOP the gateway that holds the lock at ``key``, or with ``workers`` its
-    worker that does: (the gateway, the worker's pid or None, the lock's owner
-    id, when).
+    """SIGSTOP the gateway that holds the lock at ``key``, or with ``lane`` its
+    worker of that lane index if it does: (the gateway, the worker's pid or
+    None, the lock's owner id, when).
 
     Polls ``HGET <lock> owner`` until it names a gateway's (or a worker's) pid,
     stops that process, and keeps it stopped only if the lock is still its own
@@ -121,16 +113,16 @@ async def _catch_holder(
     """
     deadline = time.monotonic() + within
     # Read once: finding a gateway's workers walks /proc, too slow to poll.
-    worker_pids = (
-        {pid: g for g in stack.gateways for pid in g.workers().values()} if workers else {}
-    )
+    lanes = {}
+    if lane is not None:
+        lanes = {pid: g for g in stack.gateways if (pid := g.workers().get(lane)) is not None}
     while True:
         if time.monotonic() > deadline:
             raise TimeoutError(f"no gateway caught holding {key} within {within}s")
         owner = text_of(await r.hget(key, "owner"))
         pids: dict[int | None, tuple[Gateway, int | None]]
-        if workers:
-            pids = {pid: (g, pid) for pid, g in worker_pids.items() if g.running}
+        if lane is not None:
+            pids = {pid: (g, pid) for pid, g in lanes.items() if g.running}
         else:
             pids = {g.pid: (g, None) for g in stack.gateways if g.running}
         found = pids.get(pid_of(owner))
