@@ -27,7 +27,15 @@ from gateway.server import CLOSE_S
 from testkit.metrics import scrape
 from testkit.polling import GaveUp, wait_for
 from testkit.ports import HOST, free_port
-from testkit.processes import Child, OwnsChild, Started, make_tmp, remove_tmp, tail
+from testkit.processes import (
+    Child,
+    OwnsChild,
+    Started,
+    children_of,
+    make_tmp,
+    remove_tmp,
+    tail,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 ADMIN_TOKEN = "chaos-admin-token"
@@ -146,14 +154,37 @@ class Gateway(OwnsChild):
         """Send ``sig`` (SIGKILL, SIGTERM, SIGSTOP, SIGCONT, ...) without waiting."""
         self._child.send(sig)
 
-    def pause(self) -> None:
-        """SIGSTOP: the port still accepts connections, nothing answers."""
+    def pause(self, worker: int | None = None) -> None:
+        """SIGSTOP: the port still accepts connections, nothing answers. With
+        ``worker``, that worker process (a pid of :meth:`workers`) alone."""
         self._paused = True
-        self.kill(signal.SIGSTOP)
+        if worker is None:
+            self.kill(signal.SIGSTOP)
+        else:
+            os.kill(worker, signal.SIGSTOP)
 
-    def resume(self) -> None:
-        """SIGCONT after :meth:`pause`."""
-        self.kill(signal.SIGCONT)
+    def resume(self, worker: int | None = None) -> None:
+        """SIGCONT after :meth:`pause` (of the same ``worker``)."""
+        if worker is None:
+            self.kill(signal.SIGCONT)
+        else:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(worker, signal.SIGCONT)
+
+    def workers(self) -> dict[int, int]:
+        """With GATEWAY_WORKERS > 1, the worker processes the supervisor runs:
+        their lane index (GATEWAY_LANE_INDEX in their environment) -> pid."""
+        if self.pid is None or not self.running:
+            return {}
+        found = {}
+        for pid in children_of(self.pid):
+            with contextlib.suppress(OSError):
+                environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+                for entry in environ:
+                    name, _, value = entry.partition(b"=")
+                    if name == b"GATEWAY_LANE_INDEX":
+                        found[int(value)] = pid
+        return found
 
     async def wait_exit(self, within: float = 15.0) -> int:
         """Wait until the process has exited; its exit status. A timeout says

@@ -14,7 +14,8 @@ flushes a sku, as the balancer chooses the host (``deploy/haproxy.cfg``).
 Frames are orjson lines. A purchase ``[seq, sku, user_id, qty, request_id,
 reserved_at_ms]``; its answer ``[seq, outcome, order, request_id]`` (``order``
 a list of the Order's fields, or null) or ``[seq, null, error, detail,
-headers]`` naming a :class:`GatewayError` class. Frames written in one turn of
+headers, fields]`` naming a :class:`GatewayError` class (``fields``: the
+attributes its class adds, as NotStarted's ``starts_at``). Frames written in one turn of
 the loop go out in one write.
 
 When the owner cannot take a purchase it is flushed here, as without lanes:
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import os
 import zlib
 from collections.abc import Callable
@@ -152,8 +154,10 @@ class HostLanes:
         now = asyncio.get_running_loop().time()
         if owner not in self._connecting and now >= self._retry_at.get(owner, 0.0):
             self._retry_at[owner] = now + RECONNECT_S
+            # A fresh context: the link outlives the request that opened it, and
+            # its log lines must not carry that request's bindings.
             self._connecting[owner] = asyncio.create_task(
-                self._connect(owner), name=f"lane-connect:{owner}"
+                self._connect(owner), name=f"lane-connect:{owner}", context=contextvars.Context()
             )
         self._observer.kept("unreachable")
         return None
@@ -262,7 +266,7 @@ class _Link(_Lines):
         elif frame[2] == ShuttingDown.__name__:
             future.set_result(None)
         else:
-            future.set_exception(_error(frame[2], frame[3], frame[4]))
+            future.set_exception(_error(frame[2], frame[3], frame[4], frame[5]))
 
 
 class _Serving(_Lines):
@@ -315,16 +319,21 @@ def _error_frame(seq: int, exc: BaseException) -> bytes:
         # The flusher answers with gateway errors; anything else is a bug there,
         # and the buyer gets what the flusher gives an unexpected failure.
         exc = Unavailable("error")
-    frame = [seq, None, type(exc).__name__, exc.detail, exc.headers]
+    fields = {k: v for k, v in vars(exc).items() if k not in _BASE_FIELDS}
+    frame = [seq, None, type(exc).__name__, exc.detail, exc.headers, fields]
     return orjson.dumps(frame) + b"\n"
 
 
-def _error(name: str, detail: str | None, headers: dict[str, str]) -> GatewayError:
+def _error(
+    name: str, detail: str | None, headers: dict[str, str], fields: dict[str, Any]
+) -> GatewayError:
     """The gateway error a frame names, as the owner raised it (status, code,
-    detail and headers), without calling its class's own constructor."""
+    detail, headers and its class's own fields, which its body may show),
+    without calling its class's own constructor."""
     cls = _ERRORS.get(name, Unavailable)
     error = cls.__new__(cls)
     GatewayError.__init__(error, detail, headers)
+    vars(error).update(fields)
     return error
 
 
@@ -333,3 +342,5 @@ def _subclasses(cls: type[GatewayError]) -> list[type[GatewayError]]:
 
 
 _ERRORS = {cls.__name__: cls for cls in _subclasses(GatewayError)}
+# What GatewayError.__init__ sets; a subclass's further attributes travel as fields.
+_BASE_FIELDS = frozenset(("detail", "headers"))

@@ -15,6 +15,7 @@ from redis.asyncio import Redis
 
 from gateway.redis.layout import Pending, ledger, lock_key
 from testkit.gateways import Gateway
+from testkit.metrics import metric, scrape
 from testkit.redis_servers import redis_client
 from tests.chaos.stacks import Stack, pid_of, text_of
 
@@ -39,9 +40,11 @@ class HolderStop:
 
 
 async def stop_lock_holder(
-    stack: Stack, sku: str, *, stop_s: float, within: float = 15.0
+    stack: Stack, sku: str, *, stop_s: float, within: float = 15.0, lane: int | None = None
 ) -> HolderStop:
-    """Find the gateway holding ``sku``'s flush lock and SIGSTOP it for ``stop_s``.
+    """Find the gateway holding ``sku``'s flush lock and SIGSTOP it for ``stop_s``;
+    with ``lane``, a gateway's worker of that lane index (GATEWAY_WORKERS > 1)
+    holding it.
 
     The holder is caught by :func:`_catch_holder`. While it is stopped the fence
     counter is read before and after: it only grows when someone acquires, so
@@ -49,7 +52,7 @@ async def stop_lock_holder(
     """
     key = lock_key(stack.key_prefix, sku)
     async with redis_client(await stack.redis_address(), within=2) as r:
-        gateway, owner, stopped = await _catch_holder(stack, r, key, within)
+        gateway, worker, owner, stopped = await _catch_holder(stack, r, key, within, lane)
         try:
             fence_before = int(await r.get(key + ":fence") or 0)
             orders_before = await stack.orders(sku)
@@ -62,7 +65,7 @@ async def stop_lock_holder(
             fence_after = int(await r.get(key + ":fence") or 0)
             meanwhile = await stack.orders(sku) - orders_before
         finally:
-            gateway.resume()
+            gateway.resume(worker)
     return HolderStop(
         gateway, owner, fence_before, fence_after, seen, time.monotonic() - stopped, meanwhile
     )
@@ -89,7 +92,7 @@ async def kill_lock_holder(stack: Stack, sku: str, *, within: float = 15.0) -> H
     """
     key = lock_key(stack.key_prefix, sku)
     async with redis_client(await stack.redis_address(), within=2) as r:
-        gateway, owner, _ = await _catch_holder(stack, r, key, within)
+        gateway, _, owner, _ = await _catch_holder(stack, r, key, within, lane=None)
         fence = int(await r.get(key + ":fence") or 0)
         pending = await r.hlen(stack.keys(sku).pending)
         await gateway.crash()  # SIGKILL ends a stopped process too
@@ -97,31 +100,42 @@ async def kill_lock_holder(stack: Stack, sku: str, *, within: float = 15.0) -> H
 
 
 async def _catch_holder(
-    stack: Stack, r: Redis, key: str, within: float
-) -> tuple[Gateway, str, float]:
-    """SIGSTOP the gateway that holds the lock at ``key``: (it, its owner id, when).
+    stack: Stack, r: Redis, key: str, within: float, lane: int | None
+) -> tuple[Gateway, int | None, str, float]:
+    """SIGSTOP the gateway that holds the lock at ``key``, or with ``lane`` its
+    worker of that lane index if it does: (the gateway, the worker's pid or
+    None, the lock's owner id, when).
 
-    Polls ``HGET <lock> owner`` until it names a gateway's pid, stops that
-    gateway, and keeps it stopped only if the lock is still its own 50 ms
-    later (a release already on the wire would have landed by then);
+    Polls ``HGET <lock> owner`` until it names a gateway's (or a worker's) pid,
+    stops that process, and keeps it stopped only if the lock is still its own
+    50 ms later (a release already on the wire would have landed by then);
     otherwise it resumes it and tries again.
     """
     deadline = time.monotonic() + within
+    # Read once: finding a gateway's workers walks /proc, too slow to poll.
+    lanes = {}
+    if lane is not None:
+        lanes = {pid: g for g in stack.gateways if (pid := g.workers().get(lane)) is not None}
     while True:
         if time.monotonic() > deadline:
             raise TimeoutError(f"no gateway caught holding {key} within {within}s")
         owner = text_of(await r.hget(key, "owner"))
-        pids = {g.pid: g for g in stack.gateways if g.running}
-        gateway = pids.get(pid_of(owner))
-        if gateway is None or owner is None:
+        pids: dict[int | None, tuple[Gateway, int | None]]
+        if lane is not None:
+            pids = {pid: (g, pid) for pid, g in lanes.items() if g.running}
+        else:
+            pids = {g.pid: (g, None) for g in stack.gateways if g.running}
+        found = pids.get(pid_of(owner))
+        if found is None or owner is None:
             await asyncio.sleep(0.001)
             continue
-        gateway.pause()
+        gateway, worker = found
+        gateway.pause(worker)
         stopped = time.monotonic()
         await asyncio.sleep(0.05)
         if text_of(await r.hget(key, "owner")) == owner:
-            return gateway, owner, stopped
-        gateway.resume()
+            return gateway, worker, owner, stopped
+        gateway.resume(worker)
 
 
 def first_sent_to(entry: Pending, gateway: int) -> bool:
@@ -143,6 +157,26 @@ def young_batch_on(
         mine = [e for e in ledger(await stack.ledger(sku)) if first_sent_to(e, gateway)]
         now_ms = time.time() * 1000
         return bool(mine) and all(now_ms - e.reserved_at_ms < younger_than_ms for e in mine)
+
+    return ready
+
+
+def passed_into_young_batch(
+    stack: Stack, sku: str, gateway: int = 0
+) -> Callable[[], Awaitable[bool]]:
+    """A ``ready`` condition for a gateway of several workers (gateway.write.lanes)
+    and a batch wait of 400 ms: its sku's owner has a batch filling (as in
+    :func:`young_batch_on`) and was passed a purchase since the last poll, so
+    that purchase waits in the batch and the worker that passed it awaits the
+    owner's answer."""
+    young = young_batch_on(stack, sku, younger_than_ms=200, gateway=gateway)
+    seen: list[float] = []
+
+    async def ready() -> bool:
+        passed = metric(await scrape(stack.gateways[gateway].url), "flashsale_lane_passed_total")
+        fresh = bool(seen) and passed > seen[-1]
+        seen.append(passed)
+        return fresh and await young()
 
     return ready
 

@@ -1,0 +1,112 @@
+"""Chaos scenario 8: the worker that flushes the hot sku for its gateway dies or
+stops while the other worker passes it purchases (gateway.write.lanes).
+
+Both gateways run two workers (GATEWAY_WORKERS=2); in each, worker
+``owner_of(SKU, 2)`` owns the sku and flushes what both reserved. Each runs
+:func:`tests.chaos.sale.run_scenario` (the sale, the fault in its middle and
+every check are described there), with the Redis flush lock.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+
+from gateway.write.lanes import owner_of
+from testkit.gateways import SIGTERM_EXIT_S
+from testkit.metrics import metric, scrape
+from testkit.polling import wait_for
+from testkit.postgres_servers import PostgresCluster
+from tests.chaos.faults import passed_into_young_batch, stop_lock_holder
+from tests.chaos.reporting import Diagnostics
+from tests.chaos.sale import SKU, SalePlan, run_scenario, settings_for
+from tests.chaos.stacks import Stack, proxied_stack
+
+WORKERS = 2
+OWNER = owner_of(SKU, WORKERS)
+
+# --------------------------------------------------------------------------- 8. lanes
+
+
+@pytest.mark.chaos
+@pytest.mark.timeout(90)
+async def test_the_skus_owner_worker_killed_with_purchases_passed_to_it(
+    pg: PostgresCluster, diagnostics: Diagnostics
+) -> None:
+    """Gateway 0's owner of the sku is SIGKILLed while its batch fills (batch wait
+    400 ms) with purchases the other worker passed it: the other worker loses
+    its link and answers those buyers 503 (OutcomeUnknown), their reservations
+    left in the ledger; the supervisor stops it too, and gateway 0 is started
+    again. The buyers retry, the reconciler settles the orphans, and the sale
+    ends with no oversell, no false 201, nothing lost and the audit clean."""
+    settings = settings_for("redis", workers=WORKERS, batch_wait_ms=400, batch_max=1000)
+    async with proxied_stack(pg, diagnostics, settings) as stack:
+        # Purchases awaiting the owner when it died, as the other worker logged them.
+        lost: list[int] = []
+
+        async def kill_owner(stack: Stack, sku: str) -> str:
+            gateway = stack.gateways[0]
+            os.kill(gateway.workers()[OWNER], signal.SIGKILL)
+            status = await gateway.wait_exit(within=SIGTERM_EXIT_S)
+            lost.extend(e["passed"] for e in gateway.log_events("lane_lost"))
+            orphans = len(await stack.ledger(sku))
+            await gateway.start()
+            return (
+                f"SIGKILL gw0's worker {OWNER} (the sku's owner) with a batch filling,"
+                f" {sum(lost)} passed to it answered OutcomeUnknown, supervisor exit {status},"
+                f" {orphans} reservations left, gw0 restarted"
+            )
+
+        ready = passed_into_young_batch(stack, SKU)
+        plan = SalePlan(trigger=0.05)
+        run = await run_scenario(
+            stack, "8 lane owner SIGKILL [redis]", kill_owner, plan, ready=ready
+        )
+        assert sum(lost) >= 1, "no purchase awaited the killed owner: the fault missed"
+        assert run.first is not None
+        told = [
+            a
+            for r in run.first.records
+            for a in r.attempts
+            if a.status == 503 and f"lost the lane to worker {OWNER}" in str(a.body)
+        ]
+        assert len(told) == sum(lost), f"{sum(lost)} purchases lost with the lane, answered {told}"
+        assert stack.gateways.log_lines("reservations_settled"), "nobody settled the orphans"
+
+
+@pytest.mark.chaos
+@pytest.mark.timeout(90)
+async def test_the_skus_owner_worker_stopped_past_its_lease(
+    pg: PostgresCluster, diagnostics: Diagnostics
+) -> None:
+    """A gateway's owner of the sku, caught holding its flush lock (lease 0.5 s),
+    is SIGSTOPped for 2 s: what the other worker of its gateway passes it
+    meanwhile waits, and the other gateway's owner
+    acquires the lock (the fence grows) and sells. On SIGCONT the stopped worker
+    learns it lost the lock (flashsale_locks_lost_total) and answers what it was
+    passed; no oversell, no false 201, nothing lost, the audit clean."""
+    settings = settings_for("redis", workers=WORKERS, lock_lease_s=0.5)
+    async with proxied_stack(pg, diagnostics, settings) as stack:
+        stops = []
+
+        async def pause_owner(stack: Stack, sku: str) -> str:
+            stop = await stop_lock_holder(stack, sku, stop_s=2.0, lane=OWNER)
+            stops.append(stop)
+            return (
+                f"SIGSTOP lock holder gw{stop.gateway.index} worker {OWNER} (the sku's owner)"
+                f" {stop.stopped_s:.1f}s (lease 0.5s),"
+                f" fence +{stop.fence_after - stop.fence_before},"
+                f" {stop.orders_meanwhile} orders meanwhile"
+            )
+
+        await run_scenario(stack, "8 lane owner SIGSTOP past lease [redis]", pause_owner)
+        (stop,) = stops
+        assert stop.taken_over, f"nobody acquired the lock while its holder slept: {stop}"
+        assert stop.orders_meanwhile > 0, "the other gateway sold nothing meanwhile"
+
+        async def learned() -> float:
+            return metric(await scrape(stop.gateway.url), "flashsale_locks_lost_total")
+
+        assert await wait_for(learned, within=10, what="the stopped owner counts a lost lock")
