@@ -301,6 +301,11 @@ class _Serving(_Lines):
     def _answerer(self, seq: int) -> Callable[[asyncio.Future[Result]], None]:
         def answer(future: asyncio.Future[Result]) -> None:
             exc = future.exception()
+            if isinstance(exc, ShuttingDown):
+                # Queued, then given up by a drain out of time, perhaps while
+                # its flush ran: not "not taken" (which the passer would flush
+                # again), but an outcome only the reconciler can tell.
+                exc = OutcomeUnknown("the owner stopped before its flush ended")
             if exc is not None:
                 self._out.send(_error_frame(seq, exc))
                 return

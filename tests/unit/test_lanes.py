@@ -125,6 +125,7 @@ async def pair(tmp_path: Path) -> AsyncIterator[tuple[Worker, Worker]]:
         await linked(w0.lanes, w1.flush, within=5)
         for w in (w0, w1):
             w.flush.flushed.clear()
+            w.flush.entered.clear()
             w.observer.counts.clear()
         yield w0, w1
 
@@ -263,6 +264,22 @@ async def test_a_link_lost_with_purchases_passed_answers_outcome_unknown(
     p = purchase(2)
     assert await w0.lanes.submit(p) == confirmed(p)
     assert w0.flush.flushed == [p]
+
+
+async def test_a_purchase_the_owner_gave_up_mid_flush_is_not_flushed_again(
+    pair: tuple[Worker, Worker],
+) -> None:
+    """Worker 1's drain runs out of time (``Batcher.abort``) while it flushes a
+    purchase worker 0 passed: the flush may have committed, so worker 0 must not
+    take it for "not taken" and flush it again; its buyer gets OutcomeUnknown."""
+    w0, w1 = pair
+    w1.flush.gate = asyncio.Event()
+    passed = asyncio.create_task(w0.lanes.submit(purchase(1)))
+    await asyncio.wait_for(w1.flush.entered.wait(), 5)
+    w1.batcher.abort()
+    with pytest.raises(OutcomeUnknown):
+        await asyncio.wait_for(passed, 5)
+    assert w0.flush.flushed == []
 
 
 async def test_a_lost_link_is_logged_without_the_bindings_of_the_request_that_opened_it(
