@@ -251,6 +251,14 @@ class LaneMetrics:
             "Purchases another worker of this host reserved and this one flushed.",
             registry=r,
         )
+        # Every worker's links, summed: W * (W - 1) once a host of W workers is
+        # linked (fewer while one starts, or after one was lost).
+        self.lane_links = Gauge(
+            "flashsale_lane_links",
+            "Open links from this host's workers to the owners of other skus.",
+            registry=r,
+            multiprocess_mode="livesum",
+        )
         self.lane_kept = Counter(
             "flashsale_lane_kept",
             "Purchases flushed where they were reserved, their sku's owner"
@@ -258,6 +266,10 @@ class LaneMetrics:
             ["reason"],
             registry=r,
         )
+
+    def linked(self, change: int) -> None:
+        """A link to another worker opened (+1) or closed (-1)."""
+        self.lane_links.inc(change)
 
     def passed(self, count: int) -> None:
         """``count`` purchases passed on to this worker were queued."""

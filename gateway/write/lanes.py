@@ -18,12 +18,16 @@ headers, fields]`` naming a :class:`GatewayError` class (``fields``: the
 attributes its class adds, as NotStarted's ``starts_at``). Frames written in one turn of
 the loop go out in one write.
 
-When the owner cannot take a purchase it is flushed here, as without lanes:
-the owner is not listening yet or any more (its link is retried at most every
-:data:`RECONNECT_S`), or it is draining (it answers ShuttingDown before
-queueing). A link lost while purchases were passed on answers them
-:class:`OutcomeUnknown`: the owner may have committed them, so their
-reservations stay in the ledger for the reconciler, as after a crash.
+A worker links to every other as soon as each listens, before any purchase
+(workers start in any order); ``flashsale_lane_links`` counts the open links,
+W * (W - 1) for a linked host of W workers. When the owner cannot take a
+purchase it is flushed here, as without lanes: the owner is not listening yet
+or any more (its link is retried at most every :data:`RECONNECT_S`), or it is
+draining (it answers ShuttingDown before queueing). A link lost while
+purchases were passed on answers them :class:`OutcomeUnknown`, and so does a
+purchase the owner queued and then gave up in a drain out of time: the owner
+may have committed them, so their reservations stay in the ledger for the
+reconciler, as after a crash.
 """
 
 from __future__ import annotations
@@ -46,8 +50,9 @@ from gateway.write.batcher import Batcher
 
 log = structlog.get_logger(__name__)
 
-# Longest a worker flushes another's skus itself after failing to reach it.
-RECONNECT_S = 0.5
+# Longest a worker flushes another's skus itself after failing to reach it:
+# a failed connect to a Unix socket costs one system call, so it is retried soon.
+RECONNECT_S = 0.1
 
 
 class LaneObserver(Protocol):
@@ -55,6 +60,7 @@ class LaneObserver(Protocol):
 
     def passed(self, count: int) -> None: ...
     def kept(self, reason: str) -> None: ...
+    def linked(self, change: int) -> None: ...
 
 
 def owner_of(sku: str, count: int) -> int:
@@ -96,6 +102,7 @@ class HostLanes:
         self._retry_at: dict[int, float] = {}
         self._server: asyncio.AbstractServer | None = None
         self._serving: set[_Serving] = set()
+        self._linking: asyncio.Task[None] | None = None
 
     @property
     def closing(self) -> bool:
@@ -118,9 +125,26 @@ class HostLanes:
         self._server = await loop.create_unix_server(
             lambda: _Serving(self._batcher, self._serving, self._observer), path
         )
+        self._linking = asyncio.create_task(
+            self._link_all(), name="lane-link", context=contextvars.Context()
+        )
+
+    async def _link_all(self) -> None:
+        """Link to every other worker as soon as it listens (workers start in
+        any order), so that a sale's first purchases are passed too. A link
+        lost later is opened again by the next purchase that needs it."""
+        while True:
+            missing = [i for i in range(self._count) if i != self._index and i not in self._links]
+            if not missing:
+                return
+            for owner in missing:
+                self._reconnect(owner, quiet=True)
+            await asyncio.sleep(RECONNECT_S)
 
     async def close(self) -> None:
         """Stop listening and drop every link (after the batcher has drained)."""
+        if self._linking is not None:
+            self._linking.cancel()
         for task in self._connecting.values():
             task.cancel()
         for link in list(self._links.values()):
@@ -151,24 +175,34 @@ class HostLanes:
         link = self._links.get(owner)
         if link is not None:
             return link
+        self._reconnect(owner, quiet=False)
+        self._observer.kept("unreachable")
+        return None
+
+    def _reconnect(self, owner: int, *, quiet: bool) -> None:
+        """Start connecting to ``owner`` unless that runs or failed within RECONNECT_S."""
         now = asyncio.get_running_loop().time()
         if owner not in self._connecting and now >= self._retry_at.get(owner, 0.0):
             self._retry_at[owner] = now + RECONNECT_S
             # A fresh context: the link outlives the request that opened it, and
             # its log lines must not carry that request's bindings.
             self._connecting[owner] = asyncio.create_task(
-                self._connect(owner), name=f"lane-connect:{owner}", context=contextvars.Context()
+                self._connect(owner, quiet=quiet),
+                name=f"lane-connect:{owner}",
+                context=contextvars.Context(),
             )
-        self._observer.kept("unreachable")
-        return None
 
-    async def _connect(self, owner: int) -> None:
+    async def _connect(self, owner: int, *, quiet: bool) -> None:
         loop = asyncio.get_running_loop()
         path = socket_path(self._directory, owner)
         try:
-            await loop.create_unix_connection(lambda: _Link(owner, self._links), path)
+            await loop.create_unix_connection(
+                lambda: _Link(owner, self._links, self._observer), path
+            )
         except OSError as exc:
-            log.info("lane_unreachable", owner=owner, cause=repr(exc))
+            # Quiet while the workers start: the owner may not listen yet.
+            if not quiet:
+                log.info("lane_unreachable", owner=owner, cause=repr(exc))
         finally:
             del self._connecting[owner]
 
@@ -218,20 +252,23 @@ class _Lines(asyncio.Protocol):
 class _Link(_Lines):
     """A worker's link to the owner of some skus: passes purchases, awaits answers."""
 
-    def __init__(self, owner: int, links: dict[int, _Link]) -> None:
+    def __init__(self, owner: int, links: dict[int, _Link], observer: LaneObserver) -> None:
         super().__init__()
         self._owner = owner
         self._links = links
+        self._observer = observer
         self._seq = 0
         self.pending: dict[int, asyncio.Future[Result | None]] = {}
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
         self._links[self._owner] = self
+        self._observer.linked(1)
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self._links.get(self._owner) is self:
             del self._links[self._owner]
+            self._observer.linked(-1)
         if self.pending:
             log.warning("lane_lost", owner=self._owner, passed=len(self.pending), cause=repr(exc))
         for future in self.pending.values():

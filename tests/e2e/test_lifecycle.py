@@ -187,6 +187,13 @@ class TestWorkers:
             settings={"workers": 2},
         ) as cluster:
             await cluster.put_sku(sku, 300)
+
+            async def linked() -> bool:
+                # Both workers linked to each other: the gateway is up as a whole
+                # (its workers start in any order, and readiness is one worker's).
+                return (await scrape(cluster.urls[0])).get("flashsale_lane_links") == 2
+
+            await wait_for(linked, within=10, what="the two workers linked")
             summary = await run_sale(cluster.urls, sku, 600, start_spread_s=0.3)
             report = await check_invariants(database_url, sku, 300, summary, scenario="workers")
             assert report.ok and report.sold == 300, f"{report}\n{cluster.logs()}"

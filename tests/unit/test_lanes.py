@@ -76,6 +76,9 @@ class Observer:
     def kept(self, reason: str) -> None:
         self.counts[reason] += 1
 
+    def linked(self, change: int) -> None:
+        self.counts["links"] += change
+
 
 async def linked(passer: HostLanes, owner: Flush, within: float) -> None:
     """Submit purchases of the owner's sku until one reaches the owner's flush."""
@@ -244,6 +247,24 @@ async def test_an_owner_not_listening_yet_is_reached_once_it_listens(tmp_path: P
         await w1.lanes.start()
         await linked(w0.lanes, w1.flush, within=4 * RECONNECT_S + 1)
         assert w1.observer.counts["passed"] == 1
+
+
+async def test_workers_link_as_they_start_before_any_purchase(tmp_path: Path) -> None:
+    """Worker 0 starts before worker 1 listens (workers start in any order):
+    once worker 1 listens both are linked within a few RECONNECT_S, with no
+    purchase needed, so a sale's very first purchase of worker 1's sku is
+    passed to it, not kept."""
+    async with worker(tmp_path, 0) as w0, worker(tmp_path, 1, start=False) as w1:
+        await w1.lanes.start()
+
+        def both_linked() -> bool:
+            return w0.observer.counts["links"] == 1 and w1.observer.counts["links"] == 1
+
+        await wait_for(both_linked, within=4 * RECONNECT_S + 1, what="both workers linked")
+        p = purchase(0)
+        assert await w0.lanes.submit(p) == confirmed(p)
+        assert w1.flush.flushed == [p]
+        assert w0.observer.counts["unreachable"] == 0
 
 
 async def test_a_link_lost_with_purchases_passed_answers_outcome_unknown(
