@@ -24,11 +24,23 @@ from testkit.polling import wait_for
 from testkit.postgres_servers import PostgresCluster
 from tests.chaos.faults import passed_into_young_batch, stop_lock_holder
 from tests.chaos.reporting import Diagnostics
-from tests.chaos.sale import SKU, SalePlan, run_scenario, settings_for
+from tests.chaos.sale import SKU, Fault, SalePlan, ScenarioRun, run_scenario, settings_for
 from tests.chaos.stacks import Stack, proxied_stack, sentinel_stack
 
 WORKERS = 2
 OWNER = owner_of(SKU, WORKERS)
+# Batches that fill for 400 ms: a fault aimed by passed_into_young_batch finds
+# what the other worker passed the owner still queued there.
+FILLING = settings_for("redis", workers=WORKERS, batch_wait_ms=400, batch_max=1000)
+
+
+async def run_aimed_at_passed(stack: Stack, name: str, fault: Fault) -> ScenarioRun:
+    """:func:`run_scenario` with ``fault`` early in the sale (5 % sold), once gw0's
+    owner of the sku has a batch filling with a purchase its other worker has
+    just passed it (:func:`passed_into_young_batch`)."""
+    ready = passed_into_young_batch(stack, SKU)
+    return await run_scenario(stack, name, fault, SalePlan(trigger=0.05), ready=ready)
+
 
 # --------------------------------------------------------------------------- 8. lanes
 
@@ -44,8 +56,7 @@ async def test_the_skus_owner_worker_killed_with_purchases_passed_to_it(
     left in the ledger; the supervisor stops it too, and gateway 0 is started
     again. The buyers retry, the reconciler settles the orphans, and the sale
     ends with no oversell, no false 201, nothing lost and the audit clean."""
-    settings = settings_for("redis", workers=WORKERS, batch_wait_ms=400, batch_max=1000)
-    async with proxied_stack(pg, diagnostics, settings) as stack:
+    async with proxied_stack(pg, diagnostics, FILLING) as stack:
         # Purchases awaiting the owner when it died, as the other worker logged them.
         lost: list[int] = []
 
@@ -62,11 +73,7 @@ async def test_the_skus_owner_worker_killed_with_purchases_passed_to_it(
                 f" {orphans} reservations left, gw0 restarted"
             )
 
-        ready = passed_into_young_batch(stack, SKU)
-        plan = SalePlan(trigger=0.05)
-        run = await run_scenario(
-            stack, "8 lane owner SIGKILL [redis]", kill_owner, plan, ready=ready
-        )
+        run = await run_aimed_at_passed(stack, "8 lane owner SIGKILL [redis]", kill_owner)
         assert sum(lost) >= 1, "no purchase awaited the killed owner: the fault missed"
         assert run.first is not None
         told = [
@@ -127,8 +134,7 @@ async def test_redis_failover_with_purchases_passed_to_the_owner(
     back over the lane to the buyers the other worker holds; they retry on the
     promoted primary. No oversell, no false 201, nothing lost, and the sale
     ends with the ledger empty, no drift and the audit clean."""
-    settings = settings_for("redis", workers=WORKERS, batch_wait_ms=400, batch_max=1000)
-    async with sentinel_stack(pg, diagnostics, settings) as stack:
+    async with sentinel_stack(pg, diagnostics, FILLING) as stack:
         # gw0's purchases passed between its workers when the primary died.
         passed: list[float] = []
 
@@ -145,11 +151,7 @@ async def test_redis_failover_with_purchases_passed_to_the_owner(
                 f" ({passed[0]:.0f} passed to it so far), :{new[1]} promoted in {took:.1f}s"
             )
 
-        ready = passed_into_young_batch(stack, SKU)
-        plan = SalePlan(trigger=0.05)
-        run = await run_scenario(
-            stack, "8 lane redis failover [redis]", failover, plan, ready=ready
-        )
+        run = await run_aimed_at_passed(stack, "8 lane redis failover [redis]", failover)
         assert passed[0] > 0, "no purchase passed between gw0's workers before the failover"
         failed = metric(await scrape(stack.gateways[0].url), "flashsale_flush_failures_total")
         assert failed >= 1, "no flush of gw0's owner failed: the failover missed its batch"
