@@ -216,12 +216,14 @@ class _Writes:
 
     def send(self, frame: bytes) -> None:
         if not self._frames:
-            asyncio.get_running_loop().call_soon(self._write)
+            asyncio.get_running_loop().call_soon(self.write)
         self._frames.append(frame)
 
-    def _write(self) -> None:
+    def write(self) -> None:
+        """Write the frames queued so far (at the end of the turn, or at once
+        before the transport closes: a drain's last answers must not be lost)."""
         frames, self._frames = self._frames, []
-        if self.transport is not None and not self.transport.is_closing():
+        if frames and self.transport is not None and not self.transport.is_closing():
             self.transport.write(b"".join(frames))
 
 
@@ -245,6 +247,7 @@ class _Lines(asyncio.Protocol):
         raise NotImplementedError
 
     def close(self) -> None:
+        self._out.write()
         if self._out.transport is not None:
             self._out.transport.close()
 
