@@ -27,6 +27,7 @@ from gateway.http.appkeys import (
     ANSWER,
     ANSWERS,
     BATCHER,
+    LANES,
     METRICS,
     ORDERS,
     PROXIES,
@@ -117,7 +118,7 @@ async def service_ctx(app: web.Application) -> AsyncIterator[None]:
         on_idle=flusher.idle,
     )
     app[RESERVATIONS], app[BATCHER] = reservations, batcher
-    lanes = None
+    lanes: HostLanes | None = None
     if settings.lanes_dir is not None and settings.lane_count > 1:
         lanes = HostLanes(
             batcher,
@@ -128,6 +129,7 @@ async def service_ctx(app: web.Application) -> AsyncIterator[None]:
             observer=metrics.lanes,
         )
         await lanes.start()
+    app[LANES] = lanes
     rebuilds = Rebuilds(reservations, orders, metrics.rebuilds, share=settings.rebuild_share)
     streams = Streams(redis, settings)
     app[TRACKER] = OrderTracker(orders=orders, streams=streams)

@@ -24,6 +24,7 @@ from gateway.usecases.reconciler import Reconciler
 from gateway.usecases.servable import Servability
 from gateway.usecases.tracking import OrderTracker
 from gateway.write.batcher import Batcher
+from gateway.write.lanes import HostLanes
 
 if TYPE_CHECKING:
     from gateway.lock.zk_session import ZkSession
@@ -35,6 +36,8 @@ RESERVATIONS = web.AppKey("reservations", Reservations)
 ORDERS = web.AppKey("orders", Orders)
 # The batcher's closing is the instance's draining: purchases and /readyz ask it.
 BATCHER = web.AppKey("batcher", Batcher)
+# With several workers, the host's lanes: /readyz waits for them to link.
+LANES = web.AppKey[HostLanes | None]("lanes")
 # Set on the stop signal: /readyz answers 503 from then on (lame duck, then drain).
 STOPPING = web.AppKey("stopping", asyncio.Event)
 PROXIES = web.AppKey("proxies", TrustedProxies)

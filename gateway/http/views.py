@@ -18,6 +18,7 @@ from gateway.http import payloads
 from gateway.http.appkeys import (
     ADMISSIONS,
     BATCHER,
+    LANES,
     METRICS,
     ORDERS,
     PURCHASES,
@@ -203,7 +204,9 @@ async def healthz(request: web.Request) -> web.Response:
 
 async def readyz(request: web.Request) -> web.Response:
     """GET /readyz: 200 while Redis and PostgreSQL answer and no stop has begun
-    (``draining`` covers the lame duck too: purchases are still served then).
+    (``draining`` covers the lame duck too: purchases are still served then),
+    once a worker has linked to the host's other workers (``lanes``: a worker
+    still starting would have its skus' purchases flushed elsewhere).
     ``unservable`` names the configured skus this instance cannot serve, and
     why; they do not make it unready (see gateway.usecases.servable)."""
     app = request.app
@@ -211,9 +214,11 @@ async def readyz(request: web.Request) -> web.Response:
     db_ok = await app[ORDERS].ping()
     unservable = await app[SERVABILITY].unservable() if db_ok else {}
     draining = app[STOPPING].is_set() or app[BATCHER].closing
-    ready = redis_ok and db_ok and not draining
+    lanes = app[LANES]
+    linked = lanes is None or lanes.linked
+    ready = redis_ok and db_ok and linked and not draining
     body: dict[str, Any] = {"ready": ready, "redis": redis_ok, "postgres": db_ok}
-    body.update(draining=draining, unservable=unservable)
+    body.update(draining=draining, lanes=linked, unservable=unservable)
     return json_response(body, status=200 if ready else 503)
 
 

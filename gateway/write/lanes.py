@@ -103,11 +103,18 @@ class HostLanes:
         self._server: asyncio.AbstractServer | None = None
         self._serving: set[_Serving] = set()
         self._linking: asyncio.Task[None] | None = None
+        self._linked = False
 
     @property
     def closing(self) -> bool:
         """Whether this worker is draining."""
         return self._batcher.closing
+
+    @property
+    def linked(self) -> bool:
+        """Whether this worker has been linked to every other worker of its host:
+        until then the host is not up as a whole (``/readyz`` says so)."""
+        return self._linked
 
     @property
     def full(self) -> bool:
@@ -136,6 +143,7 @@ class HostLanes:
         while True:
             missing = [i for i in range(self._count) if i != self._index and i not in self._links]
             if not missing:
+                self._linked = True
                 return
             for owner in missing:
                 self._reconnect(owner, quiet=True)

@@ -255,12 +255,14 @@ async def test_workers_link_as_they_start_before_any_purchase(tmp_path: Path) ->
     purchase needed, so a sale's very first purchase of worker 1's sku is
     passed to it, not kept."""
     async with worker(tmp_path, 0) as w0, worker(tmp_path, 1, start=False) as w1:
+        assert not w0.lanes.linked
         await w1.lanes.start()
 
         def both_linked() -> bool:
             return w0.observer.counts["links"] == 1 and w1.observer.counts["links"] == 1
 
         await wait_for(both_linked, within=4 * RECONNECT_S + 1, what="both workers linked")
+        await wait_for(lambda: w0.lanes.linked and w1.lanes.linked, what="linked reported")
         p = purchase(0)
         assert await w0.lanes.submit(p) == confirmed(p)
         assert w1.flush.flushed == [p]
