@@ -116,6 +116,7 @@ async def service_ctx(app: web.Application) -> AsyncIterator[None]:
         batch_wait_s=settings.batch_wait_ms / 1000,
         backlog_max=settings.backlog_max,
         on_idle=flusher.idle,
+        on_the_way=reservations.on_the_way,
     )
     app[RESERVATIONS], app[BATCHER] = reservations, batcher
     lanes: HostLanes | None = None

@@ -14,6 +14,7 @@ touches one cluster slot (``gateway.redis.connections``). Driver errors become
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -301,6 +302,11 @@ class Reservations:
         """SCRIPT LOAD every script; a syntax error raises here, at start-up."""
         for script in self.scripts:
             await script.load(self.redis)
+
+    def on_the_way(self, sku: str) -> list[asyncio.Task[None]] | None:
+        """The reserve calls of ``sku`` in flight, whose purchases will reach the
+        batcher once Redis answers (see ScriptCoalescer.on_the_way)."""
+        return self._reserve_many.on_the_way(sku)
 
     async def reserve(
         self,

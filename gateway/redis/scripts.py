@@ -173,6 +173,19 @@ class ScriptCoalescer(Generic[E]):
         self._build = build
         self._groups: dict[str, list[tuple[E, asyncio.Future[Any]]]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        # The calls in flight, by the groups they carry (see on_the_way).
+        self._flying: dict[str, set[asyncio.Task[None]]] = {}
+
+    def on_the_way(self, group: str) -> list[asyncio.Task[None]] | None:
+        """The calls in flight that carry entries of ``group``; an empty list
+        when its entries go out at the end of this loop turn; None when it has
+        nothing on its way. Their callers hear their replies before a waiter on
+        these calls wakes: the replies are handed out first (asyncio wakes
+        callbacks in order)."""
+        if group in self._groups:
+            return []
+        flying = self._flying.get(group)
+        return list(flying) if flying else None
 
     async def __call__(self, group: str, entry: E) -> Any:
         """Run the script for ``entry`` in its group's next call; its own reply."""
@@ -188,11 +201,23 @@ class ScriptCoalescer(Generic[E]):
         return await future
 
     def _send(self) -> None:
-        groups, self._groups = list(self._groups.values()), {}
+        names, groups = list(self._groups), list(self._groups.values())
+        self._groups = {}
         task = asyncio.ensure_future(self._execute(groups))
         # Keep a reference until done: the loop only holds tasks weakly.
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        for name in names:
+            self._flying.setdefault(name, set()).add(task)
+        task.add_done_callback(lambda done: self._landed(names, done))
+
+    def _landed(self, names: list[str], task: asyncio.Task[None]) -> None:
+        for name in names:
+            flying = self._flying.get(name)
+            if flying is not None:
+                flying.discard(task)
+                if not flying:
+                    del self._flying[name]
 
     async def _execute(self, groups: list[list[tuple[E, asyncio.Future[Any]]]]) -> None:
         sha = self._script.sha

@@ -11,6 +11,7 @@ import pytest
 from redis.asyncio import Redis
 
 from gateway.redis.layout import SkuKeys, lock_key
+from testkit.polling import wait_for
 from testkit.purchases import (
     ADMIN_HEADERS,
     buy,
@@ -157,6 +158,9 @@ class TestFencing:
         client = await start_gateway(flush_lock="redis")
         await put_sku(client, sku, 5)
         assert (await buy(client, sku, "warmup"))[0] == 201
+        # The next flush takes the lock anew once the warm-up's hold is let go.
+        key = lock_key(key_prefix, sku)
+        await wait_for(lambda: _gone(redis, key), within=5, what="the warm-up's lock let go")
         # Tokens follow a counter never behind Redis's clock (in microseconds):
         # put the counter far ahead of the clock so the next two are known.
         issued = 2**52  # ahead of the clock, and exact in Lua's doubles
@@ -171,6 +175,25 @@ class TestFencing:
         assert await db_state(database_url, sku) == (3, 2, 2)
         metrics = await (await client.get("/metrics")).text()
         assert "flashsale_fenced_out_total 1.0" in metrics
+
+    async def test_the_lock_kept_through_an_empty_lane_is_let_go(
+        self, start_gateway: Any, sku: str, redis: Redis, key_prefix: str, database_url: str
+    ) -> None:
+        """The flusher keeps a sku's lock through its empty lane until its slice
+        ends, then lets go with nothing more arriving: the lock is not left
+        to its lease, and the watchdog does not keep it for good. An admin
+        change right after a purchase waits for the slice, not for the lease."""
+        client = await start_gateway(flush_lock="redis")
+        await put_sku(client, sku, 5)
+        assert (await buy(client, sku, "first"))[0] == 201
+        resp = await client.post(
+            f"/admin/skus/{sku}/restock", json={"delta": 2}, headers=ADMIN_HEADERS
+        )
+        assert resp.status == 200, await resp.text()
+        assert (await buy(client, sku, "second"))[0] == 201
+        key = lock_key(key_prefix, sku)
+        await wait_for(lambda: _gone(redis, key), within=5, what="the flush lock let go")
+        assert await db_state(database_url, sku) == (5, 2, 2)
 
     async def test_a_stale_token_never_writes(
         self, start_gateway: Any, sku: str, database_url: str, redis: Redis, key_prefix: str
@@ -209,3 +232,7 @@ class TestSoldOutStorm:
         assert {body["status"] for _, body in more} == {"sold_out"}
         assert await client_metric(client, "flashsale_confirmed_id_builds_total") == 1
         assert await client_metric(client, "flashsale_confirmed_ids_read_total") == 1
+
+
+async def _gone(redis: Redis, key: str) -> bool:
+    return not await redis.exists(key)

@@ -1,4 +1,5 @@
-"""``evalsha_many``: several EVALSHAs in one round trip on a pooled connection.
+"""``evalsha_many``: several EVALSHAs in one round trip on a pooled connection;
+and ``ScriptCoalescer``, which sends one call per group and loop turn.
 
 The calls skip redis-py's command layer (hiredis packs them), so these tests
 check on a real Redis what that layer would otherwise guarantee: each call gets
@@ -9,6 +10,7 @@ sent again.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import uuid
 from collections.abc import AsyncIterator
@@ -19,7 +21,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError, NoScriptError, ResponseError
 
-from gateway.redis.scripts import evalsha_many
+from gateway.redis.scripts import Script, ScriptCoalescer, evalsha_many
 from testkit.services import REDIS_URL
 
 ECHO = "return {KEYS[1], ARGV[1], tonumber(ARGV[2]) + 1}"
@@ -101,3 +103,32 @@ async def test_a_killed_connection_is_replaced(redis: Redis, key_prefix: str, re
         assert await _connection_id(redis, name) != killed
     finally:
         await client.aclose()
+
+
+async def test_the_coalescer_says_which_calls_are_on_their_way(
+    client: Redis, key_prefix: str
+) -> None:
+    """A group's entries are on their way from the turn they are queued until
+    their callers have their replies: queued (an empty list), then the call in
+    flight, then nothing once answered; another group's call is not this one's."""
+    # One reply per entry, in order, as the coalescer wants.
+    script = Script("tenfold", "local r = {} for i = 1, #ARGV do r[i] = ARGV[i] * 10 end return r")
+    await script.load(client)
+    key = f"{key_prefix}:{{s}}:k"
+
+    def build(entries: list[int]) -> tuple[list[str], list[int]]:
+        return [key], entries
+
+    coalescer: ScriptCoalescer[int] = ScriptCoalescer(client, script, build)
+    assert coalescer.on_the_way("a") is None
+    calls = [asyncio.ensure_future(coalescer("a", i)) for i in (1, 2)]
+    await asyncio.sleep(0)  # the callers queue their entries
+    assert coalescer.on_the_way("a") == []
+    assert coalescer.on_the_way("b") is None
+    await asyncio.sleep(0)  # the turn's call goes out
+    flying = coalescer.on_the_way("a")
+    assert flying is not None and len(flying) == 1
+    await asyncio.wait_for(asyncio.wait(flying), 5)
+    assert all(c.done() for c in calls)
+    assert [c.result() for c in calls] == [10, 20]
+    assert coalescer.on_the_way("a") is None

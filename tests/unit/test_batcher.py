@@ -137,7 +137,7 @@ async def test_the_flusher_hears_when_a_lane_runs_empty() -> None:
     """on_idle is called for a sku once its lane has nothing left to flush."""
     idle: list[str] = []
 
-    async def on_idle(sku: str) -> None:
+    async def on_idle(sku: str, linger: bool) -> None:
         idle.append(sku)
 
     batcher = Batcher(Recorder(), batch_max=4, batch_wait_s=0.0, backlog_max=100, on_idle=on_idle)
@@ -180,7 +180,7 @@ async def test_a_failing_idle_call_does_not_end_the_lane() -> None:
     flush = Recorder()
     idle_calls: list[str] = []
 
-    async def idle(sku: str) -> None:
+    async def idle(sku: str, linger: bool) -> None:
         idle_calls.append(sku)
         if len(idle_calls) == 1:
             raise RuntimeError("unable to perform operation on <TCPTransport closed=True>")
@@ -191,4 +191,102 @@ async def test_a_failing_idle_call_does_not_end_the_lane() -> None:
     async with asyncio.timeout(5):
         assert await batcher.submit(purchase(2)) == SOLD_OUT
     assert flush.batches == [["r1"], ["r2"]]
+    await batcher.close()
+
+
+async def test_the_lane_calls_again_when_the_flusher_keeps_the_lock() -> None:
+    """A flusher that keeps the sku's lock through an empty lane says for how
+    long; with nothing arriving the lane calls it again then (the lock is let
+    go in the lane's own task), and on close it is told the lane stops."""
+    calls: list[bool] = []
+
+    async def idle(sku: str, linger: bool) -> float | None:
+        calls.append(linger)
+        return 0.01 if linger and len(calls) == 1 else None
+
+    batcher = Batcher(Recorder(), batch_max=4, batch_wait_s=0, backlog_max=100, on_idle=idle)
+    assert await batcher.submit(purchase(1)) == SOLD_OUT
+    await wait_for(lambda: len(calls) >= 2, within=5, what="the second idle call")
+    assert calls[:2] == [True, True]
+    await batcher.close()
+    assert calls[-1] is False
+
+
+async def test_closing_while_the_lock_is_kept_lets_it_go() -> None:
+    """Closing a lane whose flusher keeps the lock for a long while ends the
+    lane after telling the flusher, which lets go, not after the while."""
+    calls: list[bool] = []
+
+    async def idle(sku: str, linger: bool) -> float | None:
+        calls.append(linger)
+        return 60.0 if linger else None
+
+    batcher = Batcher(Recorder(), batch_max=4, batch_wait_s=0, backlog_max=100, on_idle=idle)
+    assert await batcher.submit(purchase(1)) == SOLD_OUT
+    await wait_for(lambda: calls, within=5, what="the lane ran empty")
+    await asyncio.wait_for(batcher.close(), 5)
+    assert calls == [True, False]
+
+
+class OnTheWay:
+    """Reserve calls in flight, as ScriptCoalescer.on_the_way reports them."""
+
+    def __init__(self) -> None:
+        self.calls: list[asyncio.Future[None]] = []
+
+    def __call__(self, sku: str) -> list[asyncio.Future[None]] | None:
+        flying = [c for c in self.calls if not c.done()]
+        return flying or None
+
+
+async def test_a_batch_waits_for_the_purchases_on_their_way() -> None:
+    """Buyers whose reservation is in flight when their sku's flush starts join
+    its batch: three arrive, five more are on their way, one flush of eight."""
+    flush = Recorder()
+    on_the_way = OnTheWay()
+    batcher = Batcher(
+        flush,
+        batch_max=100,
+        batch_wait_s=0,
+        backlog_max=100,
+        on_the_way=on_the_way,
+        landing_s=30,
+    )
+    call: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    on_the_way.calls.append(call)
+
+    async def reserved_then_submit(i: int) -> Result:
+        await call  # Redis answers the reserve call
+        return await batcher.submit(purchase(i))
+
+    late = [asyncio.ensure_future(reserved_then_submit(i)) for i in range(3, 8)]
+    early = [asyncio.ensure_future(batcher.submit(purchase(i))) for i in range(3)]
+    await wait_for(lambda: batcher.backlog == 3, within=5, what="three queued")
+    call.set_result(None)
+    await asyncio.wait_for(asyncio.gather(*early, *late), 5)
+    assert flush.batches == [[f"r{i}" for i in range(8)]]
+    await batcher.close()
+
+
+async def test_a_batch_waits_for_purchases_on_their_way_only_so_long() -> None:
+    """A reserve call that does not come back holds no batch past the landing
+    bound: the purchases already queued are flushed."""
+    flush = Recorder()
+    on_the_way = OnTheWay()
+    batcher = Batcher(
+        flush,
+        batch_max=100,
+        batch_wait_s=0,
+        backlog_max=100,
+        on_the_way=on_the_way,
+        landing_s=0.05,
+    )
+    stuck: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    on_the_way.calls.append(stuck)
+    results = await asyncio.wait_for(
+        asyncio.gather(*(batcher.submit(purchase(i)) for i in range(3))), 5
+    )
+    assert results == [SOLD_OUT] * 3
+    assert flush.batches == [["r0", "r1", "r2"]]
+    stuck.cancel()
     await batcher.close()
