@@ -239,19 +239,24 @@ class OnTheWay:
         return flying or None
 
 
-async def test_a_batch_waits_for_the_purchases_on_their_way() -> None:
-    """Buyers whose reservation is in flight when their sku's flush starts join
-    its batch: three arrive, five more are on their way, one flush of eight."""
-    flush = Recorder()
-    on_the_way = OnTheWay()
-    batcher = Batcher(
+def landing(flush: Recorder, on_the_way: OnTheWay, landing_s: float) -> Batcher:
+    """A batcher told of the purchases on their way, waiting for them ``landing_s``."""
+    return Batcher(
         flush,
         batch_max=100,
         batch_wait_s=0,
         backlog_max=100,
         on_the_way=on_the_way,
-        landing_s=30,
+        landing_s=landing_s,
     )
+
+
+async def test_a_batch_waits_for_the_purchases_on_their_way() -> None:
+    """Buyers whose reservation is in flight when their sku's flush starts join
+    its batch: three arrive, five more are on their way, one flush of eight."""
+    flush = Recorder()
+    on_the_way = OnTheWay()
+    batcher = landing(flush, on_the_way, 30)
     call: asyncio.Future[None] = asyncio.get_running_loop().create_future()
     on_the_way.calls.append(call)
 
@@ -273,14 +278,7 @@ async def test_a_batch_waits_for_purchases_on_their_way_only_so_long() -> None:
     bound: the purchases already queued are flushed."""
     flush = Recorder()
     on_the_way = OnTheWay()
-    batcher = Batcher(
-        flush,
-        batch_max=100,
-        batch_wait_s=0,
-        backlog_max=100,
-        on_the_way=on_the_way,
-        landing_s=0.05,
-    )
+    batcher = landing(flush, on_the_way, 0.05)
     stuck: asyncio.Future[None] = asyncio.get_running_loop().create_future()
     on_the_way.calls.append(stuck)
     results = await asyncio.wait_for(
