@@ -34,6 +34,7 @@ from redis.asyncio import Redis
 from redis.asyncio.connection import AbstractConnection
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, RedisError, ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from gateway.lock import connection_errors
 from gateway.redis.connections import RedisClient
@@ -82,7 +83,7 @@ async def evalsha_many(redis: RedisClient, calls: Sequence[Call]) -> list[Any]:
 async def _exchange(conn: AbstractConnection, packed: bytes, count: int) -> list[Any]:
     # read_response drops the connection on any other error, so nothing is
     # left unread on a connection that goes back to the pool.
-    await conn.send_packed_command(packed)
+    await _send(conn, packed)
     replies: list[Any] = []
     for _ in range(count):
         try:
@@ -90,6 +91,35 @@ async def _exchange(conn: AbstractConnection, packed: bytes, count: int) -> list
         except ResponseError as exc:
             replies.append(exc)
     return replies
+
+
+async def _send(conn: AbstractConnection, packed: bytes) -> None:
+    """Write ``packed`` on ``conn`` in this task, as ``send_packed_command`` would.
+
+    redis-py bounds the write by its socket timeout with ``asyncio.wait_for``,
+    which on Python 3.11 runs it as a task of its own: the calls then leave a
+    turn of the event loop later, behind every callback ready by then and a
+    poll of every socket (in stock 1.03x the requests a second without it,
+    ``make ab``, docs/performance.md). Here ``asyncio.timeout`` bounds it in
+    the caller's task; the connect, the health check, the disconnect on a
+    failed write and the errors raised are redis-py's.
+    """
+    if not conn.is_connected:
+        await conn.connect()  # type: ignore[no-untyped-call]
+    await conn.check_health()  # type: ignore[no-untyped-call]
+    try:
+        async with asyncio.timeout(conn.socket_timeout):
+            await conn._send_packed_command([packed])
+    except TimeoutError:
+        await conn.disconnect(nowait=True)
+        raise RedisTimeoutError("Timeout writing to socket") from None
+    except OSError as exc:
+        await conn.disconnect(nowait=True)
+        raise RedisConnectionError(f"Error while writing to socket: {exc!r}") from exc
+    except BaseException:
+        # Cancelled mid-write: what was sent of the command is unknown.
+        await conn.disconnect(nowait=True)
+        raise
 
 
 async def _evalsha(
