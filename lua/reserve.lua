@@ -73,6 +73,13 @@ local orphaned = 0
 if rebuild and tonumber(string.match(rebuild, "|(%d+)$")) <= now then
   orphaned = 1
 end
+-- The stock is read once and taken once, after the last entry: the call is
+-- atomic, so the entries see it exactly as with a GET and a DECRBY each (two
+-- of an entry's seven commands, which Redis ran while the gateway waited).
+-- A counter that is not a number raises at an entry's first comparison, as before.
+local counter = redis.call("GET", KEYS[1])
+local stock = counter and tonumber(counter)
+local taken = 0
 local rates = {tonumber(ARGV[4]), tonumber(ARGV[6])}
 local bursts = {tonumber(ARGV[5]), tonumber(ARGV[7])}
 
@@ -109,7 +116,7 @@ local function take(bucket_keys)
   return 0
 end
 
-local function sold_out(stock, qty)
+local function sold_out()
   if stock <= 0 and redis.call("HLEN", KEYS[3]) == 0 then
     return {"sold_out", 1}
   end
@@ -149,11 +156,9 @@ local function reserve(rid, user, qty, bucket_keys, verified)
   if ends and now >= ends then
     return {"ended"}
   end
-  local stock = redis.call("GET", KEYS[1])
-  if not stock then
+  if not counter then
     return {"missing"}
   end
-  stock = tonumber(stock)
   if rebuild and not verified then
     local settled = 0
     if stock <= 0 and redis.call("HLEN", KEYS[3]) == 0 then
@@ -164,7 +169,7 @@ local function reserve(rid, user, qty, bucket_keys, verified)
   local wait = take(bucket_keys)
   if wait > 0 then
     if stock < qty then
-      return sold_out(stock, qty)
+      return sold_out()
     end
     return {"rate_limited", wait}
   end
@@ -172,13 +177,14 @@ local function reserve(rid, user, qty, bucket_keys, verified)
     return {"duplicate"}
   end
   if stock < qty then
-    return sold_out(stock, qty)
+    return sold_out()
   end
-  redis.call("DECRBY", KEYS[1], qty)
+  stock = stock - qty
+  taken = taken + qty
   redis.call("HSET", KEYS[2], user, rid)
   redis.call("HSET", KEYS[3], rid, user .. "|" .. qty .. "|" .. now)
   reserved = true
-  return {"ok", stock - qty, now}
+  return {"ok", stock, now}
 end
 
 local replies = {}
@@ -190,6 +196,7 @@ for base = 8, #ARGV, 6 do
     reserve(ARGV[base], ARGV[base + 1], tonumber(ARGV[base + 2]), bucket_keys, verified)
 end
 if reserved then
+  redis.call("DECRBY", KEYS[1], taken)
   for i = 1, 4 do
     redis.call("PEXPIRE", KEYS[i], ARGV[1])
   end
