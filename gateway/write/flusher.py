@@ -3,14 +3,17 @@
 The batcher hands each batch to :meth:`Flusher.flush`, which holds the sku's
 flush lock, makes one ``flush_batch()`` call (``Orders.commit_batch``) and
 settles the reservations with ``settle.lua`` (``Reservations.settle``). It keeps
-the lock for at most :data:`HOLD_SLICE_S` an acquisition, across back-to-back
-flushes and through its sku's lane running empty (:meth:`Flusher.idle`): a
-closed loop of buyers runs the lane empty after every flush, and taking the
-lock anew each time put a Redis round trip before every commit (with the lock
-kept, one process sells 1.08x in stock at 0.92x the CPU a purchase, ``make
-ab``, docs/performance.md). Another instance, an admin change or the
-reconciler waits at most the slice, as under a backlog. Every failure before
-the commit gives the reservations back; nothing committed is ever undone.
+the lock for at most :data:`HOLD_SLICE_S` an acquisition across back-to-back
+flushes, and through its sku's lane running empty (:meth:`Flusher.idle`) when
+at the lane's recent pace its next flush is due within the slice: a closed
+loop of buyers runs the lane empty after every flush and refills it a few ms
+later, and taking the lock anew each time put a Redis round trip before every
+commit (with the lock kept, one process sells 1.04-1.08x in stock at
+0.92-0.95x the CPU a purchase, ``make ab``, docs/performance.md). A lane that
+stays empty twice its recent gap lets go. Another instance, an admin change
+or the reconciler waits at most that, and at most the slice under a backlog.
+Every failure before the commit gives the reservations back; nothing
+committed is ever undone.
 
 The buyers of a batch are answered once it is committed, while it settles: a
 committed order is the truth whatever the ledger says, and a closed-loop buyer
@@ -42,6 +45,11 @@ log = structlog.get_logger(__name__)
 
 # Longest a sku's flusher keeps its lock across back-to-back flushes.
 HOLD_SLICE_S = 0.05
+# An empty lane keeps its lock this many times its recent gap between running
+# empty and flushing again (when that fits in the slice).
+LINGER_GAPS = 2.0
+# Weight of the newest gap in a lane's moving average.
+GAP_WEIGHT = 0.25
 
 # A flush fenced out or whose lock was lost is retried this many times under a
 # fresh acquisition before its purchases are answered 503 and released.
@@ -83,6 +91,10 @@ class Flusher:
         self._holding: dict[str, float] = {}
         # Skus whose last batch is settling after its buyers were answered.
         self._settling: dict[str, asyncio.Future[bool]] = {}
+        # Skus whose lane ran empty, since when; and the moving average of
+        # each sku's gaps from running empty to flushing again (seconds).
+        self._idle_since: dict[str, float] = {}
+        self._gap: dict[str, float] = {}
 
     async def flush(self, sku: str, batch: Sequence[Purchase]) -> list[Result | BaseException]:
         """Commit a batch and settle its reservations; one result per purchase."""
@@ -106,6 +118,11 @@ class Flusher:
         Raises the last failure, and gives nothing back: :meth:`flush` does for
         the batcher, while the queue's writers keep the purchases queued.
         """
+        idle_since = self._idle_since.pop(sku, None)
+        if idle_since is not None:
+            gap = time.monotonic() - idle_since
+            average = self._gap.get(sku, gap)
+            self._gap[sku] = average + GAP_WEIGHT * (gap - average)
         failure: Exception = Unavailable("flush failed")
         for _ in range(FLUSH_ATTEMPTS):
             try:
@@ -129,19 +146,22 @@ class Flusher:
 
     async def idle(self, sku: str, linger: bool = False) -> float | None:
         """The sku's lane ran empty: settle its last batch and let other
-        instances have the lock; with ``linger``, not before the slice is over.
-        Returns how long the lock is kept (the lane calls again then if nothing
-        arrived), or None once it is let go or was not held. In the lane's task:
-        the lock is its own."""
+        instances have the lock. With ``linger`` the lock is kept when, at the
+        lane's recent pace, its next flush is due within the slice: then the
+        answer is how long (the lane calls again then if nothing arrived, and
+        the lock is let go); else None. In the lane's task: the lock is its own."""
+        again = sku in self._idle_since  # still empty since the last call
+        self._idle_since.setdefault(sku, time.monotonic())
         await self._settled(sku)
+        now = time.monotonic()
         lock = self._locks.get(sku)
         if lock is None:
             return None
         taken = self._holding.get(sku)
-        if linger and taken is not None and not lock.lost.is_set():
-            left = HOLD_SLICE_S - (time.monotonic() - taken)
-            if left > 0:
-                return left
+        if linger and not again and taken is not None and not lock.lost.is_set():
+            keep = LINGER_GAPS * self._gap.get(sku, HOLD_SLICE_S)
+            if keep < HOLD_SLICE_S - (now - taken):
+                return keep
         await self._let_go(sku, lock)
         return None
 
