@@ -15,10 +15,10 @@ then if nothing arrived, so that the lock is let go in the lane's own task.
 
 A batch waits for the purchases of its sku already on their way
 (``on_the_way``: reservations in flight to Redis, whose buyers join the lane
-as soon as Redis answers), at most ``landing_s`` (:data:`LANDING_S`). A closed loop of buyers
-answered together comes back together, but over a few loop turns, so over a
-few reserve calls: without the wait the first call's purchases flush alone
-and the others wait a whole flush behind them.
+as soon as Redis answers), at most ``landing_s`` (:data:`LANDING_S`). A
+closed loop of buyers answered together comes back together, but over a few
+loop turns, so over a few reserve calls: without the wait the first call's
+purchases flush alone and the others wait a whole flush behind them.
 The backlog, every sku's purchases waiting for or in a flush, is bounded
 (``backlog_max``): past it :attr:`Batcher.full` tells the caller to shed.
 Closing stops new submissions and drains what is queued: a closing batcher is
@@ -38,6 +38,7 @@ import structlog
 
 from gateway.domain.errors import ShuttingDown
 from gateway.domain.model import Purchase, Result
+from gateway.write.pace import averaged
 
 # Flushes one sku's batch; returns one result or exception per purchase, in order.
 FlushFn = Callable[[str, Sequence[Purchase]], Awaitable[Sequence[Result | BaseException]]]
@@ -51,8 +52,6 @@ OnTheWay = Callable[[str], Sequence["asyncio.Future[Any]"] | None]
 
 log = structlog.get_logger(__name__)
 
-# Weight of the newest gap between arrivals in a lane's moving average.
-GAP_WEIGHT = 0.25
 # Longest a batch waits for purchases on their way, and in how many steps: a
 # reserve call's round trip is 0.1-0.7 ms under a storm here (docs/performance.md).
 LANDING_S = 0.005
@@ -277,7 +276,4 @@ def _next_gap(average: float, gap: float, wait: float) -> float:
     a storm many arrivals to forget, and one arrival within the wait after a
     lone one is enough to hold batches again.
     """
-    gap = min(gap, wait)
-    if average == float("inf"):
-        return gap
-    return average + GAP_WEIGHT * (gap - average)
+    return averaged(average, min(gap, wait))

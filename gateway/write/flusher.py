@@ -39,6 +39,7 @@ from gateway.domain.model import Purchase, Result, Verdict
 from gateway.lock import LockError, LockLost, LockTimeout
 from gateway.postgres.orders import BatchDecision, Orders
 from gateway.redis.reservations import Reservations, Settlement
+from gateway.write.pace import averaged
 from gateway.write.sku_locks import FlushLock, SkuLocks
 
 log = structlog.get_logger(__name__)
@@ -48,8 +49,6 @@ HOLD_SLICE_S = 0.05
 # An empty lane keeps its lock this many times its recent gap between running
 # empty and flushing again (when that fits in the slice).
 LINGER_GAPS = 2.0
-# Weight of the newest gap in a lane's moving average.
-GAP_WEIGHT = 0.25
 
 # A flush fenced out or whose lock was lost is retried this many times under a
 # fresh acquisition before its purchases are answered 503 and released.
@@ -121,8 +120,7 @@ class Flusher:
         idle_since = self._idle_since.pop(sku, None)
         if idle_since is not None:
             gap = time.monotonic() - idle_since
-            average = self._gap.get(sku, gap)
-            self._gap[sku] = average + GAP_WEIGHT * (gap - average)
+            self._gap[sku] = averaged(self._gap.get(sku, float("inf")), gap)
         failure: Exception = Unavailable("flush failed")
         for _ in range(FLUSH_ATTEMPTS):
             try:
