@@ -212,19 +212,25 @@ async def test_the_lane_calls_again_when_the_flusher_keeps_the_lock() -> None:
     assert calls[-1] is False
 
 
-async def test_closing_while_the_lock_is_kept_lets_it_go() -> None:
+@pytest.mark.parametrize("close_inside", [False, True])
+async def test_closing_while_the_lock_is_kept_lets_it_go(close_inside: bool) -> None:
     """Closing a lane whose flusher keeps the lock for a long while ends the
-    lane after telling the flusher, which lets go, not after the while."""
+    lane after telling the flusher, which lets go, not after the while; also
+    when the closing began while the flusher was deciding to keep it."""
     calls: list[bool] = []
+    closing: list[asyncio.Future[None]] = []
 
     async def idle(sku: str, linger: bool) -> float | None:
         calls.append(linger)
+        if close_inside and not closing:
+            closing.append(asyncio.ensure_future(batcher.close()))
+            await asyncio.sleep(0)  # the close begins
         return 60.0 if linger else None
 
     batcher = Batcher(Recorder(), batch_max=4, batch_wait_s=0, backlog_max=100, on_idle=idle)
     assert await batcher.submit(purchase(1)) == SOLD_OUT
     await wait_for(lambda: calls, within=5, what="the lane ran empty")
-    await asyncio.wait_for(batcher.close(), 5)
+    await asyncio.wait_for(closing[0] if closing else batcher.close(), 5)
     assert calls == [True, False]
 
 
