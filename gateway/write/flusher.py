@@ -157,7 +157,8 @@ class Flusher:
             return None
         taken = self._holding.get(sku)
         if linger and not again and taken is not None and not lock.lost.is_set():
-            keep = LINGER_GAPS * self._gap.get(sku, HOLD_SLICE_S)
+            # No gap measured yet (inf): nothing says the next flush is due.
+            keep = LINGER_GAPS * self._gap.get(sku, float("inf"))
             if keep < HOLD_SLICE_S - (now - taken):
                 return keep
         await self._let_go(sku, lock)
