@@ -37,11 +37,13 @@ FILLING = settings_for("redis", workers=WORKERS, batch_wait_ms=400, batch_max=10
 async def run_aimed_at_passed(stack: Stack, name: str, fault: Fault) -> ScenarioRun:
     """:func:`run_scenario` with ``fault`` early in the sale (5 % sold), once gw0's
     owner of the sku has a batch filling with a purchase its other worker has
-    just passed it (:func:`passed_into_young_batch`). The buyers arrive over 6 s,
-    not 3: on a loaded machine (a CPU burner on the servers' core) one poll of
-    that condition took long enough for a 3 s wave to end before it held."""
+    just passed it (:func:`passed_into_young_batch`). Twice the default sale,
+    arriving as densely over twice the time: on a loaded machine (a CPU burner on
+    the servers' core) one poll of that condition took long enough for the
+    default's stock to sell out before it held, and a sparser wave left nothing
+    awaiting the owner by the time the fault struck."""
     ready = passed_into_young_batch(stack, SKU)
-    plan = SalePlan(trigger=0.05, spread_s=6.0)
+    plan = SalePlan(stock=200, users=340, spread_s=6.0, trigger=0.05)
     return await run_scenario(stack, name, fault, plan, ready=ready)
 
 
