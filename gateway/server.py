@@ -68,7 +68,7 @@ async def run(settings: Settings, on_startup: StartupHook | None = None) -> bool
     try:
         # Before listening: the collection blocks the loop once, and no buyer
         # should be in flight then (the lag timer records it before readiness).
-        _settle_heap()
+        _freeze_heap()
         site = LimitedSite(runner, settings, observer=app[METRICS].connections)
         await site.start()
         log.info("serving", host=settings.host, port=settings.port)
@@ -149,7 +149,7 @@ async def _stop_signal() -> None:
     await stop.wait()
 
 
-def _settle_heap() -> None:
+def _freeze_heap() -> None:
     """Take what start-up left alive (modules, the app, its pools) out of the
     collector's sight, then collect rarely (see ``GC_THRESHOLDS``)."""
     gc.collect()

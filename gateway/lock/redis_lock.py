@@ -110,7 +110,7 @@ class RedisLock(BaseLock[None]):
             while True:
                 sent = time.monotonic()
                 won, value = await self._attempt(owner)
-                waiter.settle()
+                waiter.use_wake()
                 if won:
                     return Grant(value, None, True, sent)
                 pause = self._pause(value, deadline)

@@ -115,7 +115,7 @@ class Waiter:
             self._event.clear()
             self._owed = True
 
-    def settle(self) -> None:
+    def use_wake(self) -> None:
         """An acquisition attempt has run since the last wake: the wake is used."""
         self._owed = False
 

@@ -60,7 +60,7 @@ class Background:
         """Run ``coro`` as a task of its own."""
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
-        task.add_done_callback(self._settle)
+        task.add_done_callback(self._forget)
         return task
 
     async def shielded(self, coro: Coroutine[Any, Any, T]) -> T:
@@ -80,7 +80,7 @@ class Background:
                 await asyncio.shield(cleanup)
             raise
 
-    def _settle(self, task: asyncio.Task[Any]) -> None:
+    def _forget(self, task: asyncio.Task[Any]) -> None:
         self._tasks.discard(task)
         if not task.cancelled():
             task.exception()

@@ -147,7 +147,7 @@ class ZkSession:
         assert loop is not None, "ZkSession used before start()"
         future: asyncio.Future[Any] = loop.create_future()
 
-        def settle(done: Any) -> None:
+        def resolve(done: Any) -> None:
             if future.done():  # the caller was cancelled
                 return
             if done.successful():
@@ -157,7 +157,7 @@ class ZkSession:
 
         def on_kazoo_thread(done: Any) -> None:
             with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(settle, done)
+                loop.call_soon_threadsafe(resolve, done)
 
         result.rawlink(on_kazoo_thread)
         return await future

@@ -263,7 +263,7 @@ class ScriptCoalescer(Generic[E]):
             replies = [exc] * len(groups)
         for group, (keys, args), reply in zip(groups, calls, replies, strict=True):
             if isinstance(reply, NoScriptError):
-                reply = await _settle(self._script(self._redis, keys, args))
+                reply = await _as_value(self._script(self._redis, keys, args))
             _resolve(group, reply)
 
 
@@ -284,7 +284,7 @@ def _resolve(group: list[tuple[E, asyncio.Future[Any]]], reply: Any) -> None:
             future.set_result(own)
 
 
-async def _settle(awaitable: Awaitable[Any]) -> Any:
+async def _as_value(awaitable: Awaitable[Any]) -> Any:
     """The awaitable's result, or the exception it raised, as a value."""
     try:
         return await awaitable
