@@ -164,17 +164,17 @@ class Script:
                 return await _evalsha(redis, self.sha, keys, args)
 
 
-def read_script(name: str, lua_dir: Traversable = LUA_DIR) -> Script:
+def read_script(name: str) -> Script:
     """Read ``lua/<name>.lua`` into a :class:`Script` (not yet loaded)."""
-    return Script(name=name, source=(lua_dir / f"{name}.lua").read_text())
+    return Script(name=name, source=(LUA_DIR / f"{name}.lua").read_text())
 
 
-def read_composed(name: str, inner: str, lua_dir: Traversable = LUA_DIR) -> Script:
+def read_composed(name: str, inner: str) -> Script:
     """``lua/<name>.lua`` preceded by ``lua/<inner>.lua`` wrapped as the local
     function ``<inner>()``: one script that calls another's whole body, so the
     two run atomically and the inner one's logic is not copied."""
-    body = (lua_dir / f"{inner}.lua").read_text()
-    outer = (lua_dir / f"{name}.lua").read_text()
+    body = (LUA_DIR / f"{inner}.lua").read_text()
+    outer = (LUA_DIR / f"{name}.lua").read_text()
     return Script(name=name, source=f"local function {inner}()\n{body}\nend\n{outer}")
 
 
