@@ -3,7 +3,8 @@
 Two libraries are reached into, each pinned to one release in pyproject.toml:
 
 - redis-py: ``gateway.redis.scripts._send`` is ``send_packed_command`` with its
-  write bounded in the caller's task, calling the private ``_send_packed_command``;
+  write bounded in the caller's task, calling the private ``_send_packed_command``
+  (and ``gateway.lock.subscriber`` drives a connection below the client);
 - aiohttp: ``gateway.http.fastpath`` swaps ``web.Server.request_handler`` after
   start-up, and ``gateway.http.limits`` subclasses ``RequestHandler`` (reading
   its ``_messages``, ``_current_request`` and ``_loop``) and ``BaseSite``
@@ -31,6 +32,7 @@ import hiredis
 import pytest
 from aiohttp import StreamReader, web, web_protocol
 from packaging.requirements import Requirement
+from redis.asyncio.cluster import ClusterNode
 from redis.asyncio.connection import AbstractConnection, Connection, ConnectionPool
 
 from gateway.redis.scripts import _send
@@ -75,6 +77,14 @@ def test_the_redis_internals_send_calls_keep_their_shape() -> None:
     assert _parameters(ConnectionPool.get_connection)[:2] == ["self", "command_name"]
     retry = inspect.signature(Connection().retry.call_with_retry).parameters
     assert list(retry)[:2] == ["do", "fail"] and retry["with_failure_count"].default is False
+
+
+def test_the_connection_calls_of_the_locks_subscriber_keep_their_shape() -> None:
+    """gateway.lock.subscriber drives one connection itself: an unbounded read that
+    takes push messages, on a cluster node's connection taken and given back."""
+    read = inspect.signature(AbstractConnection.read_response).parameters
+    assert {"timeout", "push_request"} <= set(read)
+    assert callable(ClusterNode.acquire_connection) and callable(ClusterNode.release)
 
 
 def test_hiredis_packs_a_call_as_redis_py_would() -> None:
