@@ -4,17 +4,20 @@
 
 FROM python:3.11-slim AS build
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md requirements.lock ./
 COPY gateway ./gateway
 COPY lua ./lua
 COPY sql ./sql
-# The gateway's wheel and every dependency's, so the runtime installs offline.
-RUN pip wheel --no-cache-dir --wheel-dir /wheels .
+# The gateway's wheel and every dependency's, at the lock's versions (the ones
+# CI tested), so the runtime installs offline.
+RUN pip wheel --no-cache-dir --wheel-dir /wheels -c requirements.lock . \
+    && cp requirements.lock /wheels/
 
 FROM python:3.11-slim AS runtime
 RUN useradd --system --uid 10001 --no-create-home --shell /usr/sbin/nologin flashsale
 COPY --from=build /wheels /wheels
-RUN pip install --no-cache-dir --no-index --find-links /wheels flashsale-gateway \
+RUN pip install --no-cache-dir --no-index --find-links /wheels \
+        -c /wheels/requirements.lock flashsale-gateway \
     && rm -rf /wheels
 ENV GATEWAY_HOST=0.0.0.0 \
     GATEWAY_PORT=8080 \

@@ -9,6 +9,12 @@ BIN     := $(VENV)/bin
 # loadtests/ too). Not named BASE: `make ab BASE=<rev>` takes that name.
 SERVING := $(VENV)/.serving
 STAMP   := $(VENV)/.installed
+# Every install takes its versions from the lock (uv's resolution of pyproject.toml,
+# every extra, for Python 3.11): CI, the image and `make run` get the same set.
+# `make lock` refreshes it after pyproject.toml changes, keeping the versions that
+# still fit; `make lock LOCK_ARGS=--upgrade` moves every package to its newest.
+LOCK    := requirements.lock
+UV      := uv==0.13.9
 # `make run`'s admin token and admission secret, unless the environment sets them.
 GATEWAY_ADMIN_TOKEN ?= dev-admin-token
 GATEWAY_ADMISSION_SECRET ?= dev-admission-secret
@@ -16,19 +22,25 @@ GATEWAY_ADMISSION_SECRET ?= dev-admission-secret
 export GATEWAY_DATABASE_URL ?= postgresql://postgres@127.0.0.1:5432/flashsale
 export GATEWAY_REDIS_URL ?= redis://127.0.0.1:6379/0
 
-.PHONY: run test check lint typecheck pytest services bench locust chaos audit clean compare ab
+.PHONY: run test check lint typecheck pytest services bench locust chaos audit clean compare ab lock
 
-$(SERVING): pyproject.toml
+$(SERVING): pyproject.toml $(LOCK)
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q -U pip
-	$(BIN)/pip install -q -e .
+	$(BIN)/pip install -q -c $(LOCK) -e .
 	touch $@
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml $(LOCK)
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q -U pip
-	$(BIN)/pip install -q -e '.[dev,bench]'
+	$(BIN)/pip install -q -c $(LOCK) -e '.[dev,bench]'
 	touch $(SERVING) $@
+
+lock:
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q $(UV)
+	$(BIN)/uv pip compile -q pyproject.toml --all-extras --python-version 3.11 \
+		--custom-compile-command 'make lock' $(LOCK_ARGS) -o $(LOCK)
 
 services:
 	@bash scripts/services.sh

@@ -15,6 +15,11 @@ outcome counted and timed). Every other request, a purchase with ``Expect:
 100-continue`` or a query string included, goes to the application as before.
 What a client sees is the same either way; ``tests/e2e/test_fastpath.py`` holds
 both paths to that.
+
+``request_handler`` is not a documented setting: aiohttp's protocol copies it
+when a connection is accepted, which is why a swap after start-up takes effect.
+aiohttp is pinned to the release that does so, and
+``tests/unit/test_library_reaches.py`` fails when it stops.
 """
 
 from __future__ import annotations

@@ -21,6 +21,10 @@ and refuses connections beyond ``GATEWAY_MAX_CONNECTIONS`` per process at
 once, with a 503 and a close, before any byte is read. Errors the parser
 answers itself (bad request line, headers too long or too many) are JSON like
 every other error.
+
+Both classes lean on aiohttp's internals (the handler's message queue, the
+site's fields): aiohttp is pinned, and ``tests/unit/test_library_reaches.py``
+fails when what they read changes.
 """
 
 from __future__ import annotations

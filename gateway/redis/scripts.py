@@ -101,21 +101,25 @@ async def _send(conn: AbstractConnection, packed: bytes) -> None:
     turn of the event loop later, behind every callback ready by then and a
     poll of every socket (in stock 1.03x the requests a second without it,
     ``make ab``, docs/performance.md). Here ``asyncio.timeout`` bounds it in
-    the caller's task; the connect, the health check, the disconnect on a
-    failed write and the errors raised are redis-py's.
+    the caller's task; all else is redis-py 8.1.0's ``send_packed_command``
+    line for line (the connect, the health check, the disconnect on a failed
+    write, the errors raised), which ``tests/unit/test_library_reaches.py``
+    holds it to: redis is pinned to that release in pyproject.toml.
     """
     if not conn.is_connected:
-        await conn.connect()  # type: ignore[no-untyped-call]
+        await conn.connect_check_health(check_health=False)
     await conn.check_health()  # type: ignore[no-untyped-call]
     try:
-        async with asyncio.timeout(conn.socket_timeout):
+        # A socket timeout of None or 0 leaves the write unbounded, as redis-py does.
+        async with asyncio.timeout(conn.socket_timeout or None):
             await conn._send_packed_command([packed])
     except TimeoutError:
         await conn.disconnect(nowait=True)
         raise RedisTimeoutError("Timeout writing to socket") from None
     except OSError as exc:
         await conn.disconnect(nowait=True)
-        raise RedisConnectionError(f"Error while writing to socket: {exc!r}") from exc
+        err_no, errmsg = ("UNKNOWN", exc.args[0]) if len(exc.args) == 1 else exc.args[:2]
+        raise RedisConnectionError(f"Error {err_no} while writing to socket. {errmsg}.") from exc
     except BaseException:
         # Cancelled mid-write: what was sent of the command is unknown.
         await conn.disconnect(nowait=True)
@@ -164,17 +168,17 @@ class Script:
                 return await _evalsha(redis, self.sha, keys, args)
 
 
-def read_script(name: str, lua_dir: Traversable = LUA_DIR) -> Script:
+def read_script(name: str) -> Script:
     """Read ``lua/<name>.lua`` into a :class:`Script` (not yet loaded)."""
-    return Script(name=name, source=(lua_dir / f"{name}.lua").read_text())
+    return Script(name=name, source=(LUA_DIR / f"{name}.lua").read_text())
 
 
-def read_composed(name: str, inner: str, lua_dir: Traversable = LUA_DIR) -> Script:
+def read_composed(name: str, inner: str) -> Script:
     """``lua/<name>.lua`` preceded by ``lua/<inner>.lua`` wrapped as the local
     function ``<inner>()``: one script that calls another's whole body, so the
     two run atomically and the inner one's logic is not copied."""
-    body = (lua_dir / f"{inner}.lua").read_text()
-    outer = (lua_dir / f"{name}.lua").read_text()
+    body = (LUA_DIR / f"{inner}.lua").read_text()
+    outer = (LUA_DIR / f"{name}.lua").read_text()
     return Script(name=name, source=f"local function {inner}()\n{body}\nend\n{outer}")
 
 

@@ -3,9 +3,10 @@ from a directory outside the repository.
 
 The wheel is built offline from a copy of the sources (``pip wheel
 --no-build-isolation`` with the dev venv's setuptools) and installed, with its
-dependencies from the index the Makefile's pip uses, into a virtualenv made
-once per session. Nothing of the repository is on that interpreter's path, so
-the Lua scripts and SQL migrations must come from the wheel itself.
+dependencies at the lock's versions (as the image installs them) from the
+index the Makefile's pip uses, into a virtualenv made once per session.
+Nothing of the repository is on that interpreter's path, so the Lua scripts
+and SQL migrations must come from the wheel itself.
 """
 
 from __future__ import annotations
@@ -59,7 +60,8 @@ def wheel_venv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     [wheel] = (root / "dist").glob("flashsale_gateway-*.whl")
     _run([sys.executable, "-m", "venv", str(root / "venv")], root)
     bin_dir = root / "venv" / "bin"
-    _run([str(bin_dir / "pip"), "install", "-q", str(wheel)], root)
+    lock = str(REPO / "requirements.lock")
+    _run([str(bin_dir / "pip"), "install", "-q", "-c", lock, str(wheel)], root)
     yield bin_dir
 
 

@@ -5,10 +5,11 @@ that exist; compose refuses to start without its secrets and publishes only the
 public door beyond loopback; the HAProxy config compose mounts is the one the
 native HAProxy test runs, with the long poll's timeout and JSON errors; the
 alert rules and dashboard query the metrics the gateway exports; the Dockerfile
-builds a wheel, runs as non-root, checks /readyz and stops on SIGTERM.
-``make run`` honours the environment's admin token and admission secret and
-installs only what serving needs; scripts/services.sh checks the addresses
-the URLs name.
+builds a wheel at the lock's versions, runs as non-root, checks /readyz and
+stops on SIGTERM. ``make run`` honours the environment's admin token and
+admission secret and installs only what serving needs, at the lock's versions;
+``make lock`` writes the lock; scripts/services.sh checks the addresses the
+URLs name.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from gateway.server import CLOSE_S
@@ -111,11 +113,13 @@ def test_grafana_provisions_the_datasource_and_dashboard() -> None:
 
 
 def test_dockerfile_builds_a_wheel_for_a_non_root_runtime() -> None:
-    """Multi-stage, a wheel installed (never editable), non-root, /readyz health
-    check, SIGTERM to stop."""
+    """Multi-stage, a wheel installed (never editable) at the lock's versions,
+    non-root, /readyz health check, SIGTERM to stop."""
     text = (ROOT / "Dockerfile").read_text()
     assert len(re.findall(r"^FROM ", text, re.M)) == 2
     assert "pip wheel" in text and not re.search(r"pip install[^\n]* -e\b", text)
+    pips = re.findall(r"pip (?:wheel|install) [^&]*", text.replace("\\\n", " "))
+    assert len(pips) == 2 and all(re.search(r" -c \S*requirements\.lock ", p) for p in pips)
     users = re.findall(r"^USER (\S+)", text, re.M)
     assert users and users[-1] not in ("root", "0")
     assert re.search(r"^HEALTHCHECK .*\n?.*/readyz", text, re.M)
@@ -311,17 +315,30 @@ def test_make_run_serves_with_the_token_and_secret_the_environment_sets() -> Non
     assert serve.format("dev-admin-token", "dev-admission-secret") in _dry_run("run")
 
 
-def test_make_run_installs_only_what_serving_needs() -> None:
-    """With pyproject.toml newer than the stamps (a fresh clone, a changed
-    dependency), ``make run`` installs the package without extras; the test
-    targets install the dev and bench extras."""
+@pytest.mark.parametrize("changed", ["pyproject.toml", "requirements.lock"])
+def test_make_run_installs_only_what_serving_needs(changed: str) -> None:
+    """With pyproject.toml or the lock newer than the stamps (a fresh clone, a
+    changed dependency), ``make run`` installs the package without extras; the
+    test targets install the dev and bench extras; both at the lock's versions."""
 
     def installs(target: str) -> list[str]:
-        lines = _dry_run("-W", "pyproject.toml", target)
+        lines = _dry_run("-W", changed, target)
         return [line for line in lines if "pip install" in line and "-U pip" not in line]
 
-    assert installs("run") == [".venv/bin/pip install -q -e ."]
-    assert installs("pytest") == [".venv/bin/pip install -q -e '.[dev,bench]'"]
+    assert installs("run") == [".venv/bin/pip install -q -c requirements.lock -e ."]
+    assert installs("pytest") == [".venv/bin/pip install -q -c requirements.lock -e '.[dev,bench]'"]
+
+
+def test_make_lock_resolves_every_extra_into_the_lock() -> None:
+    """``make lock`` installs uv and writes pyproject.toml's resolution, every extra
+    included, to requirements.lock."""
+    # make's own lines aside ("make[1]: Entering directory", run under make).
+    lines = [line for line in _dry_run("lock") if not line.startswith("make")]
+    recipe = " ".join(lines).replace("\\", " ").split()
+    assert ".venv/bin/pip install -q uv==" in " ".join(recipe)
+    compile_ = " ".join(recipe[recipe.index("compile") :])
+    assert compile_.startswith("compile -q pyproject.toml --all-extras --python-version 3.11 ")
+    assert compile_.endswith(" -o requirements.lock")
 
 
 def test_services_checks_the_redis_and_postgresql_the_urls_name(tmp_path: Path) -> None:
