@@ -1,10 +1,12 @@
-"""The README's API examples, run as pasted against a gateway started by ``make run``.
+"""The docs' API examples, run as pasted against a gateway started by ``make run``.
 
-Every fenced ``sh`` block of the README's "HTTP API v1" section is run by bash,
-each ``curl`` preceded by a ``# expect NNN`` line naming the status it must
-get. ``make run`` itself starts the gateway (its admin token, admission secret
-and demo sku), on this test's port, database and key prefix; nothing else is
-configured, so what the README shows is what a newcomer gets.
+Every fenced ``sh`` block that runs ``curl``, in the README and in every page
+of ``docs/`` (today: docs/api.md's "Try it"), is run by bash, each ``curl``
+preceded by a ``# expect NNN`` line naming the status it must get. The README
+runs first, then the pages in name order, each block in order, against one
+gateway: ``make run`` itself starts it (its admin token, admission secret and
+demo sku), on this test's port, database and key prefix; nothing else is
+configured, so what the docs show is what a newcomer gets.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import os
 import re
 import signal
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import aiohttp
 import pytest
@@ -24,7 +27,8 @@ from testkit.ports import HOST, free_port
 from testkit.processes import Child, make_tmp, remove_tmp, tail
 from testkit.services import REDIS_URL, create_database, drop_database
 
-README_URL = "http://127.0.0.1:8080"
+# The address the examples name: make run's.
+DOCS_URL = "http://127.0.0.1:8080"
 EXPECT = re.compile(r"^# expect (\d{3})\b", re.M)
 # A line that runs curl (not a comment).
 CURL = re.compile(r"^(?!\s*#).*\bcurl\s", re.M)
@@ -32,22 +36,28 @@ CURL = re.compile(r"^(?!\s*#).*\bcurl\s", re.M)
 PRELUDE = "curl() { command curl -w '%{stderr}status %{http_code}\\n' \"$@\"; }\n"
 
 
-def api_blocks() -> list[str]:
-    """The fenced sh blocks of the README's "HTTP API v1" section."""
-    text = (REPO / "README.md").read_text()
-    start = text.index("## HTTP API v1")
-    end = text.find("\n## ", start + 1)
-    section = text[start : end if end != -1 else len(text)]
-    return re.findall(r"```sh\n(.*?)```", section, re.S)
+def doc_files() -> list[Path]:
+    """The README, then every page of docs/ (and below it) in name order."""
+    return [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
+
+
+def curl_blocks() -> list[tuple[str, str]]:
+    """(file, block) of each fenced sh block of the docs that runs curl, in order."""
+    found: list[tuple[str, str]] = []
+    for path in doc_files():
+        for block in re.findall(r"```sh\n(.*?)```", path.read_text(), re.S):
+            if CURL.search(block):
+                found.append((str(path.relative_to(REPO)), block))
+    return found
 
 
 def test_every_curl_has_an_expected_status() -> None:
-    """Each curl of the API section is announced by one ``# expect`` line, so
-    none goes unchecked."""
-    blocks = api_blocks()
-    assert blocks, "no sh block in the README's API section"
-    for block in blocks:
-        assert len(EXPECT.findall(block)) == len(CURL.findall(block)), block
+    """Each curl of the docs is announced by one ``# expect`` line, so none goes
+    unchecked; the API's examples are among them."""
+    blocks = curl_blocks()
+    assert "docs/api.md" in {name for name, _ in blocks}, "no curl block in docs/api.md"
+    for name, block in blocks:
+        assert len(EXPECT.findall(block)) == len(CURL.findall(block)), f"{name}:\n{block}"
 
 
 @pytest.fixture
@@ -92,11 +102,11 @@ async def _ready(child: Child, url: str) -> None:
         await wait_for(ready, within=90, what="make run's /readyz")
 
 
-async def test_readme_examples_answer_as_documented(make_run_url: str) -> None:
-    """Every curl of the API section gets the status its ``# expect`` line says,
-    run in order, as pasted, against ``make run``'s gateway."""
-    for block in api_blocks():
-        script = PRELUDE + block.replace(README_URL, make_run_url)
+async def test_doc_examples_answer_as_documented(make_run_url: str) -> None:
+    """Every curl of the docs gets the status its ``# expect`` line says, run in
+    order, as pasted, against ``make run``'s gateway."""
+    for name, block in curl_blocks():
+        script = PRELUDE + block.replace(DOCS_URL, make_run_url)
         proc = await asyncio.create_subprocess_exec(
             "bash",
             "-c",
@@ -109,6 +119,6 @@ async def test_readme_examples_answer_as_documented(make_run_url: str) -> None:
         expected = EXPECT.findall(block)
         steps = list(zip(expected, got, strict=False))
         assert got == expected, (
-            f"README example statuses differ (expected, got): {steps}\n"
+            f"{name}: example statuses differ (expected, got): {steps}\n"
             f"stdout:\n{out.decode()}\nstderr:\n{err.decode()}"
         )

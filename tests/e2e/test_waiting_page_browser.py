@@ -35,7 +35,7 @@ pytestmark = pytest.mark.timeout(600)
 
 StartGateway = Callable[..., Awaitable[Client]]
 # WAITING_PAGE_SHOTS=docs saves the happy path's waiting, admitted and confirmed
-# screenshots there: the README's pictures are taken by this test.
+# screenshots there: docs/waiting-page.md's pictures are taken by this test.
 SHOTS_DIR = os.environ.get("WAITING_PAGE_SHOTS")
 
 

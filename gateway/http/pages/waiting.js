@@ -3,7 +3,7 @@
 // then walks the API: GET /v1/skus/{sku}, POST /v1/queue/{sku}, GET
 // /v1/queue/{sku}/{ticket} at the poll_after_s it is told, POST /v1/purchase.
 // #waiting-room's data-state (and data-position, data-order-id,
-// data-starts-at) say where the buyer stands; README "The waiting-room page".
+// data-starts-at) say where the buyer stands; docs/waiting-page.md.
 "use strict";
 (() => {
   const T = JSON.parse(document.getElementById("wr-texts").textContent);
