@@ -162,7 +162,8 @@ def document(
     chart_line = (
         "![confirmed/s per combination and condition](strategies.png)\n"
         if chart
-        else "(No chart: matplotlib is not installed; `pip install -e '.[bench]'`.)\n"
+        else "(No chart: matplotlib is not installed;"
+        " `pip install -c requirements.lock -e '.[bench]'`.)\n"
     )
     return f"""# Deduction strategies and lock families, measured
 
