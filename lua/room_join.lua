@@ -10,7 +10,7 @@
 -- KEYS[6] pending  hash:   the sku's reservation ledger (read only)
 -- KEYS[7] early    string: the last join sequence given out before the start
 -- ARGV[1] user_id, ARGV[2] a fresh ticket, used only if the user has none
--- ARGV[3] retention in ms: the queue's keys live that long after a join
+-- ARGV[3] retention in ms: the room's keys live that long after a join
 -- ARGV[4] the sale's start in ms since the epoch, 0 when it has no start
 -- ARGV[5] the room's admission token lifetime in ms
 --
@@ -19,7 +19,7 @@
 --   {"joined", ticket, position, waiting} position 1 is the head; 0 when the
 --                                         ticket was already admitted
 --
--- Sold out is decided here, with the join, so nobody is queued for a sku that
+-- Sold out is decided here, with the join, so nobody joins the line for a sku that
 -- is already gone; a missing stock key is not sold out (it is reloaded on the
 -- next purchase). A user whose admission expired (its token's lifetime passed,
 -- by Redis's clock) joins again at the back of the line with the fresh ticket:

@@ -11,7 +11,7 @@
 -- KEYS[6] early    string: the last join sequence given out before the start
 -- KEYS[7] shuffled string: set once the early arrivals were shuffled
 -- ARGV[1] ticket, ARGV[2] admit_per_s (>= 1)
--- ARGV[3] retention in ms: the queue's keys live that long after an admission
+-- ARGV[3] retention in ms: the room's keys live that long after an admission
 -- ARGV[4] the sale's start in ms since the epoch, 0 when it has no start
 -- ARGV[5] "1" to shuffle the early arrivals at the start, else "0"
 -- ARGV[6] a random salt, the shuffle's only source of chance
@@ -22,7 +22,7 @@
 --   {"admitted", user_id, admitted_ms, admitted_now, waiting}  the ticket is through
 --   {"waiting", user_id, position, admitted_now, waiting}      position 1 is the head
 -- admitted_now is how many people this call let in and waiting how many are
--- left in the queue (for the metrics).
+-- left in the line (for the metrics).
 --
 -- Admission is a sliding window over Redis TIME: a ticket goes through only
 -- while fewer than admit_per_s were admitted in the last 1000 ms, so no second
