@@ -37,7 +37,6 @@ from gateway.domain.errors import (
 )
 from gateway.domain.model import (
     DUPLICATE,
-    REDIS_FREE,
     SOLD_OUT,
     Order,
     Outcome,
@@ -62,9 +61,6 @@ from gateway.write.flusher import Flusher
 
 log = structlog.get_logger(__name__)
 
-# The strategies whose purchases reserve in Redis first (the others decide in
-# PostgreSQL alone, gateway.strategies).
-_RESERVING = frozenset({Strategy.RESERVE_BATCH, Strategy.QUEUE})
 # How long after reserve.lua answered "unverified" this gateway checks a sku's
 # purchases in PostgreSQL before its one reserve.lua call, instead of learning
 # again from a first call each time. Then a purchase asks Redis first again:
@@ -165,7 +161,7 @@ class Purchases:
             raise InvalidRequest(f"qty exceeds the per-user limit of {info.per_user_limit}")
         # The one place the strategy is chosen: the sku's own, else the gateway's.
         strategy = self._catalog.strategy_of(info)
-        if strategy not in _RESERVING:
+        if not strategy.reserves:
             return await self._deduct(strategy, purchase, info, client)
         confirmed = self._soldout.lookup(purchase.sku)
         if confirmed is not None:
@@ -290,7 +286,7 @@ class Purchases:
     async def available(self, sku: str) -> int:
         """Units left to reserve: Redis's count, else the database's (the only count
         of a sku whose strategy keeps no Redis state); raises UnknownSku."""
-        if await self._catalog.strategy(sku) in REDIS_FREE:
+        if not (await self._catalog.strategy(sku)).reserves:
             return await self._orders.stock(sku) or 0
         available = await self._reservations.available(sku)
         if available is None:
@@ -300,7 +296,7 @@ class Purchases:
     async def settled_sold_out(self, info: SkuInfo) -> bool:
         """Whether ``info``'s sku has nothing left to sell: no stock, and for a
         strategy that reserves in Redis nothing pending that could come back."""
-        if self._catalog.strategy_of(info) in REDIS_FREE:
+        if not self._catalog.strategy_of(info).reserves:
             return (await self._orders.stock(info.sku) or 0) <= 0
         return await self._reservations.settled_sold_out(info.sku)
 

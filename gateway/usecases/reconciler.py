@@ -18,7 +18,7 @@ A reservation of the queue strategy still in its sku's stream is not stale,
 however old: a writer will commit it (step 1 skips it); its units count as
 pending in step 2 like any reservation's.
 
-A sku whose strategy keeps no Redis state (``gateway.domain.model.REDIS_FREE``) has
+A sku whose strategy keeps no Redis state (``Strategy.reserves`` false) has
 no counter to compare: step 1 still settles what an earlier reserve-batch sale
 left in its ledger, step 2 is skipped. Its books (stock + sold = provided) are
 the database's alone, which the audit checks.
@@ -35,7 +35,7 @@ import structlog
 from redis.exceptions import RedisError
 
 from gateway.domain.errors import Unavailable
-from gateway.domain.model import REDIS_FREE, Verdict
+from gateway.domain.model import Verdict
 from gateway.lock import LockError
 from gateway.postgres.orders import Orders
 from gateway.redis.reservations import Reservations, Settlement
@@ -145,7 +145,7 @@ class Reconciler:
         if settlements:
             await reservations.settle(sku, settlements, None)
             log.warning("reservations_settled", sku=sku, count=len(settlements))
-        if self._catalog is not None and await self._catalog.strategy(sku) in REDIS_FREE:
+        if self._catalog is not None and not (await self._catalog.strategy(sku)).reserves:
             drift, pending, repaired = 0, sum(p.qty for p in await reservations.pending(sku)), False
         else:
             drift, pending, repaired = await self._check(sku, exact=exact)
