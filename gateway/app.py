@@ -168,24 +168,14 @@ def build_gateway(opened: Opened) -> Gateway:
     """Every use case of a gateway, handed its adapters; nothing started, no I/O."""
     settings, metrics, orders = opened.settings, opened.metrics, opened.orders
     flushing = build_flushing(opened)
-    reservations, locks, flusher = flushing.reservations, flushing.locks, flushing.flusher
-    metrics.lock.set_lease(settings.lock_lease_s)
+    reservations, locks = flushing.reservations, flushing.locks
     catalog, soldout = Catalog(orders, settings.strategy), SoldOut()
-    batcher = Batcher(
-        flusher.flush,
-        batch_max=settings.batch_max,
-        batch_wait_s=settings.batch_wait_ms / 1000,
-        backlog_max=settings.backlog_max,
-        on_idle=flusher.idle,
-        on_the_way=reservations.on_the_way,
-    )
+    batcher = _batcher(settings, flushing)
     lanes = _lanes(settings, metrics, batcher)
     rebuilds = Rebuilds(reservations, orders, metrics.rebuilds, share=settings.rebuild_share)
-    purchases = _purchases(opened, flushing, catalog, soldout, rebuilds, lanes or batcher)
+    batching: Batching = batcher if lanes is None else lanes
+    purchases = _purchases(opened, flushing, catalog, soldout, rebuilds, batching)
     rooms = Rooms(opened.redis, settings, on_noscript=metrics.scripts.reloaded)
-    signer = None
-    if settings.admission_secret is not None:
-        signer = Signer(settings.admission_secret, settings.admission_secret_previous)
     servability = Servability(settings, orders)
     feed = ChangeFeed(opened.redis, channel(settings.key_prefix), subscribers=(soldout, catalog))
     return Gateway(
@@ -195,14 +185,7 @@ def build_gateway(opened: Opened) -> Gateway:
         rebuilds=rebuilds,
         rooms=rooms,
         purchases=purchases,
-        admissions=Admissions(
-            catalog=catalog,
-            soldout=soldout,
-            purchases=purchases,
-            rooms=rooms,
-            signer=signer,
-            observer=metrics.rooms,
-        ),
+        admissions=_admissions(opened, catalog, soldout, purchases, rooms),
         servability=servability,
         admin=StockAdmin(
             reservations=reservations,
@@ -213,23 +196,25 @@ def build_gateway(opened: Opened) -> Gateway:
             servability=servability,
             rebuilds=rebuilds,
         ),
-        reconciler=Reconciler(
-            reservations=reservations,
-            orders=orders,
-            locks=locks,
-            timeout_s=settings.reservation_timeout_s,
-            interval_s=settings.reconcile_interval_s,
-            publish=metrics.reconciler.sku_state,
-            queued=flushing.streams.queued_ids,
-            catalog=catalog,
-            rebuilds=rebuilds,
-        ),
+        reconciler=_reconciler(opened, flushing, catalog, rebuilds),
         tracker=OrderTracker(orders=orders, streams=flushing.streams),
         feed=feed,
         lag=LoopLag(metrics.loop.lagged, stall_report_s=settings.loop_stall_report_s),
         # Any sku may be put on the queue strategy: the writer serves those
         # whose stream exists, found once a second.
         writer=_writer(opened, flushing) if settings.queue_writer else None,
+    )
+
+
+def _batcher(settings: Settings, flushing: Flushing) -> Batcher:
+    """The batcher in front of the flusher."""
+    return Batcher(
+        flushing.flusher.flush,
+        batch_max=settings.batch_max,
+        batch_wait_s=settings.batch_wait_ms / 1000,
+        backlog_max=settings.backlog_max,
+        on_idle=flushing.flusher.idle,
+        on_the_way=flushing.reservations.on_the_way,
     )
 
 
@@ -282,6 +267,42 @@ def _purchases(
     )
 
 
+def _admissions(
+    opened: Opened, catalog: Catalog, soldout: SoldOut, purchases: Purchases, rooms: Rooms
+) -> Admissions:
+    """The waiting rooms in front of ``purchases``, signing tokens when a secret is set."""
+    settings = opened.settings
+    signer = None
+    if settings.admission_secret is not None:
+        signer = Signer(settings.admission_secret, settings.admission_secret_previous)
+    return Admissions(
+        catalog=catalog,
+        soldout=soldout,
+        purchases=purchases,
+        rooms=rooms,
+        signer=signer,
+        observer=opened.metrics.rooms,
+    )
+
+
+def _reconciler(
+    opened: Opened, flushing: Flushing, catalog: Catalog, rebuilds: Rebuilds
+) -> Reconciler:
+    """The reconciler of the reservations ``flushing`` makes and settles."""
+    settings = opened.settings
+    return Reconciler(
+        reservations=flushing.reservations,
+        orders=opened.orders,
+        locks=flushing.locks,
+        timeout_s=settings.reservation_timeout_s,
+        interval_s=settings.reconcile_interval_s,
+        publish=opened.metrics.reconciler.sku_state,
+        queued=flushing.streams.queued_ids,
+        catalog=catalog,
+        rebuilds=rebuilds,
+    )
+
+
 def deduction_strategies(
     settings: Settings, metrics: Metrics, pool: Pool[Any]
 ) -> dict[Strategy, Deduction]:
@@ -321,6 +342,7 @@ async def service_ctx(app: web.Application) -> AsyncIterator[None]:
     opened = _opened(app, app[ZOOKEEPER])
     gateway = build_gateway(opened)
     flushing = gateway.flushing
+    opened.metrics.lock.set_lease(opened.settings.lock_lease_s)
     await _load_scripts(opened, flushing)
     if await flushing.reservations.adopt(await opened.orders.identity()):
         log.warning("redis_state_dropped", reason="another database")
