@@ -66,6 +66,7 @@ log = structlog.get_logger(__name__)
 # well within the lease's 10 s).
 RECHECK_S = 1.0
 
+# Names the client's address, asked only when a client rate limit applies.
 Client = Callable[[], str | None] | None
 
 
