@@ -4,7 +4,10 @@
 (Redis, PostgreSQL with migrations, then the use cases with their scripts,
 locks and change feed) and stop in reverse; the connections' contexts live in
 :mod:`gateway.resources`. Here, and only here, each use case is handed the
-adapters it works with. A stop begins with the lame duck
+adapters it works with: :func:`build_gateway` builds the object graph from the
+settings and the opened resources without starting anything (a lone queue
+writer's by :func:`build_flushing`), and the cleanup contexts load the scripts,
+start the background tasks and stop them. A stop begins with the lame duck
 (``/readyz`` 503, purchases still served, see :func:`lame_duck`); then the
 batcher drains: new purchases get 503, queued batches finish.
 """
@@ -13,6 +16,8 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import structlog
 from aiohttp import web
@@ -30,6 +35,7 @@ from gateway.http.appkeys import (
     LANES,
     METRICS,
     ORDERS,
+    POOL,
     PROXIES,
     PURCHASES,
     RECONCILER,
@@ -50,8 +56,11 @@ from gateway.lock import LockSubscriber, load_lock_scripts
 from gateway.ops.answer_log import AnswerLog
 from gateway.ops.loop_lag import LoopLag
 from gateway.ops.metrics import BacklogMetrics, Metrics
+from gateway.postgres.database import Pool
+from gateway.postgres.lookups import Arbitrations, OrderLookups, PriorLookups
 from gateway.postgres.orders import Orders
 from gateway.redis.change_feed import ChangeFeed
+from gateway.redis.connections import RedisClient
 from gateway.redis.layout import channel
 from gateway.redis.reservations import Reservations
 from gateway.redis.rooms import Rooms
@@ -68,7 +77,8 @@ from gateway.usecases.admission import Admissions
 from gateway.usecases.admission_tokens import Signer
 from gateway.usecases.catalog import Catalog
 from gateway.usecases.doubt import RedisDoubt, window_for
-from gateway.usecases.purchases import Purchases
+from gateway.usecases.marking import SoldOutMarking
+from gateway.usecases.purchases import Batching, Deductions, Lookups, Purchases
 from gateway.usecases.rebuilds import Rebuilds
 from gateway.usecases.reconciler import Reconciler
 from gateway.usecases.sale_gate import SaleGate
@@ -78,8 +88,11 @@ from gateway.usecases.tracking import OrderTracker
 from gateway.write.batcher import Batcher
 from gateway.write.flusher import Flusher
 from gateway.write.lanes import HostLanes
-from gateway.write.sku_locks import sku_locks
+from gateway.write.sku_locks import SkuLocks, sku_locks
 from gateway.write.writer import QueueWriter
+
+if TYPE_CHECKING:
+    from gateway.lock.zk_session import ZkSession
 
 BACKLOG_SAMPLE_S = 0.5
 # Longest a stopping gateway waits for its background loops to end once cancelled.
@@ -88,123 +101,289 @@ TASK_STOP_S = 2.0
 log = structlog.get_logger(__name__)
 
 
-async def service_ctx(app: web.Application) -> AsyncIterator[None]:
-    """The use cases: scripts loaded, change feed subscribed; drained on stop."""
-    settings, metrics = app[SETTINGS], app[METRICS]
-    redis, orders = app[REDIS], app[ORDERS]
+@dataclass(frozen=True, slots=True)
+class Opened:
+    """The resources the cleanup contexts before this one opened."""
+
+    settings: Settings
+    metrics: Metrics
+    redis: RedisClient
+    pool: Pool[Any]
+    orders: Orders
+    # The flush locks' session, with GATEWAY_FLUSH_LOCK=zookeeper only.
+    zookeeper: ZkSession | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Flushing:
+    """What a gateway and a lone queue writer both flush through."""
+
+    reservations: Reservations
+    lock_subscriber: LockSubscriber
+    locks: SkuLocks
+    flusher: Flusher
+    streams: Streams
+    doubt: RedisDoubt
+
+
+@dataclass(frozen=True, slots=True)
+class Gateway:
+    """A gateway's object graph, built and not started (:func:`build_gateway`)."""
+
+    flushing: Flushing
+    batcher: Batcher
+    lanes: HostLanes | None
+    rebuilds: Rebuilds
+    rooms: Rooms
+    purchases: Purchases
+    admissions: Admissions
+    servability: Servability
+    admin: StockAdmin
+    reconciler: Reconciler
+    tracker: OrderTracker
+    feed: ChangeFeed
+    lag: LoopLag
+    writer: QueueWriter | None
+
+
+def build_flushing(opened: Opened) -> Flushing:
+    """The reservations, the flush locks and the flusher on ``opened``; nothing started."""
+    settings, metrics, redis = opened.settings, opened.metrics, opened.redis
     reservations = Reservations(redis, settings, on_noscript=metrics.scripts.reloaded)
-    await patiently("redis", settings.startup_wait_s, reservations.load_scripts)
-    await load_lock_scripts(redis)
-    if await reservations.adopt(await orders.identity()):
-        log.warning("redis_state_dropped", reason="another database")
     lock_subscriber = LockSubscriber(redis, client_name=f"{settings.key_prefix}-lock-sub")
-    locks = sku_locks(settings, redis, orders.pool, lock_subscriber, metrics.lock, app[ZOOKEEPER])
-    metrics.lock.set_lease(settings.lock_lease_s)
-    deductions = synchronous_strategies(app)
-    catalog, soldout = Catalog(orders, settings.strategy), SoldOut()
+    locks = sku_locks(settings, redis, opened.pool, lock_subscriber, metrics.lock, opened.zookeeper)
     doubt = RedisDoubt(window_for(settings.reconcile_interval_s))
     flusher = Flusher(
         reservations=reservations,
-        orders=orders,
+        orders=opened.orders,
         locks=locks,
         observer=metrics.flushes,
         on_redis_failure=doubt.failed,
     )
-    batcher = Batcher(
-        flusher.flush,
+    streams = Streams(redis, settings)
+    return Flushing(reservations, lock_subscriber, locks, flusher, streams, doubt)
+
+
+def build_gateway(opened: Opened) -> Gateway:
+    """Every use case of a gateway, handed its adapters; nothing started, no I/O."""
+    settings, metrics, orders = opened.settings, opened.metrics, opened.orders
+    flushing = build_flushing(opened)
+    reservations, locks = flushing.reservations, flushing.locks
+    catalog, soldout = Catalog(orders, settings.strategy), SoldOut()
+    batcher = _batcher(settings, flushing)
+    lanes = _lanes(settings, metrics, batcher)
+    rebuilds = Rebuilds(reservations, orders, metrics.rebuilds, share=settings.rebuild_share)
+    batching: Batching = batcher if lanes is None else lanes
+    purchases = _purchases(opened, flushing, catalog, soldout, rebuilds, batching)
+    rooms = Rooms(opened.redis, settings, on_noscript=metrics.scripts.reloaded)
+    servability = Servability(settings, orders)
+    feed = ChangeFeed(opened.redis, channel(settings.key_prefix), subscribers=(soldout, catalog))
+    return Gateway(
+        flushing=flushing,
+        batcher=batcher,
+        lanes=lanes,
+        rebuilds=rebuilds,
+        rooms=rooms,
+        purchases=purchases,
+        admissions=_admissions(opened, catalog, soldout, purchases, rooms),
+        servability=servability,
+        admin=StockAdmin(
+            reservations=reservations,
+            orders=orders,
+            locks=locks,
+            catalog=catalog,
+            soldout=soldout,
+            servability=servability,
+            rebuilds=rebuilds,
+        ),
+        reconciler=_reconciler(opened, flushing, catalog, rebuilds),
+        tracker=OrderTracker(orders=orders, streams=flushing.streams),
+        feed=feed,
+        lag=LoopLag(metrics.loop.lagged, stall_report_s=settings.loop_stall_report_s),
+        # Any sku may be put on the queue strategy: the writer serves those
+        # whose stream exists, found once a second.
+        writer=_writer(opened, flushing) if settings.queue_writer else None,
+    )
+
+
+def _batcher(settings: Settings, flushing: Flushing) -> Batcher:
+    """The batcher in front of the flusher."""
+    return Batcher(
+        flushing.flusher.flush,
         batch_max=settings.batch_max,
         batch_wait_s=settings.batch_wait_ms / 1000,
         backlog_max=settings.backlog_max,
-        on_idle=flusher.idle,
-        on_the_way=reservations.on_the_way,
+        on_idle=flushing.flusher.idle,
+        on_the_way=flushing.reservations.on_the_way,
     )
-    app[RESERVATIONS], app[BATCHER] = reservations, batcher
-    lanes: HostLanes | None = None
-    if settings.lanes_dir is not None and settings.lane_count > 1:
-        lanes = HostLanes(
-            batcher,
-            directory=settings.lanes_dir,
-            index=settings.lane_index,
-            count=settings.lane_count,
-            backlog_max=settings.backlog_max,
-            observer=metrics.lanes,
-        )
-        await lanes.start()
-    app[LANES] = lanes
-    rebuilds = Rebuilds(reservations, orders, metrics.rebuilds, share=settings.rebuild_share)
-    streams = Streams(redis, settings)
-    app[TRACKER] = OrderTracker(orders=orders, streams=streams)
-    app[PURCHASES] = Purchases(
+
+
+def _lanes(settings: Settings, metrics: Metrics, batcher: Batcher) -> HostLanes | None:
+    """The host's lanes in front of ``batcher``, with several workers only."""
+    if settings.lanes_dir is None or settings.lane_count <= 1:
+        return None
+    return HostLanes(
+        batcher,
+        directory=settings.lanes_dir,
+        index=settings.lane_index,
+        count=settings.lane_count,
+        backlog_max=settings.backlog_max,
+        observer=metrics.lanes,
+    )
+
+
+def _purchases(
+    opened: Opened,
+    flushing: Flushing,
+    catalog: Catalog,
+    soldout: SoldOut,
+    rebuilds: Rebuilds,
+    batching: Batching,
+) -> Purchases:
+    """The purchase use case, with its look-ups and the strategies without Redis state."""
+    settings, metrics, orders = opened.settings, opened.metrics, opened.orders
+    reservations = flushing.reservations
+    deductions = Deductions(
+        deduction_strategies(settings, metrics, opened.pool),
+        gate=SaleGate(orders, settings),
+        draining=batching,
+        limit=settings.backlog_max,
+        observer=metrics.purchases,
+    )
+    return Purchases(
         catalog=catalog,
         soldout=soldout,
+        marking=SoldOutMarking(soldout, reservations, metrics.purchases),
         reservations=reservations,
-        orders=orders,
-        batcher=batcher if lanes is None else lanes,
-        flusher=flusher,
+        stocks=orders,
+        lookups=Lookups(OrderLookups(orders), PriorLookups(orders), Arbitrations(orders)),
+        batcher=batching,
+        flusher=flushing.flusher,
         rebuilds=rebuilds,
-        observer=metrics.purchases,
-        streams=streams,
+        streams=flushing.streams,
         deductions=deductions,
-        deductions_max=settings.backlog_max,
-        gate=SaleGate(orders, settings),
-        doubt=doubt,
+        doubt=flushing.doubt,
+        observer=metrics.purchases,
     )
-    rooms = Rooms(redis, settings, on_noscript=metrics.scripts.reloaded)
-    await rooms.load_scripts()
+
+
+def _admissions(
+    opened: Opened, catalog: Catalog, soldout: SoldOut, purchases: Purchases, rooms: Rooms
+) -> Admissions:
+    """The waiting rooms in front of ``purchases``, signing tokens when a secret is set."""
+    settings = opened.settings
     signer = None
     if settings.admission_secret is not None:
         signer = Signer(settings.admission_secret, settings.admission_secret_previous)
-    app[ADMISSIONS] = Admissions(
+    return Admissions(
         catalog=catalog,
         soldout=soldout,
-        purchases=app[PURCHASES],
+        purchases=purchases,
         rooms=rooms,
         signer=signer,
-        observer=metrics.rooms,
+        observer=opened.metrics.rooms,
     )
-    app[SERVABILITY] = servability = Servability(settings, orders)
-    await servability.report()
-    app[ADMIN] = StockAdmin(
-        reservations=reservations,
-        orders=orders,
-        locks=locks,
-        catalog=catalog,
-        soldout=soldout,
-        servability=servability,
-        rebuilds=rebuilds,
-    )
-    app[RECONCILER] = reconciler = Reconciler(
-        reservations=reservations,
-        orders=orders,
-        locks=locks,
+
+
+def _reconciler(
+    opened: Opened, flushing: Flushing, catalog: Catalog, rebuilds: Rebuilds
+) -> Reconciler:
+    """The reconciler of the reservations ``flushing`` makes and settles."""
+    settings = opened.settings
+    return Reconciler(
+        reservations=flushing.reservations,
+        orders=opened.orders,
+        locks=flushing.locks,
         timeout_s=settings.reservation_timeout_s,
         interval_s=settings.reconcile_interval_s,
-        publish=metrics.reconciler.sku_state,
-        queued=streams.queued_ids,
+        publish=opened.metrics.reconciler.sku_state,
+        queued=flushing.streams.queued_ids,
         catalog=catalog,
         rebuilds=rebuilds,
     )
-    feed = ChangeFeed(redis, channel(settings.key_prefix), subscribers=(soldout, catalog))
-    lag = LoopLag(metrics.loop.lagged, stall_report_s=settings.loop_stall_report_s)
-    tasks = [
-        asyncio.create_task(lag.run(), name="loop-lag"),
-        asyncio.create_task(feed.run(), name="change-feed"),
-        asyncio.create_task(reconciler.run(), name="reconciler"),
-        asyncio.create_task(_sample_backlog(batcher, metrics.backlog), name="backlog-sampler"),
-        asyncio.create_task(app[ANSWERS].run(), name="answer-summary"),
-    ]
-    # Any sku may be put on the queue strategy: the writer serves those whose
-    # stream exists, found once a second.
-    if settings.queue_writer:
-        writer = _writer(settings, streams, flusher, orders, metrics)
-        tasks.append(asyncio.create_task(writer.run(), name="queue-writer"))
+
+
+def deduction_strategies(
+    settings: Settings, metrics: Metrics, pool: Pool[Any]
+) -> dict[Strategy, Deduction]:
+    """The strategies that decide in PostgreSQL alone (``Strategy.reserves``
+    false), by name (gateway.strategies)."""
+    rows = Rows(pool)
+    return {
+        Strategy.SQL_DIRECT: SqlDirect(rows),
+        Strategy.OPTIMISTIC: Optimistic(rows, settings, metrics.optimistic),
+        Strategy.PESSIMISTIC: Pessimistic(rows),
+    }
+
+
+def _writer(opened: Opened, flushing: Flushing) -> QueueWriter:
+    """A queue writer; it looks for a dead writer's entries twice per claim idle time."""
+    return QueueWriter(
+        streams=flushing.streams,
+        flusher=flushing.flusher,
+        orders=opened.orders,
+        claim_every_s=opened.settings.writer_claim_idle_s / 2,
+        observer=opened.metrics.streams,
+    )
+
+
+def _opened(app: web.Application, zookeeper: ZkSession | None = None) -> Opened:
+    return Opened(app[SETTINGS], app[METRICS], app[REDIS], app[POOL], app[ORDERS], zookeeper)
+
+
+async def _load_scripts(opened: Opened, flushing: Flushing) -> None:
+    """Load the reservation and lock scripts, waiting for Redis at start-up."""
+    await patiently("redis", opened.settings.startup_wait_s, flushing.reservations.load_scripts)
+    await load_lock_scripts(opened.redis)
+
+
+async def service_ctx(app: web.Application) -> AsyncIterator[None]:
+    """The use cases: scripts loaded, change feed subscribed; drained on stop."""
+    opened = _opened(app, app[ZOOKEEPER])
+    gateway = build_gateway(opened)
+    flushing = gateway.flushing
+    opened.metrics.lock.set_lease(opened.settings.lock_lease_s)
+    await _load_scripts(opened, flushing)
+    if await flushing.reservations.adopt(await opened.orders.identity()):
+        log.warning("redis_state_dropped", reason="another database")
+    if gateway.lanes is not None:
+        await gateway.lanes.start()
+    await gateway.rooms.load_scripts()
+    await gateway.servability.report()
+    _publish(app, gateway)
+    tasks = _background(gateway, app[ANSWERS], opened.metrics.backlog)
     yield
-    await batcher.close()
-    if lanes is not None:
-        await lanes.close()
-    await rebuilds.close()
-    await lock_subscriber.aclose()
+    await gateway.batcher.close()
+    if gateway.lanes is not None:
+        await gateway.lanes.close()
+    await gateway.rebuilds.close()
+    await flushing.lock_subscriber.aclose()
     await _stop(tasks)
+
+
+def _publish(app: web.Application, gateway: Gateway) -> None:
+    """Hand the use cases to the views."""
+    app[RESERVATIONS] = gateway.flushing.reservations
+    app[BATCHER], app[LANES] = gateway.batcher, gateway.lanes
+    app[PURCHASES], app[ADMISSIONS] = gateway.purchases, gateway.admissions
+    app[SERVABILITY], app[ADMIN] = gateway.servability, gateway.admin
+    app[RECONCILER], app[TRACKER] = gateway.reconciler, gateway.tracker
+
+
+def _background(
+    gateway: Gateway, answers: AnswerLog, backlog: BacklogMetrics
+) -> list[asyncio.Task[None]]:
+    """Start the gateway's background loops."""
+    tasks = [
+        asyncio.create_task(gateway.lag.run(), name="loop-lag"),
+        asyncio.create_task(gateway.feed.run(), name="change-feed"),
+        asyncio.create_task(gateway.reconciler.run(), name="reconciler"),
+        asyncio.create_task(_sample_backlog(gateway.batcher, backlog), name="backlog-sampler"),
+        asyncio.create_task(answers.run(), name="answer-summary"),
+    ]
+    if gateway.writer is not None:
+        tasks.append(asyncio.create_task(gateway.writer.run(), name="queue-writer"))
+    return tasks
 
 
 async def _stop(tasks: list[asyncio.Task[None]]) -> None:
@@ -221,36 +400,16 @@ async def _stop(tasks: list[asyncio.Task[None]]) -> None:
         log.error("background_task_stuck", task=task.get_name())
 
 
-def _writer(
-    settings: Settings, streams: Streams, flusher: Flusher, orders: Orders, metrics: Metrics
-) -> QueueWriter:
-    """A queue writer; it looks for a dead writer's entries twice per claim idle time."""
-    return QueueWriter(
-        streams=streams,
-        flusher=flusher,
-        orders=orders,
-        claim_every_s=settings.writer_claim_idle_s / 2,
-        observer=metrics.streams,
-    )
-
-
 async def writer_ctx(app: web.Application) -> AsyncIterator[None]:
     """A stream writer on its own (``flashsale-gateway writer``): no HTTP, no batcher."""
-    settings, metrics = app[SETTINGS], app[METRICS]
-    redis, orders = app[REDIS], app[ORDERS]
-    reservations = Reservations(redis, settings, on_noscript=metrics.scripts.reloaded)
-    await patiently("redis", settings.startup_wait_s, reservations.load_scripts)
-    await load_lock_scripts(redis)
-    lock_subscriber = LockSubscriber(redis, client_name=f"{settings.key_prefix}-lock-sub")
-    locks = sku_locks(settings, redis, orders.pool, lock_subscriber, metrics.lock)
-    flusher = Flusher(
-        reservations=reservations, orders=orders, locks=locks, observer=metrics.flushes
-    )
-    writer = _writer(settings, Streams(redis, settings), flusher, orders, metrics)
+    opened = _opened(app)
+    flushing = build_flushing(opened)
+    writer = _writer(opened, flushing)
+    await _load_scripts(opened, flushing)
     task = asyncio.create_task(writer.run(), name="queue-writer")
     yield
     await _stop([task])
-    await lock_subscriber.aclose()
+    await flushing.lock_subscriber.aclose()
 
 
 def create_writer_app(settings: Settings) -> web.Application:
@@ -260,16 +419,6 @@ def create_writer_app(settings: Settings) -> web.Application:
     app[METRICS] = Metrics(settings.multiproc_dir)
     app.cleanup_ctx.extend([redis_ctx, database_ctx, writer_ctx])
     return app
-
-
-def synchronous_strategies(app: web.Application) -> dict[Strategy, Deduction]:
-    """The strategies that decide in PostgreSQL alone, by name (gateway.strategies)."""
-    rows = Rows(app[ORDERS].pool)
-    return {
-        Strategy.SQL_DIRECT: SqlDirect(rows),
-        Strategy.OPTIMISTIC: Optimistic(rows, app[SETTINGS], app[METRICS].optimistic),
-        Strategy.PESSIMISTIC: Pessimistic(rows),
-    }
 
 
 async def _sample_backlog(batcher: Batcher, backlog: BacklogMetrics) -> None:

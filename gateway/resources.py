@@ -15,7 +15,7 @@ import structlog
 from aiohttp import web
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from gateway.http.appkeys import ORDERS, REDIS, SETTINGS, ZOOKEEPER
+from gateway.http.appkeys import ORDERS, POOL, REDIS, SETTINGS, ZOOKEEPER
 from gateway.lock import create_fence_sequence
 from gateway.postgres.database import create_pool, migrate
 from gateway.postgres.orders import Orders
@@ -66,7 +66,7 @@ async def database_ctx(app: web.Application) -> AsyncIterator[None]:
     except BaseException:
         await pool.close()
         raise
-    app[ORDERS] = Orders(pool)
+    app[POOL], app[ORDERS] = pool, Orders(pool)
     yield
     try:
         async with asyncio.timeout(POOL_CLOSE_S):

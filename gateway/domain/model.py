@@ -184,8 +184,13 @@ class Strategy(StrEnum):
     PESSIMISTIC = "pessimistic"
     QUEUE = "queue"
 
+    @property
+    def reserves(self) -> bool:
+        """Whether a purchase reserves in Redis first (its counter, ledger and
+        hashes); the others decide in PostgreSQL alone (gateway.strategies), so
+        their sku has no Redis state for the reconciler or the audit to compare."""
+        return self in _RESERVING
 
-# The strategies that decide in PostgreSQL alone (gateway.strategies): a sku on
-# one of them has no Redis state (no counter, no ledger) for the reconciler or
-# the audit to compare.
-REDIS_FREE = frozenset({Strategy.SQL_DIRECT, Strategy.OPTIMISTIC, Strategy.PESSIMISTIC})
+
+# Read per purchase: a frozenset, not a chain of comparisons.
+_RESERVING = frozenset({Strategy.RESERVE_BATCH, Strategy.QUEUE})

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
@@ -13,6 +13,7 @@ from gateway.http.middlewares import Answer
 from gateway.http.waiting_page import WaitingPage
 from gateway.ops.answer_log import AnswerLog
 from gateway.ops.metrics import Metrics
+from gateway.postgres.database import Pool
 from gateway.postgres.orders import Orders
 from gateway.redis.connections import RedisClient
 from gateway.redis.reservations import Reservations
@@ -34,6 +35,8 @@ METRICS = web.AppKey("metrics", Metrics)
 REDIS = web.AppKey[RedisClient]("redis")
 RESERVATIONS = web.AppKey("reservations", Reservations)
 ORDERS = web.AppKey("orders", Orders)
+# The PostgreSQL pool itself, for what takes connections of its own (locks, strategies).
+POOL: web.AppKey[Pool[Any]] = web.AppKey("pool")
 # The batcher's closing is the instance's draining: purchases and /readyz ask it.
 BATCHER = web.AppKey("batcher", Batcher)
 # With several workers, the host's lanes: /readyz waits for them to link.

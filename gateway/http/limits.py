@@ -81,6 +81,19 @@ class LimitsObserver(Protocol):
     def read_timed_out(self) -> None: ...
 
 
+class _Unobserved:
+    """Limits nobody counts."""
+
+    def connection_refused(self) -> None:
+        """Nothing to count."""
+
+    def read_timed_out(self) -> None:
+        """Nothing to count."""
+
+
+UNOBSERVED = _Unobserved()
+
+
 @dataclass(slots=True)
 class Connections:
     """The open connections of one process, against their cap."""
@@ -98,7 +111,7 @@ class LimitedHandler(RequestHandler):
         *,
         connections: Connections,
         read_timeout_s: float,
-        observer: LimitsObserver | None,
+        observer: LimitsObserver,
         **kwargs: Any,
     ) -> None:
         super().__init__(manager, **kwargs)
@@ -115,8 +128,7 @@ class LimitedHandler(RequestHandler):
             writable = cast(asyncio.Transport, transport)
             writable.write(OVER_CAPACITY)
             writable.close()
-            if self._observer is not None:
-                self._observer.connection_refused()
+            self._observer.connection_refused()
             return
         self._connections.open += 1
         super().connection_made(transport)
@@ -178,8 +190,7 @@ class LimitedHandler(RequestHandler):
         self._deadline = None
         if self._request_read() or self.transport is None:
             return
-        if self._observer is not None:
-            self._observer.read_timed_out()
+        self._observer.read_timed_out()
         log.debug("request_read_timeout", seconds=self._read_timeout_s)
         if self._current_request is None and not self._messages:
             # Nothing answered yet on this request: say why before closing.
@@ -191,7 +202,7 @@ class LimitedSite(web.BaseSite):
     """A TCP site (SO_REUSEPORT) serving :class:`LimitedHandler` connections."""
 
     def __init__(
-        self, runner: web.BaseRunner, settings: Settings, observer: LimitsObserver | None = None
+        self, runner: web.BaseRunner, settings: Settings, observer: LimitsObserver = UNOBSERVED
     ) -> None:
         super().__init__(runner, backlog=BACKLOG)
         self._host, self._port = settings.host, settings.port

@@ -22,7 +22,7 @@ Definitions, per sku (one SQL statement, so one snapshot even during a sale):
   pending)``, only when the Redis stock key exists. A reservation moves units
   from Redis stock to the ledger, and a flush takes them from the database and
   the ledger, so a quiet sku has no drift. A sku whose strategy keeps no Redis
-  state (``gateway.domain.model.REDIS_FREE``) has no counter and no ledger: Redis is
+  state (``Strategy.reserves`` false) has no counter and no ledger: Redis is
   not read for it (``redis_stock`` and ``drift`` show ``-``), and its books are
   checked all the same.
 
@@ -47,7 +47,7 @@ from enum import StrEnum
 import asyncpg
 
 from gateway.domain.errors import GatewayError, Unavailable, UnknownSku
-from gateway.domain.model import REDIS_FREE, Strategy
+from gateway.domain.model import Strategy
 from gateway.postgres.database import DB_ERRORS
 from gateway.redis.connections import create_redis
 from gateway.redis.reservations import Reservations
@@ -177,7 +177,7 @@ async def audit(settings: Settings, sku: str | None = None) -> list[SkuAudit]:
 def _keeps_redis_state(row: asyncpg.Record, settings: Settings) -> bool:
     """Whether the sku's strategy (its own, else the gateway's) keeps Redis state."""
     strategy = settings.strategy if row["strategy"] is None else Strategy(row["strategy"])
-    return strategy not in REDIS_FREE
+    return strategy.reserves
 
 
 async def _read_books(database_url: str, sku: str | None) -> list[asyncpg.Record]:

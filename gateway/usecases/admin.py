@@ -5,7 +5,7 @@ Redis counter to database stock minus the pending ledger, under the sku's
 flush lock so no flush commits in between; a counter that was missing comes
 back flagged as rebuilding, and its buyers and done hashes are written back in
 the background (``gateway.usecases.rebuilds``). A sku whose strategy keeps no Redis
-state (``gateway.domain.model.REDIS_FREE``) has no counter: putting it there deletes
+state (``Strategy.reserves`` false) has no counter: putting it there deletes
 the counter, and restocking it touches the database alone.
 """
 
@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from gateway.domain.errors import UnknownSku
-from gateway.domain.model import REDIS_FREE, StockReport
+from gateway.domain.model import StockReport
 from gateway.postgres.orders import Orders
 from gateway.redis.reservations import Reservations
 from gateway.usecases.catalog import Catalog
@@ -65,7 +65,7 @@ class StockAdmin:
                 raise UnknownSku(f"no sku {sku!r}")
             before, after = changed
             selling = after.strategy or self._catalog.default_strategy
-            if selling in REDIS_FREE:
+            if not selling.reserves:
                 await self._reservations.forget_stock(sku)
             else:
                 redis_stock = await self._reset(sku, after.stock, fresh=before is None)
@@ -85,7 +85,7 @@ class StockAdmin:
 
     async def restock(self, sku: str, delta: int) -> dict[str, Any]:
         """Add ``delta`` units to ``sku``; raises :class:`UnknownSku`."""
-        if await self._catalog.strategy(sku) in REDIS_FREE:
+        if not (await self._catalog.strategy(sku)).reserves:
             # No counter to keep in step: the row lock of the UPDATE is enough.
             stock = await self._orders.restock(sku, delta)
             if stock is None:
@@ -115,7 +115,7 @@ class StockAdmin:
         if db_stock is None:
             raise UnknownSku(f"no sku {sku!r}")
         sold = await self._orders.units_sold(sku)
-        if await self._catalog.strategy(sku) in REDIS_FREE:
+        if not (await self._catalog.strategy(sku)).reserves:
             # Nothing of it in Redis: the report needs no Redis either.
             return StockReport(sku=sku, db_stock=db_stock, redis_stock=None, pending=0, sold=sold)
         pending = sum(p.qty for p in await self._reservations.pending(sku))

@@ -36,6 +36,16 @@ class MarkObserver(Protocol):
     def confirmed_ids_built(self, count: int, seconds: float) -> None: ...
 
 
+class _Unobserved:
+    """Marks nobody counts."""
+
+    def confirmed_ids_built(self, count: int, seconds: float) -> None:
+        """Nothing to count."""
+
+
+UNOBSERVED = _Unobserved()
+
+
 class SoldOutMarking:
     """Builds sold-out marks, one build per sku at a time."""
 
@@ -43,7 +53,7 @@ class SoldOutMarking:
         self,
         soldout: SoldOut,
         reservations: Reservations,
-        observer: MarkObserver | None = None,
+        observer: MarkObserver = UNOBSERVED,
     ) -> None:
         self._soldout = soldout
         self._reservations = reservations
@@ -84,6 +94,5 @@ class SoldOutMarking:
             confirmed = ConfirmedIds(count)
             async for chunk in self._reservations.confirmed_ids(sku):
                 confirmed.update(chunk)
-            if self._observer is not None:
-                self._observer.confirmed_ids_built(count, time.perf_counter() - started)
+            self._observer.confirmed_ids_built(count, time.perf_counter() - started)
         self._soldout.mark(sku, generation, confirmed)

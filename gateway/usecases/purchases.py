@@ -6,24 +6,29 @@ the batcher, whose flusher commits it in PostgreSQL. A stock key Redis lost is
 reloaded from PostgreSQL once for all the requests that find it missing; its
 hashes are rebuilt in the background (``gateway.usecases.rebuilds``).
 
-That is the ``reserve-batch`` strategy. A sku on another strategy (its own, or
-``GATEWAY_STRATEGY``) is handed to that strategy's :class:`Deduction` right
-after the catalog (``gateway.strategies``).
+That is the ``reserve-batch`` strategy, and ``queue``'s until the stream. A
+sku on a strategy that does not reserve in Redis (``Strategy.reserves``) is
+handed to its :class:`Deduction` right after the catalog
+(:class:`Deductions`).
+
+Each collaborator is a small Protocol below, all required, wired in
+``gateway.app``: ``tests/unit/test_purchases.py`` decides purchases against
+fakes of them.
 
 Every strategy passes through :meth:`Purchases.purchase`, and so through the
 sale rules in one place: the per-user limit here; the window and both rate
 limits inside the reservation call for the strategies that reserve in Redis
 (``lua/reserve.lua``, no extra round trip), through :class:`SaleGate` in
-PostgreSQL for the others (``gateway.usecases.sale_gate``). The waiting room is in front
-of this, in ``gateway.usecases.admission``, for every strategy alike.
+PostgreSQL for the others (``gateway.usecases.sale_gate``). The waiting room is in
+front of this, in ``gateway.usecases.admission``, for every strategy alike.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import replace
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 import structlog
@@ -37,7 +42,6 @@ from gateway.domain.errors import (
 )
 from gateway.domain.model import (
     DUPLICATE,
-    REDIS_FREE,
     SOLD_OUT,
     Order,
     Outcome,
@@ -47,24 +51,14 @@ from gateway.domain.model import (
     Strategy,
 )
 from gateway.domain.rules import SaleRules
-from gateway.postgres.lookups import Arbitrations, OrderLookups, PriorLookups
-from gateway.postgres.orders import Orders
-from gateway.redis.reservations import Reply, Reservations, outcome_of
-from gateway.redis.streams import Streams
+from gateway.postgres.lookups import Prior
+from gateway.redis.reservations import Reply, outcome_of
 from gateway.strategies import Deduction
-from gateway.usecases.catalog import Catalog
-from gateway.usecases.doubt import MIN_WINDOW_S, RedisDoubt
-from gateway.usecases.marking import SoldOutMarking
-from gateway.usecases.rebuilds import Rebuilds
-from gateway.usecases.sale_gate import SaleGate
+from gateway.usecases.doubt import RedisDoubt
 from gateway.usecases.sold_out import UNBUILT, ConfirmedIds, SoldOut, UnknownIds
-from gateway.write.flusher import Flusher
 
 log = structlog.get_logger(__name__)
 
-# The strategies whose purchases reserve in Redis first (the others decide in
-# PostgreSQL alone, gateway.strategies).
-_RESERVING = frozenset({Strategy.RESERVE_BATCH, Strategy.QUEUE})
 # How long after reserve.lua answered "unverified" this gateway checks a sku's
 # purchases in PostgreSQL before its one reserve.lua call, instead of learning
 # again from a first call each time. Then a purchase asks Redis first again:
@@ -72,26 +66,79 @@ _RESERVING = frozenset({Strategy.RESERVE_BATCH, Strategy.QUEUE})
 # well within the lease's 10 s).
 RECHECK_S = 1.0
 
+# Names the client's address, asked only when a client rate limit applies.
+Client = Callable[[], str | None] | None
+
 
 class Reserve(Protocol):
-    """:meth:`Reservations.reserve` or :meth:`Reservations.enqueue`."""
+    """:meth:`Reserving.reserve` or :meth:`Reserving.enqueue`."""
 
     async def __call__(
-        self,
-        purchase: Purchase,
-        info: SkuInfo,
-        client: Callable[[], str | None] | None = None,
-        *,
-        verified: bool = False,
+        self, purchase: Purchase, info: SkuInfo, client: Client = None, *, verified: bool = False
     ) -> Reply: ...
 
 
-class PurchaseObserver(Protocol):
-    """What the metrics want to know of the purchases (see gateway.ops.metrics)."""
+class Reserving(Protocol):
+    """What the purchases ask of Redis (gateway.redis.reservations.Reservations)."""
 
-    def stock_reloaded(self) -> None: ...
-    def shed_one(self) -> None: ...
-    def confirmed_ids_built(self, count: int, seconds: float) -> None: ...
+    async def reserve(
+        self, purchase: Purchase, info: SkuInfo, client: Client = None, *, verified: bool = False
+    ) -> Reply: ...
+    async def enqueue(
+        self, purchase: Purchase, info: SkuInfo, client: Client = None, *, verified: bool = False
+    ) -> Reply: ...
+    async def available(self, sku: str) -> int | None: ...
+    async def settled_sold_out(self, sku: str) -> bool: ...
+    async def confirmed_order(self, sku: str, request_id: str) -> Order | None: ...
+    async def load_stock(self, sku: str, db_stock: int, *, reset: bool) -> int: ...
+
+
+class SkuCatalog(Protocol):
+    """What the purchases know of each sku (gateway.usecases.catalog.Catalog)."""
+
+    async def get(self, sku: str) -> SkuInfo: ...
+    def strategy_of(self, info: SkuInfo) -> Strategy: ...
+    async def strategy(self, sku: str) -> Strategy: ...
+
+
+class Stocks(Protocol):
+    """The database's stock of a sku (gateway.postgres.orders.Orders)."""
+
+    async def stock(self, sku: str) -> int | None: ...
+
+
+class OrderLookup(Protocol):
+    """The order a request id made (gateway.postgres.lookups.OrderLookups)."""
+
+    async def order(self, request_id: str) -> Order | None: ...
+
+
+class PriorLookup(Protocol):
+    """A new purchase's replay or repeat buyer (gateway.postgres.lookups.PriorLookups)."""
+
+    async def prior(self, sku: str, request_id: str, user_id: str) -> Prior: ...
+
+
+class Arbitration(Protocol):
+    """A sold out made final in PostgreSQL (gateway.postgres.lookups.Arbitrations)."""
+
+    async def order(self, sku: str, request_id: str) -> Order | None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Lookups:
+    """PostgreSQL's answers while Redis's records cannot be trusted: a sold-out
+    sku's unbuilt filter, a sku rebuilt, Redis doubted (gateway.postgres.lookups)."""
+
+    orders: OrderLookup
+    priors: PriorLookup
+    arbitrations: Arbitration
+
+
+class Marking(Protocol):
+    """Builds a sold-out sku's in-process mark (gateway.usecases.marking)."""
+
+    def start(self, sku: str, generation: tuple[int, int], *, rebuilding: bool = False) -> None: ...
 
 
 class Batching(Protocol):
@@ -106,57 +153,164 @@ class Batching(Protocol):
     async def submit(self, purchase: Purchase) -> Result: ...
 
 
+class GivingBack(Protocol):
+    """Releases reservations that will not be flushed (gateway.write.flusher.Flusher)."""
+
+    async def give_back(self, sku: str, batch: Sequence[Purchase]) -> None: ...
+
+
+class Rebuilding(Protocol):
+    """Rebuilds a sku's lost hashes in the background (gateway.usecases.rebuilds)."""
+
+    def ensure(self, sku: str) -> None: ...
+
+
+class QueuedIds(Protocol):
+    """Which sku a queued request id belongs to (gateway.redis.streams.Streams)."""
+
+    async def remember(self, request_id: str, sku: str) -> None: ...
+
+
+class Deducting(Protocol):
+    """The strategies that decide in PostgreSQL alone (:class:`Deductions`)."""
+
+    async def purchase(
+        self, strategy: Strategy, purchase: Purchase, info: SkuInfo, client: Client
+    ) -> Result: ...
+
+
+class Gate(Protocol):
+    """The window and rate limits of a sku with no Redis state (SaleGate)."""
+
+    async def enforce(self, purchase: Purchase, info: SkuInfo, client: Client) -> None: ...
+
+
+class Draining(Protocol):
+    """Whether this gateway is draining (the batcher, or the host's lanes)."""
+
+    @property
+    def closing(self) -> bool: ...
+
+
+class ShedObserver(Protocol):
+    """What the metrics want to know of a purchase refused for load (gateway.ops.metrics)."""
+
+    def shed_one(self) -> None: ...
+
+
+class PurchaseObserver(ShedObserver, Protocol):
+    """What the metrics want to know of the purchases (see gateway.ops.metrics)."""
+
+    def stock_reloaded(self) -> None: ...
+
+
+class _Unobserved:
+    """Purchases nobody counts."""
+
+    def shed_one(self) -> None:
+        """Nothing to count."""
+
+    def stock_reloaded(self) -> None:
+        """Nothing to count."""
+
+
+UNOBSERVED = _Unobserved()
+
+
+class Deductions:
+    """The purchases of the strategies that decide in PostgreSQL alone: the sale
+    gate's window and rates, then the sku's :class:`Deduction`, at most
+    ``limit`` in flight."""
+
+    def __init__(
+        self,
+        strategies: Mapping[Strategy, Deduction],
+        *,
+        gate: Gate,
+        draining: Draining,
+        limit: int,
+        observer: ShedObserver = UNOBSERVED,
+    ) -> None:
+        self._strategies = dict(strategies)
+        self._gate = gate
+        self._draining = draining
+        # In flight (most of them queued for a pool connection), bounded as the
+        # batcher's backlog is: beyond it a storm is shed with 503.
+        self._in_flight = 0
+        self._limit = limit
+        self._observer = observer
+
+    async def purchase(
+        self,
+        strategy: Strategy,
+        purchase: Purchase,
+        info: SkuInfo,
+        client: Client,
+    ) -> Result:
+        """Decide ``purchase`` under ``strategy`` once its window and rate limits
+        let it through; raises Unavailable when this gateway does not serve the
+        strategy or is busy, ShuttingDown while draining, and whatever the gate
+        and the strategy raise."""
+        deduction = self._strategies.get(strategy)
+        if deduction is None:
+            raise Unavailable(f"strategy {strategy} is not served by this gateway")
+        if self._draining.closing:
+            raise ShuttingDown()
+        if self._in_flight >= self._limit:
+            self._observer.shed_one()
+            raise Unavailable("gateway busy")
+        purchase = purchase.identified()
+        structlog.contextvars.bind_contextvars(request_id=purchase.request_id, sku=purchase.sku)
+        self._in_flight += 1
+        try:
+            await self._gate.enforce(purchase, info, client)
+            return await deduction.purchase(purchase)
+        finally:
+            self._in_flight -= 1
+
+
 class Purchases:
     """Decides purchases; the batcher and its flusher commit the survivors."""
 
     def __init__(
         self,
         *,
-        catalog: Catalog,
+        catalog: SkuCatalog,
         soldout: SoldOut,
-        reservations: Reservations,
-        orders: Orders,
+        marking: Marking,
+        reservations: Reserving,
+        stocks: Stocks,
+        lookups: Lookups,
         batcher: Batching,
-        flusher: Flusher,
-        rebuilds: Rebuilds,
-        observer: PurchaseObserver | None = None,
-        streams: Streams | None = None,
-        deductions: Mapping[Strategy, Deduction] | None = None,
-        deductions_max: int = 10_000,
-        gate: SaleGate | None = None,
-        doubt: RedisDoubt | None = None,
+        flusher: GivingBack,
+        rebuilds: Rebuilding,
+        streams: QueuedIds,
+        deductions: Deducting,
+        doubt: RedisDoubt,
+        observer: PurchaseObserver = UNOBSERVED,
     ) -> None:
         self._catalog = catalog
         self._soldout = soldout
+        self._marking = marking
         self._reservations = reservations
-        self._orders = orders
+        self._stocks = stocks
+        self._orders = lookups.orders
+        self._priors = lookups.priors
+        self._arbitrations = lookups.arbitrations
         self._batcher = batcher
         self._flusher = flusher
         self._rebuilds = rebuilds
-        self._observer = observer
         self._streams = streams
-        # The strategies other than reserve-batch this gateway serves.
-        self._deductions = dict(deductions or {})
-        # Their purchases in flight (most of them queued for a pool connection),
-        # bounded as the batcher's backlog is: beyond it a storm is shed with 503.
-        self._deducting = 0
-        self._deductions_max = deductions_max
-        # Their window and rate limits (reserve.lua decides those of the others).
-        self._gate = gate
+        self._deductions = deductions
+        # Set when this gateway saw Redis fail lately: its sold-out answers to
+        # request ids are checked in PostgreSQL (gateway.usecases.doubt).
+        self._doubt = doubt
+        self._observer = observer
         self._reloads: dict[str, asyncio.Future[None]] = {}
         # The skus reserve.lua said are rebuilt, until when (time.monotonic()).
         self._rebuilding: dict[str, float] = {}
-        self._marking = SoldOutMarking(soldout, reservations, observer)
-        self._lookups = OrderLookups(orders)
-        self._priors = PriorLookups(orders)
-        self._arbitrations = Arbitrations(orders)
-        # Set when this gateway saw Redis fail lately: its sold-out answers to
-        # request ids are checked in PostgreSQL (gateway.usecases.doubt).
-        self._doubt = doubt if doubt is not None else RedisDoubt(MIN_WINDOW_S)
 
-    async def purchase(
-        self, purchase: Purchase, client: Callable[[], str | None] | None = None
-    ) -> Result:
+    async def purchase(self, purchase: Purchase, client: Client = None) -> Result:
         """Decide one purchase; ``client`` names the client's address (asked only
         when a client rate limit applies). Raises a :class:`GatewayError` for
         4xx/503 answers (not_started, ended and rate_limited included)."""
@@ -165,8 +319,8 @@ class Purchases:
             raise InvalidRequest(f"qty exceeds the per-user limit of {info.per_user_limit}")
         # The one place the strategy is chosen: the sku's own, else the gateway's.
         strategy = self._catalog.strategy_of(info)
-        if strategy not in _RESERVING:
-            return await self._deduct(strategy, purchase, info, client)
+        if not strategy.reserves:
+            return await self._deductions.purchase(strategy, purchase, info, client)
         confirmed = self._soldout.lookup(purchase.sku)
         if confirmed is not None:
             return await self._marked(purchase, confirmed)
@@ -234,7 +388,7 @@ class Purchases:
         self,
         purchase: Purchase,
         info: SkuInfo,
-        client: Callable[[], str | None] | None,
+        client: Client,
         *,
         queued: bool,
         generation: tuple[int, int],
@@ -271,7 +425,7 @@ class Purchases:
         reserve: Reserve,
         purchase: Purchase,
         info: SkuInfo,
-        client: Callable[[], str | None] | None,
+        client: Client,
     ) -> Reply | Result | None:
         """For a sku known to be rebuilt: PostgreSQL's answer to a replay or a
         repeat buyer, else reserve.lua's to the purchase sent verified (one call
@@ -290,18 +444,18 @@ class Purchases:
     async def available(self, sku: str) -> int:
         """Units left to reserve: Redis's count, else the database's (the only count
         of a sku whose strategy keeps no Redis state); raises UnknownSku."""
-        if await self._catalog.strategy(sku) in REDIS_FREE:
-            return await self._orders.stock(sku) or 0
+        if not (await self._catalog.strategy(sku)).reserves:
+            return await self._stocks.stock(sku) or 0
         available = await self._reservations.available(sku)
         if available is None:
-            available = await self._orders.stock(sku) or 0
+            available = await self._stocks.stock(sku) or 0
         return available
 
     async def settled_sold_out(self, info: SkuInfo) -> bool:
         """Whether ``info``'s sku has nothing left to sell: no stock, and for a
         strategy that reserves in Redis nothing pending that could come back."""
-        if self._catalog.strategy_of(info) in REDIS_FREE:
-            return (await self._orders.stock(info.sku) or 0) <= 0
+        if not self._catalog.strategy_of(info).reserves:
+            return (await self._stocks.stock(info.sku) or 0) <= 0
         return await self._reservations.settled_sold_out(info.sku)
 
     async def _queued(self, purchase: Purchase, kind: str) -> Result:
@@ -309,46 +463,16 @@ class Purchases:
         as the purchase is in the stream (now, or by an earlier request with
         this id), 503 when the stream was full."""
         if kind == "busy":
-            if self._observer is not None:
-                self._observer.shed_one()
+            self._observer.shed_one()
             raise Unavailable("queue full")
-        if self._streams is not None:
-            # Already durable: a failure here is a 503 whose retry answers 202.
-            # Also on a retry, in case the first request died before this.
-            await self._streams.remember(purchase.request_id, purchase.sku)
+        # Already durable: a failure here is a 503 whose retry answers 202.
+        # Also on a retry, in case the first request died before this.
+        await self._streams.remember(purchase.request_id, purchase.sku)
         return Result(Outcome.ACCEPTED, request_id=purchase.request_id)
 
     async def strategy(self, sku: str) -> Strategy:
         """The strategy ``sku`` sells under; raises UnknownSku."""
         return await self._catalog.strategy(sku)
-
-    async def _deduct(
-        self,
-        strategy: Strategy,
-        purchase: Purchase,
-        info: SkuInfo,
-        client: Callable[[], str | None] | None,
-    ) -> Result:
-        """Hand a purchase to its sku's strategy (no Redis reservation, no batch)
-        once its window and rate limits let it through."""
-        deduction = self._deductions.get(strategy)
-        if deduction is None:
-            raise Unavailable(f"strategy {strategy} is not served by this gateway")
-        if self._batcher.closing:
-            raise ShuttingDown()
-        if self._deducting >= self._deductions_max:
-            if self._observer is not None:
-                self._observer.shed_one()
-            raise Unavailable("gateway busy")
-        purchase = purchase.identified()
-        structlog.contextvars.bind_contextvars(request_id=purchase.request_id, sku=purchase.sku)
-        self._deducting += 1
-        try:
-            if self._gate is not None:
-                await self._gate.enforce(purchase, info, client)
-            return await deduction.purchase(purchase)
-        finally:
-            self._deducting -= 1
 
     async def rules(self, sku: str) -> SaleRules:
         """The sku's window and own rates; raises UnknownSku."""
@@ -359,8 +483,7 @@ class Purchases:
         if self._batcher.closing:
             raise ShuttingDown()
         if self._batcher.full:
-            if self._observer is not None:
-                self._observer.shed_one()
+            self._observer.shed_one()
             raise Unavailable("gateway busy")
 
     async def _reload_once(self, sku: str) -> None:
@@ -387,7 +510,7 @@ class Purchases:
         if order is None and self._doubt:
             order = await self._arbitrations.order(purchase.sku, rid)
         elif order is None:
-            order = await self._lookups.order(rid)
+            order = await self._orders.order(rid)
         if order is None:
             return SOLD_OUT
         return _replayed(order, purchase)
@@ -402,13 +525,12 @@ class Purchases:
 
     async def _reload(self, sku: str) -> None:
         # The counter comes back flagged as rebuilding (the hashes may be gone too).
-        stock = await self._orders.stock(sku)
+        stock = await self._stocks.stock(sku)
         if stock is None:
             raise Unavailable("sku vanished")
         await self._reservations.load_stock(sku, stock, reset=False)
         self._rebuilds.ensure(sku)
-        if self._observer is not None:
-            self._observer.stock_reloaded()
+        self._observer.stock_reloaded()
         log.warning("stock_reloaded", sku=sku, stock=stock)
 
 

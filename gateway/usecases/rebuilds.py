@@ -65,6 +65,16 @@ class RebuildObserver(Protocol):
     def rebuilt(self, orders: int, seconds: float) -> None: ...
 
 
+class _Unobserved:
+    """Rebuilds nobody counts."""
+
+    def rebuilt(self, orders: int, seconds: float) -> None:
+        """Nothing to count."""
+
+
+UNOBSERVED = _Unobserved()
+
+
 class Rebuilds:
     """Starts and runs this instance's rebuilds, one task per sku at most.
 
@@ -75,7 +85,7 @@ class Rebuilds:
         self,
         reservations: Reservations,
         orders: Orders,
-        observer: RebuildObserver | None = None,
+        observer: RebuildObserver = UNOBSERVED,
         *,
         share: float,
         page: int = PAGE,
@@ -139,6 +149,5 @@ class Rebuilds:
             await self._sleep(min(spent * (1 / self._share - 1), MAX_PAUSE_S))
         if await self._reservations.finish_rebuild(sku, owner):
             seconds = time.perf_counter() - started
-            if self._observer is not None:
-                self._observer.rebuilt(written, seconds)
+            self._observer.rebuilt(written, seconds)
             log.warning("sale_rebuilt", sku=sku, orders=written, seconds=round(seconds, 3))

@@ -18,7 +18,7 @@ A reservation of the queue strategy still in its sku's stream is not stale,
 however old: a writer will commit it (step 1 skips it); its units count as
 pending in step 2 like any reservation's.
 
-A sku whose strategy keeps no Redis state (``gateway.domain.model.REDIS_FREE``) has
+A sku whose strategy keeps no Redis state (``Strategy.reserves`` false) has
 no counter to compare: step 1 still settles what an earlier reserve-batch sale
 left in its ledger, step 2 is skipped. Its books (stock + sold = provided) are
 the database's alone, which the audit checks.
@@ -35,7 +35,7 @@ import structlog
 from redis.exceptions import RedisError
 
 from gateway.domain.errors import Unavailable
-from gateway.domain.model import REDIS_FREE, Verdict
+from gateway.domain.model import Verdict
 from gateway.lock import LockError
 from gateway.postgres.orders import Orders
 from gateway.redis.reservations import Reservations, Settlement
@@ -72,10 +72,10 @@ class Reconciler:
         locks: SkuLocks,
         timeout_s: float,
         interval_s: float,
-        publish: Callable[[str, int, int], None] | None = None,
-        queued: Callable[[str], Awaitable[set[str]]] | None = None,
-        catalog: Catalog | None = None,
-        rebuilds: Rebuilds | None = None,
+        publish: Callable[[str, int, int], None],
+        queued: Callable[[str], Awaitable[set[str]]],
+        catalog: Catalog,
+        rebuilds: Rebuilds,
     ) -> None:
         self._reservations = reservations
         self._orders = orders
@@ -126,7 +126,7 @@ class Reconciler:
         reservations, orders = self._reservations, self._orders
         stale_before = int(time.time() * 1000) - self._timeout_ms
         stale = [p for p in await reservations.pending(sku) if p.reserved_at_ms < stale_before]
-        if stale and self._queued is not None:
+        if stale:
             waiting = await self._queued(sku)
             stale = [p for p in stale if p.request_id not in waiting]
         found = (
@@ -145,12 +145,11 @@ class Reconciler:
         if settlements:
             await reservations.settle(sku, settlements, None)
             log.warning("reservations_settled", sku=sku, count=len(settlements))
-        if self._catalog is not None and await self._catalog.strategy(sku) in REDIS_FREE:
+        if not (await self._catalog.strategy(sku)).reserves:
             drift, pending, repaired = 0, sum(p.qty for p in await reservations.pending(sku)), False
         else:
             drift, pending, repaired = await self._check(sku, exact=exact)
-        if self._publish is not None:
-            self._publish(sku, pending, drift)
+        self._publish(sku, pending, drift)
         confirmed = sum(1 for s in settlements if s.verdict is Verdict.CONFIRMED)
         released = len(settlements) - confirmed
         return SkuReconciliation(confirmed, released, pending, drift, repaired)
@@ -182,7 +181,6 @@ class Reconciler:
         # so a replay of such an order is looked up in PostgreSQL, not told
         # sold out, until the hashes are whole again (gateway.usecases.rebuilds).
         after = await reservations.load_stock(sku, db_stock + committed, reset=True, repair=True)
-        if self._rebuilds is not None:
-            self._rebuilds.ensure(sku)
+        self._rebuilds.ensure(sku)
         log.warning("drift_repaired", sku=sku, drift=drift, redis_stock=after, db_stock=db_stock)
         return drift, units, True

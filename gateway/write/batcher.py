@@ -50,6 +50,15 @@ IdleFn = Callable[[str, bool], Awaitable[float | None]]
 # go out this loop turn), or None when none are on their way.
 OnTheWay = Callable[[str], Sequence["asyncio.Future[Any]"] | None]
 
+
+async def _no_flusher_lock(sku: str, waiting: bool) -> None:
+    """No flusher to tell: nothing to keep."""
+
+
+def _none_on_the_way(sku: str) -> None:
+    """Nothing reserves ahead of the lane."""
+
+
 log = structlog.get_logger(__name__)
 
 # Longest a batch waits for purchases on their way, and in how many steps: a
@@ -84,8 +93,8 @@ class Batcher:
         batch_max: int,
         batch_wait_s: float,
         backlog_max: int,
-        on_idle: IdleFn | None = None,
-        on_the_way: OnTheWay | None = None,
+        on_idle: IdleFn = _no_flusher_lock,
+        on_the_way: OnTheWay = _none_on_the_way,
         landing_s: float = LANDING_S,
     ) -> None:
         self._flush = flush
@@ -203,11 +212,9 @@ class Batcher:
     async def _empty(self, lane: _Lane) -> bool:
         """The lane ran empty: tell the flusher, then wait for an arrival, or
         until the flusher asks to be told again. False when the lane ends."""
-        keep = None
-        if self._on_idle is not None:
-            keep = await self._idle(lane.sku)
-            if lane.entries:  # arrived while the flusher settled
-                return True
+        keep = await self._idle(lane.sku)
+        if lane.entries:  # arrived while the flusher settled
+            return True
         if self._closed:
             return keep is not None  # the flusher lets go first
         lane.arrived.clear()
@@ -221,8 +228,6 @@ class Batcher:
 
     async def _landing(self, lane: _Lane) -> None:
         """Let the purchases of the lane's sku on their way join its batch."""
-        if self._on_the_way is None:
-            return
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._landing_s
         for _ in range(LANDING_STEPS):
@@ -237,7 +242,6 @@ class Batcher:
                 await asyncio.sleep(0)  # sent at the end of this turn
 
     async def _idle(self, sku: str) -> float | None:
-        assert self._on_idle is not None
         try:
             return await self._on_idle(sku, not self._closed)
         except Exception as exc:

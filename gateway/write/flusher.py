@@ -67,6 +67,26 @@ class FlushObserver(Protocol):
     def fenced_out(self) -> None: ...
 
 
+def _unheard() -> None:
+    """A Redis failure nobody is told of."""
+
+
+class _Unobserved:
+    """Flushes nobody counts."""
+
+    def flushed(self, size: int, seconds: float) -> None:
+        """Nothing to count."""
+
+    def flush_failed(self, reason: str) -> None:
+        """Nothing to count."""
+
+    def fenced_out(self) -> None:
+        """Nothing to count."""
+
+
+UNOBSERVED = _Unobserved()
+
+
 class Flusher:
     """Commits and settles batches, one sku at a time per caller, under the sku's lock."""
 
@@ -76,8 +96,8 @@ class Flusher:
         reservations: Reservations,
         orders: Orders,
         locks: SkuLocks,
-        observer: FlushObserver | None = None,
-        on_redis_failure: Callable[[], None] | None = None,
+        observer: FlushObserver = UNOBSERVED,
+        on_redis_failure: Callable[[], None] = _unheard,
     ) -> None:
         self._reservations = reservations
         self._orders = orders
@@ -102,8 +122,7 @@ class Flusher:
             decision = await self.commit(sku, batch, answer_first=True)
         except Exception as exc:
             return await self._failed(sku, batch, exc)
-        if self._observer is not None:
-            self._observer.flushed(len(batch), time.perf_counter() - started)
+        self._observer.flushed(len(batch), time.perf_counter() - started)
         return [decision.decisions[p.request_id].result for p in batch]
 
     async def commit(
@@ -126,8 +145,7 @@ class Flusher:
             try:
                 return await self._flush_once(sku, batch, answer_first)
             except FencedOut as exc:
-                if self._observer is not None:
-                    self._observer.fenced_out()
+                self._observer.fenced_out()
                 failure = exc
             except LockLost as exc:
                 failure = exc
@@ -139,7 +157,7 @@ class Flusher:
         try:
             await self._reservations.settle(sku, released, None)
         except Unavailable as exc:
-            self._redis_failed()
+            self._on_redis_failure()
             log.warning("give_back_failed", sku=sku, size=len(batch), cause=str(exc))
 
     async def idle(self, sku: str, linger: bool = False) -> float | None:
@@ -168,10 +186,9 @@ class Flusher:
         self, sku: str, batch: Sequence[Purchase], failure: Exception
     ) -> list[Result | BaseException]:
         reason = _reason(failure)
-        if self._observer is not None:
-            self._observer.flush_failed(reason)
+        self._observer.flush_failed(reason)
         if reason in REDIS_REASONS:
-            self._redis_failed()
+            self._on_redis_failure()
         # An unexpected error gets its traceback; an expected outage its cause.
         log.warning(
             "flush_failed",
@@ -268,7 +285,7 @@ class Flusher:
             # Lost, unreachable, or failed in a way nobody typed (a failover):
             # stop renewing either way, and the lease runs out on its own.
             lock.abandon()
-            self._redis_failed()
+            self._on_redis_failure()
             log.warning("lock_release_failed", sku=sku, cause=repr(exc))
 
     async def _settle(self, sku: str, batch: Sequence[Purchase], decision: BatchDecision) -> None:
@@ -282,12 +299,8 @@ class Flusher:
             await self._reservations.settle(sku, settlements, decision.short_stock_after)
         except Unavailable as exc:
             # Committed all the same: the reconciler settles the ledger later.
-            self._redis_failed()
-            log.warning("settle_failed", sku=sku, size=len(batch), cause=str(exc))
-
-    def _redis_failed(self) -> None:
-        if self._on_redis_failure is not None:
             self._on_redis_failure()
+            log.warning("settle_failed", sku=sku, size=len(batch), cause=str(exc))
 
 
 def _reason(exc: BaseException) -> str:
