@@ -76,9 +76,11 @@ from gateway.usecases.admin import StockAdmin
 from gateway.usecases.admission import Admissions
 from gateway.usecases.admission_tokens import Signer
 from gateway.usecases.catalog import Catalog
+from gateway.usecases.deductions import Deductions
 from gateway.usecases.doubt import RedisDoubt, window_for
 from gateway.usecases.marking import SoldOutMarking
-from gateway.usecases.purchases import Batching, Deductions, Lookups, Purchases
+from gateway.usecases.ports import Batching, Lookups
+from gateway.usecases.purchases import Purchases
 from gateway.usecases.rebuilds import Rebuilds
 from gateway.usecases.reconciler import Reconciler
 from gateway.usecases.sale_gate import SaleGate

@@ -9,9 +9,9 @@ hashes are rebuilt in the background (``gateway.usecases.rebuilds``).
 That is the ``reserve-batch`` strategy, and ``queue``'s until the stream. A
 sku on a strategy that does not reserve in Redis (``Strategy.reserves``) is
 handed to its :class:`Deduction` right after the catalog
-(:class:`Deductions`).
+(``gateway.usecases.deductions``).
 
-Each collaborator is a small Protocol below, all required, wired in
+Each collaborator is a small Protocol (``gateway.usecases.ports``), all required, wired in
 ``gateway.app``: ``tests/unit/test_purchases.py`` decides purchases against
 fakes of them.
 
@@ -27,9 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
-from typing import Protocol
+from dataclasses import replace
 
 import structlog
 
@@ -51,10 +49,24 @@ from gateway.domain.model import (
     Strategy,
 )
 from gateway.domain.rules import SaleRules
-from gateway.postgres.lookups import Prior
 from gateway.redis.reservations import Reply, outcome_of
-from gateway.strategies import Deduction
 from gateway.usecases.doubt import RedisDoubt
+from gateway.usecases.ports import (
+    UNOBSERVED,
+    Batching,
+    Client,
+    Deducting,
+    GivingBack,
+    Lookups,
+    Marking,
+    PurchaseObserver,
+    QueuedIds,
+    Rebuilding,
+    Reserve,
+    Reserving,
+    SkuCatalog,
+    Stocks,
+)
 from gateway.usecases.sold_out import UNBUILT, ConfirmedIds, SoldOut, UnknownIds
 
 log = structlog.get_logger(__name__)
@@ -65,208 +77,6 @@ log = structlog.get_logger(__name__)
 # whether the rebuild ended, settled or its lease ran out (to take it over,
 # well within the lease's 10 s).
 RECHECK_S = 1.0
-
-# Names the client's address, asked only when a client rate limit applies.
-Client = Callable[[], str | None] | None
-
-
-class Reserve(Protocol):
-    """:meth:`Reserving.reserve` or :meth:`Reserving.enqueue`."""
-
-    async def __call__(
-        self, purchase: Purchase, info: SkuInfo, client: Client = None, *, verified: bool = False
-    ) -> Reply: ...
-
-
-class Reserving(Protocol):
-    """What the purchases ask of Redis (gateway.redis.reservations.Reservations)."""
-
-    async def reserve(
-        self, purchase: Purchase, info: SkuInfo, client: Client = None, *, verified: bool = False
-    ) -> Reply: ...
-    async def enqueue(
-        self, purchase: Purchase, info: SkuInfo, client: Client = None, *, verified: bool = False
-    ) -> Reply: ...
-    async def available(self, sku: str) -> int | None: ...
-    async def settled_sold_out(self, sku: str) -> bool: ...
-    async def confirmed_order(self, sku: str, request_id: str) -> Order | None: ...
-    async def load_stock(self, sku: str, db_stock: int, *, reset: bool) -> int: ...
-
-
-class SkuCatalog(Protocol):
-    """What the purchases know of each sku (gateway.usecases.catalog.Catalog)."""
-
-    async def get(self, sku: str) -> SkuInfo: ...
-    def strategy_of(self, info: SkuInfo) -> Strategy: ...
-    async def strategy(self, sku: str) -> Strategy: ...
-
-
-class Stocks(Protocol):
-    """The database's stock of a sku (gateway.postgres.orders.Orders)."""
-
-    async def stock(self, sku: str) -> int | None: ...
-
-
-class OrderLookup(Protocol):
-    """The order a request id made (gateway.postgres.lookups.OrderLookups)."""
-
-    async def order(self, request_id: str) -> Order | None: ...
-
-
-class PriorLookup(Protocol):
-    """A new purchase's replay or repeat buyer (gateway.postgres.lookups.PriorLookups)."""
-
-    async def prior(self, sku: str, request_id: str, user_id: str) -> Prior: ...
-
-
-class Arbitration(Protocol):
-    """A sold out made final in PostgreSQL (gateway.postgres.lookups.Arbitrations)."""
-
-    async def order(self, sku: str, request_id: str) -> Order | None: ...
-
-
-@dataclass(frozen=True, slots=True)
-class Lookups:
-    """PostgreSQL's answers while Redis's records cannot be trusted: a sold-out
-    sku's unbuilt filter, a sku rebuilt, Redis doubted (gateway.postgres.lookups)."""
-
-    orders: OrderLookup
-    priors: PriorLookup
-    arbitrations: Arbitration
-
-
-class Marking(Protocol):
-    """Builds a sold-out sku's in-process mark (gateway.usecases.marking)."""
-
-    def start(self, sku: str, generation: tuple[int, int], *, rebuilding: bool = False) -> None: ...
-
-
-class Batching(Protocol):
-    """Where reserved purchases go to be flushed: the batcher
-    (gateway.write.batcher), or the host's lanes in front of it with several
-    workers (gateway.write.lanes)."""
-
-    @property
-    def closing(self) -> bool: ...
-    @property
-    def full(self) -> bool: ...
-    async def submit(self, purchase: Purchase) -> Result: ...
-
-
-class GivingBack(Protocol):
-    """Releases reservations that will not be flushed (gateway.write.flusher.Flusher)."""
-
-    async def give_back(self, sku: str, batch: Sequence[Purchase]) -> None: ...
-
-
-class Rebuilding(Protocol):
-    """Rebuilds a sku's lost hashes in the background (gateway.usecases.rebuilds)."""
-
-    def ensure(self, sku: str) -> None: ...
-
-
-class QueuedIds(Protocol):
-    """Which sku a queued request id belongs to (gateway.redis.streams.Streams)."""
-
-    async def remember(self, request_id: str, sku: str) -> None: ...
-
-
-class Deducting(Protocol):
-    """The strategies that decide in PostgreSQL alone (:class:`Deductions`)."""
-
-    async def purchase(
-        self, strategy: Strategy, purchase: Purchase, info: SkuInfo, client: Client
-    ) -> Result: ...
-
-
-class Gate(Protocol):
-    """The window and rate limits of a sku with no Redis state (SaleGate)."""
-
-    async def enforce(self, purchase: Purchase, info: SkuInfo, client: Client) -> None: ...
-
-
-class Draining(Protocol):
-    """Whether this gateway is draining (the batcher, or the host's lanes)."""
-
-    @property
-    def closing(self) -> bool: ...
-
-
-class ShedObserver(Protocol):
-    """What the metrics want to know of a purchase refused for load (gateway.ops.metrics)."""
-
-    def shed_one(self) -> None: ...
-
-
-class PurchaseObserver(ShedObserver, Protocol):
-    """What the metrics want to know of the purchases (see gateway.ops.metrics)."""
-
-    def stock_reloaded(self) -> None: ...
-
-
-class _Unobserved:
-    """Purchases nobody counts."""
-
-    def shed_one(self) -> None:
-        """Nothing to count."""
-
-    def stock_reloaded(self) -> None:
-        """Nothing to count."""
-
-
-UNOBSERVED = _Unobserved()
-
-
-class Deductions:
-    """The purchases of the strategies that decide in PostgreSQL alone: the sale
-    gate's window and rates, then the sku's :class:`Deduction`, at most
-    ``limit`` in flight."""
-
-    def __init__(
-        self,
-        strategies: Mapping[Strategy, Deduction],
-        *,
-        gate: Gate,
-        draining: Draining,
-        limit: int,
-        observer: ShedObserver = UNOBSERVED,
-    ) -> None:
-        self._strategies = dict(strategies)
-        self._gate = gate
-        self._draining = draining
-        # In flight (most of them queued for a pool connection), bounded as the
-        # batcher's backlog is: beyond it a storm is shed with 503.
-        self._in_flight = 0
-        self._limit = limit
-        self._observer = observer
-
-    async def purchase(
-        self,
-        strategy: Strategy,
-        purchase: Purchase,
-        info: SkuInfo,
-        client: Client,
-    ) -> Result:
-        """Decide ``purchase`` under ``strategy`` once its window and rate limits
-        let it through; raises Unavailable when this gateway does not serve the
-        strategy or is busy, ShuttingDown while draining, and whatever the gate
-        and the strategy raise."""
-        deduction = self._strategies.get(strategy)
-        if deduction is None:
-            raise Unavailable(f"strategy {strategy} is not served by this gateway")
-        if self._draining.closing:
-            raise ShuttingDown()
-        if self._in_flight >= self._limit:
-            self._observer.shed_one()
-            raise Unavailable("gateway busy")
-        purchase = purchase.identified()
-        structlog.contextvars.bind_contextvars(request_id=purchase.request_id, sku=purchase.sku)
-        self._in_flight += 1
-        try:
-            await self._gate.enforce(purchase, info, client)
-            return await deduction.purchase(purchase)
-        finally:
-            self._in_flight -= 1
 
 
 class Purchases:

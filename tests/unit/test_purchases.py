@@ -26,8 +26,10 @@ from gateway.domain.model import (
 )
 from gateway.postgres.lookups import Prior
 from gateway.redis.reservations import Reply
+from gateway.usecases.deductions import Deductions
 from gateway.usecases.doubt import RedisDoubt
-from gateway.usecases.purchases import Client, Deductions, Lookups, Purchases
+from gateway.usecases.ports import Client, Lookups
+from gateway.usecases.purchases import Purchases
 from gateway.usecases.sold_out import ConfirmedIds, SoldOut
 
 SKU = "sku-1"

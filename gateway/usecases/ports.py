@@ -1,0 +1,167 @@
+"""The purchase use case's collaborators, each a small Protocol.
+
+:class:`gateway.usecases.purchases.Purchases` and
+:class:`gateway.usecases.deductions.Deductions` take these, all required, wired
+in ``gateway.app``; an observer left out is a no-op (:data:`UNOBSERVED`), never
+``None``. ``tests/unit/test_purchases.py`` decides purchases against fakes of them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from gateway.domain.model import Order, Purchase, Result, SkuInfo, Strategy
+from gateway.postgres.lookups import Prior
+from gateway.redis.reservations import Reply
+
+# Names the client's address, asked only when a client rate limit applies.
+Client = Callable[[], str | None] | None
+
+
+class Reserve(Protocol):
+    """:meth:`Reserving.reserve` or :meth:`Reserving.enqueue`."""
+
+    async def __call__(
+        self, purchase: Purchase, info: SkuInfo, client: Client = None, *, verified: bool = False
+    ) -> Reply: ...
+
+
+class Reserving(Protocol):
+    """What the purchases ask of Redis (gateway.redis.reservations.Reservations)."""
+
+    async def reserve(
+        self, purchase: Purchase, info: SkuInfo, client: Client = None, *, verified: bool = False
+    ) -> Reply: ...
+    async def enqueue(
+        self, purchase: Purchase, info: SkuInfo, client: Client = None, *, verified: bool = False
+    ) -> Reply: ...
+    async def available(self, sku: str) -> int | None: ...
+    async def settled_sold_out(self, sku: str) -> bool: ...
+    async def confirmed_order(self, sku: str, request_id: str) -> Order | None: ...
+    async def load_stock(self, sku: str, db_stock: int, *, reset: bool) -> int: ...
+
+
+class SkuCatalog(Protocol):
+    """What the purchases know of each sku (gateway.usecases.catalog.Catalog)."""
+
+    async def get(self, sku: str) -> SkuInfo: ...
+    def strategy_of(self, info: SkuInfo) -> Strategy: ...
+    async def strategy(self, sku: str) -> Strategy: ...
+
+
+class Stocks(Protocol):
+    """The database's stock of a sku (gateway.postgres.orders.Orders)."""
+
+    async def stock(self, sku: str) -> int | None: ...
+
+
+class OrderLookup(Protocol):
+    """The order a request id made (gateway.postgres.lookups.OrderLookups)."""
+
+    async def order(self, request_id: str) -> Order | None: ...
+
+
+class PriorLookup(Protocol):
+    """A new purchase's replay or repeat buyer (gateway.postgres.lookups.PriorLookups)."""
+
+    async def prior(self, sku: str, request_id: str, user_id: str) -> Prior: ...
+
+
+class Arbitration(Protocol):
+    """A sold out made final in PostgreSQL (gateway.postgres.lookups.Arbitrations)."""
+
+    async def order(self, sku: str, request_id: str) -> Order | None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Lookups:
+    """PostgreSQL's answers while Redis's records cannot be trusted: a sold-out
+    sku's unbuilt filter, a sku rebuilt, Redis doubted (gateway.postgres.lookups)."""
+
+    orders: OrderLookup
+    priors: PriorLookup
+    arbitrations: Arbitration
+
+
+class Marking(Protocol):
+    """Builds a sold-out sku's in-process mark (gateway.usecases.marking)."""
+
+    def start(self, sku: str, generation: tuple[int, int], *, rebuilding: bool = False) -> None: ...
+
+
+class Batching(Protocol):
+    """Where reserved purchases go to be flushed: the batcher
+    (gateway.write.batcher), or the host's lanes in front of it with several
+    workers (gateway.write.lanes)."""
+
+    @property
+    def closing(self) -> bool: ...
+    @property
+    def full(self) -> bool: ...
+    async def submit(self, purchase: Purchase) -> Result: ...
+
+
+class GivingBack(Protocol):
+    """Releases reservations that will not be flushed (gateway.write.flusher.Flusher)."""
+
+    async def give_back(self, sku: str, batch: Sequence[Purchase]) -> None: ...
+
+
+class Rebuilding(Protocol):
+    """Rebuilds a sku's lost hashes in the background (gateway.usecases.rebuilds)."""
+
+    def ensure(self, sku: str) -> None: ...
+
+
+class QueuedIds(Protocol):
+    """Which sku a queued request id belongs to (gateway.redis.streams.Streams)."""
+
+    async def remember(self, request_id: str, sku: str) -> None: ...
+
+
+class Deducting(Protocol):
+    """The strategies that decide in PostgreSQL alone (:class:`Deductions`)."""
+
+    async def purchase(
+        self, strategy: Strategy, purchase: Purchase, info: SkuInfo, client: Client
+    ) -> Result: ...
+
+
+class Gate(Protocol):
+    """The window and rate limits of a sku with no Redis state (SaleGate)."""
+
+    async def enforce(self, purchase: Purchase, info: SkuInfo, client: Client) -> None: ...
+
+
+class Draining(Protocol):
+    """Whether this gateway is draining (the batcher, or the host's lanes)."""
+
+    @property
+    def closing(self) -> bool: ...
+
+
+class ShedObserver(Protocol):
+    """What the metrics want to know of a purchase refused for load (gateway.ops.metrics)."""
+
+    def shed_one(self) -> None: ...
+
+
+class PurchaseObserver(ShedObserver, Protocol):
+    """What the metrics want to know of the purchases (see gateway.ops.metrics)."""
+
+    def stock_reloaded(self) -> None: ...
+
+
+class _Unobserved:
+    """Purchases nobody counts."""
+
+    def shed_one(self) -> None:
+        """Nothing to count."""
+
+    def stock_reloaded(self) -> None:
+        """Nothing to count."""
+
+
+UNOBSERVED = _Unobserved()
