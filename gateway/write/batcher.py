@@ -5,16 +5,16 @@ One flush per sku runs at a time in this process and the next batch fills
 behind it, so batches grow with the load on their own (natural batching, the
 default: ``batch_wait`` 0). With a ``batch_wait``, a batch is also held until
 it reaches ``batch_max`` or its oldest entry has waited that long, but not at
-all when, at the lane's recent pace of arrivals, no other purchase is due
+all when, at the backlog's recent pace of arrivals, no other purchase is due
 within the wait (a lone buyer is not kept waiting for nobody). When a sku's
-lane runs empty the flusher hears of it (``on_idle``): advice, whose failure
-is logged and never ends the lane (a lane's task that died would leave its sku
+backlog runs empty the flusher hears of it (``on_idle``): advice, whose failure
+is logged and never ends the backlog (a backlog's task that died would leave its sku
 reserving and never flushing, for good). The flusher may keep the sku's lock
-a while through an empty lane; it says how long, and the lane calls again
-then if nothing arrived, so that the lock is let go in the lane's own task.
+a while through an empty backlog; it says how long, and the backlog calls again
+then if nothing arrived, so that the lock is let go in the backlog's own task.
 
 A batch waits for the purchases of its sku already on their way
-(``on_the_way``: reservations in flight to Redis, whose buyers join the lane
+(``on_the_way``: reservations in flight to Redis, whose buyers join the backlog
 as soon as Redis answers), at most ``landing_s`` (:data:`LANDING_S`). A
 closed loop of buyers answered together comes back together, but over a few
 loop turns, so over a few reserve calls: without the wait the first call's
@@ -42,11 +42,11 @@ from gateway.write.pace import averaged
 
 # Flushes one sku's batch; returns one result or exception per purchase, in order.
 FlushFn = Callable[[str, Sequence[Purchase]], Awaitable[Sequence[Result | BaseException]]]
-# Told that a sku's lane has nothing left to flush, and whether the lane goes on
+# Told that a sku's backlog has nothing left to flush, and whether the backlog goes on
 # waiting (False once closing); returns for how long the flusher keeps the sku's
-# lock if nothing arrives (the lane calls again then), or None.
+# lock if nothing arrives (the backlog calls again then), or None.
 IdleFn = Callable[[str, bool], Awaitable[float | None]]
-# The calls in flight whose purchases of a sku will reach its lane (empty: they
+# The calls in flight whose purchases of a sku will reach its backlog (empty: they
 # go out this loop turn), or None when none are on their way.
 OnTheWay = Callable[[str], Sequence["asyncio.Future[Any]"] | None]
 
@@ -56,7 +56,7 @@ async def _no_flusher_lock(sku: str, waiting: bool) -> None:
 
 
 def _none_on_the_way(sku: str) -> None:
-    """Nothing reserves ahead of the lane."""
+    """Nothing reserves ahead of the backlog."""
 
 
 log = structlog.get_logger(__name__)
@@ -68,7 +68,7 @@ LANDING_STEPS = 4
 
 
 @dataclass(slots=True)
-class _Lane:
+class _SkuBacklog:
     """One sku's backlog and its flusher task."""
 
     sku: str
@@ -104,14 +104,14 @@ class Batcher:
         self._max = batch_max
         self._wait = batch_wait_s
         self._backlog_max = backlog_max
-        self._lanes: dict[str, _Lane] = {}
-        self._backlog = 0
+        self._skus: dict[str, _SkuBacklog] = {}
+        self._total = 0
         self._closed = False
 
     @property
     def backlog(self) -> int:
         """The backlog: purchases waiting for or in a flush, across all skus."""
-        return self._backlog
+        return self._total
 
     @property
     def closing(self) -> bool:
@@ -121,10 +121,10 @@ class Batcher:
     @property
     def full(self) -> bool:
         """Whether a new purchase should be shed instead of reserved."""
-        return self._closed or self._backlog >= self._backlog_max
+        return self._closed or self._total >= self._backlog_max
 
     async def submit(self, purchase: Purchase) -> Result:
-        """Add a reserved purchase to its sku's lane and wait for its flush's result.
+        """Add a reserved purchase to its sku's backlog and wait for its flush's result.
 
         Raises :class:`ShuttingDown` once closing has begun, or with the flush's
         own error. Cancelling the wait does not withdraw the purchase: it is
@@ -133,38 +133,38 @@ class Batcher:
         return await self.enqueue(purchase)
 
     def enqueue(self, purchase: Purchase) -> asyncio.Future[Result]:
-        """Add a reserved purchase to its sku's lane; the future of its flush's
+        """Add a reserved purchase to its sku's backlog; the future of its flush's
         result (:meth:`submit` without a coroutine, for the host's lanes)."""
         if self._closed:
             raise ShuttingDown()
-        lane = self._lanes.get(purchase.sku)
-        if lane is None:
-            lane = self._lanes[purchase.sku] = _Lane(purchase.sku)
+        backlog = self._skus.get(purchase.sku)
+        if backlog is None:
+            backlog = self._skus[purchase.sku] = _SkuBacklog(purchase.sku)
             # A fresh context: the flusher must not carry the first request's log bindings.
-            lane.task = asyncio.create_task(
-                self._run(lane), name=f"flush:{purchase.sku}", context=contextvars.Context()
+            backlog.task = asyncio.create_task(
+                self._run(backlog), name=f"flush:{purchase.sku}", context=contextvars.Context()
             )
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Result] = loop.create_future()
         now = loop.time()
-        lane.gap = _next_gap(lane.gap, now - lane.last_at, self._wait)
-        lane.last_at = now
-        if not lane.entries:
-            lane.first_at = now
-            lane.arrived.set()
-        lane.entries.append((purchase, future))
-        self._backlog += 1
-        if len(lane.entries) >= self._max:
-            lane.full.set()
+        backlog.gap = _next_gap(backlog.gap, now - backlog.last_at, self._wait)
+        backlog.last_at = now
+        if not backlog.entries:
+            backlog.first_at = now
+            backlog.arrived.set()
+        backlog.entries.append((purchase, future))
+        self._total += 1
+        if len(backlog.entries) >= self._max:
+            backlog.full.set()
         return future
 
     async def close(self) -> None:
         """Refuse new purchases, flush every queued one, and stop the flushers."""
         self._closed = True
-        for lane in self._lanes.values():
-            lane.arrived.set()
-            lane.full.set()
-        tasks = [lane.task for lane in self._lanes.values() if lane.task is not None]
+        for backlog in self._skus.values():
+            backlog.arrived.set()
+            backlog.full.set()
+        tasks = [backlog.task for backlog in self._skus.values() if backlog.task is not None]
         await asyncio.gather(*tasks, return_exceptions=True)
 
     def abort(self) -> None:
@@ -174,66 +174,66 @@ class Batcher:
         crash, and the reconciler settles it from the order rows.
         """
         self._closed = True
-        for lane in self._lanes.values():
-            if lane.task is not None:
-                lane.task.cancel()
-            for _, future in lane.entries:
+        for backlog in self._skus.values():
+            if backlog.task is not None:
+                backlog.task.cancel()
+            for _, future in backlog.entries:
                 if not future.done():
                     future.set_exception(ShuttingDown())
-            self._backlog -= len(lane.entries)
-            lane.entries.clear()
+            self._total -= len(backlog.entries)
+            backlog.entries.clear()
 
-    async def _run(self, lane: _Lane) -> None:
+    async def _run(self, backlog: _SkuBacklog) -> None:
         loop = asyncio.get_running_loop()
         while True:
-            if not lane.entries:
-                if not await self._empty(lane):
+            if not backlog.entries:
+                if not await self._empty(backlog):
                     return
                 continue
-            remaining = self._wait - (loop.time() - lane.first_at)
+            remaining = self._wait - (loop.time() - backlog.first_at)
             # Wait only for a batch that will fill: when, at the recent pace,
             # another purchase is due before the wait is over. A lone buyer is
             # flushed at once; under a storm batches fill (and while a flush
             # runs the next batch fills behind it anyway).
-            if remaining < lane.gap:
+            if remaining < backlog.gap:
                 remaining = 0.0
-            if len(lane.entries) < self._max and remaining > 0 and not self._closed:
-                lane.full.clear()
+            if len(backlog.entries) < self._max and remaining > 0 and not self._closed:
+                backlog.full.clear()
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(remaining):
-                        await lane.full.wait()
-            if len(lane.entries) < self._max and not self._closed:
-                await self._landing(lane)
-            batch = lane.entries[: self._max]
-            del lane.entries[: self._max]
-            lane.first_at = loop.time()
-            await self._flush_batch(lane.sku, batch)
+                        await backlog.full.wait()
+            if len(backlog.entries) < self._max and not self._closed:
+                await self._landing(backlog)
+            batch = backlog.entries[: self._max]
+            del backlog.entries[: self._max]
+            backlog.first_at = loop.time()
+            await self._flush_batch(backlog.sku, batch)
 
-    async def _empty(self, lane: _Lane) -> bool:
-        """The lane ran empty: tell the flusher, then wait for an arrival, or
-        until the flusher asks to be told again. False when the lane ends."""
-        keep = await self._idle(lane.sku)
-        if lane.entries:  # arrived while the flusher settled
+    async def _empty(self, backlog: _SkuBacklog) -> bool:
+        """The backlog ran empty: tell the flusher, then wait for an arrival, or
+        until the flusher asks to be told again. False when the backlog ends."""
+        keep = await self._idle(backlog.sku)
+        if backlog.entries:  # arrived while the flusher settled
             return True
         if self._closed:
             return keep is not None  # the flusher lets go first
-        lane.arrived.clear()
+        backlog.arrived.clear()
         if keep is None:
-            await lane.arrived.wait()
+            await backlog.arrived.wait()
             return True
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(keep):
-                await lane.arrived.wait()
+                await backlog.arrived.wait()
         return True
 
-    async def _landing(self, lane: _Lane) -> None:
-        """Let the purchases of the lane's sku on their way join its batch."""
+    async def _landing(self, backlog: _SkuBacklog) -> None:
+        """Let the purchases of the backlog's sku on their way join its batch."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._landing_s
         for _ in range(LANDING_STEPS):
-            calls = self._on_the_way(lane.sku)
+            calls = self._on_the_way(backlog.sku)
             left = deadline - loop.time()
-            if calls is None or left <= 0 or len(lane.entries) >= self._max:
+            if calls is None or left <= 0 or len(backlog.entries) >= self._max:
                 return
             if calls:
                 # Their purchases are queued before this wakes (see on_the_way).
@@ -246,8 +246,8 @@ class Batcher:
             return await self._on_idle(sku, not self._closed)
         except Exception as exc:
             # A lock release that failed in an unforeseen way (a Redis failover
-            # raised one that nobody typed) must not end the lane.
-            log.error("lane_idle_failed", sku=sku, cause=repr(exc), exc_info=exc)
+            # raised one that nobody typed) must not end the backlog.
+            log.error("backlog_idle_failed", sku=sku, cause=repr(exc), exc_info=exc)
             return None
 
     async def _flush_batch(
@@ -263,7 +263,7 @@ class Batcher:
                     future.set_exception(ShuttingDown())
             raise
         finally:
-            self._backlog -= len(batch)
+            self._total -= len(batch)
         for (_, future), result in zip(batch, results, strict=True):
             if future.done():
                 continue
@@ -274,7 +274,7 @@ class Batcher:
 
 
 def _next_gap(average: float, gap: float, wait: float) -> float:
-    """The moving average of a lane's gaps between arrivals after one more ``gap``.
+    """The moving average of a backlog's gaps between arrivals after one more ``gap``.
 
     A gap longer than the wait counts as the wait: a quiet minute must not take
     a storm many arrivals to forget, and one arrival within the wait after a

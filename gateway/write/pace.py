@@ -1,8 +1,8 @@
-"""A lane's pace: a moving average of its gaps, read by the batcher and the flusher.
+"""A sku's pace: a moving average of its gaps, read by the batcher and the flusher.
 
-The batcher averages the gaps between a lane's arrivals, to hold a batch only
+The batcher averages the gaps between a sku's arrivals, to hold a batch only
 when another purchase is due within the wait; the flusher averages the gaps
-between its lane running empty and flushing again, to keep the sku's lock only
+between its sku's backlog running empty and flushing again, to keep the sku's lock only
 when the next flush is due within the slice.
 """
 

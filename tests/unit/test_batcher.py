@@ -133,8 +133,8 @@ async def test_abort_answers_every_waiting_purchase_and_stops_the_flushers() -> 
     assert batcher.backlog == 0
 
 
-async def test_the_flusher_hears_when_a_lane_runs_empty() -> None:
-    """on_idle is called for a sku once its lane has nothing left to flush."""
+async def test_the_flusher_hears_when_a_backlog_runs_empty() -> None:
+    """on_idle is called for a sku once its backlog has nothing left to flush."""
     idle: list[str] = []
 
     async def on_idle(sku: str, linger: bool) -> None:
@@ -172,10 +172,10 @@ async def test_a_storm_fills_batches() -> None:
     await batcher.close()
 
 
-async def test_a_failing_idle_call_does_not_end_the_lane() -> None:
+async def test_a_failing_idle_call_does_not_end_the_backlog() -> None:
     """The flusher's idle call (it gives back the sku's lock) raising something
     unforeseen, as a lock release did in a Redis Cluster failover, is logged and
-    the sku's lane keeps flushing: before, its task died and every later
+    the sku's backlog keeps flushing: before, its task died and every later
     purchase of the sku waited for good."""
     flush = Recorder()
     idle_calls: list[str] = []
@@ -187,17 +187,17 @@ async def test_a_failing_idle_call_does_not_end_the_lane() -> None:
 
     batcher = Batcher(flush, batch_max=4, batch_wait_s=0, backlog_max=100, on_idle=idle)
     assert await batcher.submit(purchase(1)) == SOLD_OUT
-    await wait_for(lambda: idle_calls, within=5, what="the lane ran empty")
+    await wait_for(lambda: idle_calls, within=5, what="the backlog ran empty")
     async with asyncio.timeout(5):
         assert await batcher.submit(purchase(2)) == SOLD_OUT
     assert flush.batches == [["r1"], ["r2"]]
     await batcher.close()
 
 
-async def test_the_lane_calls_again_when_the_flusher_keeps_the_lock() -> None:
-    """A flusher that keeps the sku's lock through an empty lane says for how
-    long; with nothing arriving the lane calls it again then (the lock is let
-    go in the lane's own task), and on close it is told the lane stops."""
+async def test_the_backlog_calls_again_when_the_flusher_keeps_the_lock() -> None:
+    """A flusher that keeps the sku's lock through an empty backlog says for how
+    long; with nothing arriving the backlog calls it again then (the lock is let
+    go in the backlog's own task), and on close it is told the backlog stops."""
     calls: list[bool] = []
 
     async def idle(sku: str, linger: bool) -> float | None:
@@ -214,8 +214,8 @@ async def test_the_lane_calls_again_when_the_flusher_keeps_the_lock() -> None:
 
 @pytest.mark.parametrize("close_inside", [False, True])
 async def test_closing_while_the_lock_is_kept_lets_it_go(close_inside: bool) -> None:
-    """Closing a lane whose flusher keeps the lock for a long while ends the
-    lane after telling the flusher, which lets go, not after the while; also
+    """Closing a backlog whose flusher keeps the lock for a long while ends the
+    backlog after telling the flusher, which lets go, not after the while; also
     when the closing began while the flusher was deciding to keep it."""
     calls: list[bool] = []
     closing: list[asyncio.Future[None]] = []
@@ -229,7 +229,7 @@ async def test_closing_while_the_lock_is_kept_lets_it_go(close_inside: bool) -> 
 
     batcher = Batcher(Recorder(), batch_max=4, batch_wait_s=0, backlog_max=100, on_idle=idle)
     assert await batcher.submit(purchase(1)) == SOLD_OUT
-    await wait_for(lambda: calls, within=5, what="the lane ran empty")
+    await wait_for(lambda: calls, within=5, what="the backlog ran empty")
     await asyncio.wait_for(closing[0] if closing else batcher.close(), 5)
     assert calls == [True, False]
 
