@@ -13,8 +13,9 @@ in any other way cannot oversell either.
 from __future__ import annotations
 
 import asyncio
-import random
 from typing import Protocol
+
+from redis.backoff import FullJitterBackoff
 
 from gateway.domain.errors import Contended
 from gateway.domain.model import Purchase, Result
@@ -60,8 +61,11 @@ class Optimistic:
     ) -> None:
         self._rows = rows
         self._attempts = settings.optimistic_attempts
-        self._first_pause = settings.optimistic_backoff_ms / 1000
-        self._longest_pause = settings.optimistic_backoff_max_ms / 1000
+        # Not a secret: jitter only spreads the retries of a crowd apart.
+        self._backoff = FullJitterBackoff(
+            cap=settings.optimistic_backoff_max_ms / 1000,
+            base=settings.optimistic_backoff_ms / 1000,
+        )
         self._observer = observer
 
     async def purchase(self, purchase: Purchase) -> Result:
@@ -69,9 +73,7 @@ class Optimistic:
         when every attempt of the budget lost one."""
         for attempt in range(self._attempts):
             if attempt:
-                ceiling = min(self._longest_pause, self._first_pause * 2 ** (attempt - 1))
-                # Not a secret: jitter only spreads the retries of a crowd apart.
-                await asyncio.sleep(random.uniform(0, ceiling))
+                await asyncio.sleep(self._backoff.compute(attempt - 1))
                 if self._observer is not None:
                     self._observer.optimistic_retry()
             try:
