@@ -67,7 +67,8 @@ def json_response(
 
 
 async def read_body(request: web.Request) -> bytes:
-    """The body, refusing more than 4 KiB before reading it when the length is declared."""
+    """The body, refusing more than :data:`payloads.MAX_BODY` before reading it
+    when the length is declared."""
     if (request.content_length or 0) > payloads.MAX_BODY:
         raise TooLarge(f"body over {payloads.MAX_BODY} bytes")
     return await request.read()
