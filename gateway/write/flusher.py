@@ -8,8 +8,8 @@ flushes, and through its sku's lane running empty (:meth:`Flusher.idle`) when
 at the lane's recent pace its next flush is due within the slice: a closed
 loop of buyers runs the lane empty after every flush and refills it a few ms
 later, and taking the lock anew each time put a Redis round trip before every
-commit (with the lock kept, one process sells 1.04-1.08x in stock at
-0.92-0.95x the CPU a purchase, ``make ab``, docs/performance.md). A lane that
+commit (kept, one process sells more in stock at less CPU a purchase:
+docs/performance.md, "the lock kept through a closed loop's gaps"). A lane that
 stays empty twice its recent gap lets go. Another instance, an admin change
 or the reconciler waits at most that, and at most the slice under a backlog.
 Every failure before the commit gives the reservations back; nothing
@@ -17,8 +17,8 @@ committed is ever undone.
 
 The buyers of a batch are answered once it is committed, while it settles: a
 committed order is the truth whatever the ledger says, and a closed-loop buyer
-sends its next request a Redis round trip sooner (in stock 1.1x the requests a
-second at 0.86x the CPU a request, ``make ab``, docs/performance.md). The
+sends its next request a Redis round trip sooner (more requests a second in
+stock at less CPU each: docs/performance.md, "Answers before the settle"). The
 settle still ends before the sku's next flush or its lock is let go, both in
 the lane's task, so the ledger and the database stock it compares still come
 from one moment under the lock.

@@ -3,8 +3,8 @@
 ``GATEWAY_WORKERS`` processes share a port and the kernel spreads connections
 over them, so every worker reserves purchases of every sku. Flushed where they
 were reserved, a hot sku's batches split W ways and the workers take turns on
-its flush lock: two workers on one core sold 0.66x of one, at 5.1x its p99
-(docs/scaling.md). Here each sku has one owner among the host's workers, by a
+its flush lock: two workers on one core sold less than one, at a far longer
+p99 (docs/scaling.md). Here each sku has one owner among the host's workers, by a
 hash of its name. A worker passes the purchases it reserved for another's sku
 over a Unix socket to the owner's batcher, so its batches form whole there, and
 hands the owner's answer to its buyer. The fleet lock, the fencing token and
