@@ -26,6 +26,9 @@ from gateway.redis.connections import create_redis
 POOL_CLOSE_S = 2.0
 # Pause between two start-up attempts while a dependency is down: 0.1 s, doubling to 2 s.
 STARTUP_BACKOFF = ExponentialBackoff(cap=2.0, base=0.1)
+# redis-py's backoff doubles as 2**failures, which overflows a float past about
+# 1,000 failures: the count stops here, long after the pause reached its cap.
+DOUBLINGS = 30
 
 T = TypeVar("T")
 log = structlog.get_logger(__name__)
@@ -56,7 +59,7 @@ async def patiently(what: str, wait_s: float, attempt: Callable[[], Awaitable[T]
                 raise
             log.warning("waiting_for_dependency", dependency=what, cause=repr(exc))
             await asyncio.sleep(pause)
-            failures += 1
+            failures = min(failures + 1, DOUBLINGS)
 
 
 async def database_ctx(app: web.Application) -> AsyncIterator[None]:

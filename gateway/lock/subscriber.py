@@ -39,6 +39,9 @@ from redis.backoff import ExponentialBackoff
 # Pause before reconnecting after a failure: 50 ms, doubling to 1 s; back to
 # 50 ms once connected.
 _RECONNECT_BACKOFF = ExponentialBackoff(cap=1.0, base=0.05)
+# redis-py's backoff doubles as 2**failures, which overflows a float past about
+# 1,000 failures: the count stops here, long after the pause reached its cap.
+_DOUBLINGS = 30
 
 
 class Connections(Protocol):
@@ -250,7 +253,7 @@ class LockSubscriber:
                 if self._closed:
                     return
                 await asyncio.sleep(_RECONNECT_BACKOFF.compute(failures))
-                failures += 1
+                failures = min(failures + 1, _DOUBLINGS)
 
     async def _connect(self) -> AbstractConnection:
         async with self._io:

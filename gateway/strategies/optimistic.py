@@ -23,6 +23,10 @@ from gateway.postgres.database import Connection
 from gateway.settings import Settings
 from gateway.strategies.rows import Rows
 
+# redis-py's backoff doubles as 2**failures, which overflows a float past about
+# 1,000 failures: a larger budget's later retries pause as this one's, at the cap.
+DOUBLINGS = 30
+
 READ_VERSION = "SELECT stock, version FROM inventory WHERE sku = $1"
 TAKE_STOCK_AT_VERSION = """
 UPDATE inventory SET stock = stock - $2, version = version + 1, updated_at = now()
@@ -73,7 +77,7 @@ class Optimistic:
         when every attempt of the budget lost one."""
         for attempt in range(self._attempts):
             if attempt:
-                await asyncio.sleep(self._backoff.compute(attempt - 1))
+                await asyncio.sleep(self._backoff.compute(min(attempt - 1, DOUBLINGS)))
                 if self._observer is not None:
                     self._observer.optimistic_retry()
             try:

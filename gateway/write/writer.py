@@ -41,6 +41,9 @@ log = structlog.get_logger(__name__)
 DISCOVER_S = 1.0
 # Pause after a failed batch: 50 ms, doubling to 2 s; back to 50 ms after one commits.
 RETRY_BACKOFF = ExponentialBackoff(cap=2.0, base=0.05)
+# redis-py's backoff doubles as 2**failures, which overflows a float past about
+# 1,000 failures: the count stops here, long after the pause reached its cap.
+DOUBLINGS = 30
 
 
 class WriterObserver(Protocol):
@@ -151,7 +154,7 @@ class QueueWriter:
                 )
                 retry = True
                 await asyncio.sleep(RETRY_BACKOFF.compute(failures))
-                failures += 1
+                failures = min(failures + 1, DOUBLINGS)
 
     async def _apply(self, sku: str, entries: list[Entry]) -> None:
         """Commit a batch, then record its refusals and acknowledge it."""
