@@ -341,6 +341,11 @@ def _flag(name: str) -> str:
     return f"--{name.replace('_', '-')}"
 
 
+def _shown(default: object) -> object:
+    """A default as ``--help`` shows it: none, or an empty list, as ``unset``."""
+    return "unset" if default is None or default in ((), frozenset()) else default
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add one ``--flag`` per setting to a CLI parser (values parsed later)."""
     for f in fields(Settings):
@@ -349,7 +354,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             dest=f.name,
             default=None,
             metavar="VALUE",
-            help=f"overrides {env_name(f.name)} (default: {f.default})",
+            help=f"overrides {env_name(f.name)} (default: {_shown(f.default)})",
         )
 
 
