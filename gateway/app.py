@@ -453,7 +453,7 @@ async def drain(app: web.Application) -> None:
 def create_app(settings: Settings) -> web.Application:
     """Build the gateway application for ``settings``."""
     metrics = Metrics(settings.multiproc_dir)
-    proxies = TrustedProxies(settings.trusted_networks)
+    proxies = TrustedProxies(settings.trusted_proxies)
     answers = AnswerLog(metrics.stats)
     answer = answering(proxies, metrics, answers, timed=settings.metrics)
     middleware = gateway_middleware(answer, views.QUERIES)

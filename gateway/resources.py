@@ -13,6 +13,7 @@ from typing import TypeVar
 import asyncpg
 import structlog
 from aiohttp import web
+from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from gateway.http.appkeys import ORDERS, POOL, REDIS, SETTINGS, ZOOKEEPER
@@ -23,6 +24,11 @@ from gateway.redis.connections import create_redis
 
 # Longest a stopping gateway waits for its PostgreSQL connections to close cleanly.
 POOL_CLOSE_S = 2.0
+# Pause between two start-up attempts while a dependency is down: 0.1 s, doubling to 2 s.
+STARTUP_BACKOFF = ExponentialBackoff(cap=2.0, base=0.1)
+# redis-py's backoff doubles as 2**failures, which overflows a float past about
+# 1,000 failures: the count stops here, long after the pause reached its cap.
+DOUBLINGS = 30
 
 T = TypeVar("T")
 log = structlog.get_logger(__name__)
@@ -43,16 +49,17 @@ async def patiently(what: str, wait_s: float, attempt: Callable[[], Awaitable[T]
     of exiting at once; a step that fails for another reason fails at once.
     """
     deadline = asyncio.get_running_loop().time() + wait_s
-    pause = 0.1
+    failures = 0
     while True:
         try:
             return await attempt()
         except (OSError, RedisConnectionError, asyncpg.CannotConnectNowError) as exc:
+            pause = STARTUP_BACKOFF.compute(failures)
             if asyncio.get_running_loop().time() + pause > deadline:
                 raise
             log.warning("waiting_for_dependency", dependency=what, cause=repr(exc))
             await asyncio.sleep(pause)
-            pause = min(pause * 2, 2.0)
+            failures = min(failures + 1, DOUBLINGS)
 
 
 async def database_ctx(app: web.Application) -> AsyncIterator[None]:

@@ -47,9 +47,9 @@ AWAIT_DEPTH = 40
 # collected every 50,000 net allocations instead of 700, the older ones ten
 # times more rarely than by default. A purchase allocates dozens of objects, so
 # under a storm the defaults collect every few purchases, and each collection
-# pauses every buyer in flight: in-stock p99 17.3 ms against 11.4 with these
-# (make ab, docs/performance.md), and the RSS after a 200,000-unit sale is the
-# same (59.4 MiB).
+# pauses every buyer in flight: these shorten the in-stock p99 and leave the
+# RSS after a big sale the same (docs/performance.md, "the collector tuned
+# once serving").
 GC_THRESHOLDS = (50_000, 20, 100)
 
 StartupHook = Callable[[web.Application], Awaitable[None]]

@@ -2,10 +2,11 @@
 
 This is the only module that reads ``os.environ``. Every setting is an
 environment variable ``GATEWAY_<NAME>`` and a CLI flag ``--<name>``; the flag
-wins. Each value is read from its text by its parser (:data:`PARSERS`), which
-raises ValueError with a short reason; :func:`load` turns that into a
-:class:`SettingsError` naming the setting, which the CLI prints as one line
-before it exits.
+wins. Each setting is one field of :class:`Settings`, declared with its
+default and its parser (:func:`setting`); the parser reads the text once, into
+the value the gateway uses, or raises ValueError with a short reason, which
+:func:`load` turns into a :class:`SettingsError` naming the setting, printed by
+the CLI as one line before it exits.
 
 Every layer is handed this object; it imports only the domain.
 """
@@ -16,22 +17,24 @@ import argparse
 import ipaddress
 import os
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, fields
-from typing import Any
+from dataclasses import dataclass, field, fields
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 from gateway.domain.model import Strategy
 from gateway.domain.rules import Rate, parse_rate
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+Address = tuple[str, int]
+T = TypeVar("T")
 
 
 class SettingsError(ValueError):
     """A setting has a value the gateway cannot run with."""
 
 
-# How each setting is read from its text: one parser a field, each raising
-# ValueError with a short reason.
+# How each setting is read from its text: one parser a field (given where the
+# field is declared), each raising ValueError with a short reason.
 
 
 def parse_networks(raw: str | None) -> tuple[Network, ...]:
@@ -135,25 +138,27 @@ def _bool(raw: str) -> bool:
     raise ValueError("must be true or false")
 
 
-def _addresses(raw: str) -> str:
+def _addresses(raw: str) -> tuple[Address, ...]:
+    pairs = []
     for part in raw.split(","):
         host, _, port = part.strip().rpartition(":")
         if not host or not port.isdigit():
             raise ValueError("must be host:port[,host:port...]")
+        pairs.append((host, int(port)))
+    return tuple(pairs)
+
+
+def _zookeeper_hosts(raw: str) -> str:
+    # kazoo takes the ensemble as its text; it is checked, not split.
+    _addresses(raw)
     return raw
 
 
-def _networks(raw: str) -> str:
+def _networks(raw: str) -> tuple[Network, ...]:
     try:
-        parse_networks(raw)
+        return parse_networks(raw)
     except ValueError:
         raise ValueError("must be CIDRs or addresses, comma-separated") from None
-    return raw
-
-
-def _rate(raw: str) -> str:
-    parse_rate(raw)
-    return raw
 
 
 def _text(raw: str) -> str:
@@ -175,166 +180,128 @@ def _secret(raw: str) -> str:
     return raw
 
 
-def _writer_block(value: int) -> int:
+def _writer_block(raw: str) -> int:
+    value = _int(1)(raw)
     # The Redis client's socket timeout is 5 s: a longer block would read as a timeout.
     if value > 4000:
         raise ValueError("must be <= 4000")
     return value
 
 
-# One parser a field of gateway.settings.Settings: raw text in, the value out;
-# ValueError with a short reason when the text will not do.
-PARSERS: Mapping[str, Callable[[str], Any]] = {
-    "host": _text,
-    "port": _int(0),
-    "redis_url": _url("redis", "rediss", "unix"),
-    "database_url": _url("postgres", "postgresql"),
-    "redis_sentinels": _addresses,
-    "redis_sentinel_master": _text,
-    "redis_cluster_nodes": _addresses,
-    "key_prefix": _text,
-    "admin_token": _text,
-    "batch_max": _int(1),
-    "batch_wait_ms": _float(0.0),
-    "reservation_timeout_s": _float(0.1),
-    "flush_lock": _choice("redis", "postgres", "zookeeper", "none"),
-    "lock_lease_s": _float(0.05),
-    "backlog_max": _int(1),
-    "redis_pool_size": _int(1),
-    "db_pool_size": _int(2),
-    "drain_s": _float(0.0),
-    "lame_duck_s": _float(0.0),
-    "trusted_proxies": _networks,
-    "startup_wait_s": _float(0.0),
-    "reconcile_interval_s": _float(0.05),
-    "sale_retention_s": _float(1.0),
-    "rebuild_share": _share,
-    "log_level": _choice("debug", "info", "warning", "error"),
-    "metrics": _bool,
-    "loop_stall_report_s": _float(0.0),
-    "workers": _int(1),
-    "multiproc_dir": _text,
-    "lanes_dir": _text,
-    "lane_index": _int(0),
-    "lane_count": _int(1),
-    "admin_token_file": _file,
-    "admission_secret": _secret,
-    "admission_secret_previous": _secret,
-    "request_read_timeout_s": _float(0.1),
-    "max_connections": _int(1),
-    "strategy": lambda raw: Strategy(_choice(*Strategy)(raw)),
-    "queue_writer": _bool,
-    "writer_block_ms": lambda raw: _writer_block(_int(1)(raw)),
-    "writer_claim_idle_s": _float(0.1),
-    "stream_max": _int(1),
-    "zookeeper_hosts": _addresses,
-    "optimistic_attempts": _int(1),
-    "optimistic_backoff_ms": _float(0.0),
-    "optimistic_backoff_max_ms": _float(0.0),
-    "user_rate": _rate,
-    "client_rate": _rate,
-    "waiting_page_return_origins": parse_origins,
-}
+def _strategy(raw: str) -> Strategy:
+    return Strategy(_choice(*Strategy)(raw))
+
+
+# The key of a field's parser in its metadata.
+PARSE = "parse"
+
+
+def setting(default: T, parse: Callable[[str], T]) -> T:
+    """A field of :class:`Settings`: its default, and how its text is read
+    (``parse`` returns the value or raises ValueError with a short reason)."""
+    return field(default=default, metadata={PARSE: parse})
 
 
 @dataclass(frozen=True, slots=True)
 class Settings:
     """Everything the gateway is configured by; passed in explicitly."""
 
-    host: str = "127.0.0.1"
-    port: int = 8080
-    redis_url: str = "redis://127.0.0.1:6379/0"
+    host: str = setting("127.0.0.1", _text)
+    port: int = setting(8080, _int(0))
+    redis_url: str = setting("redis://127.0.0.1:6379/0", _url("redis", "rediss", "unix"))
     # "host:port,host:port": connect to the primary that these Sentinels name.
-    redis_sentinels: str | None = None
-    redis_sentinel_master: str = "flashsale"
+    redis_sentinels: tuple[Address, ...] = setting((), _addresses)
+    redis_sentinel_master: str = setting("flashsale", _text)
     # "host:port,host:port": seed nodes of a Redis Cluster (not with Sentinels).
-    redis_cluster_nodes: str | None = None
-    database_url: str = "postgresql://postgres@127.0.0.1:5432/flashsale"
-    key_prefix: str = "fs"
-    admin_token: str | None = None
-    batch_max: int = 256
+    redis_cluster_nodes: tuple[Address, ...] = setting((), _addresses)
+    database_url: str = setting(
+        "postgresql://postgres@127.0.0.1:5432/flashsale", _url("postgres", "postgresql")
+    )
+    key_prefix: str = setting("fs", _text)
+    admin_token: str | None = setting(None, _text)
+    batch_max: int = setting(256, _int(1))
     # 0: natural batching, a flush takes whatever queued while the last one ran
     # (loadtests: the flush's wait holds every buyer of a closed loop, and no
     # open-loop rate measured gained from it; docs/performance.md).
-    batch_wait_ms: float = 0.0
-    reservation_timeout_s: float = 30.0
-    flush_lock: str = "redis"
-    lock_lease_s: float = 10.0
+    batch_wait_ms: float = setting(0.0, _float(0.0))
+    reservation_timeout_s: float = setting(30.0, _float(0.1))
+    flush_lock: str = setting("redis", _choice("redis", "postgres", "zookeeper", "none"))
+    lock_lease_s: float = setting(10.0, _float(0.05))
     # Purchases in flight per process (the batcher's backlog, and those of the
     # strategies that decide in PostgreSQL) past which new ones are shed with 503.
-    backlog_max: int = 10_000
-    redis_pool_size: int = 64
-    db_pool_size: int = 8
-    drain_s: float = 10.0
+    backlog_max: int = setting(10_000, _int(1))
+    redis_pool_size: int = setting(64, _int(1))
+    db_pool_size: int = setting(8, _int(2))
+    drain_s: float = setting(10.0, _float(0.0))
     # After SIGTERM, how long /readyz answers 503 while purchases are still
     # served, so a load balancer's checks take the instance out before the drain.
-    lame_duck_s: float = 0.0
+    lame_duck_s: float = setting(0.0, _float(0.0))
     # CIDRs whose X-Forwarded-For / Forwarded headers are believed (for the logs).
-    trusted_proxies: str | None = None
+    trusted_proxies: tuple[Network, ...] = setting((), _networks)
     # How long start-up waits for Redis and PostgreSQL to answer before giving up.
-    startup_wait_s: float = 30.0
-    reconcile_interval_s: float = 5.0
+    startup_wait_s: float = setting(30.0, _float(0.0))
+    reconcile_interval_s: float = setting(5.0, _float(0.05))
     # A sku's Redis state expires this long after it was last written (a sold-out
     # sku's last write is its last settle); PostgreSQL answers, and refills it, after.
-    sale_retention_s: float = 86_400.0
+    sale_retention_s: float = setting(86_400.0, _float(1.0))
     # After Redis lost a sale, the most of the event loop's CPU time the
     # background rebuild of its hashes takes (gateway.usecases.rebuilds); 1: no pacing.
-    rebuild_share: float = 0.1
-    log_level: str = "info"
-    metrics: bool = True
+    rebuild_share: float = setting(0.1, _share)
+    log_level: str = setting("info", _choice("debug", "info", "warning", "error"))
+    metrics: bool = setting(True, _bool)
     # A loop stalled this long gets its stack logged while still stuck
     # (event_loop_stalled, gateway.ops.loop_lag); 0: never.
-    loop_stall_report_s: float = 0.5
+    loop_stall_report_s: float = setting(0.5, _float(0.0))
     # Worker processes sharing the port (SO_REUSEPORT), supervised by one parent.
-    workers: int = 1
+    workers: int = setting(1, _int(1))
     # Set for workers by their supervisor (PROMETHEUS_MULTIPROC_DIR): where
     # prometheus-client keeps the values every worker's /metrics adds up.
-    multiproc_dir: str | None = None
+    multiproc_dir: str | None = setting(None, _text)
     # Set for workers by their supervisor (gateway.write.lanes): the directory
     # of the host's lane sockets, this worker's index and the number of
     # workers; each sku is flushed by one of them, whichever worker reserved it.
-    lanes_dir: str | None = None
-    lane_index: int = 0
-    lane_count: int = 1
+    lanes_dir: str | None = setting(None, _text)
+    lane_index: int = setting(0, _int(0))
+    lane_count: int = setting(1, _int(1))
     # A file of admin bearer tokens, one a line (two during a rotation), read
     # again whenever its mtime, size or inode changes; with admin_token, both count.
-    admin_token_file: str | None = None
+    admin_token_file: str | None = setting(None, _file)
     # Waiting rooms: the key signing admission tokens, and the one before it,
     # still accepted (never used to sign) while a rotation is under way.
-    admission_secret: str | None = None
-    admission_secret_previous: str | None = None
+    admission_secret: str | None = setting(None, _secret)
+    admission_secret_previous: str | None = setting(None, _secret)
     # Hostile clients: a request's head and body must arrive within this long of
     # its first byte (and a new connection's first request within this long).
-    request_read_timeout_s: float = 10.0
+    request_read_timeout_s: float = setting(10.0, _float(0.1))
     # Open connections per gateway process; those beyond get a 503 and are closed.
-    max_connections: int = 10_000
+    max_connections: int = setting(10_000, _int(1))
     # How purchases take their stock (gateway.domain.model.Strategy).
-    strategy: Strategy = Strategy.RESERVE_BATCH
+    strategy: Strategy = setting(Strategy.RESERVE_BATCH, _strategy)
     # Queue strategy: run a stream writer inside each gateway process too (the
     # CLI's ``writer`` command runs writers on their own).
-    queue_writer: bool = True
+    queue_writer: bool = setting(True, _bool)
     # Longest a writer's XREADGROUP waits for a first entry (below the socket timeout).
-    writer_block_ms: int = 1000
+    writer_block_ms: int = setting(1000, _writer_block)
     # A stream entry delivered this long ago and not acknowledged belongs to a
     # writer presumed dead: another one claims it (XAUTOCLAIM).
-    writer_claim_idle_s: float = 10.0
+    writer_claim_idle_s: float = setting(10.0, _float(0.1))
     # Entries a sku's stream holds at most (queued and in a writer's hands):
     # beyond it purchases are refused with 503 before anything is reserved.
-    stream_max: int = 100_000
+    stream_max: int = setting(100_000, _int(1))
     # "host:port,host:port" of the ZooKeeper ensemble (GATEWAY_FLUSH_LOCK=zookeeper).
-    zookeeper_hosts: str = "127.0.0.1:2181"
+    zookeeper_hosts: str = setting("127.0.0.1:2181", _zookeeper_hosts)
     # The optimistic strategy's retry budget: attempts per purchase, and the
     # first and the largest pause between them (full jitter, doubling).
-    optimistic_attempts: int = 8
-    optimistic_backoff_ms: float = 2.0
-    optimistic_backoff_max_ms: float = 50.0
+    optimistic_attempts: int = setting(8, _int(1))
+    optimistic_backoff_ms: float = setting(2.0, _float(0.0))
+    optimistic_backoff_max_ms: float = setting(50.0, _float(0.0))
     # Token buckets "N/s:burst" per user and per client address, per sku (a
     # sku's own rate wins); None: off.
-    user_rate: str | None = None
-    client_rate: str | None = None
+    user_rate: Rate | None = setting(None, parse_rate)
+    client_rate: Rate | None = setting(None, parse_rate)
     # Origins a waiting-room page may send an admitted buyer back to
     # (``return_to``, gateway.http.waiting_page); empty: none, return_to is refused.
-    waiting_page_return_origins: frozenset[str] = frozenset()
+    waiting_page_return_origins: frozenset[str] = setting(frozenset(), parse_origins)
 
     def __post_init__(self) -> None:
         if self.lane_index >= self.lane_count:
@@ -347,39 +314,6 @@ class Settings:
                 f"{env_name('redis_cluster_nodes')} and {env_name('redis_sentinels')}:"
                 " set one of them, not both"
             )
-
-    @property
-    def sentinel_addresses(self) -> list[tuple[str, int]]:
-        """The Sentinels as (host, port) pairs; empty when not using Sentinel."""
-        return _pairs(self.redis_sentinels)
-
-    @property
-    def user_rate_limit(self) -> Rate | None:
-        """The default per-user rate of a sku, None when off."""
-        return None if self.user_rate is None else parse_rate(self.user_rate)
-
-    @property
-    def client_rate_limit(self) -> Rate | None:
-        """The default per-client-address rate of a sku, None when off."""
-        return None if self.client_rate is None else parse_rate(self.client_rate)
-
-    @property
-    def trusted_networks(self) -> tuple[Network, ...]:
-        """The networks of GATEWAY_TRUSTED_PROXIES; empty when none are trusted."""
-        return parse_networks(self.trusted_proxies)
-
-    @property
-    def cluster_addresses(self) -> list[tuple[str, int]]:
-        """The Redis Cluster seed nodes as (host, port) pairs; empty without a cluster."""
-        return _pairs(self.redis_cluster_nodes)
-
-
-def _pairs(addresses: str | None) -> list[tuple[str, int]]:
-    """``host:port,...`` as (host, port) pairs; empty for None."""
-    if not addresses:
-        return []
-    pairs = (part.strip().rpartition(":") for part in addresses.split(","))
-    return [(host, int(port)) for host, _, port in pairs]
 
 
 # Settings whose variable is another library's, not ours.
@@ -407,6 +341,11 @@ def _flag(name: str) -> str:
     return f"--{name.replace('_', '-')}"
 
 
+def _shown(default: object) -> object:
+    """A default as ``--help`` shows it: none, or an empty list, as ``unset``."""
+    return "unset" if default is None or default in ((), frozenset()) else default
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add one ``--flag`` per setting to a CLI parser (values parsed later)."""
     for f in fields(Settings):
@@ -415,7 +354,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             dest=f.name,
             default=None,
             metavar="VALUE",
-            help=f"overrides {env_name(f.name)} (default: {f.default})",
+            help=f"overrides {env_name(f.name)} (default: {_shown(f.default)})",
         )
 
 
@@ -437,7 +376,7 @@ def load(
         if raw is None:
             continue
         try:
-            values[f.name] = PARSERS[f.name](raw)
+            values[f.name] = f.metadata[PARSE](raw)
         except ValueError as exc:
             raise SettingsError(f"{source}={raw!r}: {exc}") from None
     return Settings(**values)

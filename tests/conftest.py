@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import gc
 import os
 import uuid
@@ -24,7 +25,7 @@ from redis.asyncio import Redis
 
 from gateway.app import create_app
 from gateway.http import fastpath
-from gateway.settings import Settings
+from gateway.settings import Settings, load
 from testkit.purchases import ADMIN_TOKEN
 from testkit.services import REDIS_URL, create_database, drop_database
 from tests import summary
@@ -140,7 +141,8 @@ async def redis(key_prefix: str) -> AsyncIterator[Redis]:
 @pytest.fixture
 def make_settings(database_url: str, key_prefix: str, redis: Redis) -> Callable[..., Settings]:
     """A factory of settings on the session database and this test's key prefix
-    (whose keys the ``redis`` fixture deletes afterwards)."""
+    (whose keys the ``redis`` fixture deletes afterwards). A setting given as
+    text is read as its GATEWAY_* variable would be (``user_rate="5/s:10"``)."""
 
     def make(**overrides: Any) -> Settings:
         base: dict[str, Any] = {
@@ -150,7 +152,9 @@ def make_settings(database_url: str, key_prefix: str, redis: Redis) -> Callable[
             "admin_token": ADMIN_TOKEN,
         }
         base.update(overrides)
-        return Settings(**base)
+        text = {name: value for name, value in base.items() if isinstance(value, str)}
+        typed = {name: value for name, value in base.items() if name not in text}
+        return dataclasses.replace(load({}, text), **typed)
 
     return make
 

@@ -11,7 +11,11 @@ from collections.abc import Mapping
 
 
 class GatewayError(Exception):
-    """Base of every error the gateway answers with a 4xx or 5xx."""
+    """Base of every error the gateway answers with a 4xx or 5xx.
+
+    An instance keeps each argument of its class's constructor as the attribute
+    of the same name: a worker rebuilds the error another raised from them
+    (gateway.write.frames)."""
 
     status: int = 500
     code: str = "internal"
@@ -79,6 +83,7 @@ class IdempotencyMismatch(GatewayError):
             f"request id {request_id!r} was first used for another purchase "
             "(sku, user_id or qty); use a new request id for a new purchase"
         )
+        self.request_id = request_id
 
 
 class NotConfigured(GatewayError):
@@ -113,6 +118,7 @@ class Unavailable(GatewayError):
 
     def __init__(self, detail: str | None = None, retry_after: int = 1):
         super().__init__(detail, {"Retry-After": str(retry_after)})
+        self.retry_after = retry_after
 
 
 class ShuttingDown(Unavailable):
@@ -206,6 +212,7 @@ class NotStarted(GatewayError):
     def __init__(self, starts_at: str, ms_to_start: int) -> None:
         super().__init__(f"the sale starts at {starts_at}", {"Retry-After": _seconds(ms_to_start)})
         self.starts_at = starts_at
+        self.ms_to_start = ms_to_start
 
     def body(self) -> dict[str, str]:
         """``{"status": "not_started", "starts_at": ...}``: an answer, not a fault."""
@@ -231,3 +238,4 @@ class RateLimited(GatewayError):
 
     def __init__(self, ms_to_a_token: int) -> None:
         super().__init__(None, {"Retry-After": _seconds(ms_to_a_token)})
+        self.ms_to_a_token = ms_to_a_token

@@ -25,6 +25,7 @@ from gateway.domain.errors import (
     Unavailable,
 )
 from gateway.http.clients import TrustedProxies, bind_request
+from gateway.http.payloads import MAX_BODY
 from gateway.lock import LockError, closed_under_write
 from gateway.ops.answer_log import AnswerLog
 from gateway.ops.metrics import Metrics
@@ -57,7 +58,8 @@ def error_body(error: GatewayError) -> web.Response:
 
 def _from_http(exc: web.HTTPException) -> GatewayError:
     if isinstance(exc, web.HTTPRequestEntityTooLarge):
-        return TooLarge("body over 4096 bytes")
+        # aiohttp refuses a body over the app's client_max_size, which is MAX_BODY.
+        return TooLarge(f"body over {MAX_BODY} bytes")
     if isinstance(exc, web.HTTPMethodNotAllowed):
         return MethodNotAllowed(f"{exc.method} is not allowed here")
     if isinstance(exc, web.HTTPNotFound):

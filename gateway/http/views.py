@@ -14,6 +14,7 @@ from gateway.domain.errors import (
     TooLarge,
 )
 from gateway.domain.model import Outcome, Result
+from gateway.domain.rules import rfc3339
 from gateway.http import payloads
 from gateway.http.appkeys import (
     ADMISSIONS,
@@ -32,7 +33,7 @@ from gateway.http.clients import current_client
 from gateway.http.middlewares import OUTCOME
 from gateway.http.prebuilt import DirectAnswers, Written
 from gateway.ops.metrics import CONTENT_TYPE
-from gateway.usecases.admission import Admissions
+from gateway.usecases.admission import Admissions, Place
 from gateway.usecases.purchases import Purchases
 from gateway.usecases.tracking import MAX_WAIT_S
 
@@ -66,7 +67,8 @@ def json_response(
 
 
 async def read_body(request: web.Request) -> bytes:
-    """The body, refusing more than 4 KiB before reading it when the length is declared."""
+    """The body, refusing more than :data:`payloads.MAX_BODY` before reading it
+    when the length is declared."""
     if (request.content_length or 0) > payloads.MAX_BODY:
         raise TooLarge(f"body over {payloads.MAX_BODY} bytes")
     return await request.read()
@@ -184,17 +186,33 @@ async def join_room(request: web.Request) -> web.Response:
     if "user_id" not in data:
         raise InvalidRequest("user_id is required")
     user_id = payloads.identifier(data["user_id"], "user_id")
-    place = await request.app[ADMISSIONS].join(sku, user_id)
-    if place is None:
+    joined = await request.app[ADMISSIONS].join(sku, user_id)
+    if joined is None:
         return web.Response(body=_SOLD_OUT, status=409, content_type=JSON)
-    return json_response(place)
+    return json_response({"ticket": joined.ticket, **_place(joined.place)})
 
 
 async def poll_room(request: web.Request) -> web.Response:
     """GET /v1/queue/{sku}/{ticket}: waiting, admitted (with a token), or sold out."""
     sku = payloads.identifier(request.match_info["sku"], "sku")
     ticket = payloads.identifier(request.match_info["ticket"], "ticket")
-    return json_response(await request.app[ADMISSIONS].poll(sku, ticket))
+    standing = await request.app[ADMISSIONS].poll(sku, ticket)
+    if standing is None:
+        return web.Response(body=_SOLD_OUT, content_type=JSON)
+    if isinstance(standing, Place):
+        return json_response({"status": "waiting", **_place(standing)})
+    return json_response(
+        {
+            "status": "admitted",
+            "admission_token": standing.token,
+            "expires_at": rfc3339(standing.expires_at),
+            "user_id": standing.user_id,
+        }
+    )
+
+
+def _place(place: Place) -> dict[str, int]:
+    return {"position": place.position, "eta_s": place.eta_s, "poll_after_s": place.poll_after_s}
 
 
 async def healthz(request: web.Request) -> web.Response:

@@ -34,9 +34,14 @@ from typing import Any, Protocol
 from redis.asyncio import Redis
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.connection import AbstractConnection
+from redis.backoff import ExponentialBackoff
 
-_MIN_BACKOFF_S = 0.05
-_MAX_BACKOFF_S = 1.0
+# Pause before reconnecting after a failure: 50 ms, doubling to 1 s; back to
+# 50 ms once connected.
+_RECONNECT_BACKOFF = ExponentialBackoff(cap=1.0, base=0.05)
+# redis-py's backoff doubles as 2**failures, which overflows a float past about
+# 1,000 failures: the count stops here, long after the pause reached its cap.
+_DOUBLINGS = 30
 
 
 class Connections(Protocol):
@@ -235,11 +240,11 @@ class LockSubscriber:
             ]
 
     async def _read_loop(self) -> None:
-        backoff = _MIN_BACKOFF_S
+        failures = 0
         while not self._closed:
             try:
                 conn = await self._connect()
-                backoff = _MIN_BACKOFF_S
+                failures = 0
                 while not self._closed:
                     reply = await conn.read_response(timeout=math.inf, push_request=True)
                     self._on_reply(reply)
@@ -247,8 +252,8 @@ class LockSubscriber:
                 self._up = False
                 if self._closed:
                     return
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, _MAX_BACKOFF_S)
+                await asyncio.sleep(_RECONNECT_BACKOFF.compute(failures))
+                failures = min(failures + 1, _DOUBLINGS)
 
     async def _connect(self) -> AbstractConnection:
         async with self._io:

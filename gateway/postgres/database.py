@@ -118,7 +118,7 @@ async def create_pool(settings: Settings) -> Pool:
     The gateway's statements leave no session state behind them (no SET, LISTEN,
     cursor or session advisory lock), so a connection goes back to the pool
     without asyncpg's reset query, a round trip on every use that the flush
-    waited for (0.28 ms a flush under the in-stock bench: docs/performance.md).
+    waited for (docs/performance.md, "pool without the reset query").
     An open transaction is still rolled back (asyncpg does that whatever the
     reset). The PostgreSQL flush lock is the exception: it holds session advisory
     locks on pool connections and relies on the reset's

@@ -46,14 +46,14 @@ def create_redis(settings: Settings) -> RedisClient:
     replica. Otherwise ``GATEWAY_REDIS_URL``. The last two pools block (up to 5 s)
     rather than fail when exhausted.
     """
-    if settings.cluster_addresses:
-        seeds = [ClusterNode(host, port) for host, port in settings.cluster_addresses]
+    if settings.redis_cluster_nodes:
+        seeds = [ClusterNode(host, port) for host, port in settings.redis_cluster_nodes]
         return RedisCluster(
             startup_nodes=seeds, max_connections=settings.redis_pool_size, **_CONNECTION
         )
-    if settings.sentinel_addresses:
+    if list(settings.redis_sentinels):
         sentinel = Sentinel(  # type: ignore[no-untyped-call]
-            settings.sentinel_addresses, socket_connect_timeout=2, socket_timeout=2
+            list(settings.redis_sentinels), socket_connect_timeout=2, socket_timeout=2
         )
         client: Redis = sentinel.master_for(
             settings.redis_sentinel_master,

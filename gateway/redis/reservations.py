@@ -190,7 +190,7 @@ class ReserveCalls:
         self._keys = keys
         self._retention_ms = max(1, round(settings.sale_retention_s * 1000))
         self._stream_max = settings.stream_max
-        self._user_rate, self._client_rate = settings.user_rate_limit, settings.client_rate_limit
+        self._user_rate, self._client_rate = settings.user_rate, settings.client_rate
         self._heads: dict[str, tuple[SkuInfo, tuple[ScriptArg, ...]]] = {}
 
     def head(self, info: SkuInfo) -> tuple[ScriptArg, ...]:

@@ -13,14 +13,19 @@ in any other way cannot oversell either.
 from __future__ import annotations
 
 import asyncio
-import random
 from typing import Protocol
+
+from redis.backoff import FullJitterBackoff
 
 from gateway.domain.errors import Contended
 from gateway.domain.model import Purchase, Result
 from gateway.postgres.database import Connection
 from gateway.settings import Settings
 from gateway.strategies.rows import Rows
+
+# redis-py's backoff doubles as 2**failures, which overflows a float past about
+# 1,000 failures: a larger budget's later retries pause as this one's, at the cap.
+DOUBLINGS = 30
 
 READ_VERSION = "SELECT stock, version FROM inventory WHERE sku = $1"
 TAKE_STOCK_AT_VERSION = """
@@ -60,8 +65,11 @@ class Optimistic:
     ) -> None:
         self._rows = rows
         self._attempts = settings.optimistic_attempts
-        self._first_pause = settings.optimistic_backoff_ms / 1000
-        self._longest_pause = settings.optimistic_backoff_max_ms / 1000
+        # Not a secret: jitter only spreads the retries of a crowd apart.
+        self._backoff = FullJitterBackoff(
+            cap=settings.optimistic_backoff_max_ms / 1000,
+            base=settings.optimistic_backoff_ms / 1000,
+        )
         self._observer = observer
 
     async def purchase(self, purchase: Purchase) -> Result:
@@ -69,9 +77,7 @@ class Optimistic:
         when every attempt of the budget lost one."""
         for attempt in range(self._attempts):
             if attempt:
-                ceiling = min(self._longest_pause, self._first_pause * 2 ** (attempt - 1))
-                # Not a secret: jitter only spreads the retries of a crowd apart.
-                await asyncio.sleep(random.uniform(0, ceiling))
+                await asyncio.sleep(self._backoff.compute(min(attempt - 1, DOUBLINGS)))
                 if self._observer is not None:
                     self._observer.optimistic_retry()
             try:

@@ -21,8 +21,9 @@ import math
 import secrets
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, NoReturn, Protocol
+from typing import NoReturn, Protocol
 
 from gateway.domain.errors import (
     AdmissionInvalid,
@@ -33,7 +34,6 @@ from gateway.domain.errors import (
     UnknownTicket,
 )
 from gateway.domain.model import Purchase, Result, SkuInfo, WaitingRoom
-from gateway.domain.rules import rfc3339
 from gateway.redis.rooms import Rooms, Standing
 from gateway.usecases.admission_tokens import Refusal, Signer
 from gateway.usecases.catalog import Catalog
@@ -42,7 +42,34 @@ from gateway.usecases.sold_out import SoldOut
 
 # Clients are told to come back no sooner than this, and no later.
 MIN_POLL_S, MAX_POLL_S = 1, 30
-SOLD_OUT_BODY: dict[str, Any] = {"status": "sold_out"}
+
+
+@dataclass(frozen=True, slots=True)
+class Place:
+    """Where a ticket stands in line: its position, the estimated wait (the
+    start, if ahead, then the room's pace) and when to poll again."""
+
+    position: int
+    eta_s: int
+    poll_after_s: int
+
+
+@dataclass(frozen=True, slots=True)
+class Ticket:
+    """A ticket in a sku's waiting room, and its place in line."""
+
+    ticket: str
+    place: Place
+
+
+@dataclass(frozen=True, slots=True)
+class Admitted:
+    """A ticket let through: the admission token, when it expires, and the user
+    it is for (a purchase must name the same user)."""
+
+    token: str
+    expires_at: datetime
+    user_id: str
 
 
 class AdmissionObserver(Protocol):
@@ -72,8 +99,9 @@ class Admissions:
         self._signer = signer
         self._observer = observer
 
-    async def join(self, sku: str, user_id: str) -> dict[str, Any] | None:
-        """Put ``user_id`` in the sku's room (or find their ticket): the answer, None when sold out.
+    async def join(self, sku: str, user_id: str) -> Ticket | None:
+        """Put ``user_id`` in the sku's room (or find their ticket): the ticket,
+        None when sold out.
 
         Raises :class:`UnknownSku` or :class:`NoWaitingRoom`."""
         info, room, _ = await self._room(sku)
@@ -83,11 +111,11 @@ class Admissions:
         if standing.status == "sold_out":
             return None
         self._seen(sku, standing)
-        return {"ticket": standing.ticket, **_waiting(standing.position, room, starts_ms)}
+        return Ticket(standing.ticket, _place(standing.position, room, starts_ms))
 
-    async def poll(self, sku: str, ticket: str) -> dict[str, Any]:
-        """Where ``ticket`` stands: waiting, admitted (with its token and the user
-        it is for) or sold out.
+    async def poll(self, sku: str, ticket: str) -> Place | Admitted | None:
+        """Where ``ticket`` stands: its place while waiting, its admission once
+        admitted, None when sold out.
 
         Raises :class:`UnknownSku`, :class:`NoWaitingRoom` or :class:`UnknownTicket`."""
         info, room, signer = await self._room(sku)
@@ -98,21 +126,19 @@ class Admissions:
         if standing.status == "unknown":
             raise UnknownTicket(f"no ticket {ticket!r} for sku {sku!r}")
         if standing.status == "sold_out":
-            return SOLD_OUT_BODY
+            return None
         self._seen(sku, standing)
         if standing.status == "waiting":
-            return {"status": "waiting", **_waiting(standing.position, room, starts_ms)}
+            return _place(standing.position, room, starts_ms)
         # Signed from Redis's admission time, so every poll gets the same token.
         expires_ms = standing.admitted_ms + room.token_ttl_s * 1000
-        # The user the token is for, echoed: a purchase must name the same user,
-        # and a client that follows the poll (the schema's BuyAdmitted link, the
-        # waiting page) then needs nothing but this answer.
-        return {
-            "status": "admitted",
-            "admission_token": signer.sign(sku, standing.user_id, ticket, expires_ms),
-            "expires_at": rfc3339(datetime.fromtimestamp(expires_ms / 1000, UTC)),
-            "user_id": standing.user_id,
-        }
+        # The user the token is for, echoed: a client that follows the poll (the
+        # schema's BuyAdmitted link, the waiting page) then needs nothing else.
+        return Admitted(
+            signer.sign(sku, standing.user_id, ticket, expires_ms),
+            datetime.fromtimestamp(expires_ms / 1000, UTC),
+            standing.user_id,
+        )
 
     async def has_room(self, sku: str) -> bool:
         """Whether ``sku`` is sold through a waiting room; raises :class:`UnknownSku`."""
@@ -194,13 +220,11 @@ class Admissions:
             self._observer.room_seen(sku, standing.waiting, standing.admitted_now)
 
 
-def _waiting(position: int, room: WaitingRoom, starts_ms: int) -> dict[str, int]:
-    """Position, estimated wait (the start, if ahead, then the pace) and when to
-    poll again, for a ticket in line."""
+def _place(position: int, room: WaitingRoom, starts_ms: int) -> Place:
+    """The place of a ticket at ``position`` in line."""
     until_start_s = max(0, math.ceil((starts_ms - _now_ms()) / 1000))
     eta_s = until_start_s + math.ceil(position / room.admit_per_s)
-    poll_after_s = min(MAX_POLL_S, max(MIN_POLL_S, eta_s // 2))
-    return {"position": position, "eta_s": eta_s, "poll_after_s": poll_after_s}
+    return Place(position, eta_s, min(MAX_POLL_S, max(MIN_POLL_S, eta_s // 2)))
 
 
 def _ms(moment: datetime | None) -> int:

@@ -11,7 +11,7 @@ the done hash is incomplete: the sku is marked at once without its filter
 (``gateway.postgres.lookups``), and the filter is built from the done hash at a mark
 after the rebuild. Reading a million ids from the order rows instead would
 take the core PostgreSQL shares with the storm for seconds; the look-ups cost
-the storm about a tenth of its rate (docs/performance.md).
+the storm a small part of its rate (docs/performance.md).
 """
 
 from __future__ import annotations

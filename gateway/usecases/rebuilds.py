@@ -42,9 +42,8 @@ from gateway.redis.reservations import Reservations
 log = structlog.get_logger(__name__)
 
 # Orders per page: one PostgreSQL read and one script call, whose work on the
-# loop (about 2.7 ms of CPU at 1,000 orders on a busy machine, most of it the
-# two round trips' fixed cost; docs/performance.md) bounds what a page adds to
-# the loop's lag.
+# loop (a few ms of CPU, most of it the two round trips' fixed cost, not the
+# rows; docs/performance.md) bounds what a page adds to the loop's lag.
 PAGE = 1000
 # How long a holder may go without writing a page before another takes over.
 LEASE_MS = 10_000

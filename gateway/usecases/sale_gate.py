@@ -32,7 +32,7 @@ class SaleGate:
 
     def __init__(self, orders: Orders, settings: Settings) -> None:
         self._orders = orders
-        self._user_rate, self._client_rate = settings.user_rate_limit, settings.client_rate_limit
+        self._user_rate, self._client_rate = settings.user_rate, settings.client_rate
 
     async def enforce(
         self, purchase: Purchase, info: SkuInfo, client: Callable[[], str | None] | None

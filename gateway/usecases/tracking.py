@@ -10,6 +10,9 @@ is final, with a backoff, for a bounded time.
 from __future__ import annotations
 
 import asyncio
+import itertools
+
+from redis.backoff import ExponentialBackoff
 
 from gateway.domain.errors import IdempotencyMismatch, Unavailable
 from gateway.domain.model import DUPLICATE, SOLD_OUT, Outcome, Result, Verdict
@@ -18,8 +21,8 @@ from gateway.redis.streams import Streams
 
 # The longest a client may ask to wait for a final answer.
 MAX_WAIT_S = 30.0
-# Pause between two looks while waiting, doubling from the first to the last.
-POLL_S = (0.02, 0.5)
+# Pause between two looks while waiting: 20 ms, doubling to 0.5 s.
+POLL_BACKOFF = ExponentialBackoff(cap=0.5, base=0.02)
 
 
 class OrderTracker:
@@ -41,14 +44,13 @@ class OrderTracker:
         """
         loop = asyncio.get_running_loop()
         deadline = loop.time() + min(wait_s, MAX_WAIT_S)
-        pause = POLL_S[0]
-        while True:
+        for looks in itertools.count():
             result = await self._look(request_id)
             remaining = deadline - loop.time()
             if result is None or result.outcome is not Outcome.ACCEPTED or remaining <= 0:
-                return result
-            await asyncio.sleep(min(pause, remaining))
-            pause = min(pause * 2, POLL_S[1])
+                break
+            await asyncio.sleep(min(POLL_BACKOFF.compute(looks), remaining))
+        return result
 
     async def _look(self, request_id: str) -> Result | None:
         order = await self._orders.order(request_id)

@@ -62,7 +62,7 @@ def _none_on_the_way(sku: str) -> None:
 log = structlog.get_logger(__name__)
 
 # Longest a batch waits for purchases on their way, and in how many steps: a
-# reserve call's round trip is 0.1-0.7 ms under a storm here (docs/performance.md).
+# few reserve calls' round trips under a storm (docs/performance.md).
 LANDING_S = 0.005
 LANDING_STEPS = 4
 

@@ -4,12 +4,12 @@ The batcher hands each batch to :meth:`Flusher.flush`, which holds the sku's
 flush lock, makes one ``flush_batch()`` call (``Orders.commit_batch``) and
 settles the reservations with ``settle.lua`` (``Reservations.settle``). It keeps
 the lock for at most :data:`HOLD_SLICE_S` an acquisition across back-to-back
-flushes, and through its sku's lane running empty (:meth:`Flusher.idle`) when
-at the lane's recent pace its next flush is due within the slice: a closed
-loop of buyers runs the lane empty after every flush and refills it a few ms
+flushes, and through its sku's backlog running empty (:meth:`Flusher.idle`) when
+at the backlog's recent pace its next flush is due within the slice: a closed
+loop of buyers runs the backlog empty after every flush and refills it a few ms
 later, and taking the lock anew each time put a Redis round trip before every
-commit (with the lock kept, one process sells 1.04-1.08x in stock at
-0.92-0.95x the CPU a purchase, ``make ab``, docs/performance.md). A lane that
+commit (kept, one process sells more in stock at less CPU a purchase:
+docs/performance.md, "the lock kept through a closed loop's gaps"). A backlog that
 stays empty twice its recent gap lets go. Another instance, an admin change
 or the reconciler waits at most that, and at most the slice under a backlog.
 Every failure before the commit gives the reservations back; nothing
@@ -17,10 +17,10 @@ committed is ever undone.
 
 The buyers of a batch are answered once it is committed, while it settles: a
 committed order is the truth whatever the ledger says, and a closed-loop buyer
-sends its next request a Redis round trip sooner (in stock 1.1x the requests a
-second at 0.86x the CPU a request, ``make ab``, docs/performance.md). The
+sends its next request a Redis round trip sooner (more requests a second in
+stock at less CPU each: docs/performance.md, "Answers before the settle"). The
 settle still ends before the sku's next flush or its lock is let go, both in
-the lane's task, so the ledger and the database stock it compares still come
+the backlog's task, so the ledger and the database stock it compares still come
 from one moment under the lock.
 """
 
@@ -46,7 +46,7 @@ log = structlog.get_logger(__name__)
 
 # Longest a sku's flusher keeps its lock across back-to-back flushes.
 HOLD_SLICE_S = 0.05
-# An empty lane keeps its lock this many times its recent gap between running
+# An empty backlog keeps its lock this many times its recent gap between running
 # empty and flushing again (when that fits in the slice).
 LINGER_GAPS = 2.0
 
@@ -110,7 +110,7 @@ class Flusher:
         self._holding: dict[str, float] = {}
         # Skus whose last batch is settling after its buyers were answered.
         self._settling: dict[str, asyncio.Future[bool]] = {}
-        # Skus whose lane ran empty, since when; and the moving average of
+        # Skus whose backlog ran empty, since when; and the moving average of
         # each sku's gaps from running empty to flushing again (seconds).
         self._idle_since: dict[str, float] = {}
         self._gap: dict[str, float] = {}
@@ -161,11 +161,11 @@ class Flusher:
             log.warning("give_back_failed", sku=sku, size=len(batch), cause=str(exc))
 
     async def idle(self, sku: str, linger: bool = False) -> float | None:
-        """The sku's lane ran empty: settle its last batch and let other
+        """The sku's backlog ran empty: settle its last batch and let other
         instances have the lock. With ``linger`` the lock is kept when, at the
-        lane's recent pace, its next flush is due within the slice: then the
-        answer is how long (the lane calls again then if nothing arrived, and
-        the lock is let go); else None. In the lane's task: the lock is its own."""
+        backlog's recent pace, its next flush is due within the slice: then the
+        answer is how long (the backlog calls again then if nothing arrived, and
+        the lock is let go); else None. In the backlog's task: the lock is its own."""
         again = sku in self._idle_since  # still empty since the last call
         self._idle_since.setdefault(sku, time.monotonic())
         await self._settled(sku)
@@ -249,7 +249,7 @@ class Flusher:
 
     async def _settled(self, sku: str) -> None:
         """Wait for the sku's last settle, then let go of its lock if that
-        failed or the slice is over. In the lane's task: the lock is its own."""
+        failed or the slice is over. In the backlog's task: the lock is its own."""
         settling = self._settling.pop(sku, None)
         if settling is None:
             return

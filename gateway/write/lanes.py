@@ -3,20 +3,17 @@
 ``GATEWAY_WORKERS`` processes share a port and the kernel spreads connections
 over them, so every worker reserves purchases of every sku. Flushed where they
 were reserved, a hot sku's batches split W ways and the workers take turns on
-its flush lock: two workers on one core sold 0.66x of one, at 5.1x its p99
-(docs/scaling.md). Here each sku has one owner among the host's workers, by a
+its flush lock: two workers on one core sold less than one, at a far longer
+p99 (docs/scaling.md). Here each sku has one owner among the host's workers, by a
 hash of its name. A worker passes the purchases it reserved for another's sku
 over a Unix socket to the owner's batcher, so its batches form whole there, and
 hands the owner's answer to its buyer. The fleet lock, the fencing token and
 the stock guard are unchanged: lanes only choose which process of a host
 flushes a sku, as the balancer chooses the host (``deploy/haproxy.cfg``).
 
-Frames are orjson lines. A purchase ``[seq, sku, user_id, qty, request_id,
-reserved_at_ms]``; its answer ``[seq, outcome, order, request_id]`` (``order``
-a list of the Order's fields, or null) or ``[seq, null, error, detail,
-headers, fields]`` naming a :class:`GatewayError` class (``fields``: the
-attributes its class adds, as NotStarted's ``starts_at``). Frames written in one turn of
-the loop go out in one write.
+Frames are orjson lines of named fields (gateway.write.frames): a purchase,
+and its answer, a result or an error. Frames written in one turn of the loop
+go out in one write.
 
 A worker links to every other as soon as each listens, before any purchase
 (workers start in any order); ``flashsale_lane_links`` counts the open links,
@@ -39,13 +36,13 @@ import os
 import zlib
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol, cast
+from typing import Protocol, cast
 
-import orjson
 import structlog
 
 from gateway.domain.errors import GatewayError, OutcomeUnknown, ShuttingDown, Unavailable
-from gateway.domain.model import Order, Outcome, Purchase, Result
+from gateway.domain.model import Purchase, Result
+from gateway.write import frames
 from gateway.write.batcher import Batcher
 
 log = structlog.get_logger(__name__)
@@ -249,9 +246,9 @@ class _Lines(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         *lines, self._rest = (self._rest + data).split(b"\n")
         for line in lines:
-            self.frame_received(orjson.loads(line))
+            self.frame_received(frames.read(line))
 
-    def frame_received(self, frame: list[Any]) -> None:
+    def frame_received(self, frame: frames.Frame) -> None:
         raise NotImplementedError
 
     def close(self) -> None:
@@ -293,10 +290,7 @@ class _Link(_Lines):
         seq = self._seq
         future: asyncio.Future[Result | None] = asyncio.get_running_loop().create_future()
         self.pending[seq] = future
-        p = purchase
-        self._out.send(
-            orjson.dumps([seq, p.sku, p.user_id, p.qty, p.request_id, p.reserved_at_ms]) + b"\n"
-        )
+        self._out.send(frames.purchase_frame(seq, purchase))
         try:
             return await future
         finally:
@@ -304,17 +298,16 @@ class _Link(_Lines):
             # and its answer finds nobody.
             self.pending.pop(seq, None)
 
-    def frame_received(self, frame: list[Any]) -> None:
+    def frame_received(self, frame: frames.Frame) -> None:
         future = self.pending.pop(frame[0], None)
         if future is None or future.done():
             return
-        if frame[1] is not None:
-            order = None if frame[2] is None else Order(*frame[2])
-            future.set_result(Result(Outcome(frame[1]), order, frame[3]))
-        elif frame[2] == ShuttingDown.__name__:
+        if frames.is_result(frame):
+            future.set_result(frames.result_of(frame))
+        elif frame[1] == ShuttingDown.__name__:
             future.set_result(None)
         else:
-            future.set_exception(_error(frame[2], frame[3], frame[4], frame[5]))
+            future.set_exception(frames.error_of(frame))
 
 
 class _Serving(_Lines):
@@ -336,10 +329,10 @@ class _Serving(_Lines):
         self._out.transport = None
         self._serving.discard(self)
 
-    def frame_received(self, frame: list[Any]) -> None:
+    def frame_received(self, frame: frames.Frame) -> None:
         seq = frame[0]
         try:
-            future = self._batcher.enqueue(Purchase(*frame[1:]))
+            future = self._batcher.enqueue(frames.purchase_of(frame))
         except ShuttingDown as exc:
             self._out.send(_error_frame(seq, exc))
             return
@@ -357,12 +350,7 @@ class _Serving(_Lines):
             if exc is not None:
                 self._out.send(_error_frame(seq, exc))
                 return
-            result = future.result()
-            order = result.order
-            fields = None
-            if order is not None:
-                fields = [order.order_id, order.request_id, order.sku, order.user_id, order.qty]
-            self._out.send(orjson.dumps([seq, result.outcome, fields, result.request_id]) + b"\n")
+            self._out.send(frames.result_frame(seq, future.result()))
 
         return answer
 
@@ -372,28 +360,4 @@ def _error_frame(seq: int, exc: BaseException) -> bytes:
         # The flusher answers with gateway errors; anything else is a bug there,
         # and the buyer gets what the flusher gives an unexpected failure.
         exc = Unavailable("error")
-    fields = {k: v for k, v in vars(exc).items() if k not in _BASE_FIELDS}
-    frame = [seq, None, type(exc).__name__, exc.detail, exc.headers, fields]
-    return orjson.dumps(frame) + b"\n"
-
-
-def _error(
-    name: str, detail: str | None, headers: dict[str, str], fields: dict[str, Any]
-) -> GatewayError:
-    """The gateway error a frame names, as the owner raised it (status, code,
-    detail, headers and its class's own fields, which its body may show),
-    without calling its class's own constructor."""
-    cls = _ERRORS.get(name, Unavailable)
-    error = cls.__new__(cls)
-    GatewayError.__init__(error, detail, headers)
-    vars(error).update(fields)
-    return error
-
-
-def _subclasses(cls: type[GatewayError]) -> list[type[GatewayError]]:
-    return [cls, *(s for sub in cls.__subclasses__() for s in _subclasses(sub))]
-
-
-_ERRORS = {cls.__name__: cls for cls in _subclasses(GatewayError)}
-# What GatewayError.__init__ sets; a subclass's further attributes travel as fields.
-_BASE_FIELDS = frozenset(("detail", "headers"))
+    return frames.error_frame(seq, exc)

@@ -25,6 +25,7 @@ import uuid
 from typing import Protocol
 
 import structlog
+from redis.backoff import ExponentialBackoff
 from redis.exceptions import RedisError
 
 from gateway.domain.errors import Unavailable
@@ -38,8 +39,11 @@ log = structlog.get_logger(__name__)
 
 # How often a writer looks for new skus and samples its streams' depth.
 DISCOVER_S = 1.0
-# Pause after a failed batch, doubling up to the last value.
-RETRY_PAUSE_S = (0.05, 2.0)
+# Pause after a failed batch: 50 ms, doubling to 2 s; back to 50 ms after one commits.
+RETRY_BACKOFF = ExponentialBackoff(cap=2.0, base=0.05)
+# redis-py's backoff doubles as 2**failures, which overflows a float past about
+# 1,000 failures: the count stops here, long after the pause reached its cap.
+DOUBLINGS = 30
 
 
 class WriterObserver(Protocol):
@@ -113,7 +117,7 @@ class QueueWriter:
         """The sku's loop: retry own failed entries, claim a dead writer's, read new
         ones; it ends when the stream is gone (discovery starts it again)."""
         loop = asyncio.get_running_loop()
-        pause, claim_at, retry = RETRY_PAUSE_S[0], 0.0, True
+        failures, claim_at, retry = 0, 0.0, True
         while True:
             try:
                 if retry:
@@ -133,7 +137,7 @@ class QueueWriter:
                 else:
                     # Nothing queued: let other instances have the sku's lock.
                     await self._flusher.idle(sku)
-                retry, pause = False, RETRY_PAUSE_S[0]
+                retry, failures = False, 0
             except StreamGone:
                 await self._flusher.idle(sku)
                 return
@@ -149,8 +153,8 @@ class QueueWriter:
                     exc_info=None if expected else exc,
                 )
                 retry = True
-                await asyncio.sleep(pause)
-                pause = min(pause * 2, RETRY_PAUSE_S[1])
+                await asyncio.sleep(RETRY_BACKOFF.compute(failures))
+                failures = min(failures + 1, DOUBLINGS)
 
     async def _apply(self, sku: str, entries: list[Entry]) -> None:
         """Commit a batch, then record its refusals and acknowledge it."""

@@ -3,8 +3,8 @@
 -- Called once per flush, as a single statement (its own transaction). Locks the
 -- sku's inventory row, so writers of one sku queue here; then one statement
 -- looks up every purchase's prior order, released reservation and the buyer's
--- order of this sku (per-purchase queries cost a fifth more of the time the row
--- is locked: docs/performance.md), and in arrival order each purchase is
+-- order of this sku (per-purchase queries held the row locked longer:
+-- docs/performance.md), and in arrival order each purchase is
 --   C  a replay: an order with this request id exists (same sku, buyer and qty)
 --   R  the request id holds an order of another sku, buyer or qty: the
 --      reservation is released and the client told of the mismatch
@@ -102,7 +102,8 @@ BEGIN
             d_qtys := d_qtys || NULL::integer;
         -- Only a buyer with another entry in this batch can be among the buyers
         -- granted so far: the scan of v_buyers, which grows with the batch, is
-        -- skipped for everyone else (at 512 entries it cost 5.5 ms a batch).
+        -- skipped for everyone else (it grows with the square of the batch:
+        -- docs/performance.md, "the in-batch buyer scan").
         ELSIF rec.bought OR (rec.again AND rec.u = ANY (v_buyers)) THEN
             d_rids := d_rids || rec.r;
             d_verdicts := d_verdicts || 'D'::text;

@@ -19,8 +19,8 @@ import structlog
 
 from testkit.purchases import ADMIN_HEADERS, buy, put_sku
 from testkit.rooms import SECRET
+from testkit.schema import component
 from testkit.services import create_database, drop_database
-from tests.unit.test_error_codes import component
 
 ROOM = {"admit_per_s": 10, "token_ttl_s": 60}
 

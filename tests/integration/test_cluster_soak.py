@@ -29,7 +29,7 @@ import pytest
 
 from gateway.ops.audit import audit
 from gateway.redis.layout import SkuKeys
-from gateway.settings import Settings
+from gateway.settings import load
 from testkit.gateways import ADMIN_TOKEN, GatewayCluster
 from testkit.polling import wait_for
 from testkit.redis_cluster import LocalRedisCluster
@@ -177,11 +177,14 @@ async def _books_balance(
     skus: list[str],
 ) -> None:
     """After reconciling, the audit of every sku finds no failure and no drift."""
-    settings = Settings(
-        redis_cluster_nodes=cluster.startup_nodes,
-        database_url=database_url,
-        key_prefix=key_prefix,
-        admin_token=ADMIN_TOKEN,
+    settings = load(
+        {},
+        {
+            "redis_cluster_nodes": cluster.startup_nodes,
+            "database_url": database_url,
+            "key_prefix": key_prefix,
+            "admin_token": ADMIN_TOKEN,
+        },
     )
 
     async def clean() -> bool:

@@ -6,12 +6,10 @@ import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import yaml
 from redis.asyncio import Redis
 
 from gateway.redis.layout import RoomKeys
 from gateway.usecases.admission_tokens import Signer
-from testkit.gateways import REPO
 from testkit.polling import wait_for
 from testkit.purchases import ADMIN_HEADERS, client_metric, db_state
 from testkit.rooms import (
@@ -23,12 +21,12 @@ from testkit.rooms import (
     poll,
     put_room_sku,
 )
+from testkit.schema import schema
 
 
 def _link(path: str, name: str) -> dict[str, Any]:
     """A link of the 200 answer of ``GET {path}`` in docs/openapi.yaml."""
-    published = yaml.safe_load((REPO / "docs" / "openapi.yaml").read_text())
-    link: dict[str, Any] = published["paths"][path]["get"]["responses"]["200"]["links"][name]
+    link: dict[str, Any] = schema()["paths"][path]["get"]["responses"]["200"]["links"][name]
     return link
 
 

@@ -9,23 +9,13 @@ answers declare.
 
 from __future__ import annotations
 
-from functools import cache
 from typing import Any
-
-import yaml
 
 from gateway.domain.errors import GatewayError, MethodNotAllowed
 from gateway.http import limits
-from testkit.gateways import REPO
+from testkit.schema import component, responses, schema
 
 PURCHASE = ("/v1/purchase", "post")
-
-
-@cache
-def schema() -> dict[str, Any]:
-    """The published schema."""
-    loaded: dict[str, Any] = yaml.safe_load((REPO / "docs" / "openapi.yaml").read_text())
-    return loaded
 
 
 def error_classes() -> list[type[GatewayError]]:
@@ -43,21 +33,6 @@ def answers_with_status(cls: type[GatewayError]) -> bool:
     """Whether the class answers ``{"status": code}`` (an outcome such as
     ``not_started``) rather than ``{"error": code}``."""
     return any("body" in vars(k) for k in cls.__mro__ if k is not GatewayError)
-
-
-def component(name: str) -> dict[str, Any]:
-    found: dict[str, Any] = schema()["components"]["schemas"][name]
-    return found
-
-
-def responses(path: str, method: str) -> dict[str, Any]:
-    """An operation's responses, each ``$ref`` resolved."""
-    shared = schema()["components"]["responses"]
-    raw = schema()["paths"][path][method]["responses"]
-    return {
-        status: shared[r["$ref"].rsplit("/", 1)[1]] if "$ref" in r else r
-        for status, r in raw.items()
-    }
 
 
 def test_every_error_code_is_in_the_schema() -> None:

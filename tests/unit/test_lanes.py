@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 from collections import Counter
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 import structlog
@@ -28,9 +30,26 @@ from gateway.domain.errors import (
     Unavailable,
 )
 from gateway.domain.model import Order, Outcome, Purchase, Result
+from gateway.write import frames
 from gateway.write.batcher import Batcher
 from gateway.write.lanes import RECONNECT_S, HostLanes, owner_of
 from testkit.polling import wait_for
+
+
+# Each gateway error class, and a value of each argument their constructors take.
+def every_error(cls: type[GatewayError] = GatewayError) -> list[type[GatewayError]]:
+    return [cls, *(s for sub in cls.__subclasses__() for s in every_error(sub))]
+
+
+ARGUMENTS: dict[str, Any] = {
+    "detail": "why",
+    "headers": {"X-Why": "a test"},
+    "retry_after": 3,
+    "request_id": "r1",
+    "starts_at": "2030-01-01T00:00:00Z",
+    "ms_to_start": 2500,
+    "ms_to_a_token": 1200,
+}
 
 # A sku of each worker of two.
 OWNED_BY_1 = next(f"sku-{i}" for i in range(100) if owner_of(f"sku-{i}", 2) == 1)
@@ -370,3 +389,57 @@ async def test_purchases_awaiting_the_owner_count_against_the_backlog(tmp_path: 
         finally:
             await batcher0.close()
             await lanes0.close()
+
+
+class TestFrames:
+    """What workers pass each other keeps every field, in the order its class
+    gives on both sides, and a frame whose fields are not its class's is
+    refused rather than read into other fields."""
+
+    def test_a_purchase_and_its_answer_keep_every_field(self) -> None:
+        """A purchase, a result with its order and one without come back equal."""
+        p = purchase(7)
+        assert frames.purchase_of(frames.read(frames.purchase_frame(3, p))) == p
+        for result in (confirmed(p), Result(Outcome.ACCEPTED, None, "r7")):
+            frame = frames.read(frames.result_frame(3, result))
+            assert frames.is_result(frame)
+            assert (frame[0], frames.result_of(frame)) == (3, result)
+
+    @pytest.mark.parametrize("change", ["added", "dropped"])
+    @pytest.mark.parametrize("kind", ["purchase", "result", "order"])
+    def test_a_field_on_one_side_only_is_refused(self, kind: str, change: str) -> None:
+        """A field that one worker's class has and the other's lacks (added on the
+        writer's side, or on the reader's: one field short) fails the frame."""
+        p = purchase(7)
+        read: Callable[[frames.Frame], object]
+        if kind == "purchase":
+            frame, read = frames.read(frames.purchase_frame(1, p)), frames.purchase_of
+        else:
+            frame, read = frames.read(frames.result_frame(1, confirmed(p))), frames.result_of
+        values = frame[1]
+        if kind == "order":
+            values = next(v for v in values if isinstance(v, list))
+        if change == "added":
+            values.append("x")
+        else:
+            values.pop()
+        with pytest.raises(frames.FrameMismatch):
+            read(frame)
+
+    @pytest.mark.parametrize("cls", every_error(), ids=lambda cls: cls.__name__)
+    def test_every_gateway_error_is_rebuilt_by_its_constructor(
+        self, cls: type[GatewayError]
+    ) -> None:
+        """Each error class comes back of its class with every attribute, and an
+        argument its class does not take fails the frame."""
+        params = inspect.signature(cls).parameters
+        error = cls(**{name: ARGUMENTS[name] for name in params})
+        frame = frames.read(frames.error_frame(5, error))
+        assert not frames.is_result(frame)
+        got = frames.error_of(frame)
+        assert type(got) is cls
+        assert vars(got) == vars(error)
+        assert (str(got), got.body()) == (str(error), error.body())
+        frame[2]["coupon"] = "x"
+        with pytest.raises(frames.FrameMismatch):
+            frames.error_of(frame)

@@ -36,7 +36,7 @@ class TestRates:
         """GATEWAY_USER_RATE=fast is refused with the variable's name."""
         with pytest.raises(SettingsError, match="GATEWAY_USER_RATE"):
             load({"GATEWAY_USER_RATE": "fast"})
-        assert load({"GATEWAY_CLIENT_RATE": "2/s:4"}).client_rate_limit == Rate(2, 4)
+        assert load({"GATEWAY_CLIENT_RATE": "2/s:4"}).client_rate == Rate(2, 4)
 
 
 class TestInstants:

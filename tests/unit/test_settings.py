@@ -5,11 +5,22 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
+from dataclasses import fields
+from ipaddress import ip_network
 
 import pytest
 
 from gateway.domain.model import Strategy
-from gateway.settings import Settings, SettingsError, add_arguments, from_args, load
+from gateway.domain.rules import Rate
+from gateway.settings import (
+    PARSE,
+    Settings,
+    SettingsError,
+    add_arguments,
+    env_name,
+    from_args,
+    load,
+)
 
 
 def test_defaults() -> None:
@@ -94,8 +105,8 @@ def test_settings_are_frozen() -> None:
 def test_sentinels() -> None:
     """GATEWAY_REDIS_SENTINELS is a list of host:port; a malformed one is refused."""
     s = load({"GATEWAY_REDIS_SENTINELS": "127.0.0.1:26379, localhost:26380"})
-    assert s.sentinel_addresses == [("127.0.0.1", 26379), ("localhost", 26380)]
-    assert load({}).sentinel_addresses == []
+    assert s.redis_sentinels == (("127.0.0.1", 26379), ("localhost", 26380))
+    assert load({}).redis_sentinels == ()
     with pytest.raises(SettingsError, match="GATEWAY_REDIS_SENTINELS"):
         load({"GATEWAY_REDIS_SENTINELS": "nohost"})
 
@@ -103,8 +114,8 @@ def test_sentinels() -> None:
 def test_cluster_nodes() -> None:
     """GATEWAY_REDIS_CLUSTER_NODES is a list of host:port, refused beside Sentinels."""
     s = load({"GATEWAY_REDIS_CLUSTER_NODES": "127.0.0.1:7000,127.0.0.1:7001"})
-    assert s.cluster_addresses == [("127.0.0.1", 7000), ("127.0.0.1", 7001)]
-    assert load({}).cluster_addresses == []
+    assert s.redis_cluster_nodes == (("127.0.0.1", 7000), ("127.0.0.1", 7001))
+    assert load({}).redis_cluster_nodes == ()
     with pytest.raises(SettingsError, match="GATEWAY_REDIS_CLUSTER_NODES"):
         load({"GATEWAY_REDIS_CLUSTER_NODES": "7000"})
     both = {"GATEWAY_REDIS_CLUSTER_NODES": "h:1", "GATEWAY_REDIS_SENTINELS": "h:2"}
@@ -129,3 +140,23 @@ def test_strategy_and_the_optimistic_budget() -> None:
         load({"GATEWAY_STRATEGY": "fastest"})
     with pytest.raises(SettingsError, match=r"^GATEWAY_OPTIMISTIC_ATTEMPTS"):
         load({"GATEWAY_OPTIMISTIC_ATTEMPTS": "0"})
+
+
+def test_every_setting_is_declared_with_its_parser() -> None:
+    """Each field of Settings carries the parser of its text (a parser without
+    a field cannot exist: it is given where the field is declared)."""
+    for f in fields(Settings):
+        assert callable(f.metadata.get(PARSE)), f"{f.name} has no parser"
+
+
+def test_text_is_parsed_once_into_the_values_the_gateway_uses() -> None:
+    """Rates, networks and host:port lists are held parsed, not as their text."""
+    s = load(
+        {
+            env_name("user_rate"): "2/s:4",
+            env_name("trusted_proxies"): "10.0.0.0/8, ::1",
+        }
+    )
+    assert s.user_rate == Rate(2, 4)
+    assert s.client_rate is None
+    assert s.trusted_proxies == (ip_network("10.0.0.0/8"), ip_network("::1"))
