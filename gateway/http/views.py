@@ -40,9 +40,10 @@ from gateway.usecases.tracking import MAX_WAIT_S
 log = structlog.get_logger(__name__)
 
 JSON = "application/json"
-_SOLD_OUT = orjson.dumps({"status": "sold_out"})
-_DUPLICATE = orjson.dumps({"status": "duplicate"})
-_IN_PROGRESS = orjson.dumps({"status": "in_progress"})
+# The bodies of the answers that carry nothing but their outcome.
+_SOLD_OUT_BODY = orjson.dumps({"status": Outcome.SOLD_OUT})
+_DUPLICATE_BODY = orjson.dumps({"status": Outcome.DUPLICATE})
+_IN_PROGRESS_BODY = orjson.dumps({"status": "in_progress"})
 _RETRY_AFTER = {"Retry-After": "1"}
 # Purchase answers written straight to the socket where that sends the same
 # bytes (see gateway.http.prebuilt); one Written response per outcome serves them all.
@@ -56,7 +57,7 @@ _WRITTEN = {
         (Outcome.DUPLICATE, 409),
     )
 }
-_CONSTANT = {Outcome.SOLD_OUT: _SOLD_OUT, Outcome.DUPLICATE: _DUPLICATE}
+_CONSTANT = {Outcome.SOLD_OUT: _SOLD_OUT_BODY, Outcome.DUPLICATE: _DUPLICATE_BODY}
 
 
 def json_response(
@@ -92,7 +93,7 @@ def _rendered(result: Result) -> tuple[int, bytes, dict[str, str] | None]:
     constant = _CONSTANT.get(outcome)
     if constant is not None:
         return 409, constant, None
-    return 409, _IN_PROGRESS, _RETRY_AFTER
+    return 409, _IN_PROGRESS_BODY, _RETRY_AFTER
 
 
 def purchase_answer(request: web.Request, result: Result) -> web.StreamResponse:
@@ -188,7 +189,7 @@ async def join_room(request: web.Request) -> web.Response:
     user_id = payloads.identifier(data["user_id"], "user_id")
     joined = await request.app[ADMISSIONS].join(sku, user_id)
     if joined is None:
-        return web.Response(body=_SOLD_OUT, status=409, content_type=JSON)
+        return web.Response(body=_SOLD_OUT_BODY, status=409, content_type=JSON)
     return json_response({"ticket": joined.ticket, **_place(joined.place)})
 
 
@@ -198,7 +199,7 @@ async def poll_room(request: web.Request) -> web.Response:
     ticket = payloads.identifier(request.match_info["ticket"], "ticket")
     standing = await request.app[ADMISSIONS].poll(sku, ticket)
     if standing is None:
-        return web.Response(body=_SOLD_OUT, content_type=JSON)
+        return web.Response(body=_SOLD_OUT_BODY, content_type=JSON)
     if isinstance(standing, Place):
         return json_response({"status": "waiting", **_place(standing)})
     return json_response(

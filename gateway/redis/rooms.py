@@ -35,8 +35,8 @@ class Standing:
     waiting: int = 0
 
 
-_UNKNOWN = Standing("unknown")
-_SOLD_OUT = Standing("sold_out")
+_UNKNOWN_STANDING = Standing("unknown")
+_SOLD_OUT_STANDING = Standing("sold_out")
 
 
 class Rooms:
@@ -80,7 +80,7 @@ class Rooms:
         args = (user_id, fresh_ticket, self._retention_ms, starts_ms, token_ttl_ms)
         raw = await redis_call(self._join(self._redis, keys, args))
         if raw[0] == "sold_out":
-            return _SOLD_OUT
+            return _SOLD_OUT_STANDING
         return Standing("waiting", raw[1], user_id, int(raw[2]), waiting=int(raw[3]))
 
     async def poll(
@@ -96,9 +96,9 @@ class Rooms:
         raw = await redis_call(self._poll(self._redis, keys, args))
         kind = raw[0]
         if kind == "unknown":
-            return _UNKNOWN
+            return _UNKNOWN_STANDING
         if kind == "sold_out":
-            return _SOLD_OUT
+            return _SOLD_OUT_STANDING
         admitted_now, waiting = int(raw[3]), int(raw[4])
         if kind == "admitted":
             return Standing("admitted", ticket, raw[1], 0, int(raw[2]), admitted_now, waiting)
