@@ -52,6 +52,7 @@ from gateway.redis.layout import SkuKeys
 from gateway.redis.reservations import Reservations
 from gateway.settings import Settings
 from loadtests.lib import wrk
+from loadtests.lib.confirmed import write_confirmed
 from loadtests.lib.cputime import cpu_seconds
 from loadtests.lib.harness import Harness
 from loadtests.lib.options import parse_seconds
@@ -106,7 +107,7 @@ async def write_sale(
     try:
         reservations = Reservations(redis, settings)
         await reservations.load_scripts()
-        await reservations.restore_orders(SKU, made)
+        await write_confirmed(redis, settings, SKU, made)
         await reservations.load_stock(SKU, left, reset=True, fresh=True)
     finally:
         await redis.aclose()

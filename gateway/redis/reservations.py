@@ -52,7 +52,6 @@ from gateway.redis.layout import (
     channel,
     client_bucket_key,
     decode_confirmed,
-    encode_confirmed,
     identity_key,
     ledger,
     rejected_key,
@@ -63,8 +62,6 @@ from gateway.redis.layout import (
 from gateway.redis.scripts import Script, ScriptArg, ScriptCoalescer, read_composed, read_script
 from gateway.settings import Settings
 
-# Orders written back per round trip when rebuilding a sku's hashes.
-RESTORE_CHUNK = 1000
 # Confirmed ids asked for per HSCAN round trip.
 SCAN_CHUNK = 5000
 
@@ -424,23 +421,6 @@ class Reservations:
         missing and loads it from the database."""
         await redis_call(self.redis.delete(self.keys(sku).stock))
         await redis_call(self.redis.publish(self._channel, f"{Change.META}:{sku}"))
-
-    async def restore_orders(self, sku: str, orders: Sequence[Order]) -> None:
-        """Write committed orders back into the buyers and done hashes.
-
-        After Redis lost its data these hashes are what answers a replay with its
-        order and a second request of a buyer with "duplicate"; the stock key is
-        reloaded only after this, so no reservation runs against empty hashes.
-        """
-        keys = self.keys(sku)
-        for start in range(0, len(orders), RESTORE_CHUNK):
-            chunk = orders[start : start + RESTORE_CHUNK]
-            pipe = self.redis.pipeline(transaction=False)
-            pipe.hset(keys.done, mapping={o.request_id: encode_confirmed(o) for o in chunk})
-            pipe.hset(keys.buyers, mapping={o.user_id: o.request_id for o in chunk})
-            pipe.pexpire(keys.done, self._retention_ms)
-            pipe.pexpire(keys.buyers, self._retention_ms)
-            await redis_call(pipe.execute())
 
     async def available(self, sku: str) -> int | None:
         """Unreserved stock in Redis, or None when the key is missing."""
