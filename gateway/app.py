@@ -57,8 +57,11 @@ from gateway.ops.answer_log import AnswerLog
 from gateway.ops.loop_lag import LoopLag
 from gateway.ops.metrics import BacklogMetrics, Metrics
 from gateway.postgres.database import Pool
+from gateway.postgres.identity import DatabaseIdentity
+from gateway.postgres.inventory import Inventory
 from gateway.postgres.lookups import Arbitrations, OrderLookups, PriorLookups
 from gateway.postgres.orders import Orders
+from gateway.postgres.sale_gate import PostgresSaleGate
 from gateway.redis.change_feed import ChangeFeed
 from gateway.redis.connections import RedisClient
 from gateway.redis.layout import channel
@@ -171,14 +174,15 @@ def build_gateway(opened: Opened) -> Gateway:
     settings, metrics, orders = opened.settings, opened.metrics, opened.orders
     flushing = build_flushing(opened)
     reservations, locks = flushing.reservations, flushing.locks
-    catalog, soldout = Catalog(orders, settings.strategy), SoldOut()
+    inventory = Inventory(opened.pool)
+    catalog, soldout = Catalog(inventory, settings.strategy), SoldOut()
     batcher = _batcher(settings, flushing)
     lanes = _lanes(settings, metrics, batcher)
     rebuilds = Rebuilds(reservations, orders, metrics.rebuilds, share=settings.rebuild_share)
     batching: Batching = batcher if lanes is None else lanes
     purchases = _purchases(opened, flushing, catalog, soldout, rebuilds, batching)
     rooms = Rooms(opened.redis, settings, on_noscript=metrics.scripts.reloaded)
-    servability = Servability(settings, orders)
+    servability = Servability(settings, inventory)
     feed = ChangeFeed(opened.redis, channel(settings.key_prefix), subscribers=(soldout, catalog))
     return Gateway(
         flushing=flushing,
@@ -192,13 +196,14 @@ def build_gateway(opened: Opened) -> Gateway:
         admin=StockAdmin(
             reservations=reservations,
             orders=orders,
+            inventory=inventory,
             locks=locks,
             catalog=catalog,
             soldout=soldout,
             servability=servability,
             rebuilds=rebuilds,
         ),
-        reconciler=_reconciler(opened, flushing, catalog, rebuilds),
+        reconciler=_reconciler(opened, flushing, inventory, catalog, rebuilds),
         tracker=OrderTracker(orders=orders, streams=flushing.streams),
         feed=feed,
         lag=LoopLag(metrics.loop.lagged, stall_report_s=settings.loop_stall_report_s),
@@ -247,7 +252,7 @@ def _purchases(
     reservations = flushing.reservations
     deductions = Deductions(
         deduction_strategies(settings, metrics, opened.pool),
-        gate=SaleGate(orders, settings),
+        gate=SaleGate(PostgresSaleGate(opened.pool), settings),
         draining=batching,
         limit=settings.backlog_max,
         observer=metrics.purchases,
@@ -288,13 +293,16 @@ def _admissions(
 
 
 def _reconciler(
-    opened: Opened, flushing: Flushing, catalog: Catalog, rebuilds: Rebuilds
+    opened: Opened, flushing: Flushing, inventory: Inventory, catalog: Catalog, rebuilds: Rebuilds
 ) -> Reconciler:
     """The reconciler of the reservations ``flushing`` makes and settles."""
     settings = opened.settings
     return Reconciler(
         reservations=flushing.reservations,
         orders=opened.orders,
+        inventory=inventory,
+        database=DatabaseIdentity(opened.pool),
+        gate=PostgresSaleGate(opened.pool),
         locks=flushing.locks,
         timeout_s=settings.reservation_timeout_s,
         interval_s=settings.reconcile_interval_s,
@@ -323,7 +331,7 @@ def _writer(opened: Opened, flushing: Flushing) -> QueueWriter:
     return QueueWriter(
         streams=flushing.streams,
         flusher=flushing.flusher,
-        orders=opened.orders,
+        inventory=Inventory(opened.pool),
         claim_every_s=opened.settings.writer_claim_idle_s / 2,
         observer=opened.metrics.streams,
     )
@@ -346,8 +354,7 @@ async def service_ctx(app: web.Application) -> AsyncIterator[None]:
     flushing = gateway.flushing
     opened.metrics.lock.set_lease(opened.settings.lock_lease_s)
     await _load_scripts(opened, flushing)
-    if await flushing.reservations.adopt(await opened.orders.identity()):
-        log.warning("redis_state_dropped", reason="another database")
+    await gateway.reconciler.adopt_database()
     if gateway.lanes is not None:
         await gateway.lanes.start()
     await gateway.rooms.load_scripts()

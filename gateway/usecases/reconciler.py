@@ -37,7 +37,10 @@ from redis.exceptions import RedisError
 from gateway.domain.errors import Unavailable
 from gateway.domain.model import Verdict
 from gateway.lock import LockError
+from gateway.postgres.identity import DatabaseIdentity
+from gateway.postgres.inventory import Inventory
 from gateway.postgres.orders import Orders
+from gateway.postgres.sale_gate import PostgresSaleGate
 from gateway.redis.reservations import Reservations, Settlement
 from gateway.usecases.catalog import Catalog
 from gateway.usecases.rebuilds import Rebuilds
@@ -69,6 +72,9 @@ class Reconciler:
         *,
         reservations: Reservations,
         orders: Orders,
+        inventory: Inventory,
+        database: DatabaseIdentity,
+        gate: PostgresSaleGate,
         locks: SkuLocks,
         timeout_s: float,
         interval_s: float,
@@ -79,6 +85,9 @@ class Reconciler:
     ) -> None:
         self._reservations = reservations
         self._orders = orders
+        self._inventory = inventory
+        self._database = database
+        self._gate = gate
         self._locks = locks
         self._timeout_ms = int(timeout_s * 1000)
         self._interval = interval_s
@@ -105,16 +114,21 @@ class Reconciler:
         """One pass over every sku of the inventory, after making sure Redis holds
         this database's state (a restored or failed-over database drops it)."""
         # PostgreSQL's own housekeeping first: it needs no Redis.
-        await self._orders.prune_rate_buckets()
-        if await self._reservations.adopt(await self._orders.identity()):
-            log.warning("redis_state_dropped", reason="another database")
+        await self._gate.prune_buckets()
+        await self.adopt_database()
         done: dict[str, SkuReconciliation] = {}
-        for sku in await self._orders.skus():
+        for sku in await self._inventory.skus():
             try:
                 done[sku] = await self.reconcile(sku)
             except (Unavailable, LockError, RedisError) as exc:
                 log.warning("reconcile_failed", sku=sku, cause=repr(exc))
         return done
+
+    async def adopt_database(self) -> None:
+        """Make the Redis state this database's: state stamped by another
+        (restored, failed over) is dropped, to be reloaded from PostgreSQL."""
+        if await self._reservations.adopt(await self._database.read()):
+            log.warning("redis_state_dropped", reason="another database")
 
     async def reconcile(self, sku: str) -> SkuReconciliation:
         """One pass over one sku, under its flush lock."""
