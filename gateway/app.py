@@ -63,8 +63,11 @@ from gateway.postgres.lookups import Arbitrations, OrderLookups, PriorLookups
 from gateway.postgres.orders import Orders
 from gateway.postgres.sale_gate import PostgresSaleGate
 from gateway.redis.change_feed import ChangeFeed
+from gateway.redis.confirmed_scan import ConfirmedScan
 from gateway.redis.connections import RedisClient
+from gateway.redis.identity import IdentityStamp
 from gateway.redis.layout import channel
+from gateway.redis.rebuild_lease import RebuildLease
 from gateway.redis.reservations import Reservations
 from gateway.redis.rooms import Rooms
 from gateway.redis.streams import Streams
@@ -82,7 +85,7 @@ from gateway.usecases.catalog import Catalog
 from gateway.usecases.deductions import Deductions
 from gateway.usecases.doubt import RedisDoubt, window_for
 from gateway.usecases.marking import SoldOutMarking
-from gateway.usecases.ports import Batching, Lookups
+from gateway.usecases.ports import Batching, Lookups, Marking
 from gateway.usecases.purchases import Purchases
 from gateway.usecases.rebuilds import Rebuilds
 from gateway.usecases.reconciler import Reconciler
@@ -138,6 +141,7 @@ class Gateway:
     flushing: Flushing
     batcher: Batcher
     lanes: HostLanes | None
+    lease: RebuildLease
     rebuilds: Rebuilds
     rooms: Rooms
     purchases: Purchases
@@ -178,9 +182,12 @@ def build_gateway(opened: Opened) -> Gateway:
     catalog, soldout = Catalog(inventory, settings.strategy), SoldOut()
     batcher = _batcher(settings, flushing)
     lanes = _lanes(settings, metrics, batcher)
-    rebuilds = Rebuilds(reservations, orders, metrics.rebuilds, share=settings.rebuild_share)
+    lease = RebuildLease(opened.redis, settings, on_noscript=metrics.scripts.reloaded)
+    rebuilds = Rebuilds(lease, orders, metrics.rebuilds, share=settings.rebuild_share)
+    scan = ConfirmedScan(opened.redis, settings.key_prefix)
+    marking = SoldOutMarking(soldout, lease, scan, metrics.purchases)
     batching: Batching = batcher if lanes is None else lanes
-    purchases = _purchases(opened, flushing, catalog, soldout, rebuilds, batching)
+    purchases = _purchases(opened, flushing, catalog, soldout, marking, rebuilds, batching)
     rooms = Rooms(opened.redis, settings, on_noscript=metrics.scripts.reloaded)
     servability = Servability(settings, inventory)
     feed = ChangeFeed(opened.redis, channel(settings.key_prefix), subscribers=(soldout, catalog))
@@ -188,6 +195,7 @@ def build_gateway(opened: Opened) -> Gateway:
         flushing=flushing,
         batcher=batcher,
         lanes=lanes,
+        lease=lease,
         rebuilds=rebuilds,
         rooms=rooms,
         purchases=purchases,
@@ -244,6 +252,7 @@ def _purchases(
     flushing: Flushing,
     catalog: Catalog,
     soldout: SoldOut,
+    marking: Marking,
     rebuilds: Rebuilds,
     batching: Batching,
 ) -> Purchases:
@@ -260,7 +269,7 @@ def _purchases(
     return Purchases(
         catalog=catalog,
         soldout=soldout,
-        marking=SoldOutMarking(soldout, reservations, metrics.purchases),
+        marking=marking,
         reservations=reservations,
         stocks=orders,
         lookups=Lookups(OrderLookups(orders), PriorLookups(orders), Arbitrations(orders)),
@@ -301,6 +310,7 @@ def _reconciler(
         reservations=flushing.reservations,
         orders=opened.orders,
         inventory=inventory,
+        stamp=IdentityStamp(opened.redis, settings.key_prefix),
         database=DatabaseIdentity(opened.pool),
         gate=PostgresSaleGate(opened.pool),
         locks=flushing.locks,
@@ -354,6 +364,7 @@ async def service_ctx(app: web.Application) -> AsyncIterator[None]:
     flushing = gateway.flushing
     opened.metrics.lock.set_lease(opened.settings.lock_lease_s)
     await _load_scripts(opened, flushing)
+    await gateway.lease.load_scripts()
     await gateway.reconciler.adopt_database()
     if gateway.lanes is not None:
         await gateway.lanes.start()

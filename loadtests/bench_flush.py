@@ -59,7 +59,7 @@ from gateway.postgres.database import create_pool
 from gateway.postgres.inventory import Inventory
 from gateway.postgres.orders import BatchDecision, Orders
 from gateway.redis.connections import RedisClient, create_redis
-from gateway.redis.reservations import Reservations, Settlement
+from gateway.redis.reservations import Reservations, Settlement, StockLoad
 from gateway.server import GC_THRESHOLDS
 from gateway.settings import Settings
 from gateway.write.flusher import Flusher
@@ -224,7 +224,7 @@ async def stock_up(rig: Rig, sku: str, count: int) -> list[Purchase]:
     buyer each, as the gateway's purchases do; the reserved purchases."""
     inventory = Inventory(rig.pool)
     await inventory.change_sku(sku, {"stock": count}, create=True)
-    await rig.reservations.load_stock(sku, count, reset=True, fresh=True)
+    await rig.reservations.load_stock(sku, count, StockLoad.FRESH)
     info = await inventory.sku_info(sku)
     assert info is not None
     wanted = [Purchase(sku, f"u{i}", 1, uuid.uuid4().hex) for i in range(count)]

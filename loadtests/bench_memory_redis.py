@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from gateway.domain.model import Order
 from gateway.redis.connections import create_redis
 from gateway.redis.layout import SkuKeys
-from gateway.redis.reservations import Reservations
+from gateway.redis.reservations import Reservations, StockLoad
 from gateway.settings import Settings
 from loadtests.lib.confirmed import write_confirmed
 
@@ -41,7 +41,7 @@ async def measure(redis_url: str, orders: int) -> dict[str, int]:
             for i in range(orders)
         ]
         await write_confirmed(redis, settings, sku, made)
-        await reservations.load_stock(sku, 0, reset=True, fresh=True)
+        await reservations.load_stock(sku, 0, StockLoad.FRESH)
         sizes = {}
         for name, key in zip(("stock", "buyers", "pending", "done"), keys.all(), strict=True):
             sizes[name] = int(await redis.memory_usage(key, samples=0) or 0)

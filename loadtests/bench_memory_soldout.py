@@ -49,7 +49,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from gateway.domain.model import Order
 from gateway.redis.connections import create_redis
 from gateway.redis.layout import SkuKeys
-from gateway.redis.reservations import Reservations
+from gateway.redis.reservations import Reservations, StockLoad
 from gateway.settings import Settings
 from loadtests.lib import wrk
 from loadtests.lib.confirmed import write_confirmed
@@ -108,7 +108,7 @@ async def write_sale(
         reservations = Reservations(redis, settings)
         await reservations.load_scripts()
         await write_confirmed(redis, settings, SKU, made)
-        await reservations.load_stock(SKU, left, reset=True, fresh=True)
+        await reservations.load_stock(SKU, left, StockLoad.FRESH)
     finally:
         await redis.aclose()
     return made

@@ -18,7 +18,7 @@ from gateway.domain.errors import UnknownSku
 from gateway.domain.model import StockReport
 from gateway.postgres.inventory import Inventory
 from gateway.postgres.orders import Orders
-from gateway.redis.reservations import Reservations
+from gateway.redis.reservations import Reservations, StockLoad
 from gateway.usecases.catalog import Catalog
 from gateway.usecases.rebuilds import Rebuilds
 from gateway.usecases.servable import Servability
@@ -107,7 +107,8 @@ class StockAdmin:
         never written under another strategy) flagged the sku as rebuilding, so
         take the rebuild unless another instance has (a no-op when not flagged).
         ``fresh``: the sku was created now, so it has no orders to rebuild."""
-        redis_stock = await self._reservations.load_stock(sku, stock, reset=True, fresh=fresh)
+        mode = StockLoad.FRESH if fresh else StockLoad.RESET
+        redis_stock = await self._reservations.load_stock(sku, stock, mode)
         if not fresh:
             self._rebuilds.ensure(sku)
         return redis_stock

@@ -14,7 +14,7 @@ from typing import Protocol
 
 from gateway.domain.model import Order, Purchase, Result, SkuInfo, Strategy
 from gateway.postgres.lookups import Prior
-from gateway.redis.reservations import Reply
+from gateway.redis.reservations import Reply, StockLoad
 
 # Names the client's address, asked only when a client rate limit applies.
 Client = Callable[[], str | None] | None
@@ -40,7 +40,7 @@ class Reserving(Protocol):
     async def available(self, sku: str) -> int | None: ...
     async def settled_sold_out(self, sku: str) -> bool: ...
     async def confirmed_order(self, sku: str, request_id: str) -> Order | None: ...
-    async def load_stock(self, sku: str, db_stock: int, *, reset: bool) -> int: ...
+    async def load_stock(self, sku: str, db_stock: int, mode: StockLoad) -> int: ...
 
 
 class SkuCatalog(Protocol):

@@ -49,7 +49,7 @@ from gateway.domain.model import (
     Strategy,
 )
 from gateway.domain.rules import SaleRules
-from gateway.redis.reservations import Reply, outcome_of
+from gateway.redis.reservations import Reply, StockLoad, outcome_of
 from gateway.usecases.doubt import RedisDoubt
 from gateway.usecases.ports import (
     UNOBSERVED,
@@ -338,7 +338,7 @@ class Purchases:
         stock = await self._stocks.stock(sku)
         if stock is None:
             raise Unavailable("sku vanished")
-        await self._reservations.load_stock(sku, stock, reset=False)
+        await self._reservations.load_stock(sku, stock, StockLoad.RELOAD)
         self._rebuilds.ensure(sku)
         self._observer.stock_reloaded()
         log.warning("stock_reloaded", sku=sku, stock=stock)

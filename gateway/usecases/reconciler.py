@@ -41,7 +41,8 @@ from gateway.postgres.identity import DatabaseIdentity
 from gateway.postgres.inventory import Inventory
 from gateway.postgres.orders import Orders
 from gateway.postgres.sale_gate import PostgresSaleGate
-from gateway.redis.reservations import Reservations, Settlement
+from gateway.redis.identity import IdentityStamp
+from gateway.redis.reservations import Reservations, Settlement, StockLoad
 from gateway.usecases.catalog import Catalog
 from gateway.usecases.rebuilds import Rebuilds
 from gateway.write.sku_locks import SkuLocks
@@ -73,6 +74,7 @@ class Reconciler:
         reservations: Reservations,
         orders: Orders,
         inventory: Inventory,
+        stamp: IdentityStamp,
         database: DatabaseIdentity,
         gate: PostgresSaleGate,
         locks: SkuLocks,
@@ -86,6 +88,7 @@ class Reconciler:
         self._reservations = reservations
         self._orders = orders
         self._inventory = inventory
+        self._stamp = stamp
         self._database = database
         self._gate = gate
         self._locks = locks
@@ -127,7 +130,7 @@ class Reconciler:
     async def adopt_database(self) -> None:
         """Make the Redis state this database's: state stamped by another
         (restored, failed over) is dropped, to be reloaded from PostgreSQL."""
-        if await self._reservations.adopt(await self._database.read()):
+        if await self._stamp.adopt(await self._database.read()):
             log.warning("redis_state_dropped", reason="another database")
 
     async def reconcile(self, sku: str) -> SkuReconciliation:
@@ -194,7 +197,7 @@ class Reconciler:
         # records of committed orders: the repair flags the sku as rebuilding,
         # so a replay of such an order is looked up in PostgreSQL, not told
         # sold out, until the hashes are whole again (gateway.usecases.rebuilds).
-        after = await reservations.load_stock(sku, db_stock + committed, reset=True, repair=True)
+        after = await reservations.load_stock(sku, db_stock + committed, StockLoad.REPAIR)
         self._rebuilds.ensure(sku)
         log.warning("drift_repaired", sku=sku, drift=drift, redis_stock=after, db_stock=db_stock)
         return drift, units, True

@@ -3,7 +3,7 @@
 The memory benchmarks need a sale of a million orders in Redis without selling
 it: the done and buyers hashes are written here in the gateway's record
 formats (``gateway.redis.layout``). A counter set afterwards with
-``fresh`` trusts them, so no reservation runs against empty hashes.
+``StockLoad.FRESH`` trusts them, so no reservation runs against empty hashes.
 """
 
 from __future__ import annotations

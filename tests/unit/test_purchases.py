@@ -25,7 +25,7 @@ from gateway.domain.model import (
     Strategy,
 )
 from gateway.postgres.lookups import Prior
-from gateway.redis.reservations import Reply
+from gateway.redis.reservations import Reply, StockLoad
 from gateway.usecases.deductions import Deductions
 from gateway.usecases.doubt import RedisDoubt
 from gateway.usecases.ports import Client, Lookups
@@ -90,7 +90,7 @@ class Redis:
     async def confirmed_order(self, sku: str, request_id: str) -> Order | None:
         return self.done.get(request_id)
 
-    async def load_stock(self, sku: str, db_stock: int, *, reset: bool) -> int:
+    async def load_stock(self, sku: str, db_stock: int, mode: StockLoad) -> int:
         await asyncio.sleep(0)  # the requests that find it missing meanwhile wait for this one
         self.loaded.append((sku, db_stock))
         return db_stock
