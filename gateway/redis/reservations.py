@@ -92,7 +92,7 @@ class Reply:
     kind: ReplyKind
     order: Order | None = None
     # "sold_out", "unverified": stock is 0 and nothing is pending.
-    settled: bool = False
+    exhausted: bool = False
     # "ok": when Redis reserved it, by Redis's clock (the ledger's stamp).
     reserved_at_ms: int = 0
     # "not_started", "rate_limited": how long until trying again makes sense.
@@ -121,13 +121,13 @@ _SIMPLE_KINDS: tuple[ReplyKind, ...] = (
     "busy",
 )
 _SIMPLE: dict[str, Reply] = {kind: Reply(kind) for kind in _SIMPLE_KINDS}
-_SOLD_OUT = Reply("sold_out")
-_SOLD_OUT_SETTLED = Reply("sold_out", settled=True)
-# "unverified", by (orphaned, settled).
+_SOLD_OUT_REPLY = Reply("sold_out")
+_EXHAUSTED_REPLY = Reply("sold_out", exhausted=True)
+# "unverified", by (orphaned, exhausted).
 _UNVERIFIED = {
-    (orphaned, settled): Reply("unverified", settled=settled, orphaned=orphaned)
+    (orphaned, exhausted): Reply("unverified", exhausted=exhausted, orphaned=orphaned)
     for orphaned in (False, True)
-    for settled in (False, True)
+    for exhausted in (False, True)
 }
 
 
@@ -137,7 +137,7 @@ def reply_of(raw: Any, purchase: Purchase) -> Reply:
     if kind == "ok":
         return Reply("ok", reserved_at_ms=int(raw[2]))
     if kind == "sold_out":
-        return _SOLD_OUT_SETTLED if int(raw[1]) == 1 else _SOLD_OUT
+        return _EXHAUSTED_REPLY if int(raw[1]) == 1 else _SOLD_OUT_REPLY
     if kind == "confirmed":
         order = Order(raw[1], purchase.request_id, purchase.sku, raw[2], int(raw[3]))
         return Reply("confirmed", order)
@@ -438,7 +438,7 @@ class Reservations:
         entries = dict(zip(flat[::2], flat[1::2], strict=True))
         return Snapshot(None if stock is None else int(stock), ledger(entries))
 
-    async def settled_sold_out(self, sku: str) -> bool:
+    async def exhausted(self, sku: str) -> bool:
         """Whether the sku's counter is 0 with nothing pending (as the waiting-room
         scripts decide it); a missing counter is not sold out."""
         stock, pending = await self.snapshot(sku)

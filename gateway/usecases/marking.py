@@ -1,6 +1,6 @@
 """Building a sold-out sku's in-process mark, in the background.
 
-A purchase that Redis answered settled sold out starts the build and is
+A purchase that Redis answered exhausted starts the build and is
 answered at once; the requests after it are answered in-process once the mark
 is set (``gateway.usecases.sold_out``). The mark carries the sku's confirmed request ids,
 read from Redis's done hash, and read again only when their count changed.
