@@ -18,6 +18,7 @@ UV      := uv==0.13.9
 # `make run`'s admin token and admission secret, unless the environment sets them.
 GATEWAY_ADMIN_TOKEN ?= dev-admin-token
 GATEWAY_ADMISSION_SECRET ?= dev-admission-secret
+GATEWAY_PAYMENT_TOKEN ?= dev-payment-token
 
 export GATEWAY_DATABASE_URL ?= postgresql://postgres@127.0.0.1:5432/flashsale
 export GATEWAY_REDIS_URL ?= redis://127.0.0.1:6379/0
@@ -50,10 +51,11 @@ services:
 run: $(SERVING) services
 	@echo "admin token:      $(GATEWAY_ADMIN_TOKEN)  (Authorization: Bearer $(GATEWAY_ADMIN_TOKEN))"
 	@echo "admission secret: $(GATEWAY_ADMISSION_SECRET)  (signs waiting-room admission tokens; dev only)"
+	@echo "payment token:    $(GATEWAY_PAYMENT_TOKEN)  (pay and cancel orders: Authorization: Bearer $(GATEWAY_PAYMENT_TOKEN))"
 	@echo "waiting-room page: http://127.0.0.1:$${GATEWAY_PORT:-8080}/wait/demo?user_id=alice"
 	$(BIN)/flashsale-gateway migrate
 	GATEWAY_ADMIN_TOKEN='$(GATEWAY_ADMIN_TOKEN)' GATEWAY_ADMISSION_SECRET='$(GATEWAY_ADMISSION_SECRET)' \
-		exec $(BIN)/flashsale-gateway serve --demo
+		GATEWAY_PAYMENT_TOKEN='$(GATEWAY_PAYMENT_TOKEN)' exec $(BIN)/flashsale-gateway serve --demo
 
 lint: $(STAMP)
 	$(BIN)/ruff check gateway tests loadtests testkit

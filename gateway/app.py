@@ -23,7 +23,7 @@ import structlog
 from aiohttp import web
 
 from gateway.domain.model import Strategy
-from gateway.http import admin_views, views
+from gateway.http import admin_views, payment_views, views
 from gateway.http.admin_tokens import AdminTokens
 from gateway.http.appkeys import (
     ADMIN,
@@ -33,6 +33,7 @@ from gateway.http.appkeys import (
     ANSWERS,
     BATCHER,
     LANES,
+    LIFECYCLE,
     METRICS,
     ORDERS,
     POOL,
@@ -59,6 +60,7 @@ from gateway.ops.metrics import BacklogMetrics, Metrics
 from gateway.postgres.database import Pool
 from gateway.postgres.identity import DatabaseIdentity
 from gateway.postgres.inventory import Inventory
+from gateway.postgres.lifecycle import Lifecycle
 from gateway.postgres.lookups import Arbitrations, OrderLookups, PriorLookups
 from gateway.postgres.orders import Orders
 from gateway.postgres.sale_gate import PostgresSaleGate
@@ -84,6 +86,7 @@ from gateway.usecases.admission_tokens import Signer
 from gateway.usecases.catalog import Catalog
 from gateway.usecases.deductions import Deductions
 from gateway.usecases.doubt import RedisDoubt, window_for
+from gateway.usecases.lifecycle import OrderLifecycle
 from gateway.usecases.marking import SoldOutMarking
 from gateway.usecases.ports import Batching, Lookups, Marking
 from gateway.usecases.purchases import Purchases
@@ -150,6 +153,7 @@ class Gateway:
     admin: StockAdmin
     reconciler: Reconciler
     tracker: OrderTracker
+    lifecycle: OrderLifecycle
     feed: ChangeFeed
     lag: LoopLag
     writer: QueueWriter | None
@@ -213,6 +217,12 @@ def build_gateway(opened: Opened) -> Gateway:
         ),
         reconciler=_reconciler(opened, flushing, inventory, catalog, rebuilds),
         tracker=OrderTracker(orders=orders, streams=flushing.streams),
+        lifecycle=OrderLifecycle(
+            lifecycle=Lifecycle(opened.pool, settings.strategy),
+            reservations=reservations,
+            metrics=metrics.lifecycle,
+            sweep_s=settings.expiry_sweep_s,
+        ),
         feed=feed,
         lag=LoopLag(metrics.loop.lagged, stall_report_s=settings.loop_stall_report_s),
         # Any sku may be put on the queue strategy: the writer serves those
@@ -388,6 +398,7 @@ def _publish(app: web.Application, gateway: Gateway) -> None:
     app[PURCHASES], app[ADMISSIONS] = gateway.purchases, gateway.admissions
     app[SERVABILITY], app[ADMIN] = gateway.servability, gateway.admin
     app[RECONCILER], app[TRACKER] = gateway.reconciler, gateway.tracker
+    app[LIFECYCLE] = gateway.lifecycle
 
 
 def _background(
@@ -398,6 +409,7 @@ def _background(
         asyncio.create_task(gateway.lag.run(), name="loop-lag"),
         asyncio.create_task(gateway.feed.run(), name="change-feed"),
         asyncio.create_task(gateway.reconciler.run(), name="reconciler"),
+        asyncio.create_task(gateway.lifecycle.run(), name="expiry-sweep"),
         asyncio.create_task(_sample_backlog(gateway.batcher, backlog), name="backlog-sampler"),
         asyncio.create_task(answers.run(), name="answer-summary"),
     ]
@@ -488,4 +500,5 @@ def create_app(settings: Settings) -> web.Application:
     app.on_shutdown.append(drain)
     app.add_routes(views.routes(with_metrics=settings.metrics))
     app.add_routes(admin_views.routes())
+    app.add_routes(payment_views.routes())
     return app

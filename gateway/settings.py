@@ -270,6 +270,12 @@ class Settings:
     # still accepted (never used to sign) while a rotation is under way.
     admission_secret: str | None = setting(None, _secret)
     admission_secret_previous: str | None = setting(None, _secret)
+    # The payment service's bearer token for POST /v1/orders/{id}/pay and
+    # /cancel (not the admin token); without it no sku may have a payment window.
+    payment_token: str | None = setting(None, _secret)
+    # Longest the expiry sweep sleeps between two looks for due orders; it
+    # wakes sooner for a deadline it knows of.
+    expiry_sweep_s: float = setting(0.25, _float(0.01))
     # Hostile clients: a request's head and body must arrive within this long of
     # its first byte (and a new connection's first request within this long).
     request_read_timeout_s: float = setting(10.0, _float(0.1))

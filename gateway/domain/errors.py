@@ -239,3 +239,49 @@ class RateLimited(GatewayError):
     def __init__(self, ms_to_a_token: int) -> None:
         super().__init__(None, {"Retry-After": _seconds(ms_to_a_token)})
         self.ms_to_a_token = ms_to_a_token
+
+
+class PaymentUnauthorized(Unauthorized):
+    """The payment service's bearer token (GATEWAY_PAYMENT_TOKEN) is missing or wrong."""
+
+
+class AlreadyPaid(GatewayError):
+    """The order was paid with another payment id."""
+
+    status = 409
+    code = "already_paid"
+
+
+class OrderPaid(GatewayError):
+    """A cancel of an order already paid."""
+
+    status = 409
+    code = "order_paid"
+
+
+class OrderExpired(GatewayError):
+    """The order was not paid by its pay_by: its units went back on sale."""
+
+    status = 409
+    code = "order_expired"
+
+
+class OrderCancelled(GatewayError):
+    """The order was cancelled: its units went back on sale."""
+
+    status = 409
+    code = "order_cancelled"
+
+
+class NoPaymentWindow(GatewayError):
+    """The order's sku had no payment window: it was final at its 201."""
+
+    status = 409
+    code = "no_payment_window"
+
+
+class PaymentIdTaken(GatewayError):
+    """The payment id already paid another order."""
+
+    status = 409
+    code = "payment_id_taken"

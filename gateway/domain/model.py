@@ -40,6 +40,16 @@ class Purchase:
         return replace(self, request_id=uuid.uuid4().hex)
 
 
+class OrderStatus(StrEnum):
+    """Where an order stands after its 201 (``orders.status``)."""
+
+    CONFIRMED = "confirmed"  # no payment window: final at its 201
+    PENDING_PAYMENT = "pending_payment"  # holds its units until pay_by
+    PAID = "paid"
+    CANCELLED = "cancelled"  # its units went back on sale
+    EXPIRED = "expired"  # not paid by pay_by: its units went back on sale
+
+
 @dataclass(frozen=True, slots=True)
 class Order:
     """A committed order row."""
@@ -49,15 +59,20 @@ class Order:
     sku: str
     user_id: str
     qty: int
+    status: str = OrderStatus.CONFIRMED
+    # The payment deadline (RFC 3339, PostgreSQL's clock); None without a window.
+    pay_by: str | None = None
 
-    def as_json(self) -> dict[str, str | int]:
+    def as_json(self) -> dict[str, str | int | None]:
         """The order as the API shows it."""
         return {
+            "status": self.status,
             "order_id": self.order_id,
             "request_id": self.request_id,
             "sku": self.sku,
             "user_id": self.user_id,
             "qty": self.qty,
+            "pay_by": self.pay_by,
         }
 
 
@@ -125,6 +140,8 @@ class SkuInfo:
     # The sku's own strategy; None sells it under the gateway's GATEWAY_STRATEGY.
     strategy: Strategy | None = None
     rules: SaleRules = NO_RULES
+    # Seconds a buyer has to pay; 0: none, an order is final at its 201.
+    payment_window_s: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,6 +158,7 @@ class SkuSettings:
     client_rate: Rate | str | None = None
     waiting_room: WaitingRoom | None = None
     strategy: Strategy | None = None
+    payment_window_s: int = 0
 
     @property
     def rules(self) -> SaleRules:
@@ -149,7 +167,14 @@ class SkuSettings:
 
     def info(self, sku: str) -> SkuInfo:
         """What the purchases need to know of ``sku`` so set."""
-        return SkuInfo(sku, self.per_user_limit, self.waiting_room, self.strategy, self.rules)
+        return SkuInfo(
+            sku,
+            self.per_user_limit,
+            self.waiting_room,
+            self.strategy,
+            self.rules,
+            self.payment_window_s,
+        )
 
     def as_json(self) -> dict[str, object]:
         """Every field as the admin API writes it."""
@@ -161,6 +186,7 @@ class SkuSettings:
             "client_rate": None if self.client_rate is None else str(self.client_rate),
             "waiting_room": None if self.waiting_room is None else self.waiting_room.as_json(),
             "strategy": None if self.strategy is None else self.strategy.value,
+            "payment_window_s": self.payment_window_s,
         }
 
 

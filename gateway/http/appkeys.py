@@ -20,6 +20,7 @@ from gateway.redis.reservations import Reservations
 from gateway.settings import Settings
 from gateway.usecases.admin import StockAdmin
 from gateway.usecases.admission import Admissions
+from gateway.usecases.lifecycle import OrderLifecycle
 from gateway.usecases.purchases import Purchases
 from gateway.usecases.reconciler import Reconciler
 from gateway.usecases.servable import Servability
@@ -54,6 +55,7 @@ ADMIN_TOKENS = web.AppKey("admin_tokens", AdminTokens)
 SERVABILITY = web.AppKey("servability", Servability)
 # What became of a request id (GET /v1/orders/{request_id}).
 TRACKER = web.AppKey("tracker", OrderTracker)
+LIFECYCLE = web.AppKey("lifecycle", OrderLifecycle)
 # The ZooKeeper session of the flush locks (None unless GATEWAY_FLUSH_LOCK=zookeeper).
 ZOOKEEPER: web.AppKey[ZkSession | None] = web.AppKey("zookeeper")
 # Samples per-request failure lines and logs the once-a-second answer summary.

@@ -37,6 +37,7 @@ SKU_FIELDS = frozenset(
         "client_rate",
         "waiting_room",
         "strategy",
+        "payment_window_s",
     }
 )
 ROOM_FIELDS = frozenset({"admit_per_s", "token_ttl_s", "shuffle_at_start"})
@@ -44,6 +45,8 @@ JOIN_FIELDS = frozenset({"user_id"})
 # A day: a token is meant to be spent within minutes of admission.
 MAX_TOKEN_TTL_S = 86_400
 RESTOCK_FIELDS = frozenset({"delta"})
+# Three days: the longest a sku's units may be held for a buyer who has not paid.
+MAX_PAYMENT_WINDOW_S = 259_200
 
 
 def parse_object(body: bytes, allowed: frozenset[str]) -> dict[str, Any]:
@@ -193,6 +196,10 @@ def sku_fields(data: Mapping[str, Any], *, partial: bool) -> dict[str, Any]:
         fields["waiting_room"] = waiting_room(data)
     if "strategy" in named:
         fields["strategy"] = strategy(data)
+    if "payment_window_s" in named:
+        fields["payment_window_s"] = integer(
+            data, "payment_window_s", low=0, high=MAX_PAYMENT_WINDOW_S, default=0
+        )
     starts, ends = fields.get("starts_at"), fields.get("ends_at")
     if starts is not None and ends is not None and ends <= starts:
         raise InvalidRequest("ends_at must be after starts_at")

@@ -87,7 +87,7 @@ def _rendered(result: Result) -> tuple[int, bytes, dict[str, str] | None]:
     """Status, JSON body and extra headers of a purchase outcome."""
     outcome = result.outcome
     if outcome is Outcome.CONFIRMED and result.order is not None:
-        return 201, orjson.dumps({"status": "confirmed", **result.order.as_json()}), None
+        return 201, orjson.dumps(result.order.as_json()), None
     if outcome is Outcome.ACCEPTED:
         return 202, orjson.dumps({"status": "accepted", "request_id": result.request_id}), None
     constant = _CONSTANT.get(outcome)

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.multiprocess import MultiProcessCollector
 
+from gateway.ops.lifecycle_metrics import LifecycleMetrics
 from gateway.ops.request_stats import PURCHASE_ROUTE, RequestCollector, RequestStats
 
 OUTCOMES = (
@@ -73,6 +74,7 @@ class Metrics:
         self.connections = ConnectionMetrics(r)
         self.streams = StreamMetrics(r)
         self.optimistic = OptimisticMetrics(r)
+        self.lifecycle = LifecycleMetrics(r)
 
     def render(self) -> bytes:
         """The exposition text of every metric (of every worker, with several)."""

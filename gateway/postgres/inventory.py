@@ -22,7 +22,7 @@ from gateway.postgres.database import Connection, as_unavailable
 
 SKU_INFO = """
 SELECT stock, per_user_limit, room_admit_per_s, room_token_ttl_s, room_shuffle_at_start,
-       starts_at, ends_at, user_rate, client_rate, strategy
+       starts_at, ends_at, user_rate, client_rate, strategy, payment_window_s
 FROM inventory WHERE sku = $1
 """
 # The same, with the row locked for an admin change.
@@ -38,7 +38,8 @@ CREATE_SKU = """
 INSERT INTO inventory (sku, stock) VALUES ($1, 0) ON CONFLICT (sku) DO NOTHING RETURNING sku
 """
 SET_SKU = """
-UPDATE inventory SET stock = $2, per_user_limit = $3, strategy = $4, updated_at = now()
+UPDATE inventory SET stock = $2, per_user_limit = $3, strategy = $4, payment_window_s = $5,
+    updated_at = now()
 WHERE sku = $1
 """
 SET_SALE_RULES = """
@@ -82,13 +83,16 @@ def _settings_of(row: asyncpg.Record) -> SkuSettings:
         client_rate=rate_from_db(row["client_rate"]),
         waiting_room=room,
         strategy=None if row["strategy"] is None else Strategy(row["strategy"]),
+        payment_window_s=row["payment_window_s"],
     )
 
 
 async def _write_settings(con: Connection, sku: str, new: SkuSettings) -> None:
     """Write every setting of ``sku`` (its row is locked)."""
     room = new.waiting_room
-    await con.execute(SET_SKU, sku, new.stock, new.per_user_limit, new.strategy)
+    await con.execute(
+        SET_SKU, sku, new.stock, new.per_user_limit, new.strategy, new.payment_window_s
+    )
     await con.execute(
         SET_SALE_RULES,
         sku,

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 
 import asyncpg
 
@@ -41,6 +42,7 @@ from gateway.domain.model import (
     Result,
     Verdict,
 )
+from gateway.domain.rules import rfc3339
 from gateway.postgres.database import DB_ERRORS, as_unavailable, cause
 
 # Serializes writers of one sku (admin changes lock the row too).
@@ -57,9 +59,17 @@ RECORD_RELEASED = """
 INSERT INTO released_reservations (request_id, reserved_at_ms)
 SELECT * FROM unnest($1::text[], $2::bigint[]) ON CONFLICT DO NOTHING
 """
-SKU_STOCK = "SELECT stock FROM inventory WHERE sku = $1"
+# The stock Redis should count: units of closed orders not yet given back to
+# it are owed (gateway.postgres.lifecycle), and return_units.lua adds them
+# when it gives them, so a counter loaded meanwhile must not count them yet.
+SKU_STOCK = """
+SELECT stock - COALESCE((
+    SELECT sum(qty) FROM orders
+    WHERE sku = $1 AND status IN ('expired', 'cancelled') AND synced_at IS NULL), 0)
+FROM inventory WHERE sku = $1
+"""
 ORDERS_BY_REQUESTS = """
-SELECT order_id::text, request_id, sku, user_id, qty FROM orders
+SELECT order_id::text, request_id, sku, user_id, qty, status, pay_by FROM orders
 WHERE request_id = ANY($1::text[])
 """
 # While a sku's Redis hashes are rebuilt, for the new purchases of one sku: the
@@ -67,8 +77,10 @@ WHERE request_id = ANY($1::text[])
 # indexes; at most two rows a purchase). gateway.strategies.rows asks the same
 # of one purchase inside its transaction (ORDERS_BY_REQUEST_OR_BUYER).
 ORDERS_BY_REQUESTS_OR_BUYERS = """
-SELECT order_id::text, request_id, sku, user_id, qty FROM orders
-WHERE request_id = ANY($1::text[]) OR (sku = $2 AND user_id = ANY($3::text[]))
+SELECT order_id::text, request_id, sku, user_id, qty, status, pay_by FROM orders
+WHERE request_id = ANY($1::text[])
+    OR (sku = $2 AND user_id = ANY($3::text[])
+        AND status IN ('confirmed', 'pending_payment', 'paid'))
 """
 # One page of a sku's orders for a rebuild, in the (sku, user_id) unique index's
 # order after the last buyer of the page before, as one text: per order its
@@ -83,7 +95,10 @@ SELECT string_agg(
 FROM (SELECT request_id, order_id, user_id, qty FROM orders
       WHERE sku = $1 AND user_id > $2 ORDER BY user_id LIMIT $3) AS page
 """
-UNITS_SOLD = "SELECT COALESCE(SUM(qty), 0) FROM orders WHERE sku = $1"
+UNITS_SOLD = """
+SELECT COALESCE(SUM(qty), 0) FROM orders
+WHERE sku = $1 AND status IN ('confirmed', 'pending_payment', 'paid')
+"""
 
 
 # What a flush decided (flush_batch's rows), and the SQLSTATEs that refuse a batch.
@@ -125,6 +140,8 @@ def _decision_of(row: asyncpg.Record) -> Decision:
             row["order_sku"],
             row["order_user"],
             row["order_qty"],
+            row["order_status"],
+            pay_by_text(row["order_pay_by"]),
         )
         return Decision(Result(Outcome.CONFIRMED, order), verdict)
     if verdict is Verdict.EXPIRED:
@@ -143,8 +160,22 @@ class OrderPage:
     count: int
 
 
-def _order(row: asyncpg.Record) -> Order:
-    return Order(row["order_id"], row["request_id"], row["sku"], row["user_id"], row["qty"])
+def pay_by_text(pay_by: datetime | None) -> str | None:
+    """An order's deadline as the API shows it."""
+    return None if pay_by is None else rfc3339(pay_by)
+
+
+def order_of(row: asyncpg.Record) -> Order:
+    """An order row (its order_id as text, status and pay_by) as an :class:`Order`."""
+    return Order(
+        row["order_id"],
+        row["request_id"],
+        row["sku"],
+        row["user_id"],
+        row["qty"],
+        row["status"],
+        pay_by_text(row["pay_by"]),
+    )
 
 
 # What breaks a connection with the flush's statement sent: it may have committed.
@@ -209,7 +240,7 @@ class Orders:
             async with self.pool.acquire() as con, con.transaction():
                 await con.execute(LOCK_INVENTORY_ROW, sku)
                 found = {
-                    r["request_id"]: _order(r) for r in await con.fetch(ORDERS_BY_REQUESTS, rids)
+                    r["request_id"]: order_of(r) for r in await con.fetch(ORDERS_BY_REQUESTS, rids)
                 }
                 gone = [(rid, at) for rid, at in stale if rid not in found]
                 if gone:
@@ -237,7 +268,7 @@ class Orders:
         """The orders made by these request ids, by request id."""
         with as_unavailable:
             rows = await self.pool.fetch(ORDERS_BY_REQUESTS, list(request_ids))
-        return {r["request_id"]: _order(r) for r in rows}
+        return {r["request_id"]: order_of(r) for r in rows}
 
     async def priors(
         self, sku: str, request_ids: Sequence[str], user_ids: Sequence[str]
@@ -248,7 +279,7 @@ class Orders:
             rows = await self.pool.fetch(
                 ORDERS_BY_REQUESTS_OR_BUYERS, list(request_ids), sku, list(user_ids)
             )
-        found = [_order(r) for r in rows]
+        found = [order_of(r) for r in rows]
         wanted = set(request_ids)
         made = {o.request_id: o for o in found if o.request_id in wanted}
         return made, {o.user_id for o in found if o.sku == sku}

@@ -8,6 +8,8 @@ through KEYS and write the records below; their contracts point here.
 ``<prefix>:{<sku>}:buyers``   hash    user_id -> request_id of that user's reservation or order
 ``<prefix>:{<sku>}:pending``  hash    request_id -> ledger record ``user_id|qty|reserved_at_ms``
 ``<prefix>:{<sku>}:done``     hash    request_id -> confirmed record ``order_id|user_id|qty``
+``<prefix>:{<sku>}:returned`` hash    request_id -> ``1`` for every closed order (cancelled,
+                              expired) whose units were given back (return_units.lua)
 ``<prefix>:{<sku>}:rebuild``  string  ``owner|lease_until_ms`` while buyers and done are
                               rebuilt from PostgreSQL after Redis lost the sale
                               (``gateway.usecases.rebuilds``); reservations trust the two
@@ -56,6 +58,7 @@ class SkuKeys:
     pending: str
     done: str
     rebuild: str
+    returned: str
 
     @classmethod
     def of(cls, prefix: str, sku: str) -> SkuKeys:
@@ -67,6 +70,7 @@ class SkuKeys:
             f"{base}:pending",
             f"{base}:done",
             f"{base}:rebuild",
+            f"{base}:returned",
         )
 
     def all(self) -> tuple[str, str, str, str]:
@@ -112,7 +116,7 @@ def sku_state_pattern(prefix: str) -> str:
     return f"{escaped}:{{*}}:*"
 
 
-STATE_SUFFIXES = (":stock", ":buyers", ":pending", ":done", ":rebuild")
+STATE_SUFFIXES = (":stock", ":buyers", ":pending", ":done", ":rebuild", ":returned")
 
 
 def channel(prefix: str) -> str:

@@ -308,6 +308,7 @@ class Reservations:
         self._settle = read_script("settle")
         self._load_stock = read_script("load_stock")
         self._snapshot = read_script("snapshot")
+        self._return_units = read_script("return_units")
         self._enqueue = read_composed("enqueue", "reserve")
         for script in self.scripts:
             script.on_reload = on_noscript
@@ -319,7 +320,14 @@ class Reservations:
     @property
     def scripts(self) -> tuple[Script, ...]:
         """The scripts this adapter calls."""
-        return (self._reserve, self._settle, self._load_stock, self._enqueue, self._snapshot)
+        return (
+            self._reserve,
+            self._settle,
+            self._load_stock,
+            self._enqueue,
+            self._snapshot,
+            self._return_units,
+        )
 
     def keys(self, sku: str) -> SkuKeys:
         """The (cached) keys of a sku."""
@@ -403,6 +411,17 @@ class Reservations:
             args += (s.request_id, s.verdict.settled_as.value, s.user_id, s.qty, s.order_id)
         keys = self.keys(sku)
         return int(await self._call(self._settle, (*keys.all(), keys.rebuild), args))
+
+    async def return_units(self, sku: str, orders: Iterable[Order]) -> int:
+        """Give closed orders' units back to the sale, each order once
+        (return_units.lua); returns how many were given back now."""
+        args: list[str | int] = [self._channel, sku, self._retention_ms]
+        for order in orders:
+            args += (order.request_id, order.user_id, order.qty)
+        keys = self.keys(sku)
+        return int(
+            await self._call(self._return_units, (keys.stock, keys.buyers, keys.returned), args)
+        )
 
     async def load_stock(self, sku: str, db_stock: int, mode: StockLoad) -> int:
         """Set Redis stock from database stock minus the ledger (load_stock.lua),

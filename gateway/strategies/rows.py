@@ -17,19 +17,27 @@ from collections.abc import Awaitable, Callable
 import asyncpg
 
 from gateway.domain.errors import IdempotencyMismatch, PostgresUnavailable
-from gateway.domain.model import DUPLICATE, SOLD_OUT, Order, Outcome, Purchase, Result
+from gateway.domain.model import DUPLICATE, SOLD_OUT, Outcome, Purchase, Result
 from gateway.postgres.database import Connection, as_unavailable
+from gateway.postgres.orders import order_of
 
 # The request id's own order, and any order of this buyer of this sku: one
 # round trip for one purchase's replay and duplicate checks, inside its
 # transaction (gateway.postgres.orders asks the same of many purchases at once
 # while a sku is rebuilt: ORDERS_BY_REQUESTS_OR_BUYERS).
 ORDERS_BY_REQUEST_OR_BUYER = """
-SELECT order_id::text, request_id, sku, user_id, qty FROM orders
-WHERE request_id = $1 OR (sku = $2 AND user_id = $3)
+SELECT order_id::text, request_id, sku, user_id, qty, status, pay_by FROM orders
+WHERE request_id = $1
+    OR (sku = $2 AND user_id = $3 AND status IN ('confirmed', 'pending_payment', 'paid'))
 """
+# The order, pending payment until now() + the sku's window when it has one.
 INSERT_ORDER = """
-INSERT INTO orders (request_id, sku, user_id, qty) VALUES ($1, $2, $3, $4) RETURNING order_id::text
+INSERT INTO orders (request_id, sku, user_id, qty, status, pay_by)
+SELECT $1, $2, $3, $4,
+    CASE WHEN payment_window_s > 0 THEN 'pending_payment' ELSE 'confirmed' END,
+    CASE WHEN payment_window_s > 0 THEN now() + make_interval(secs => payment_window_s) END
+FROM inventory WHERE sku = $2
+RETURNING order_id::text, request_id, sku, user_id, qty, status, pay_by
 """
 
 
@@ -45,8 +53,7 @@ def _answer(row: asyncpg.Record, purchase: Purchase) -> Result:
         return DUPLICATE  # the buyer's order of this sku, under another request id
     if (row["sku"], row["user_id"], row["qty"]) != (purchase.sku, purchase.user_id, purchase.qty):
         raise IdempotencyMismatch(purchase.request_id)
-    order = Order(row["order_id"], row["request_id"], row["sku"], row["user_id"], row["qty"])
-    return Result(Outcome.CONFIRMED, order)
+    return Result(Outcome.CONFIRMED, order_of(row))
 
 
 async def _prior(con: Connection, purchase: Purchase) -> Result | None:
@@ -95,5 +102,6 @@ class Rows:
             if not await take(con, purchase):
                 return SOLD_OUT
             p = purchase
-            order_id = await con.fetchval(INSERT_ORDER, p.request_id, p.sku, p.user_id, p.qty)
-            return Result(Outcome.CONFIRMED, Order(order_id, p.request_id, p.sku, p.user_id, p.qty))
+            row = await con.fetchrow(INSERT_ORDER, p.request_id, p.sku, p.user_id, p.qty)
+            assert row is not None  # take() locked the sku's inventory row: it exists
+            return Result(Outcome.CONFIRMED, order_of(row))

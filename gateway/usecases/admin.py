@@ -60,7 +60,7 @@ class StockAdmin:
         sku created now). Raises :class:`UnknownSku` (without ``create``),
         :class:`InvalidRequest` for a window that would end before it starts and
         :class:`NotConfigured` for a waiting room this instance could not serve."""
-        self._servability.check(fields.get("waiting_room"))
+        self._servability.check(fields.get("waiting_room"), fields.get("payment_window_s"))
         redis_stock: int | None = None
         async with self._locks.held(sku):
             changed = await self._inventory.change_sku(sku, fields, create=create)

@@ -28,6 +28,7 @@ from gateway.settings import Settings
 # Skus listed in /readyz at most: a few name the mistake; thousands would cost every probe.
 SHOWN = 20
 NO_SECRET = "waiting room: GATEWAY_ADMISSION_SECRET is not set on this instance"
+NO_PAYMENT_TOKEN = "payment window: GATEWAY_PAYMENT_TOKEN is not set on this instance"
 
 log = structlog.get_logger(__name__)
 
@@ -37,13 +38,16 @@ class Servability:
 
     def __init__(self, settings: Settings, inventory: Inventory) -> None:
         self._signs = settings.admission_secret is not None
+        self._pays = settings.payment_token is not None
         self._inventory = inventory
 
-    def check(self, room: WaitingRoom | None) -> None:
+    def check(self, room: WaitingRoom | None, payment_window_s: int | None = None) -> None:
         """Refuse a sku configuration this instance could not serve; raises
         :class:`NotConfigured`."""
         if room is not None and not self._signs:
             raise NotConfigured(f"{NO_SECRET}: its admission tokens could not be signed")
+        if payment_window_s and not self._pays:
+            raise NotConfigured(f"{NO_PAYMENT_TOKEN}: nobody could pay its orders")
 
     async def unservable(self) -> dict[str, str]:
         """The configured skus this instance cannot serve (at most ``SHOWN``), with

@@ -24,18 +24,26 @@
 -- A function, not a migration: the migrations apply this file again whenever
 -- its text changes (gateway/postgres/database.py).
 --
+-- An order of a sku with a payment window is inserted pending_payment with its
+-- pay_by (now() + the window); a buyer's order counts as "bought" only while it
+-- is live (confirmed, pending_payment, paid).
+--
 -- Returns one row per distinct request id: request_id, verdict (C, R, D, S or X),
--- the order's id, sku, user and qty (C and R), and the stock after the batch.
+-- the order's id, sku, user, qty, status and pay_by (C and R), and the stock
+-- after the batch.
+-- The return type grew (status, pay_by): CREATE OR REPLACE cannot change it.
+DROP FUNCTION IF EXISTS flush_batch(text, text[], text[], integer[], bigint[], bigint);
 CREATE OR REPLACE FUNCTION flush_batch(
     p_sku text, p_request_ids text[], p_user_ids text[], p_qtys integer[],
     p_reserved_at bigint[], p_fence bigint
 ) RETURNS TABLE (
     request_id text, verdict text, order_id text, order_sku text, order_user text,
-    order_qty integer, stock_after bigint
+    order_qty integer, stock_after bigint, order_status text, order_pay_by timestamptz
 ) LANGUAGE plpgsql AS $$
 DECLARE
     v_stock bigint;
     v_fence bigint;
+    v_window integer;
     v_left bigint;
     v_total bigint := 0;
     rec record;
@@ -49,12 +57,14 @@ DECLARE
     d_skus text[] := '{}';
     d_users text[] := '{}';
     d_qtys integer[] := '{}';
+    d_statuses text[] := '{}';
+    d_pay_bys timestamptz[] := '{}';
 BEGIN
-    SELECT inv.stock, inv.fence INTO v_stock, v_fence
+    SELECT inv.stock, inv.fence, inv.payment_window_s INTO v_stock, v_fence, v_window
     FROM inventory inv WHERE inv.sku = p_sku FOR UPDATE;
     IF NOT FOUND THEN
         RETURN QUERY SELECT DISTINCT r, 'S'::text, NULL::text, NULL::text, NULL::text,
-            NULL::integer, 0::bigint FROM unnest(p_request_ids) AS r;
+            NULL::integer, 0::bigint, NULL::text, NULL::timestamptz FROM unnest(p_request_ids) AS r;
         RETURN;
     END IF;
     IF p_fence IS NOT NULL AND v_fence > p_fence THEN
@@ -66,12 +76,13 @@ BEGIN
     -- each request id only: the loop below decides in memory.
     FOR rec IN
         SELECT t.r, t.u, t.q, o.order_id AS o_id, o.sku AS o_sku, o.user_id AS o_user,
-            o.qty AS o_qty,
+            o.qty AS o_qty, o.status AS o_status, o.pay_by AS o_pay_by,
             (o.order_id IS NULL AND EXISTS (
                 SELECT 1 FROM released_reservations rr
                 WHERE rr.request_id = t.r AND rr.reserved_at_ms >= t.ra)) AS released,
             (o.order_id IS NULL AND EXISTS (
-                SELECT 1 FROM orders b WHERE b.sku = p_sku AND b.user_id = t.u)) AS bought,
+                SELECT 1 FROM orders b WHERE b.sku = p_sku AND b.user_id = t.u
+                AND b.status IN ('confirmed', 'pending_payment', 'paid'))) AS bought,
             t.entries_of_user > 1 AS again
         FROM (
             SELECT x.r, x.u, x.q, x.ra, x.i,
@@ -93,6 +104,8 @@ BEGIN
             d_skus := d_skus || rec.o_sku;
             d_users := d_users || rec.o_user;
             d_qtys := d_qtys || rec.o_qty;
+            d_statuses := d_statuses || rec.o_status;
+            d_pay_bys := d_pay_bys || rec.o_pay_by;
         ELSIF rec.released THEN
             d_rids := d_rids || rec.r;
             d_verdicts := d_verdicts || 'X'::text;
@@ -100,6 +113,8 @@ BEGIN
             d_skus := d_skus || NULL::text;
             d_users := d_users || NULL::text;
             d_qtys := d_qtys || NULL::integer;
+            d_statuses := d_statuses || NULL::text;
+            d_pay_bys := d_pay_bys || NULL::timestamptz;
         -- Only a buyer with another entry in this batch can be among the buyers
         -- granted so far: the scan of v_buyers, which grows with the batch, is
         -- skipped for everyone else (it grows with the square of the batch:
@@ -111,6 +126,8 @@ BEGIN
             d_skus := d_skus || NULL::text;
             d_users := d_users || NULL::text;
             d_qtys := d_qtys || NULL::integer;
+            d_statuses := d_statuses || NULL::text;
+            d_pay_bys := d_pay_bys || NULL::timestamptz;
         ELSIF rec.q <= v_left THEN
             v_left := v_left - rec.q;
             v_total := v_total + rec.q;
@@ -125,6 +142,8 @@ BEGIN
             d_skus := d_skus || NULL::text;
             d_users := d_users || NULL::text;
             d_qtys := d_qtys || NULL::integer;
+            d_statuses := d_statuses || NULL::text;
+            d_pay_bys := d_pay_bys || NULL::timestamptz;
         END IF;
     END LOOP;
     IF v_total > 0 THEN
@@ -137,12 +156,16 @@ BEGIN
             RAISE EXCEPTION 'the stock guard refused % units', v_total USING ERRCODE = 'FS002';
         END IF;
         RETURN QUERY
-        INSERT INTO orders AS o (request_id, sku, user_id, qty)
-        SELECT r, p_sku, u, q FROM unnest(g_rids, g_users, g_qtys) AS t(r, u, q)
-        RETURNING o.request_id, 'C'::text, o.order_id::text, o.sku, o.user_id, o.qty, v_stock;
+        INSERT INTO orders AS o (request_id, sku, user_id, qty, status, pay_by)
+        SELECT r, p_sku, u, q,
+            CASE WHEN v_window > 0 THEN 'pending_payment' ELSE 'confirmed' END,
+            CASE WHEN v_window > 0 THEN now() + make_interval(secs => v_window) END
+        FROM unnest(g_rids, g_users, g_qtys) AS t(r, u, q)
+        RETURNING o.request_id, 'C'::text, o.order_id::text, o.sku, o.user_id, o.qty, v_stock,
+            o.status, o.pay_by;
     END IF;
-    RETURN QUERY SELECT t.r, t.v, t.oid, t.s, t.u, t.q, v_stock
-        FROM unnest(d_rids, d_verdicts, d_orders, d_skus, d_users, d_qtys)
-        AS t(r, v, oid, s, u, q);
+    RETURN QUERY SELECT t.r, t.v, t.oid, t.s, t.u, t.q, v_stock, t.st, t.pb
+        FROM unnest(d_rids, d_verdicts, d_orders, d_skus, d_users, d_qtys, d_statuses, d_pay_bys)
+        AS t(r, v, oid, s, u, q, st, pb);
 END
 $$;

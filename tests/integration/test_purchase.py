@@ -109,13 +109,14 @@ class TestIdempotency:
         assert await buy(client, sku, "erin", "e2") == (409, {"status": "duplicate"})
 
     async def test_order_lookup(self, start_gateway: Any, sku: str) -> None:
-        """GET /v1/orders/{request_id} returns the order, or 404."""
+        """GET /v1/orders/{request_id} returns the order as its 201 did (its status
+        and pay_by too), or 404."""
         client = await start_gateway()
         await put_sku(client, sku, 5)
         _, order = await buy(client, sku, "finn", "f1")
         resp = await client.get(f"/v1/orders/{sku}.f1")
         assert resp.status == 200
-        assert await resp.json() == {k: v for k, v in order.items() if k != "status"}
+        assert await resp.json() == order
         resp = await client.get("/v1/orders/nope")
         assert resp.status == 404
         assert (await resp.json())["error"] == "not_found"

@@ -1,0 +1,232 @@
+"""An order's life after its 201, in PostgreSQL: pay, cancel, expire.
+
+PostgreSQL is the only arbiter. Each transition is one guarded ``UPDATE ...
+WHERE status = 'pending_payment' AND pay_by > now()`` (pay, cancel) or
+``<= now()`` (expire); ``now()`` is the transaction's start on the database's
+one clock. Under read committed a second UPDATE of the row waits for the first
+to commit and then checks its WHERE against the newest version, so exactly
+one of pay, cancel and expire wins; zero rows means it lost, and the row read
+afterwards says to whom.
+
+A cancel or an expiry gives the units back in the same statement: the stock,
+and a ``stock_movements`` row per order (reason ``cancelled``/``expired``). For
+a sku whose strategy reserves in Redis the order is left with ``synced_at``
+NULL: the units are owed to the Redis counter until
+``lua/return_units.lua`` gave them back (:meth:`Lifecycle.mark_synced`); the
+others have nothing in Redis, and are synced at once. Driver errors become
+:class:`gateway.domain.errors.PostgresUnavailable` here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import asyncpg
+
+from gateway.domain.errors import PaymentIdTaken
+from gateway.domain.model import Order, OrderStatus, Strategy
+from gateway.domain.rules import rfc3339
+from gateway.postgres.database import Connection, as_unavailable
+from gateway.postgres.orders import order_of
+
+# Both of them reserve in Redis (gateway.domain.model.Strategy.reserves).
+_RESERVING = "('reserve-batch', 'queue')"
+ORDER_COLUMNS = "o.order_id::text, o.request_id, o.sku, o.user_id, o.qty, o.status, o.pay_by"
+
+PAY = f"""
+UPDATE orders o SET status = 'paid', payment_id = $2, closed_at = now(), synced_at = now()
+WHERE request_id = $1 AND status = 'pending_payment' AND pay_by > now()
+RETURNING {ORDER_COLUMNS}, o.payment_id
+"""
+ORDER = f"SELECT {ORDER_COLUMNS}, o.payment_id FROM orders o WHERE request_id = $1"
+# $1 the orders, $2 'cancelled' (before pay_by) or 'expired' (at or after it),
+# $3 the gateway's strategy (a sku without its own sells under it). The stock
+# and the movements are written by the same statement as the transition; the
+# movements' stock_after counts the orders of a sku one after another.
+CLOSE = f"""
+WITH closed AS (
+    UPDATE orders o SET status = $2, closed_at = now(),
+        synced_at = CASE WHEN COALESCE(i.strategy, $3) IN {_RESERVING} THEN NULL ELSE now() END
+    FROM inventory i
+    WHERE o.request_id = ANY($1::text[]) AND i.sku = o.sku AND o.status = 'pending_payment'
+        AND CASE WHEN $2 = 'expired' THEN o.pay_by <= now() ELSE o.pay_by > now() END
+    RETURNING {ORDER_COLUMNS}, o.synced_at IS NULL AS owed
+), totals AS (
+    SELECT sku, sum(qty)::bigint AS total FROM closed GROUP BY sku
+), back AS (
+    UPDATE inventory i SET stock = i.stock + t.total, version = i.version + 1,
+        updated_at = now()
+    FROM totals t WHERE i.sku = t.sku
+    RETURNING i.sku, i.stock
+), moved AS (
+    INSERT INTO stock_movements (sku, delta, reason, stock_after)
+    SELECT c.sku, c.qty, $2, b.stock - t.total
+        + sum(c.qty) OVER (PARTITION BY c.sku ORDER BY c.request_id)
+    FROM closed c JOIN back b ON b.sku = c.sku JOIN totals t ON t.sku = c.sku
+)
+SELECT * FROM closed
+"""
+# Due orders, oldest deadline first; another gateway's sweep skips those it holds.
+LOCK_DUE = """
+SELECT request_id, sku FROM orders
+WHERE status = 'pending_payment' AND pay_by <= now()
+ORDER BY pay_by LIMIT $1 FOR UPDATE SKIP LOCKED
+"""
+# Two sweeps that hold orders of the same skus take their inventory rows in one
+# order, so neither waits for the other's.
+LOCK_SKUS = "SELECT 1 FROM inventory WHERE sku = ANY($1::text[]) ORDER BY sku FOR UPDATE"
+# Returns a gateway committed and has not yet given back to Redis (it crashed
+# between the two, or Redis failed), closed at least $1 seconds ago.
+OWED = f"""
+SELECT {ORDER_COLUMNS} FROM orders o
+WHERE status IN ('expired', 'cancelled') AND synced_at IS NULL
+    AND closed_at <= now() - make_interval(secs => $1)
+ORDER BY closed_at LIMIT $2
+"""
+MARK_SYNCED = """
+UPDATE orders SET synced_at = now() WHERE request_id = ANY($1::text[]) AND synced_at IS NULL
+"""
+NEXT_DEADLINE = """
+SELECT EXTRACT(EPOCH FROM min(pay_by) - now())::float8 FROM orders
+WHERE status = 'pending_payment'
+"""
+HELD = """
+SELECT count(*), COALESCE(sum(qty), 0)::bigint FROM orders WHERE status = 'pending_payment'
+"""
+RECORD_LATE = """
+INSERT INTO late_payments (payment_id, request_id, order_id, reason)
+VALUES ($1, $2, $3::uuid, $4) ON CONFLICT (payment_id) DO NOTHING
+"""
+LATE_PAYMENTS = """
+SELECT payment_id, request_id, order_id::text, reason, received_at FROM late_payments
+WHERE payment_id > $1 ORDER BY payment_id LIMIT $2
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class Closed:
+    """An order a cancel or an expiry closed; ``owed``: its units are still to
+    be given back to the Redis counter."""
+
+    order: Order
+    owed: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Paying:
+    """An order as a payment found it, and the payment id that paid it, if any."""
+
+    order: Order
+    payment_id: str | None
+    # This payment paid it now (not a payment sent again).
+    won: bool = False
+
+
+class Lifecycle:
+    """The guarded transitions of orders with a payment window."""
+
+    def __init__(self, pool: asyncpg.Pool, default_strategy: Strategy) -> None:
+        self._pool = pool
+        self._default = default_strategy.value
+
+    async def pay(self, request_id: str, payment_id: str) -> Paying | None:
+        """Pay the order if it is pending and its deadline not reached: then the
+        order, paid; else the order as it stands (None: no such order). Raises
+        :class:`PaymentIdTaken` when ``payment_id`` paid another order."""
+        with as_unavailable:
+            try:
+                row = await self._pool.fetchrow(PAY, request_id, payment_id)
+            except asyncpg.UniqueViolationError:
+                raise PaymentIdTaken(f"payment {payment_id!r} paid another order") from None
+            if row is not None:
+                return Paying(order_of(row), row["payment_id"], won=True)
+            row = await self._pool.fetchrow(ORDER, request_id)
+        return None if row is None else Paying(order_of(row), row["payment_id"])
+
+    async def cancel(self, request_id: str) -> Closed | None:
+        """Cancel the order if it is pending and its deadline not reached, with
+        its units back on sale; None when it was not (it lost, or is unknown)."""
+        closed = await self._close([request_id], OrderStatus.CANCELLED)
+        return closed[0] if closed else None
+
+    async def expire(self, request_id: str) -> Closed | None:
+        """Expire the order if it is pending and its deadline reached."""
+        closed = await self._close([request_id], OrderStatus.EXPIRED)
+        return closed[0] if closed else None
+
+    async def _close(self, request_ids: Sequence[str], status: OrderStatus) -> list[Closed]:
+        with as_unavailable:
+            async with self._pool.acquire() as con, con.transaction():
+                return await _closed(con, request_ids, status, self._default)
+
+    async def expire_due(self, limit: int) -> list[Closed]:
+        """Expire up to ``limit`` orders whose deadline passed, in one transaction;
+        those another sweep holds are skipped."""
+        with as_unavailable:
+            async with self._pool.acquire() as con, con.transaction():
+                due = await con.fetch(LOCK_DUE, limit)
+                if not due:
+                    return []
+                await con.execute(LOCK_SKUS, sorted({r["sku"] for r in due}))
+                rids = [r["request_id"] for r in due]
+                return await _closed(con, rids, OrderStatus.EXPIRED, self._default)
+
+    async def owed(self, older_than_s: float, limit: int) -> list[Order]:
+        """Closed orders whose units were not yet given back to Redis."""
+        with as_unavailable:
+            rows = await self._pool.fetch(OWED, older_than_s, limit)
+        return [order_of(r) for r in rows]
+
+    async def mark_synced(self, request_ids: Sequence[str]) -> None:
+        """Record that Redis got these orders' units back."""
+        with as_unavailable:
+            await self._pool.execute(MARK_SYNCED, list(request_ids))
+
+    async def next_deadline_s(self) -> float | None:
+        """Seconds until the earliest pending deadline (negative: due), if any."""
+        with as_unavailable:
+            value: float | None = await self._pool.fetchval(NEXT_DEADLINE)
+        return value
+
+    async def held(self) -> tuple[int, int]:
+        """Orders pending payment, and the units they hold."""
+        with as_unavailable:
+            row = await self._pool.fetchrow(HELD)
+        assert row is not None  # an aggregate without GROUP BY answers one row
+        return row[0], row[1]
+
+    async def order(self, request_id: str) -> Order | None:
+        """The order of ``request_id`` as it stands."""
+        with as_unavailable:
+            row = await self._pool.fetchrow(ORDER, request_id)
+        return None if row is None else order_of(row)
+
+    async def record_late(self, payment_id: str, order: Order) -> None:
+        """Record a payment that came after its order closed, for a refund."""
+        with as_unavailable:
+            await self._pool.execute(
+                RECORD_LATE, payment_id, order.request_id, order.order_id, order.status
+            )
+
+    async def late_payments(self, after: str, limit: int) -> list[dict[str, str]]:
+        """One page of the late payments, by payment id after ``after``."""
+        with as_unavailable:
+            rows = await self._pool.fetch(LATE_PAYMENTS, after, limit)
+        return [
+            {
+                "payment_id": r["payment_id"],
+                "request_id": r["request_id"],
+                "order_id": r["order_id"],
+                "reason": r["reason"],
+                "received_at": rfc3339(r["received_at"]),
+            }
+            for r in rows
+        ]
+
+
+async def _closed(
+    con: Connection, request_ids: Sequence[str], status: OrderStatus, default: str
+) -> list[Closed]:
+    rows = await con.fetch(CLOSE, list(request_ids), status.value, default)
+    return [Closed(order_of(r), r["owed"]) for r in rows]

@@ -1,0 +1,209 @@
+"""An order's life after its 201: pay, cancel, and the expiry sweep.
+
+PostgreSQL decides every transition (``gateway.postgres.lifecycle``); this
+module answers with what it decided and gives the units of a cancelled or
+expired order back to Redis. That give-back comes after the commit, so a crash
+between the two would lose it: the order stays owed (``synced_at`` NULL) until
+``lua/return_units.lua`` ran, and every gateway's sweep finishes the owed ones
+it finds, each given once whoever gives it.
+
+The order row is the timer. Each gateway runs :meth:`OrderLifecycle.run`, no
+leader: it expires what is due with ``FOR UPDATE SKIP LOCKED`` (two sweeps
+share the work), sleeps until the earliest deadline or
+``GATEWAY_EXPIRY_SWEEP_S``, whichever comes first, and survives restarts
+since the deadlines live in PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import defaultdict
+from collections.abc import Iterable
+from datetime import datetime
+from typing import Protocol
+
+import structlog
+
+from gateway.domain.errors import (
+    AlreadyPaid,
+    GatewayError,
+    NoPaymentWindow,
+    NotFound,
+    OrderCancelled,
+    OrderExpired,
+    OrderPaid,
+    Unavailable,
+)
+from gateway.domain.model import Order, OrderStatus
+from gateway.postgres.lifecycle import Closed, Lifecycle
+from gateway.redis.reservations import Reservations
+
+log = structlog.get_logger(__name__)
+
+# Orders a sweep expires per transaction; a longer list is the next pass's.
+SWEEP_BATCH = 500
+# A return is owed this long after its commit before a sweep takes it over
+# from the gateway that committed it (which normally gives it within ms).
+OWED_GRACE_S = 2.0
+# How often the sweep samples the orders and units held.
+SAMPLE_EVERY_S = 5.0
+# A pending order past its deadline is expired by the payment that found it,
+# then looked at again: twice is enough, the second look sees it closed.
+_LOOKS = 3
+
+_CLOSED_AS: dict[str, type[GatewayError]] = {
+    OrderStatus.EXPIRED: OrderExpired,
+    OrderStatus.CANCELLED: OrderCancelled,
+}
+
+
+class LifecycleObserver(Protocol):
+    """What the lifecycle reports (gateway.ops.lifecycle_metrics)."""
+
+    def closed(self, status: str, count: int = 1) -> None:
+        """``count`` orders left pending_payment as ``status``."""
+
+    def late_payment(self) -> None:
+        """A payment came after its order closed."""
+
+    def sample(self, pending: int, units: int) -> None:
+        """Orders pending payment now, and the units they hold."""
+
+    def returned(self, lag_s: float) -> None:
+        """An expired order's units are back on sale ``lag_s`` after its deadline."""
+
+
+class OrderLifecycle:
+    """Pays and cancels orders, and sweeps the expired ones back on sale."""
+
+    def __init__(
+        self,
+        *,
+        lifecycle: Lifecycle,
+        reservations: Reservations,
+        metrics: LifecycleObserver,
+        sweep_s: float,
+    ) -> None:
+        self._db = lifecycle
+        self._reservations = reservations
+        self._metrics = metrics
+        self._sweep_s = sweep_s
+
+    async def pay(self, request_id: str, payment_id: str) -> Order:
+        """Pay the order: the order, paid (again, for the same ``payment_id``).
+
+        Raises :class:`NotFound`, :class:`AlreadyPaid` (paid with another id),
+        :class:`OrderExpired` / :class:`OrderCancelled` (the payment is recorded
+        for a refund), :class:`NoPaymentWindow`, :class:`PaymentIdTaken`."""
+        for _ in range(_LOOKS):
+            found = await self._db.pay(request_id, payment_id)
+            if found is None:
+                raise NotFound(f"no order for request {request_id!r}")
+            order = found.order
+            if order.status == OrderStatus.PAID:
+                if found.payment_id != payment_id:
+                    raise AlreadyPaid(f"paid by payment {found.payment_id!r}")
+                if found.won:
+                    self._metrics.closed(OrderStatus.PAID)
+                return order
+            if order.status == OrderStatus.CONFIRMED:
+                raise NoPaymentWindow("the order was final at its 201")
+            refused = _CLOSED_AS.get(order.status)
+            if refused is not None:
+                await self._db.record_late(payment_id, order)
+                self._metrics.late_payment()
+                raise refused(f"the order is {order.status}; payment recorded for a refund")
+            # Pending past its deadline: no sweep took it yet. Expire it here.
+            await self._give_back(await self._expired(request_id))
+        raise Unavailable("the order kept changing; retry")
+
+    async def cancel(self, request_id: str) -> Order:
+        """Cancel the order, its units back on sale: the order, cancelled (again,
+        for a cancel sent again). Raises :class:`NotFound`, :class:`OrderPaid`,
+        :class:`OrderExpired`, :class:`NoPaymentWindow`."""
+        for _ in range(_LOOKS):
+            closed = await self._db.cancel(request_id)
+            if closed is not None:
+                self._metrics.closed(OrderStatus.CANCELLED)
+                await self._give_back([closed])
+                return closed.order
+            order = await self._db.order(request_id)
+            if order is None:
+                raise NotFound(f"no order for request {request_id!r}")
+            if order.status == OrderStatus.CANCELLED:
+                return order
+            if order.status == OrderStatus.PAID:
+                raise OrderPaid("the order is paid")
+            if order.status == OrderStatus.EXPIRED:
+                raise OrderExpired("the order expired")
+            if order.status == OrderStatus.CONFIRMED:
+                raise NoPaymentWindow("the order was final at its 201")
+            await self._give_back(await self._expired(request_id))
+        raise Unavailable("the order kept changing; retry")
+
+    async def _expired(self, request_id: str) -> list[Closed]:
+        closed = await self._db.expire(request_id)
+        if closed is None:
+            return []
+        self._metrics.closed(OrderStatus.EXPIRED)
+        return [closed]
+
+    async def sweep(self) -> int:
+        """Expire every order due now and give its units back, then finish the
+        returns owed for a while; returns how many orders this pass expired."""
+        expired = 0
+        while True:
+            closed = await self._db.expire_due(SWEEP_BATCH)
+            expired += len(closed)
+            self._metrics.closed(OrderStatus.EXPIRED, len(closed))
+            await self._give_back(closed)
+            if len(closed) < SWEEP_BATCH:
+                break
+        owed = await self._db.owed(OWED_GRACE_S, SWEEP_BATCH)
+        if owed:
+            log.warning("returns_finished", count=len(owed))
+            await self._give_back(Closed(order, True) for order in owed)
+        return expired
+
+    async def run(self) -> None:
+        """Sweep until cancelled: at each deadline, or every ``GATEWAY_EXPIRY_SWEEP_S``."""
+        sampled = 0.0
+        while True:
+            wait = self._sweep_s
+            try:
+                await self.sweep()
+                if time.monotonic() - sampled >= SAMPLE_EVERY_S:
+                    sampled = time.monotonic()
+                    pending, units = await self._db.held()
+                    self._metrics.sample(pending, units)
+                due_in = await self._db.next_deadline_s()
+                if due_in is not None:
+                    wait = min(wait, max(due_in, 0.0))
+            except Unavailable as exc:
+                log.warning("expiry_sweep_failed", error=str(exc))
+            await asyncio.sleep(wait)
+
+    async def _give_back(self, closed: Iterable[Closed]) -> None:
+        """Put closed orders' units back on sale in Redis (those owed to it), then
+        record it. A failure leaves them owed: a later sweep gives them."""
+        by_sku: dict[str, list[Order]] = defaultdict(list)
+        for c in closed:
+            if c.owed:
+                by_sku[c.order.sku].append(c.order)
+            else:
+                self._observe(c.order)
+        for sku, orders in by_sku.items():
+            try:
+                await self._reservations.return_units(sku, orders)
+                for order in orders:
+                    self._observe(order)
+                await self._db.mark_synced([o.request_id for o in orders])
+            except Unavailable as exc:
+                log.warning("return_owed", sku=sku, count=len(orders), error=str(exc))
+
+    def _observe(self, order: Order) -> None:
+        """The lag from an expired order's deadline to its units back on sale."""
+        if order.status == OrderStatus.EXPIRED and order.pay_by is not None:
+            lag = time.time() - datetime.fromisoformat(order.pay_by).timestamp()
+            self._metrics.returned(max(lag, 0.0))
