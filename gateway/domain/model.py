@@ -63,6 +63,12 @@ class Order:
     # The payment deadline (RFC 3339, PostgreSQL's clock); None without a window.
     pay_by: str | None = None
 
+    def as_first_answered(self) -> Order:
+        """The order as its 201 showed it, whatever became of it since: a replay
+        answers that (``GET /v1/orders/{request_id}`` tells the status now)."""
+        first = OrderStatus.CONFIRMED if self.pay_by is None else OrderStatus.PENDING_PAYMENT
+        return self if self.status == first else replace(self, status=first)
+
     def as_json(self) -> dict[str, str | int | None]:
         """The order as the API shows it."""
         return {

@@ -143,7 +143,7 @@ def _decision_of(row: asyncpg.Record) -> Decision:
             row["order_status"],
             pay_by_text(row["order_pay_by"]),
         )
-        return Decision(Result(Outcome.CONFIRMED, order), verdict)
+        return Decision(Result(Outcome.CONFIRMED, order.as_first_answered()), verdict)
     if verdict is Verdict.EXPIRED:
         # Already given back by the reconciler: nothing to settle but the answer.
         return Decision(Unavailable("reservation expired; retry"), verdict)

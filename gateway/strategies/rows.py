@@ -53,7 +53,7 @@ def _answer(row: asyncpg.Record, purchase: Purchase) -> Result:
         return DUPLICATE  # the buyer's order of this sku, under another request id
     if (row["sku"], row["user_id"], row["qty"]) != (purchase.sku, purchase.user_id, purchase.qty):
         raise IdempotencyMismatch(purchase.request_id)
-    return Result(Outcome.CONFIRMED, order_of(row))
+    return Result(Outcome.CONFIRMED, order_of(row).as_first_answered())
 
 
 async def _prior(con: Connection, purchase: Purchase) -> Result | None:

@@ -170,6 +170,16 @@ class Purchases:
                 raise
         if reply.kind == "sold_out":
             return await self._sold_out(purchase, reply, generation, replayable=replayable)
+        return await self._answered(reply, purchase, info)
+
+    async def _answered(self, reply: Reply, purchase: Purchase, info: SkuInfo) -> Result:
+        """The result of reserve.lua's other replies. Redis's done record has no
+        pay_by: the replay of an order of a sku with a payment window is
+        answered from its order row, as its 201 was."""
+        if reply.kind == "confirmed" and info.payment_window_s:
+            order = await self._orders.order(purchase.request_id)
+            if order is not None:
+                return _replayed(order, purchase)
         return outcome_of(reply, purchase.request_id, info)
 
     async def _marked(self, purchase: Purchase, confirmed: ConfirmedIds | UnknownIds) -> Result:
@@ -349,4 +359,4 @@ def _replayed(order: Order, purchase: Purchase) -> Result:
     IdempotencyMismatch when it names another sku, buyer or qty."""
     if (order.sku, order.user_id, order.qty) != (purchase.sku, purchase.user_id, purchase.qty):
         raise IdempotencyMismatch(purchase.request_id)
-    return Result(Outcome.CONFIRMED, order)
+    return Result(Outcome.CONFIRMED, order.as_first_answered())

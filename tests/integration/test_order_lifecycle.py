@@ -1,0 +1,299 @@
+"""After the 201 (issue 31), on real Redis and PostgreSQL, under every strategy:
+a sku with a payment window sells its units pending payment; pay, cancel and
+expiry each end an order once; a unit that comes back is on sale again and
+sold again exactly once; a late payment is refused, recorded, and takes no unit."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+from typing import Any
+
+import asyncpg
+import pytest
+from redis.asyncio import Redis
+
+from gateway.domain.model import Strategy
+from gateway.redis.layout import SkuKeys
+from testkit.polling import wait_for
+from testkit.purchases import ADMIN_HEADERS, Client, buy
+
+PAYMENT_TOKEN = "test-payment-token"
+PAY_HEADERS = {"Authorization": f"Bearer {PAYMENT_TOKEN}"}
+STRATEGIES = [s.value for s in Strategy]
+
+
+async def start(start_gateway: Any, **overrides: Any) -> Client:
+    """A gateway that takes payments and sweeps every 50 ms."""
+    client: Client = await start_gateway(
+        payment_token=PAYMENT_TOKEN, expiry_sweep_s=0.05, **overrides
+    )
+    return client
+
+
+async def put_window(
+    client: Client, sku: str, stock: int, window_s: int, strategy: str | None = None
+) -> None:
+    """Create the sku with a payment window."""
+    body: dict[str, Any] = {"stock": stock, "payment_window_s": window_s, "strategy": strategy}
+    resp = await client.put(f"/admin/skus/{sku}", json=body, headers=ADMIN_HEADERS)
+    assert resp.status == 200, await resp.text()
+
+
+async def pay(client: Client, sku: str, rid: str, payment_id: str) -> tuple[int, Any]:
+    """``POST /v1/orders/<sku>.<rid>/pay``."""
+    resp = await client.post(
+        f"/v1/orders/{sku}.{rid}/pay", json={"payment_id": payment_id}, headers=PAY_HEADERS
+    )
+    return resp.status, await resp.json()
+
+
+async def cancel(client: Client, sku: str, rid: str) -> tuple[int, Any]:
+    """``POST /v1/orders/<sku>.<rid>/cancel``."""
+    resp = await client.post(f"/v1/orders/{sku}.{rid}/cancel", headers=PAY_HEADERS)
+    return resp.status, await resp.json()
+
+
+async def status_of(client: Client, sku: str, rid: str) -> str:
+    """The order's status, as ``GET /v1/orders/{request_id}`` answers it."""
+    resp = await client.get(f"/v1/orders/{sku}.{rid}")
+    body: dict[str, Any] = await resp.json()
+    return str(body["status"])
+
+
+async def available(client: Client, sku: str) -> int:
+    """``GET /v1/skus/{sku}``'s units on sale."""
+    resp = await client.get(f"/v1/skus/{sku}")
+    return int((await resp.json())["available"])
+
+
+async def books(database_url: str, sku: str) -> dict[str, int]:
+    """The sku's stock, units by order status, and units returned by reason."""
+    con = await asyncpg.connect(database_url)
+    try:
+        stock = await con.fetchval("SELECT stock FROM inventory WHERE sku = $1", sku)
+        rows = await con.fetch(
+            "SELECT status, sum(qty) AS units FROM orders WHERE sku = $1 GROUP BY status", sku
+        )
+        moved = await con.fetch(
+            "SELECT reason, sum(delta) AS units, count(*) AS n FROM stock_movements"
+            " WHERE sku = $1 GROUP BY reason",
+            sku,
+        )
+    finally:
+        await con.close()
+    found = {"stock": stock, **{r["status"]: r["units"] for r in rows}}
+    for r in moved:
+        found[f"moved_{r['reason']}"] = r["units"]
+        found[f"movements_{r['reason']}"] = r["n"]
+    return found
+
+
+def balanced(found: dict[str, int]) -> bool:
+    """provided (the admin's movements) = on sale + held + paid/confirmed."""
+    provided = (
+        sum(v for k, v in found.items() if k.startswith("moved_"))
+        - found.get("moved_expired", 0)
+        - found.get("moved_cancelled", 0)
+    )
+    live = sum(found.get(s, 0) for s in ("pending_payment", "paid", "confirmed"))
+    return provided == found["stock"] + live
+
+
+class TestWindow:
+    """The sku's window and the 201 it gives."""
+
+    async def test_a_window_answers_pending_payment_with_pay_by(
+        self, start_gateway: Any, sku: str
+    ) -> None:
+        """201 pending_payment with pay_by; GET says the same; the sku reports its window."""
+        client = await start(start_gateway)
+        await put_window(client, sku, 3, 60)
+        status, body = await buy(client, sku, "amy", "a1")
+        assert status == 201 and body["status"] == "pending_payment"
+        assert body["pay_by"].endswith("Z")
+        resp = await client.get(f"/v1/orders/{sku}.a1")
+        assert await resp.json() == body
+        # A replay answers what the first answer said.
+        assert await buy(client, sku, "amy", "a1") == (201, body)
+        resp = await client.get(f"/admin/skus/{sku}", headers=ADMIN_HEADERS)
+        assert resp.status == 200
+
+    async def test_without_a_window_the_order_is_confirmed(
+        self, start_gateway: Any, sku: str
+    ) -> None:
+        """No window: 201 confirmed with pay_by null; paying or cancelling it is 409."""
+        client = await start(start_gateway)
+        await put_window(client, sku, 3, 0)
+        status, body = await buy(client, sku, "bo", "b1")
+        assert (status, body["status"], body["pay_by"]) == (201, "confirmed", None)
+        assert (await pay(client, sku, "b1", "p1"))[1]["error"] == "no_payment_window"
+        assert (await cancel(client, sku, "b1"))[1]["error"] == "no_payment_window"
+
+    @pytest.mark.parametrize("window", [-1, 259_201, "60", None])
+    async def test_a_bad_window_is_a_400(self, start_gateway: Any, sku: str, window: Any) -> None:
+        """payment_window_s is an integer from 0 to 259200."""
+        client = await start(start_gateway)
+        body = {"stock": 1, "payment_window_s": window}
+        resp = await client.put(f"/admin/skus/{sku}", json=body, headers=ADMIN_HEADERS)
+        assert resp.status == 400
+        assert (await resp.json())["error"] == "invalid_request"
+
+    async def test_a_window_needs_the_payment_token(self, start_gateway: Any, sku: str) -> None:
+        """Without GATEWAY_PAYMENT_TOKEN nobody could pay: the window is refused (422)."""
+        client = await start_gateway()
+        body = {"stock": 1, "payment_window_s": 60}
+        resp = await client.put(f"/admin/skus/{sku}", json=body, headers=ADMIN_HEADERS)
+        assert resp.status == 422
+        assert (await resp.json())["error"] == "not_configured"
+
+    async def test_the_payment_routes_need_their_own_token(
+        self, start_gateway: Any, sku: str
+    ) -> None:
+        """No token, or the admin's, is 401; an unknown order is 404."""
+        client = await start(start_gateway)
+        await put_window(client, sku, 1, 60)
+        await buy(client, sku, "cy", "c1")
+        for headers in ({}, ADMIN_HEADERS):
+            resp = await client.post(f"/v1/orders/{sku}.c1/cancel", headers=headers)
+            assert resp.status == 401
+        assert (await status_of(client, sku, "c1")) == "pending_payment"
+        assert (await pay(client, sku, "nope", "p1"))[0] == 404
+        assert (await cancel(client, sku, "nope"))[0] == 404
+
+
+class TestRepeats:
+    """A payment or a cancel sent again changes nothing more."""
+
+    async def test_the_same_payment_ten_times_is_paid_once(
+        self, start_gateway: Any, sku: str, database_url: str
+    ) -> None:
+        """Ten concurrent payments with one payment_id: all 200 paid, the order paid
+        once; another payment_id is 409 already_paid, a cancel 409 order_paid."""
+        client = await start(start_gateway)
+        await put_window(client, sku, 2, 60)
+        await buy(client, sku, "di", "d1")
+        answers = await asyncio.gather(*(pay(client, sku, "d1", "pay-d1") for _ in range(10)))
+        assert {(s, b["status"]) for s, b in answers} == {(200, "paid")}
+        status, body = await pay(client, sku, "d1", "pay-other")
+        assert (status, body["error"]) == (409, "already_paid")
+        status, body = await cancel(client, sku, "d1")
+        assert (status, body["error"]) == (409, "order_paid")
+        found = await books(database_url, sku)
+        assert (found["stock"], found["paid"]) == (1, 1) and balanced(found)
+
+    @pytest.mark.parametrize("strategy", STRATEGIES)
+    async def test_a_cancel_ten_times_returns_one_unit(
+        self, start_gateway: Any, sku: str, database_url: str, strategy: str
+    ) -> None:
+        """Ten concurrent cancels: the same 200 cancelled each time, one unit back
+        on sale (PostgreSQL, Redis for the strategies that reserve, one movement)."""
+        client = await start(start_gateway)
+        await put_window(client, sku, 1, 60, strategy)
+        status, _ = await buy(client, sku, "ed", "e1")
+        assert status in (201, 202)
+        await wait_for(
+            lambda: _is(status_of(client, sku, "e1"), "pending_payment"), what="e1 committed"
+        )
+        assert await available(client, sku) == 0
+        answers = await asyncio.gather(*(cancel(client, sku, "e1") for _ in range(10)))
+        assert len({(s, repr(b)) for s, b in answers}) == 1
+        assert answers[0][0] == 200 and answers[0][1]["status"] == "cancelled"
+        found = await books(database_url, sku)
+        assert (found["stock"], found["movements_cancelled"]) == (1, 1) and balanced(found)
+        assert await available(client, sku) == 1
+        # The buyer may buy again: only live orders count as bought.
+        status, body = await buy(client, sku, "ed", "e2")
+        assert status in (201, 202), body
+
+
+class TestExpiry:
+    """At pay_by an unpaid order expires and its unit is sold again, once."""
+
+    @pytest.mark.parametrize("strategy", STRATEGIES)
+    async def test_an_expired_unit_is_sold_again_exactly_once(
+        self, start_gateway: Any, sku: str, database_url: str, strategy: str
+    ) -> None:
+        """One unit, a 1 s window: fay's order expires; the unit is on sale again;
+        of twenty buyers one gets it; fay's payment then is 409 order_expired,
+        recorded for a refund, and no unit is oversold."""
+        client = await start(start_gateway)
+        await put_window(client, sku, 1, 1, strategy)
+        status, _ = await buy(client, sku, "fay", "f1")
+        assert status in (201, 202)
+        await wait_for(
+            lambda: _is(status_of(client, sku, "f1"), "expired"), within=10, what="f1 expired"
+        )
+        await wait_for(lambda: available(client, sku), within=5, what="the unit back on sale")
+        storm = await asyncio.gather(*(buy(client, sku, f"u{i}", f"s{i}") for i in range(20)))
+        won = [b for s, b in storm if s in (201, 202)]
+        assert len(won) == 1, collections.Counter(s for s, _ in storm)
+        status, body = await pay(client, sku, "f1", f"pay-{sku}")
+        assert (status, body["error"]) == (409, "order_expired")
+        con = await asyncpg.connect(database_url)
+        try:
+            late = await con.fetchrow(
+                "SELECT request_id, reason FROM late_payments WHERE payment_id = $1", f"pay-{sku}"
+            )
+        finally:
+            await con.close()
+        assert late is not None
+        assert (late["request_id"], late["reason"]) == (f"{sku}.f1", "expired")
+        await wait_for(
+            lambda: _is(
+                status_of(client, sku, won[0]["request_id"].split(".", 1)[1]), "pending_payment"
+            ),
+            what="the resale committed",
+        )
+        found = await books(database_url, sku)
+        assert found["stock"] == 0 and found["movements_expired"] == 1
+        assert found.get("pending_payment", 0) == 1 and balanced(found)
+
+    async def test_an_expired_buyer_buys_again(self, start_gateway: Any, sku: str) -> None:
+        """gus's order expires; gus buys again and gets a new pending order."""
+        client = await start(start_gateway)
+        await put_window(client, sku, 1, 1)
+        assert (await buy(client, sku, "gus", "g1"))[0] == 201
+        await wait_for(
+            lambda: _is(status_of(client, sku, "g1"), "expired"), within=10, what="g1 expired"
+        )
+        status, body = await wait_for(
+            lambda: _bought(buy(client, sku, "gus", "g2")), within=5, what="gus again"
+        )
+        assert body["status"] == "pending_payment"
+        status, body = await cancel(client, sku, "g1")
+        assert (status, body["error"]) == (409, "order_expired")
+
+    async def test_two_gateways_sweep_the_same_deadlines(
+        self, start_gateway: Any, sku: str, database_url: str, redis: Redis, key_prefix: str
+    ) -> None:
+        """Two gateways sweep one sku's 40 orders due at once: each is expired and
+        returned once (40 movements, 40 units back in PostgreSQL and in Redis)."""
+        one = await start(start_gateway)
+        two = await start(start_gateway)
+        await put_window(one, sku, 40, 1)
+        bought = await asyncio.gather(
+            *(buy(one if i % 2 else two, sku, f"b{i}", f"r{i}") for i in range(40))
+        )
+        assert {s for s, _ in bought} == {201}
+
+        async def all_back() -> bool:
+            found = await books(database_url, sku)
+            return found.get("expired") == 40 and await available(one, sku) == 40
+
+        await wait_for(all_back, within=10, what="40 expired and back")
+        found = await books(database_url, sku)
+        assert (found["stock"], found["movements_expired"]) == (40, 40) and balanced(found)
+        keys = SkuKeys.of(key_prefix, sku)
+        assert await redis.get(keys.stock) == b"40"
+        assert await redis.hlen(keys.returned) == 40
+        assert await redis.hlen(keys.buyers) == 0
+
+
+async def _is(value: Any, expected: str) -> bool:
+    return bool(await value == expected)
+
+
+async def _bought(answer: Any) -> tuple[int, Any] | None:
+    status, body = await answer
+    return (status, body) if status == 201 else None
