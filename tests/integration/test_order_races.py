@@ -1,0 +1,252 @@
+"""Pay against expire around the deadline, and the faults between PostgreSQL's
+commit and Redis's return (issue 31), on real Redis and PostgreSQL.
+
+The races run concurrently: 1,000 orders whose deadlines fall just before, at
+and just after their payments, while three sweeps run (the gateway's and two
+more), each ending in exactly one terminal state that matches what its payer
+was told, and the books holding."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import asyncpg
+import pytest
+from prometheus_client import CollectorRegistry
+from redis.asyncio import Redis
+
+from gateway.domain.errors import OrderExpired
+from gateway.domain.model import Order, Strategy
+from gateway.http.appkeys import RESERVATIONS
+from gateway.ops.lifecycle_metrics import LifecycleMetrics
+from gateway.postgres.lifecycle import Lifecycle
+from gateway.redis.connections import create_redis
+from gateway.redis.layout import SkuKeys
+from gateway.redis.reservations import Reservations
+from gateway.settings import Settings
+from gateway.usecases.lifecycle import OrderLifecycle
+from testkit.polling import wait_for
+from testkit.purchases import ADMIN_HEADERS, Client, buy
+
+PAYMENT_TOKEN = "test-payment-token"
+PAY_HEADERS = {"Authorization": f"Bearer {PAYMENT_TOKEN}"}
+RACES = 1000
+# Deadlines from 250 ms before the payments start to 250 ms after: before, at and after.
+SPREAD_MS = 250
+
+
+@pytest.fixture
+async def pool(database_url: str) -> AsyncIterator[asyncpg.Pool]:
+    """A pool of the test's own, as a second gateway's would be."""
+    created = await asyncpg.create_pool(database_url, min_size=4, max_size=24)
+    try:
+        yield created
+    finally:
+        await created.close()
+
+
+@pytest.fixture
+async def lifecycle(
+    pool: asyncpg.Pool, make_settings: Callable[..., Settings]
+) -> AsyncIterator[OrderLifecycle]:
+    """The use case as another gateway runs it, on its own pool and Redis client."""
+    settings = make_settings()
+    redis = create_redis(settings)
+    try:
+        yield OrderLifecycle(
+            lifecycle=Lifecycle(pool, Strategy.RESERVE_BATCH),
+            reservations=Reservations(redis, settings),
+            metrics=LifecycleMetrics(CollectorRegistry()),
+            sweep_s=0.05,
+        )
+    finally:
+        await redis.aclose()
+
+
+async def start(start_gateway: Any) -> Client:
+    """A gateway that takes payments and sweeps every 50 ms."""
+    client: Client = await start_gateway(payment_token=PAYMENT_TOKEN, expiry_sweep_s=0.05)
+    return client
+
+
+async def put_window(client: Client, sku: str, stock: int, window_s: int, strategy: str) -> None:
+    """Create the sku with a payment window."""
+    body = {"stock": stock, "payment_window_s": window_s, "strategy": strategy}
+    resp = await client.put(f"/admin/skus/{sku}", json=body, headers=ADMIN_HEADERS)
+    assert resp.status == 200, await resp.text()
+
+
+async def sold_pending(pool: asyncpg.Pool, sku: str, n: int) -> list[str]:
+    """``n`` orders of one unit each, sold as the purchases would (the stock
+    taken, no movement), due from SPREAD_MS before now to SPREAD_MS after."""
+    rids = [f"{sku}.race{i}" for i in range(n)]
+    offsets = [random.randint(-SPREAD_MS, SPREAD_MS) for _ in range(n)]
+    async with pool.acquire() as con, con.transaction():
+        await con.execute("UPDATE inventory SET stock = stock - $2 WHERE sku = $1", sku, n)
+        await con.execute(
+            "INSERT INTO orders (request_id, sku, user_id, qty, status, pay_by)"
+            " SELECT r, $1, 'u' || r, 1, 'pending_payment',"
+            " clock_timestamp() + make_interval(secs => o / 1000.0)"
+            " FROM unnest($2::text[], $3::int[]) AS t(r, o)",
+            sku,
+            rids,
+            offsets,
+        )
+    return rids
+
+
+async def sweeping(lifecycle: OrderLifecycle, stop: asyncio.Event) -> None:
+    """Sweep back to back until told to stop."""
+    while not stop.is_set():
+        await lifecycle.sweep()
+        await asyncio.sleep(0.005)
+
+
+async def paid_or_expired(lifecycle: OrderLifecycle, rid: str) -> str:
+    """Pay ``rid`` a moment from now: what its payer was told."""
+    await asyncio.sleep(random.uniform(0, 2 * SPREAD_MS / 1000))
+    try:
+        order: Order = await lifecycle.pay(rid, f"pay-{rid}")
+    except OrderExpired:
+        return "expired"
+    return str(order.status)
+
+
+class TestPayAgainstExpire:
+    """Exactly one of pay and expire wins each order, decided by PostgreSQL."""
+
+    @pytest.mark.parametrize("strategy", ["reserve-batch", "sql-direct"])
+    async def test_a_thousand_races_around_the_deadline(
+        self,
+        start_gateway: Any,
+        sku: str,
+        pool: asyncpg.Pool,
+        lifecycle: OrderLifecycle,
+        redis: Redis,
+        key_prefix: str,
+        strategy: str,
+    ) -> None:
+        """1,000 payments race their deadlines and three sweeps: every order ends
+        paid or expired, as its payer was told; each expired one is returned once
+        (a movement, a unit in PostgreSQL and, reserving, in Redis) with its
+        payment recorded for a refund; the paid ones keep their unit."""
+        client = await start(start_gateway)
+        await put_window(client, sku, RACES, 60, strategy)
+        keys = SkuKeys.of(key_prefix, sku)
+        await redis.set(keys.stock, 0)  # the sale's units all sold, as in PostgreSQL
+        rids = await sold_pending(pool, sku, RACES)
+        stop = asyncio.Event()
+        sweeps = [asyncio.create_task(sweeping(lifecycle, stop)) for _ in range(2)]
+        told = await asyncio.gather(*(paid_or_expired(lifecycle, rid) for rid in rids))
+        stop.set()
+        await asyncio.gather(*sweeps)
+
+        rows = await pool.fetch(
+            "SELECT o.request_id, o.status, o.payment_id, l.payment_id AS late"
+            " FROM orders o LEFT JOIN late_payments l ON l.request_id = o.request_id"
+            " WHERE o.sku = $1",
+            sku,
+        )
+        final = {r["request_id"]: r for r in rows}
+        for rid, answer in zip(rids, told, strict=True):
+            row = final[rid]
+            assert row["status"] == answer, rid
+            if answer == "paid":
+                assert (row["payment_id"], row["late"]) == (f"pay-{rid}", None)
+            else:
+                assert (row["payment_id"], row["late"]) == (None, f"pay-{rid}")
+        expired = told.count("expired")
+        assert 0 < expired < RACES, "the deadlines fell on both sides of the payments"
+        stock = await pool.fetchval("SELECT stock FROM inventory WHERE sku = $1", sku)
+        moved = await pool.fetchval(
+            "SELECT count(*) FROM stock_movements WHERE sku = $1 AND reason = 'expired'", sku
+        )
+        assert (stock, moved) == (expired, expired)
+        if strategy == "reserve-batch":
+
+            async def all_given_back() -> bool:
+                return await redis.get(keys.stock) == str(expired).encode()
+
+            await wait_for(all_given_back, within=10, what="every return in Redis")
+            assert await redis.hlen(keys.returned) == expired
+
+
+class TestCommitThenRedis:
+    """A return committed in PostgreSQL and not yet given to Redis is finished
+    by a sweep, once, whatever happened in between."""
+
+    async def test_a_crash_between_the_commit_and_redis(
+        self,
+        start_gateway: Any,
+        sku: str,
+        pool: asyncpg.Pool,
+        lifecycle: OrderLifecycle,
+        redis: Redis,
+        key_prefix: str,
+    ) -> None:
+        """The cancel commits on a gateway that dies before telling Redis: the
+        unit is owed (not counted as drift), then the sweep of the gateway left
+        gives it back once; giving it again adds nothing."""
+        client = await start(start_gateway)
+        await put_window(client, sku, 2, 60, "reserve-batch")
+        assert (await buy(client, sku, "ann", "a1"))[0] == 201
+        keys = SkuKeys.of(key_prefix, sku)
+        # The dying gateway's half: PostgreSQL's commit, and nothing more.
+        closed = await Lifecycle(pool, Strategy.RESERVE_BATCH).cancel(f"{sku}.a1")
+        assert closed is not None and closed.owed
+        assert await redis.get(keys.stock) == b"1"
+        resp = await client.post("/admin/reconcile", headers=ADMIN_HEADERS)
+        assert (await resp.json())[sku]["drift"] == 0
+
+        async def given_back() -> bool:
+            synced = await pool.fetchval(
+                "SELECT synced_at IS NOT NULL FROM orders WHERE request_id = $1", f"{sku}.a1"
+            )
+            return bool(synced) and await redis.get(keys.stock) == b"2"
+
+        await wait_for(given_back, within=10, what="the owed return given back")
+        assert await client.app[RESERVATIONS].return_units(sku, [closed.order]) == 0
+        assert await redis.get(keys.stock) == b"2"
+
+    async def test_redis_loses_the_sale_while_units_are_held_and_owed(
+        self,
+        start_gateway: Any,
+        sku: str,
+        pool: asyncpg.Pool,
+        redis: Redis,
+        key_prefix: str,
+        database_url: str,
+    ) -> None:
+        """Two units held, one return owed, and Redis loses the sale: the counter
+        reloaded from PostgreSQL counts neither the held units nor the owed one
+        until it is given; the held buyer is still a duplicate; each unit is
+        sold once."""
+        client = await start(start_gateway)
+        await put_window(client, sku, 3, 60, "reserve-batch")
+        for user in ("bea", "cal", "dot"):
+            assert (await buy(client, sku, user, user))[0] == 201
+        closed = await Lifecycle(pool, Strategy.RESERVE_BATCH).cancel(f"{sku}.dot")
+        assert closed is not None
+        for key in await redis.keys(f"{key_prefix}:{{{sku}}}:*"):
+            await redis.delete(key)
+        # The reload counts what PostgreSQL has on sale less what is owed: 0.
+        status, body = await buy(client, sku, "eve", "eve")
+        assert status == 409 and body["status"] == "sold_out"
+        status, body = await buy(client, sku, "bea", "bea2")
+        assert status == 409 and body["status"] in ("duplicate", "sold_out")
+        keys = SkuKeys.of(key_prefix, sku)
+
+        async def given_back() -> bool:
+            return await redis.get(keys.stock) == b"1"
+
+        await wait_for(given_back, within=10, what="the owed return given back")
+        storm = await asyncio.gather(*(buy(client, sku, f"n{i}", f"n{i}") for i in range(10)))
+        assert sum(1 for s, _ in storm if s == 201) == 1
+        stock = await pool.fetchval("SELECT stock FROM inventory WHERE sku = $1", sku)
+        live = await pool.fetchval(
+            "SELECT sum(qty) FROM orders WHERE sku = $1 AND status = 'pending_payment'", sku
+        )
+        assert (stock, live) == (0, 3)
