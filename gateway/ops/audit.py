@@ -7,17 +7,24 @@ in-process for tests and the chaos suite.
 
 Definitions, per sku (one SQL statement, so one snapshot even during a sale):
 
-- ``provided`` = sum of ``stock_movements.delta``: the net units the admin ever
-  made available. ``restock`` records ``+n``; ``set`` records the new stock
-  minus the remaining stock it replaced (read under the row lock), so a reset
-  provides the difference or takes it back. Computed from the movement log
-  alone, independently of ``inventory.stock`` and of ``orders``.
-- ``sold`` = sum of ``orders.qty``; ``orders`` = their count; ``users`` = the
-  number of distinct buyers.
+- ``provided`` = sum of ``stock_movements.delta`` of the admin's movements: the
+  net units the admin ever made available (an order's return, reason
+  ``expired`` or ``cancelled``, is not provided: it gives back what was).
+  ``restock`` records ``+n``; ``set`` records the new stock minus the remaining
+  stock it replaced (read under the row lock), so a reset provides the
+  difference or takes it back. Computed from the movement log alone,
+  independently of ``inventory.stock`` and of ``orders``.
+- ``sold`` = sum of ``orders.qty`` of orders ``confirmed`` or ``paid``;
+  ``held`` = the same of orders ``pending_payment`` (their units are held until
+  paid, cancelled or expired); ``orders`` = the count of these live orders;
+  ``users`` = the number of their distinct buyers. An expired or cancelled
+  order counts nowhere: its units went back to the stock.
 - Every transaction that changes ``inventory.stock`` either records a movement
   of exactly that change (admin) or inserts orders of exactly that many units
-  (a flush), so ``db_stock == provided - sold`` must hold exactly; and since
-  stock never goes below zero, ``sold <= provided``.
+  (a flush), and every return both adds its units and records them, so
+  ``provided == db_stock + held + sold`` (on sale + held + paid/confirmed)
+  must hold exactly; and since stock never goes below zero,
+  ``sold + held <= provided``.
 - ``pending`` = units in the Redis ledger; ``drift = db_stock - (redis_stock +
   pending)``, only when the Redis stock key exists. A reservation moves units
   from Redis stock to the ledger, and a flush takes them from the database and
@@ -28,10 +35,10 @@ Definitions, per sku (one SQL statement, so one snapshot even during a sale):
 
 Findings, worst first; the first four are failures, the last a warning:
 
-- ``OVERSOLD``: ``sold > provided``, units sold that were never provided.
-- ``DUPLICATE_USER``: a user holds two orders of the sku (``GROUP BY user_id``).
+- ``OVERSOLD``: ``sold + held > provided``, units sold that were never provided.
+- ``DUPLICATE_USER``: a user holds two live orders of the sku (``GROUP BY user_id``).
 - ``NEGATIVE_STOCK``: database or Redis stock below zero.
-- ``UNBALANCED``: ``db_stock != provided - sold``.
+- ``UNBALANCED``: ``db_stock != provided - held - sold``.
 - ``DRIFT``: ``drift != 0``. A flush committed but not yet settled, and Redis
   being read just after the database, explain some; the reconciler repairs it.
 """
@@ -58,13 +65,20 @@ from gateway.settings import Settings
 BOOKS = """
 WITH movements AS (
     SELECT sku, SUM(delta) AS provided FROM stock_movements
-    WHERE $1::text IS NULL OR sku = $1 GROUP BY sku
+    WHERE ($1::text IS NULL OR sku = $1) AND reason NOT IN ('expired', 'cancelled')
+    GROUP BY sku
 ), sales AS (
-    SELECT sku, count(*) AS orders, SUM(qty) AS sold, count(DISTINCT user_id) AS users
-    FROM orders WHERE $1::text IS NULL OR sku = $1 GROUP BY sku
+    SELECT sku, count(*) AS orders,
+        COALESCE(SUM(qty) FILTER (WHERE status IN ('confirmed', 'paid')), 0) AS sold,
+        COALESCE(SUM(qty) FILTER (WHERE status = 'pending_payment'), 0) AS held,
+        count(DISTINCT user_id) AS users
+    FROM orders WHERE ($1::text IS NULL OR sku = $1)
+        AND status IN ('confirmed', 'pending_payment', 'paid')
+    GROUP BY sku
 ), repeat_buyers AS (
     SELECT sku, count(*) AS duplicate_users FROM (
-        SELECT sku, user_id FROM orders WHERE $1::text IS NULL OR sku = $1
+        SELECT sku, user_id FROM orders WHERE ($1::text IS NULL OR sku = $1)
+            AND status IN ('confirmed', 'pending_payment', 'paid')
         GROUP BY sku, user_id HAVING count(*) > 1
     ) AS repeats GROUP BY sku
 )
@@ -72,6 +86,7 @@ SELECT i.sku, i.stock AS db_stock, i.strategy,
     COALESCE(m.provided, 0)::bigint AS provided,
     COALESCE(s.orders, 0)::bigint AS orders,
     COALESCE(s.sold, 0)::bigint AS sold,
+    COALESCE(s.held, 0)::bigint AS held,
     COALESCE(s.users, 0)::bigint AS users,
     COALESCE(r.duplicate_users, 0)::bigint AS duplicate_users
 FROM inventory AS i
@@ -112,6 +127,8 @@ class SkuAudit:
     duplicate_users: int
     redis_stock: int | None
     pending: int
+    # Units of orders pending payment.
+    held: int = 0
 
     @property
     def drift(self) -> int | None:
@@ -124,10 +141,10 @@ class SkuAudit:
     def findings(self) -> tuple[Finding, ...]:
         """Every verdict that applies, worst first; empty when the row is ok."""
         checks = {
-            Finding.OVERSOLD: self.sold > self.provided,
+            Finding.OVERSOLD: self.sold + self.held > self.provided,
             Finding.DUPLICATE_USER: self.duplicate_users > 0,
             Finding.NEGATIVE_STOCK: self.db_stock < 0 or (self.redis_stock or 0) < 0,
-            Finding.UNBALANCED: self.db_stock != self.provided - self.sold,
+            Finding.UNBALANCED: self.db_stock != self.provided - self.held - self.sold,
             Finding.DRIFT: bool(self.drift),
         }
         return tuple(verdict for verdict, found in checks.items() if found)
@@ -165,6 +182,7 @@ async def audit(settings: Settings, sku: str | None = None) -> list[SkuAudit]:
             db_stock=row["db_stock"],
             orders=row["orders"],
             sold=row["sold"],
+            held=row["held"],
             users=row["users"],
             duplicate_users=row["duplicate_users"],
             redis_stock=redis_stock,
@@ -220,6 +238,7 @@ COLUMNS = (
     "db_stock",
     "orders",
     "sold",
+    "held",
     "users",
     "redis_stock",
     "pending",
@@ -233,7 +252,7 @@ def _cells(row: SkuAudit) -> tuple[str, ...]:
         return "-" if value is None else str(value)
 
     findings = ",".join(row.findings) or Finding.OK
-    numbers = (row.provided, row.db_stock, row.orders, row.sold, row.users)
+    numbers = (row.provided, row.db_stock, row.orders, row.sold, row.held, row.users)
     return (
         row.sku,
         *map(num, numbers),

@@ -80,13 +80,14 @@ class TestHealthySale:
             "db_stock",
             "orders",
             "sold",
+            "held",
             "users",
             "redis_stock",
             "pending",
             "drift",
             "verdict",
         ]
-        assert row.split() == [sku, "6", "2", "4", "4", "4", "2", "0", "0", "ok"]
+        assert row.split() == [sku, "6", "2", "4", "4", "0", "4", "2", "0", "0", "ok"]
 
     async def test_every_sku_is_audited_without_sku(
         self, start_gateway: Any, make_settings: Callable[..., Settings], sku: str
@@ -115,7 +116,7 @@ class TestHealthySale:
         await redis.delete(SkuKeys.of(key_prefix, sku).stock)
         [row] = await audit(make_settings(), sku)
         assert (row.redis_stock, row.drift, row.verdict) == (None, None, Finding.OK)
-        assert render([row]).splitlines()[1].split()[6:] == ["-", "0", "-", "ok"]
+        assert render([row]).splitlines()[1].split()[7:] == ["-", "0", "-", "ok"]
 
 
 class TestCorruptedBooks:

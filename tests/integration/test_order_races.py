@@ -21,6 +21,7 @@ from redis.asyncio import Redis
 from gateway.domain.errors import OrderExpired
 from gateway.domain.model import Order, Strategy
 from gateway.http.appkeys import RESERVATIONS
+from gateway.ops.audit import Finding, audit
 from gateway.ops.lifecycle_metrics import LifecycleMetrics
 from gateway.postgres.lifecycle import Lifecycle
 from gateway.redis.connections import create_redis
@@ -127,6 +128,7 @@ class TestPayAgainstExpire:
         lifecycle: OrderLifecycle,
         redis: Redis,
         key_prefix: str,
+        make_settings: Callable[..., Settings],
         strategy: str,
     ) -> None:
         """1,000 payments race their deadlines and three sweeps: every order ends
@@ -172,6 +174,14 @@ class TestPayAgainstExpire:
 
             await wait_for(all_given_back, within=10, what="every return in Redis")
             assert await redis.hlen(keys.returned) == expired
+        [books] = await audit(make_settings(), sku)
+        assert (books.provided, books.db_stock, books.held, books.sold) == (
+            RACES,
+            expired,
+            0,
+            RACES - expired,
+        )
+        assert books.verdict is Finding.OK, books
 
 
 class TestCommitThenRedis:
