@@ -16,7 +16,7 @@ from redis.asyncio import Redis
 from gateway.domain.model import Strategy
 from gateway.redis.layout import SkuKeys
 from testkit.polling import wait_for
-from testkit.purchases import ADMIN_HEADERS, Client, buy
+from testkit.purchases import ADMIN_HEADERS, Client, buy, client_metric
 
 PAYMENT_TOKEN = "test-payment-token"
 PAY_HEADERS = {"Authorization": f"Bearer {PAYMENT_TOKEN}"}
@@ -268,7 +268,8 @@ class TestExpiry:
         self, start_gateway: Any, sku: str, database_url: str, redis: Redis, key_prefix: str
     ) -> None:
         """Two gateways sweep one sku's 40 orders due at once: each is expired and
-        returned once (40 movements, 40 units back in PostgreSQL and in Redis)."""
+        returned once (40 movements, 40 units back in PostgreSQL and in Redis,
+        40 return lags observed between the two)."""
         one = await start(start_gateway)
         two = await start(start_gateway)
         await put_window(one, sku, 40, 1)
@@ -288,6 +289,12 @@ class TestExpiry:
         assert await redis.get(keys.stock) == b"40"
         assert await redis.hlen(keys.returned) == 40
         assert await redis.hlen(keys.buyers) == 0
+        # Each return was observed once, by the gateway that made it.
+        lags = [
+            await client_metric(c, "flashsale_order_return_lag_seconds_count") for c in (one, two)
+        ]
+        closed = [await client_metric(c, "flashsale_orders_closed_total") for c in (one, two)]
+        assert (sum(lags), sum(closed)) == (40, 40)
 
 
 async def _is(value: Any, expected: str) -> bool:
