@@ -86,7 +86,7 @@ from gateway.usecases.admission_tokens import Signer
 from gateway.usecases.catalog import Catalog
 from gateway.usecases.deductions import Deductions
 from gateway.usecases.doubt import RedisDoubt, window_for
-from gateway.usecases.lifecycle import OrderLifecycle
+from gateway.usecases.lifecycle import HeldUnits, OrderLifecycle
 from gateway.usecases.marking import SoldOutMarking
 from gateway.usecases.ports import Batching, Lookups, Marking
 from gateway.usecases.purchases import Purchases
@@ -290,6 +290,7 @@ def _purchases(
         deductions=deductions,
         doubt=flushing.doubt,
         observer=metrics.purchases,
+        holds=HeldUnits(Lifecycle(opened.pool, settings.strategy)),
     )
 
 

@@ -36,6 +36,9 @@ $$;
 -- The sweep's due orders, and the returns still owed to Redis.
 CREATE INDEX IF NOT EXISTS orders_pending_pay_by ON orders (pay_by)
     WHERE status = 'pending_payment';
+-- A sku's held units and earliest deadline (a sold out's "held" and Retry-After).
+CREATE INDEX IF NOT EXISTS orders_pending_sku ON orders (sku, pay_by)
+    WHERE status = 'pending_payment';
 CREATE INDEX IF NOT EXISTS orders_unsynced ON orders (sku)
     WHERE status IN ('expired', 'cancelled') AND synced_at IS NULL;
 

@@ -90,6 +90,10 @@ class Result:
     order: Order | None = None
     # The request id an ACCEPTED purchase is followed by (GET /v1/orders/{id}).
     request_id: str = ""
+    # SOLD_OUT while units are held for payment: how many, and the seconds to
+    # the earliest deadline (Retry-After).
+    held: int = 0
+    retry_after_s: int = 0
 
 
 class Verdict(StrEnum):

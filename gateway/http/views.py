@@ -90,6 +90,9 @@ def _rendered(result: Result) -> tuple[int, bytes, dict[str, str] | None]:
         return 201, orjson.dumps(result.order.as_json()), None
     if outcome is Outcome.ACCEPTED:
         return 202, orjson.dumps({"status": "accepted", "request_id": result.request_id}), None
+    if result.held:
+        body = orjson.dumps({"status": Outcome.SOLD_OUT, "held": result.held})
+        return 409, body, {"Retry-After": str(result.retry_after_s)}
     constant = _CONSTANT.get(outcome)
     if constant is not None:
         return 409, constant, None
@@ -102,7 +105,7 @@ def purchase_answer(request: web.Request, result: Result) -> web.StreamResponse:
     if written is None or not DIRECT.fits(request):
         return purchase_response(result)
     constant = _CONSTANT.get(result.outcome)
-    if constant is not None:
+    if constant is not None and not result.held:
         return DIRECT.send_constant(request, written.status, constant, written)
     status, body, headers = _rendered(result)
     if headers is not None or status != written.status:  # not the answer it stands for

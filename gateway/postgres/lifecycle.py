@@ -94,6 +94,11 @@ WHERE status = 'pending_payment'
 HELD = """
 SELECT count(*), COALESCE(sum(qty), 0)::bigint FROM orders WHERE status = 'pending_payment'
 """
+HELD_OF = """
+SELECT COALESCE(sum(qty), 0)::bigint,
+    COALESCE(EXTRACT(EPOCH FROM min(pay_by) - now()), 0)::float8
+FROM orders WHERE sku = $1 AND status = 'pending_payment'
+"""
 RECORD_LATE = """
 INSERT INTO late_payments (payment_id, request_id, order_id, reason)
 VALUES ($1, $2, $3::uuid, $4) ON CONFLICT (payment_id) DO NOTHING
@@ -193,6 +198,13 @@ class Lifecycle:
         """Orders pending payment, and the units they hold."""
         with as_unavailable:
             row = await self._pool.fetchrow(HELD)
+        assert row is not None  # an aggregate without GROUP BY answers one row
+        return row[0], row[1]
+
+    async def held_of(self, sku: str) -> tuple[int, float]:
+        """Units held for payment of ``sku``, and seconds to the earliest deadline."""
+        with as_unavailable:
+            row = await self._pool.fetchrow(HELD_OF, sku)
         assert row is not None  # an aggregate without GROUP BY answers one row
         return row[0], row[1]
 

@@ -17,6 +17,7 @@ since the deadlines live in PostgreSQL.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections import defaultdict
 from collections.abc import Iterable
@@ -35,7 +36,7 @@ from gateway.domain.errors import (
     OrderPaid,
     Unavailable,
 )
-from gateway.domain.model import Order, OrderStatus
+from gateway.domain.model import SOLD_OUT, Order, OrderStatus, Outcome, Result
 from gateway.postgres.lifecycle import Closed, Lifecycle
 from gateway.redis.reservations import Reservations
 
@@ -207,3 +208,31 @@ class OrderLifecycle:
         if order.status == OrderStatus.EXPIRED and order.pay_by is not None:
             lag = time.time() - datetime.fromisoformat(order.pay_by).timestamp()
             self._metrics.returned(max(lag, 0.0))
+
+
+# How long a sku's held units are known without asking again: a storm of
+# sold-out answers costs a query a quarter second per sku and instance.
+HELD_KNOWN_S = 0.25
+
+
+class HeldUnits:
+    """A sold-out answer of a sku with a payment window: while units are held
+    for payment, it says how many and when the earliest deadline is."""
+
+    def __init__(self, lifecycle: Lifecycle) -> None:
+        self._db = lifecycle
+        # sku -> (known until, units held, earliest deadline), time.monotonic().
+        self._known: dict[str, tuple[float, int, float]] = {}
+
+    async def sold_out(self, sku: str) -> Result:
+        """SOLD_OUT, with ``held`` and the seconds to the earliest deadline
+        while units are held."""
+        now = time.monotonic()
+        known = self._known.get(sku)
+        if known is None or known[0] <= now:
+            held, due_in = await self._db.held_of(sku)
+            known = self._known[sku] = (now + HELD_KNOWN_S, held, now + due_in)
+        _, held, due = known
+        if not held:
+            return SOLD_OUT
+        return Result(Outcome.SOLD_OUT, held=held, retry_after_s=max(1, math.ceil(due - now)))

@@ -51,6 +51,7 @@ from gateway.domain.model import (
 from gateway.domain.rules import SaleRules
 from gateway.redis.reservations import Reply, StockLoad, outcome_of
 from gateway.usecases.doubt import RedisDoubt
+from gateway.usecases.lifecycle import HeldUnits
 from gateway.usecases.ports import (
     UNOBSERVED,
     Batching,
@@ -98,6 +99,7 @@ class Purchases:
         deductions: Deducting,
         doubt: RedisDoubt,
         observer: PurchaseObserver = UNOBSERVED,
+        holds: HeldUnits | None = None,
     ) -> None:
         self._catalog = catalog
         self._soldout = soldout
@@ -116,6 +118,7 @@ class Purchases:
         # request ids are checked in PostgreSQL (gateway.usecases.doubt).
         self._doubt = doubt
         self._observer = observer
+        self._holds = holds
         self._reloads: dict[str, asyncio.Future[None]] = {}
         # The skus reserve.lua said are rebuilt, until when (time.monotonic()).
         self._rebuilding: dict[str, float] = {}
@@ -130,10 +133,16 @@ class Purchases:
         # The one place the strategy is chosen: the sku's own, else the gateway's.
         strategy = self._catalog.strategy_of(info)
         if not strategy.reserves:
-            return await self._deductions.purchase(strategy, purchase, info, client)
+            result = await self._deductions.purchase(strategy, purchase, info, client)
+            return (
+                await self._held(info) if result is SOLD_OUT and info.payment_window_s else result
+            )
         confirmed = self._soldout.lookup(purchase.sku)
         if confirmed is not None:
-            return await self._marked(purchase, confirmed)
+            result = await self._marked(purchase, confirmed)
+            return (
+                await self._held(info) if result is SOLD_OUT and info.payment_window_s else result
+            )
         # A request id the client sent may be a replay; one made here is not.
         replayable = bool(purchase.request_id)
         purchase = purchase.identified()
@@ -169,8 +178,18 @@ class Purchases:
                 await self._flusher.give_back(purchase.sku, [purchase])
                 raise
         if reply.kind == "sold_out":
-            return await self._sold_out(purchase, reply, generation, replayable=replayable)
+            result = await self._sold_out(purchase, reply, generation, replayable=replayable)
+            return (
+                await self._held(info) if result is SOLD_OUT and info.payment_window_s else result
+            )
         return await self._answered(reply, purchase, info)
+
+    async def _held(self, info: SkuInfo) -> Result:
+        """A sold out of a sku with a payment window: with the units held for
+        payment and a Retry-After to the earliest deadline, while there are any."""
+        if self._holds is None:
+            return SOLD_OUT
+        return await self._holds.sold_out(info.sku)
 
     async def _answered(self, reply: Reply, purchase: Purchase, info: SkuInfo) -> Result:
         """The result of reserve.lua's other replies. Redis's done record has no
