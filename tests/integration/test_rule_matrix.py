@@ -15,8 +15,12 @@ from typing import Any
 import pytest
 
 from gateway.domain.model import Strategy
+from testkit.polling import wait_for
 from testkit.purchases import ADMIN_HEADERS, Client
 from testkit.rooms import SECRET
+
+PAYMENT_TOKEN = "test-payment-token"
+PAY_HEADERS = {"Authorization": f"Bearer {PAYMENT_TOKEN}"}
 
 # What a purchase that got through answers: 201, or 202 for the asynchronous one.
 ACCEPTED = {Strategy.QUEUE: 202}
@@ -105,6 +109,33 @@ async def one_order_per_buyer(client: Client, sku: str, strategy: Strategy) -> N
     assert await post(client, sku, "u1", "r2") == (409, {"status": "duplicate"})
 
 
+async def payment_window(client: Client, sku: str, strategy: Strategy) -> None:
+    """With a 1 s payment window the order is pending_payment until it expires;
+    its unit is then bought by another buyer, and the late payment is 409."""
+    await put(client, sku, strategy, stock=1, payment_window_s=1)
+    assert (await post(client, sku, "u1", "r1"))[0] == ACCEPTED.get(strategy, 201)
+
+    async def status_of_r1() -> str:
+        resp = await client.get(f"/v1/orders/{sku}.r1")
+        return str((await resp.json())["status"])
+
+    await wait_for(lambda: _is(status_of_r1(), "pending_payment"), what="r1 pending")
+    await wait_for(lambda: _is(status_of_r1(), "expired"), within=10, what="r1 expired")
+
+    async def bought() -> bool:
+        return (await post(client, sku, "u2", "r2"))[0] == ACCEPTED.get(strategy, 201)
+
+    await wait_for(bought, within=5, what="u2 buys the unit back on sale")
+    resp = await client.post(
+        f"/v1/orders/{sku}.r1/pay", json={"payment_id": f"{sku}.p1"}, headers=PAY_HEADERS
+    )
+    assert (resp.status, (await resp.json())["error"]) == (409, "order_expired")
+
+
+async def _is(value: Awaitable[str], expected: str) -> bool:
+    return await value == expected
+
+
 RULES: dict[str, Callable[[Client, str, Strategy], Awaitable[None]]] = {
     rule.__name__: rule
     for rule in (
@@ -116,6 +147,7 @@ RULES: dict[str, Callable[[Client, str, Strategy], Awaitable[None]]] = {
         waiting_room_sold_out,
         per_user_limit,
         one_order_per_buyer,
+        payment_window,
     )
 }
 
@@ -127,5 +159,5 @@ async def test_rule_holds_on_strategy(
 ) -> None:
     """Each rule answers the same on every strategy (the sku's own strategy,
     through one gateway that serves them all)."""
-    client = await start_gateway(admission_secret=SECRET)
+    client = await start_gateway(admission_secret=SECRET, payment_token=PAYMENT_TOKEN)
     await RULES[rule](client, sku, strategy)
