@@ -240,6 +240,11 @@ class TestExpiry:
             await con.close()
         assert late is not None
         assert (late["request_id"], late["reason"]) == (f"{sku}.f1", "expired")
+        resp = await client.get(
+            "/admin/late-payments", params={"after": f"pay-{sku}"[:-1]}, headers=ADMIN_HEADERS
+        )
+        listed = (await resp.json())["late_payments"]
+        assert f"pay-{sku}" in [p["payment_id"] for p in listed]
         await wait_for(
             lambda: _is(
                 status_of(client, sku, won[0]["request_id"].split(".", 1)[1]), "pending_payment"
