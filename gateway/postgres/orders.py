@@ -50,7 +50,7 @@ LOCK_INVENTORY_ROW = "SELECT stock, fence FROM inventory WHERE sku = $1 FOR UPDA
 # A whole flush in one round trip: see sql/functions/flush_batch.sql, whose UPDATE
 # carries the stock >= guard and the fencing check.
 FLUSH_BATCH = """
-SELECT * FROM flush_batch($1, $2::text[], $3::text[], $4::int[], $5::bigint[], $6::bigint)
+SELECT * FROM flush_batch($1, $2::text[], $3::text[], $4::int[], $5::bigint[], $6::bigint, 2)
 """
 # The reconciler's side of the same arbitration: under the row lock, stale
 # reservations without an order are recorded as released, so a flush still on
