@@ -172,7 +172,9 @@ class OrderLifecycle:
         return expired
 
     async def run(self) -> None:
-        """Sweep until cancelled: at each deadline, or every ``GATEWAY_EXPIRY_SWEEP_S``."""
+        """Sweep until cancelled: at each deadline, or every ``GATEWAY_EXPIRY_SWEEP_S``;
+        a failed pass is logged and the next one tries again, so the task never
+        dies quietly (the deadlines wait in PostgreSQL meanwhile)."""
         sampled = 0.0
         while True:
             wait = self._sweep_s
@@ -187,6 +189,8 @@ class OrderLifecycle:
                     wait = min(wait, max(due_in, 0.0))
             except Unavailable as exc:
                 log.warning("expiry_sweep_failed", error=str(exc))
+            except Exception:
+                log.exception("expiry_sweep_failed")
             await asyncio.sleep(wait)
 
     async def _give_back(self, closed: Iterable[Closed]) -> None:
