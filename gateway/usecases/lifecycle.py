@@ -232,12 +232,12 @@ class HeldUnits:
         # sku -> (known until, units held, earliest deadline), time.monotonic().
         self._known: dict[str, tuple[float, int, float]] = {}
 
-    async def sold_out(self, sku: str) -> Result:
+    async def sold_out(self, sku: str, *, fresh: bool = False) -> Result:
         """SOLD_OUT, with ``held`` and the seconds to the earliest deadline
-        while units are held."""
+        while units are held; ``fresh``: asked of PostgreSQL now."""
         now = time.monotonic()
         known = self._known.get(sku)
-        if known is None or known[0] <= now:
+        if fresh or known is None or known[0] <= now:
             held, due_in = await self._db.held_of(sku)
             known = self._known[sku] = (now + HELD_KNOWN_S, held, now + due_in)
         _, held, due = known
