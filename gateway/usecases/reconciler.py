@@ -40,7 +40,7 @@ from gateway.lock import LockError
 from gateway.postgres.identity import DatabaseIdentity
 from gateway.postgres.inventory import Inventory
 from gateway.postgres.orders import Orders
-from gateway.postgres.sale_gate import PostgresSaleGate
+from gateway.postgres.retention import Retention
 from gateway.redis.identity import IdentityStamp
 from gateway.redis.reservations import Reservations, Settlement, StockLoad
 from gateway.usecases.catalog import Catalog
@@ -76,7 +76,7 @@ class Reconciler:
         inventory: Inventory,
         stamp: IdentityStamp,
         database: DatabaseIdentity,
-        gate: PostgresSaleGate,
+        retention: Retention,
         locks: SkuLocks,
         timeout_s: float,
         interval_s: float,
@@ -90,7 +90,7 @@ class Reconciler:
         self._inventory = inventory
         self._stamp = stamp
         self._database = database
-        self._gate = gate
+        self._retention = retention
         self._locks = locks
         self._timeout_ms = int(timeout_s * 1000)
         self._interval = interval_s
@@ -117,7 +117,7 @@ class Reconciler:
         """One pass over every sku of the inventory, after making sure Redis holds
         this database's state (a restored or failed-over database drops it)."""
         # PostgreSQL's own housekeeping first: it needs no Redis.
-        await self._gate.prune_buckets()
+        await self._retention.prune()
         await self.adopt_database()
         done: dict[str, SkuReconciliation] = {}
         for sku in await self._inventory.skus():
