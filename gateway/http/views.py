@@ -137,14 +137,26 @@ async def buy(
 
 
 async def get_order(request: web.Request) -> web.Response:
-    """GET /v1/orders/{request_id}."""
+    """GET /v1/orders/{request_id}?user_id=U: where U's purchase under the request
+    id stands. Without a user_id, or with another buyer's, the answer is the
+    unknown request id's 404, byte for byte: only the buyer learns anything."""
     request_id = payloads.identifier(request.match_info["request_id"], "request_id")
-    result = await request.app[TRACKER].status(request_id, _wait_s(request))
+    buyer = request.query.get("user_id")
+    wait_s = _wait_s(request)
+    result = None
+    if buyer is not None:
+        user_id = payloads.identifier(buyer, "user_id")
+        result = await request.app[TRACKER].status(request_id, user_id, wait_s)
     if result is None:
         raise NotFound(f"no order for request {request_id!r}")
+    return order_response(result)
+
+
+def order_response(result: Result) -> web.Response:
+    """The lookup's answer of a known outcome: 200 with the order once confirmed,
+    else the purchase's own answer (202 queued, 409 refused)."""
     if result.outcome is Outcome.CONFIRMED and result.order is not None:
         return json_response(result.order.as_json())
-    # Queued (202) or refused (409): the purchase's own answer.
     return purchase_response(result)
 
 
@@ -249,7 +261,7 @@ async def metrics(request: web.Request) -> web.Response:
 
 # The query parameters each route takes (by its path); the others take none.
 QUERIES = {
-    "/v1/orders/{request_id}": frozenset({"wait"}),
+    "/v1/orders/{request_id}": frozenset({"user_id", "wait"}),
     "/wait/{sku}": frozenset({"user_id", "return_to"}),
 }
 

@@ -77,9 +77,9 @@ async def test_an_unknown_query_parameter_is_refused(start_gateway: Any, sku: st
     resp = await client.get(f"/v1/skus/{sku}?x=1")
     assert resp.status == 400
     assert (await buy(client, sku, "alice", "r1"))[0] == 201
-    resp = await client.get(f"/v1/orders/{sku}.r1?wait=0.1")
+    resp = await client.get(f"/v1/orders/{sku}.r1?user_id=alice&wait=0.1")
     assert resp.status == 200
-    resp = await client.get(f"/v1/orders/{sku}.r1?wait=0.1&x=1")
+    resp = await client.get(f"/v1/orders/{sku}.r1?user_id=alice&wait=0.1&x=1")
     assert resp.status == 400
 
 
