@@ -69,6 +69,17 @@ class UnknownSku(NotFound):
     code = "unknown_sku"
 
 
+class ClientGone(GatewayError):
+    """The client went away before its request's body arrived: it closed or reset
+    the connection, or sent nothing more within ``GATEWAY_REQUEST_READ_TIMEOUT_S``.
+    Answered 408 when anyone is left to read it, and counted as the purchase
+    outcome ``client_gone``, never as a dependency's failure."""
+
+    status = 408
+    code = "request_timeout"
+    close_connection = True
+
+
 class IdempotencyMismatch(GatewayError):
     """The request id was first used for another purchase (sku, user or qty).
 
