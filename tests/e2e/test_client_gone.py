@@ -157,3 +157,15 @@ class TestClientGone:
             found = await counted(gateway, gone)
             assert found.get(UNAVAILABLE) == 0, sku
         assert gateway.log_lines("request_failed") == []
+
+    async def test_gone_before_100_continue(self, gateway: GatewayCluster) -> None:
+        """A head asking ``Expect: 100-continue``, then a close at once: however the
+        race with aiohttp's own ``100 Continue`` goes (its write finds the
+        connection closing, or the body read does), each is client_gone, and
+        nothing is logged as an error."""
+        for _ in range(10):
+            _, writer = await asyncio.open_connection("127.0.0.1", gateway[0].port)
+            writer.write(head("Expect: 100-continue"))
+            writer.close()
+        await counted(gateway, 10)
+        assert gateway.log_lines('"level":"error"') == []
