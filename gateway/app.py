@@ -57,11 +57,17 @@ from gateway.ops.answer_log import AnswerLog
 from gateway.ops.loop_lag import LoopLag
 from gateway.ops.metrics import BacklogMetrics, Metrics
 from gateway.postgres.database import Pool
+from gateway.postgres.identity import DatabaseIdentity
+from gateway.postgres.inventory import Inventory
 from gateway.postgres.lookups import Arbitrations, OrderLookups, PriorLookups
 from gateway.postgres.orders import Orders
+from gateway.postgres.sale_gate import PostgresSaleGate
 from gateway.redis.change_feed import ChangeFeed
+from gateway.redis.confirmed_scan import ConfirmedScan
 from gateway.redis.connections import RedisClient
+from gateway.redis.identity import IdentityStamp
 from gateway.redis.layout import channel
+from gateway.redis.rebuild_lease import RebuildLease
 from gateway.redis.reservations import Reservations
 from gateway.redis.rooms import Rooms
 from gateway.redis.streams import Streams
@@ -79,7 +85,7 @@ from gateway.usecases.catalog import Catalog
 from gateway.usecases.deductions import Deductions
 from gateway.usecases.doubt import RedisDoubt, window_for
 from gateway.usecases.marking import SoldOutMarking
-from gateway.usecases.ports import Batching, Lookups
+from gateway.usecases.ports import Batching, Lookups, Marking
 from gateway.usecases.purchases import Purchases
 from gateway.usecases.rebuilds import Rebuilds
 from gateway.usecases.reconciler import Reconciler
@@ -135,6 +141,7 @@ class Gateway:
     flushing: Flushing
     batcher: Batcher
     lanes: HostLanes | None
+    lease: RebuildLease
     rebuilds: Rebuilds
     rooms: Rooms
     purchases: Purchases
@@ -171,19 +178,24 @@ def build_gateway(opened: Opened) -> Gateway:
     settings, metrics, orders = opened.settings, opened.metrics, opened.orders
     flushing = build_flushing(opened)
     reservations, locks = flushing.reservations, flushing.locks
-    catalog, soldout = Catalog(orders, settings.strategy), SoldOut()
+    inventory = Inventory(opened.pool)
+    catalog, soldout = Catalog(inventory, settings.strategy), SoldOut()
     batcher = _batcher(settings, flushing)
     lanes = _lanes(settings, metrics, batcher)
-    rebuilds = Rebuilds(reservations, orders, metrics.rebuilds, share=settings.rebuild_share)
+    lease = RebuildLease(opened.redis, settings, on_noscript=metrics.scripts.reloaded)
+    rebuilds = Rebuilds(lease, orders, metrics.rebuilds, share=settings.rebuild_share)
+    scan = ConfirmedScan(opened.redis, settings.key_prefix)
+    marking = SoldOutMarking(soldout, lease, scan, metrics.purchases)
     batching: Batching = batcher if lanes is None else lanes
-    purchases = _purchases(opened, flushing, catalog, soldout, rebuilds, batching)
+    purchases = _purchases(opened, flushing, catalog, soldout, marking, rebuilds, batching)
     rooms = Rooms(opened.redis, settings, on_noscript=metrics.scripts.reloaded)
-    servability = Servability(settings, orders)
+    servability = Servability(settings, inventory)
     feed = ChangeFeed(opened.redis, channel(settings.key_prefix), subscribers=(soldout, catalog))
     return Gateway(
         flushing=flushing,
         batcher=batcher,
         lanes=lanes,
+        lease=lease,
         rebuilds=rebuilds,
         rooms=rooms,
         purchases=purchases,
@@ -192,13 +204,14 @@ def build_gateway(opened: Opened) -> Gateway:
         admin=StockAdmin(
             reservations=reservations,
             orders=orders,
+            inventory=inventory,
             locks=locks,
             catalog=catalog,
             soldout=soldout,
             servability=servability,
             rebuilds=rebuilds,
         ),
-        reconciler=_reconciler(opened, flushing, catalog, rebuilds),
+        reconciler=_reconciler(opened, flushing, inventory, catalog, rebuilds),
         tracker=OrderTracker(orders=orders, streams=flushing.streams),
         feed=feed,
         lag=LoopLag(metrics.loop.lagged, stall_report_s=settings.loop_stall_report_s),
@@ -239,6 +252,7 @@ def _purchases(
     flushing: Flushing,
     catalog: Catalog,
     soldout: SoldOut,
+    marking: Marking,
     rebuilds: Rebuilds,
     batching: Batching,
 ) -> Purchases:
@@ -247,7 +261,7 @@ def _purchases(
     reservations = flushing.reservations
     deductions = Deductions(
         deduction_strategies(settings, metrics, opened.pool),
-        gate=SaleGate(orders, settings),
+        gate=SaleGate(PostgresSaleGate(opened.pool), settings),
         draining=batching,
         limit=settings.backlog_max,
         observer=metrics.purchases,
@@ -255,7 +269,7 @@ def _purchases(
     return Purchases(
         catalog=catalog,
         soldout=soldout,
-        marking=SoldOutMarking(soldout, reservations, metrics.purchases),
+        marking=marking,
         reservations=reservations,
         stocks=orders,
         lookups=Lookups(OrderLookups(orders), PriorLookups(orders), Arbitrations(orders)),
@@ -288,13 +302,17 @@ def _admissions(
 
 
 def _reconciler(
-    opened: Opened, flushing: Flushing, catalog: Catalog, rebuilds: Rebuilds
+    opened: Opened, flushing: Flushing, inventory: Inventory, catalog: Catalog, rebuilds: Rebuilds
 ) -> Reconciler:
     """The reconciler of the reservations ``flushing`` makes and settles."""
     settings = opened.settings
     return Reconciler(
         reservations=flushing.reservations,
         orders=opened.orders,
+        inventory=inventory,
+        stamp=IdentityStamp(opened.redis, settings.key_prefix),
+        database=DatabaseIdentity(opened.pool),
+        gate=PostgresSaleGate(opened.pool),
         locks=flushing.locks,
         timeout_s=settings.reservation_timeout_s,
         interval_s=settings.reconcile_interval_s,
@@ -323,7 +341,7 @@ def _writer(opened: Opened, flushing: Flushing) -> QueueWriter:
     return QueueWriter(
         streams=flushing.streams,
         flusher=flushing.flusher,
-        orders=opened.orders,
+        inventory=Inventory(opened.pool),
         claim_every_s=opened.settings.writer_claim_idle_s / 2,
         observer=opened.metrics.streams,
     )
@@ -346,8 +364,8 @@ async def service_ctx(app: web.Application) -> AsyncIterator[None]:
     flushing = gateway.flushing
     opened.metrics.lock.set_lease(opened.settings.lock_lease_s)
     await _load_scripts(opened, flushing)
-    if await flushing.reservations.adopt(await opened.orders.identity()):
-        log.warning("redis_state_dropped", reason="another database")
+    await gateway.lease.load_scripts()
+    await gateway.reconciler.adopt_database()
     if gateway.lanes is not None:
         await gateway.lanes.start()
     await gateway.rooms.load_scripts()

@@ -56,9 +56,10 @@ import uvloop
 from gateway.domain.model import Outcome, Purchase, Result
 from gateway.lock import LockStats, LockSubscriber, load_lock_scripts
 from gateway.postgres.database import create_pool
+from gateway.postgres.inventory import Inventory
 from gateway.postgres.orders import BatchDecision, Orders
 from gateway.redis.connections import RedisClient, create_redis
-from gateway.redis.reservations import Reservations, Settlement
+from gateway.redis.reservations import Reservations, Settlement, StockLoad
 from gateway.server import GC_THRESHOLDS
 from gateway.settings import Settings
 from gateway.write.flusher import Flusher
@@ -221,9 +222,10 @@ class Rig:
 async def stock_up(rig: Rig, sku: str, count: int) -> list[Purchase]:
     """Create ``sku`` with ``count`` units and reserve them all in Redis, a new
     buyer each, as the gateway's purchases do; the reserved purchases."""
-    await rig.orders.change_sku(sku, {"stock": count}, create=True)
-    await rig.reservations.load_stock(sku, count, reset=True, fresh=True)
-    info = await rig.orders.sku_info(sku)
+    inventory = Inventory(rig.pool)
+    await inventory.change_sku(sku, {"stock": count}, create=True)
+    await rig.reservations.load_stock(sku, count, StockLoad.FRESH)
+    info = await inventory.sku_info(sku)
     assert info is not None
     wanted = [Purchase(sku, f"u{i}", 1, uuid.uuid4().hex) for i in range(count)]
     reserved: list[Purchase] = []

@@ -1,7 +1,7 @@
 """Redis memory per confirmed order: what a sale of N orders keeps in Redis.
 
 Writes N confirmed orders of one sku the way the gateway does after a sale
-(``Reservations.restore_orders``: the done and buyers hashes, with request ids,
+(``loadtests.lib.confirmed``: the done and buyers hashes, with request ids,
 user ids and order ids shaped as the API makes them), reads ``MEMORY USAGE``
 of every key of the sku, and prints bytes per order for each N, plus the
 projection to 1,000,000 orders. Keys live under a private prefix and are
@@ -20,8 +20,9 @@ from collections.abc import Sequence
 from gateway.domain.model import Order
 from gateway.redis.connections import create_redis
 from gateway.redis.layout import SkuKeys
-from gateway.redis.reservations import Reservations
+from gateway.redis.reservations import Reservations, StockLoad
 from gateway.settings import Settings
+from loadtests.lib.confirmed import write_confirmed
 
 PROJECTED = 1_000_000
 
@@ -39,8 +40,8 @@ async def measure(redis_url: str, orders: int) -> dict[str, int]:
             Order(str(uuid.uuid4()), f"r{uuid.uuid4().hex}", sku, f"user-{i:09d}", 1)
             for i in range(orders)
         ]
-        await reservations.restore_orders(sku, made)
-        await reservations.load_stock(sku, 0, reset=True, fresh=True)
+        await write_confirmed(redis, settings, sku, made)
+        await reservations.load_stock(sku, 0, StockLoad.FRESH)
         sizes = {}
         for name, key in zip(("stock", "buyers", "pending", "done"), keys.all(), strict=True):
             sizes[name] = int(await redis.memory_usage(key, samples=0) or 0)

@@ -49,9 +49,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from gateway.domain.model import Order
 from gateway.redis.connections import create_redis
 from gateway.redis.layout import SkuKeys
-from gateway.redis.reservations import Reservations
+from gateway.redis.reservations import Reservations, StockLoad
 from gateway.settings import Settings
 from loadtests.lib import wrk
+from loadtests.lib.confirmed import write_confirmed
 from loadtests.lib.cputime import cpu_seconds
 from loadtests.lib.harness import Harness
 from loadtests.lib.options import parse_seconds
@@ -106,8 +107,8 @@ async def write_sale(
     try:
         reservations = Reservations(redis, settings)
         await reservations.load_scripts()
-        await reservations.restore_orders(SKU, made)
-        await reservations.load_stock(SKU, left, reset=True, fresh=True)
+        await write_confirmed(redis, settings, SKU, made)
+        await reservations.load_stock(SKU, left, StockLoad.FRESH)
     finally:
         await redis.aclose()
     return made

@@ -24,7 +24,7 @@ from redis.asyncio import Redis
 
 from gateway.domain.model import Purchase
 from gateway.redis.layout import SkuKeys
-from gateway.redis.reservations import Entry, ReserveCalls
+from gateway.redis.reservations import ReserveCalls, ReserveEntry
 from gateway.redis.scripts import Script, ScriptArg, read_script
 from gateway.settings import Settings
 
@@ -36,9 +36,9 @@ HEAD: tuple[ScriptArg, ...] = (86_400_000, "", "", 0, 0, 0, 0)
 Shape = Callable[[Redis, Script, ReserveCalls, list[Purchase]], Awaitable[None]]
 
 
-def _entries(batch: list[Purchase]) -> list[Entry]:
+def _entries(batch: list[Purchase]) -> list[ReserveEntry]:
     """The gateway's entries for ``batch``: no buckets, nothing to verify."""
-    return [(p, "", "", HEAD, False) for p in batch]
+    return [ReserveEntry(p, "", "", HEAD, False) for p in batch]
 
 
 async def pipelined(

@@ -34,17 +34,17 @@
 --   {"not_started", ms_to_start}           before the window
 --   {"ended"}                              after the window
 --   {"missing"}                            no stock key: reload it from PostgreSQL
---   {"unverified", orphaned, settled}      the hashes are being rebuilt and the
+--   {"unverified", orphaned, exhausted}    the hashes are being rebuilt and the
 --                                          entry is not verified: neither a
 --                                          replay nor a repeat buyer can be told
 --                                          from a new purchase here; orphaned is
 --                                          1 when the rebuild's lease ran out,
---                                          settled 1 when stock is 0 and nothing
+--                                          exhausted 1 when stock is 0 and nothing
 --                                          is pending (only a replay can get
 --                                          anything but sold out)
 --   {"rate_limited", ms_to_a_token}        a bucket of the user or client is empty
 --   {"duplicate"}                          this user already reserved or bought
---   {"sold_out", settled}                  too little stock; settled is 1 when
+--   {"sold_out", exhausted}                too little stock; exhausted is 1 when
 --                                          stock is 0 and nothing is pending
 --
 -- The request id is checked first, so a replay gets its outcome whatever the
@@ -160,11 +160,11 @@ local function reserve(rid, user, qty, bucket_keys, verified)
     return {"missing"}
   end
   if rebuild and not verified then
-    local settled = 0
+    local exhausted = 0
     if stock <= 0 and redis.call("HLEN", KEYS[3]) == 0 then
-      settled = 1
+      exhausted = 1
     end
-    return {"unverified", orphaned, settled}
+    return {"unverified", orphaned, exhausted}
   end
   local wait = take(bucket_keys)
   if wait > 0 then

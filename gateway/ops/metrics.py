@@ -275,7 +275,7 @@ class LaneMetrics:
         self.lane_links.inc(change)
 
     def passed(self, count: int) -> None:
-        """``count`` purchases passed on to this worker were queued."""
+        """``count`` purchases passed on to this worker joined its backlog."""
         self.lane_passed.inc(count)
 
     def kept(self, reason: str) -> None:

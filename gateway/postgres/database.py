@@ -18,10 +18,12 @@ import hashlib
 import re
 from importlib import resources
 from importlib.resources.abc import Traversable
+from types import TracebackType
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 
+from gateway.domain.errors import PostgresUnavailable
 from gateway.settings import Settings
 
 SQL_DIR: Traversable = resources.files("gateway.sql")
@@ -57,6 +59,35 @@ DB_ERRORS = (
 )
 # A connection of its own or one borrowed from a pool.
 Connection = asyncpg.Connection | asyncpg.pool.PoolConnectionProxy
+
+
+def cause(exc: BaseException) -> str:
+    """What a 503 says of the driver error behind it."""
+    return f"postgres: {type(exc).__name__}"
+
+
+class _AsUnavailable:
+    """The translation every PostgreSQL adapter makes, in one place: a driver
+    error (:data:`DB_ERRORS`) raised inside ``with as_unavailable:`` leaves it
+    as :class:`PostgresUnavailable`; anything else passes through. One shared
+    instance, so entering it allocates nothing on a purchase's path."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        if isinstance(exc, DB_ERRORS):
+            raise PostgresUnavailable(cause(exc)) from exc
+
+
+as_unavailable = _AsUnavailable()
 
 
 def _sql_files(folder: Traversable, pattern: re.Pattern[str]) -> list[Traversable]:

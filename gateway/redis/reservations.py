@@ -1,10 +1,17 @@
-"""Reservations in Redis: the only caller of the stock scripts in ``lua/``.
+"""Reservations in Redis: a sku's stock counter and ledger, and the only caller
+of the scripts that change them (``reserve.lua``, ``enqueue.lua``,
+``settle.lua``, ``load_stock.lua``, ``snapshot.lua``).
 
 A purchase's reservation is one ``reserve.lua`` (or ``enqueue.lua``) call,
 coalesced with the other purchases of its sku in the same event-loop turn
-(:class:`ReserveCalls` builds the call's KEYS and ARGV); its :class:`Reply`
-says what the script decided. A flush's verdicts go back as ``settle.lua``'s
-:class:`Settlement` values.
+(:class:`ReserveCalls` builds the call's KEYS and ARGV from each purchase's
+:class:`ReserveEntry`); its :class:`Reply` says what the script decided. A
+flush's verdicts go back as ``settle.lua``'s :class:`Settlement` values. A
+counter is set from the database's stock in one of four :class:`StockLoad` modes.
+
+Beside it: the rebuild lease of a sku's hashes (``gateway.redis.rebuild_lease``),
+the scan of its confirmed ids (``gateway.redis.confirmed_scan``) and the stamp
+of the database the state came from (``gateway.redis.identity``).
 
 The keys and record formats are ``gateway.redis.layout``'s; every key of a sku
 carries the ``{sku}`` hash tag, so one script, pipeline or MULTI of a sku
@@ -16,9 +23,10 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from enum import StrEnum
+from typing import Any, Literal, NamedTuple
 
 from redis.exceptions import RedisError
 
@@ -44,7 +52,6 @@ from gateway.domain.model import (
 from gateway.domain.rules import effective, epoch_ms
 from gateway.redis.connections import RedisClient, redis_call
 from gateway.redis.layout import (
-    STATE_SUFFIXES,
     Change,
     Pending,
     SkuKeys,
@@ -52,22 +59,13 @@ from gateway.redis.layout import (
     channel,
     client_bucket_key,
     decode_confirmed,
-    encode_confirmed,
-    identity_key,
     ledger,
     rejected_key,
-    sku_state_pattern,
     stream_key,
     user_bucket_key,
 )
 from gateway.redis.scripts import Script, ScriptArg, ScriptCoalescer, read_composed, read_script
 from gateway.settings import Settings
-
-# Orders written back per round trip when rebuilding a sku's hashes.
-RESTORE_CHUNK = 1000
-# Confirmed ids asked for per HSCAN round trip.
-SCAN_CHUNK = 5000
-
 
 # What reserve.lua answers and settle.lua takes, as values.
 
@@ -94,7 +92,7 @@ class Reply:
     kind: ReplyKind
     order: Order | None = None
     # "sold_out", "unverified": stock is 0 and nothing is pending.
-    settled: bool = False
+    exhausted: bool = False
     # "ok": when Redis reserved it, by Redis's clock (the ledger's stamp).
     reserved_at_ms: int = 0
     # "not_started", "rate_limited": how long until trying again makes sense.
@@ -123,13 +121,13 @@ _SIMPLE_KINDS: tuple[ReplyKind, ...] = (
     "busy",
 )
 _SIMPLE: dict[str, Reply] = {kind: Reply(kind) for kind in _SIMPLE_KINDS}
-_SOLD_OUT = Reply("sold_out")
-_SOLD_OUT_SETTLED = Reply("sold_out", settled=True)
-# "unverified", by (orphaned, settled).
+_SOLD_OUT_REPLY = Reply("sold_out")
+_EXHAUSTED_REPLY = Reply("sold_out", exhausted=True)
+# "unverified", by (orphaned, exhausted).
 _UNVERIFIED = {
-    (orphaned, settled): Reply("unverified", settled=settled, orphaned=orphaned)
+    (orphaned, exhausted): Reply("unverified", exhausted=exhausted, orphaned=orphaned)
     for orphaned in (False, True)
-    for settled in (False, True)
+    for exhausted in (False, True)
 }
 
 
@@ -139,7 +137,7 @@ def reply_of(raw: Any, purchase: Purchase) -> Reply:
     if kind == "ok":
         return Reply("ok", reserved_at_ms=int(raw[2]))
     if kind == "sold_out":
-        return _SOLD_OUT_SETTLED if int(raw[1]) == 1 else _SOLD_OUT
+        return _EXHAUSTED_REPLY if int(raw[1]) == 1 else _SOLD_OUT_REPLY
     if kind == "confirmed":
         order = Order(raw[1], purchase.request_id, purchase.sku, raw[2], int(raw[3]))
         return Reply("confirmed", order)
@@ -175,11 +173,22 @@ def outcome_of(reply: Reply, request_id: str, info: SkuInfo) -> Result:
 
 # The arguments of one coalesced reserve.lua or enqueue.lua call.
 
-# A purchase waiting for its sku's next reserve.lua call: the purchase, its
-# user's and its client's bucket keys ("" when that limit is off), the sku's
-# leading ARGV (see :meth:`ReserveCalls.head`), and whether PostgreSQL cleared
-# it while the sku's hashes are rebuilt (reserve.lua's "unverified").
-Entry = tuple[Purchase, str, str, tuple[ScriptArg, ...], bool]
+
+# Not frozen: a frozen dataclass's __init__ costs four times as much, and one
+# is made per purchase.
+@dataclass(slots=True)
+class ReserveEntry:
+    """A purchase waiting for its sku's next reserve.lua (or enqueue.lua) call."""
+
+    purchase: Purchase
+    # The user's and the client's bucket keys; "" when that limit is off.
+    user_bucket: str
+    client_bucket: str
+    # The sku's leading ARGV (see :meth:`ReserveCalls.head`).
+    head: tuple[ScriptArg, ...]
+    # PostgreSQL cleared it while the sku's hashes are rebuilt (reserve.lua's
+    # "unverified"): it holds no order of its request id or buyer.
+    verified: bool
 
 
 class ReserveCalls:
@@ -215,20 +224,26 @@ class ReserveCalls:
         self._heads[info.sku] = (info, head)
         return head
 
-    def reserve(self, entries: list[Entry]) -> tuple[list[str], list[ScriptArg]]:
-        """One reserve.lua call for a sku's queued purchases: its four keys, the
+    def reserve(self, entries: list[ReserveEntry]) -> tuple[list[str], list[ScriptArg]]:
+        """One reserve.lua call for a sku's waiting purchases: its four keys, the
         call's own key (a fresh id, so a call sent again is recognised), the
         rebuild key and the bucket keys (each once), the sku's head (the newest
         entry's), then six args per purchase."""
-        sku = entries[0][0].sku
+        sku = entries[0].purchase.sku
         sku_keys = self._keys(sku)
         call = call_key(self._prefix, sku, uuid.uuid4().hex)
         keys: list[str] = [*sku_keys.all(), call, sku_keys.rebuild]
         index: dict[str, int] = {}
-        args: list[ScriptArg] = list(entries[-1][3])
-        for purchase, user_key, client_key, _, verified in entries:
+        args: list[ScriptArg] = list(entries[-1].head)
+        for entry in entries:
+            purchase = entry.purchase
+            verified = 1 if entry.verified else 0
+            if not (entry.user_bucket or entry.client_bucket):
+                # No rate limit applies (the usual sale): no bucket index to find.
+                args += (purchase.request_id, purchase.user_id, purchase.qty, 0, 0, verified)
+                continue
             args += (purchase.request_id, purchase.user_id, purchase.qty)
-            for bucket in (user_key, client_key):
+            for bucket in (entry.user_bucket, entry.client_bucket):
                 if not bucket:
                     args.append(0)
                     continue
@@ -237,17 +252,42 @@ class ReserveCalls:
                     keys.append(bucket)
                     at = index[bucket] = len(keys)
                 args.append(at)
-            args.append(1 if verified else 0)
+            args.append(verified)
         return keys, args
 
-    def enqueue(self, entries: list[Entry]) -> tuple[list[str], list[ScriptArg]]:
+    def enqueue(self, entries: list[ReserveEntry]) -> tuple[list[str], list[ScriptArg]]:
         """One enqueue.lua call: reserve.lua's, then the stream and rejections
         keys last and the stream's bound as the last argument."""
         keys, args = self.reserve(entries)
-        sku = entries[0][0].sku
+        sku = entries[0].purchase.sku
         keys += (stream_key(self._prefix, sku), rejected_key(self._prefix, sku))
         args.append(self._stream_max)
         return keys, args
+
+
+class Snapshot(NamedTuple):
+    """A sku's counter and ledger, read together (snapshot.lua)."""
+
+    # None when the counter is missing.
+    stock: int | None
+    pending: list[Pending]
+
+
+class StockLoad(StrEnum):
+    """How load_stock.lua sets a sku's counter from the database's stock."""
+
+    # Only a missing counter (Redis lost it, or it expired); setting one flags
+    # the sku as rebuilding.
+    RELOAD = "reload"
+    # Always (an admin changed the database stock); a counter that was missing
+    # flags the sku as rebuilding.
+    RESET = "reset"
+    # A reset whose caller knows the buyers and done hashes are whole (a sku
+    # created now, or a tool that wrote them): never flags the sku.
+    FRESH = "fresh"
+    # A reset because the counter disagreed with the database (Redis lost
+    # writes): flags the sku as rebuilding, unless a rebuild is under way.
+    REPAIR = "repair"
 
 
 class Reservations:
@@ -263,13 +303,10 @@ class Reservations:
         self._prefix = settings.key_prefix
         self._channel = channel(settings.key_prefix)
         self._retention_ms = max(1, round(settings.sale_retention_s * 1000))
-        self._identity_key = identity_key(settings.key_prefix)
-        self._state_pattern = sku_state_pattern(settings.key_prefix)
         self._keys: dict[str, SkuKeys] = {}
         self._reserve = read_script("reserve")
         self._settle = read_script("settle")
         self._load_stock = read_script("load_stock")
-        self._rebuild = read_script("rebuild")
         self._snapshot = read_script("snapshot")
         self._enqueue = read_composed("enqueue", "reserve")
         for script in self.scripts:
@@ -282,14 +319,7 @@ class Reservations:
     @property
     def scripts(self) -> tuple[Script, ...]:
         """The scripts this adapter calls."""
-        return (
-            self._reserve,
-            self._settle,
-            self._load_stock,
-            self._rebuild,
-            self._enqueue,
-            self._snapshot,
-        )
+        return (self._reserve, self._settle, self._load_stock, self._enqueue, self._snapshot)
 
     def keys(self, sku: str) -> SkuKeys:
         """The (cached) keys of a sku."""
@@ -337,7 +367,7 @@ class Reservations:
 
     async def _reserve_with(
         self,
-        calls: ScriptCoalescer[Entry],
+        calls: ScriptCoalescer[ReserveEntry],
         purchase: Purchase,
         info: SkuInfo,
         client: Callable[[], str | None] | None,
@@ -352,7 +382,9 @@ class Reservations:
             if address is not None:
                 client_key = client_bucket_key(self._prefix, purchase.sku, address)
         try:
-            raw = await calls(purchase.sku, (purchase, user_key, client_key, head, verified))
+            raw = await calls(
+                purchase.sku, ReserveEntry(purchase, user_key, client_key, head, verified)
+            )
         except RedisError as exc:
             raise RedisUnavailable(f"redis: {type(exc).__name__}") from exc
         return reply_of(raw, purchase)
@@ -372,50 +404,13 @@ class Reservations:
         keys = self.keys(sku)
         return int(await self._call(self._settle, (*keys.all(), keys.rebuild), args))
 
-    async def load_stock(
-        self, sku: str, db_stock: int, *, reset: bool, fresh: bool = False, repair: bool = False
-    ) -> int:
-        """Set Redis stock from database stock minus the ledger (load_stock.lua).
-
-        With ``reset`` false only a missing key is set; setting one flags the
-        sku as rebuilding (:meth:`take_rebuild`) unless ``fresh``: the caller
-        knows the buyers and done hashes are whole (a sku created now, or a
-        tool that wrote them). ``repair``: a reset because the counter
-        disagreed with the database (Redis lost writes), which flags the sku
-        as rebuilding too, unless a rebuild is under way. Returns the stock now."""
-        mode = "repair" if repair else "fresh" if fresh else "reset" if reset else "reload"
-        args = (mode, db_stock, self._channel, sku, self._retention_ms)
+    async def load_stock(self, sku: str, db_stock: int, mode: StockLoad) -> int:
+        """Set Redis stock from database stock minus the ledger (load_stock.lua),
+        as ``mode`` says; returns the stock now."""
+        args = (mode.value, db_stock, self._channel, sku, self._retention_ms)
         keys = self.keys(sku)
         raw = await self._call(self._load_stock, (*keys.all(), keys.rebuild), args)
         return int(raw[1])
-
-    async def rebuilding(self, sku: str) -> bool:
-        """Whether the sku's buyers and done hashes are being rebuilt (incomplete)."""
-        return bool(await redis_call(self.redis.exists(self.keys(sku).rebuild)))
-
-    async def take_rebuild(self, sku: str, owner: str, lease_ms: int) -> bool:
-        """Take the sku's rebuild lease for ``owner`` (rebuild.lua): when the sku
-        is flagged and nobody holds the lease, or its holder's ran out."""
-        return await self._rebuild_step(sku, "take", owner, lease_ms)
-
-    async def write_rebuilt(
-        self, sku: str, owner: str, lease_ms: int, fields: Sequence[str]
-    ) -> bool:
-        """Write orders, given flat as ``request_id, done record, user_id`` each
-        (``Orders.order_page``), into the buyers and done hashes and renew the
-        lease; False, writing nothing, when ``owner`` no longer holds it."""
-        return await self._rebuild_step(sku, "write", owner, lease_ms, fields)
-
-    async def finish_rebuild(self, sku: str, owner: str) -> bool:
-        """End ``owner``'s rebuild: reservations trust the hashes again."""
-        return await self._rebuild_step(sku, "finish", owner, 0)
-
-    async def _rebuild_step(
-        self, sku: str, step: str, owner: str, lease_ms: int, rows: Sequence[str] = ()
-    ) -> bool:
-        keys = self.keys(sku)
-        args = (step, owner, lease_ms, self._retention_ms, *rows)
-        return bool(await self._call(self._rebuild, (keys.rebuild, keys.buyers, keys.done), args))
 
     async def forget_stock(self, sku: str) -> None:
         """Delete a sku's stock counter and announce the change (``meta:<sku>``): its
@@ -424,23 +419,6 @@ class Reservations:
         missing and loads it from the database."""
         await redis_call(self.redis.delete(self.keys(sku).stock))
         await redis_call(self.redis.publish(self._channel, f"{Change.META}:{sku}"))
-
-    async def restore_orders(self, sku: str, orders: Sequence[Order]) -> None:
-        """Write committed orders back into the buyers and done hashes.
-
-        After Redis lost its data these hashes are what answers a replay with its
-        order and a second request of a buyer with "duplicate"; the stock key is
-        reloaded only after this, so no reservation runs against empty hashes.
-        """
-        keys = self.keys(sku)
-        for start in range(0, len(orders), RESTORE_CHUNK):
-            chunk = orders[start : start + RESTORE_CHUNK]
-            pipe = self.redis.pipeline(transaction=False)
-            pipe.hset(keys.done, mapping={o.request_id: encode_confirmed(o) for o in chunk})
-            pipe.hset(keys.buyers, mapping={o.user_id: o.request_id for o in chunk})
-            pipe.pexpire(keys.done, self._retention_ms)
-            pipe.pexpire(keys.buyers, self._retention_ms)
-            await redis_call(pipe.execute())
 
     async def available(self, sku: str) -> int | None:
         """Unreserved stock in Redis, or None when the key is missing."""
@@ -452,69 +430,24 @@ class Reservations:
         raw: dict[str, str] = await redis_call(self.redis.hgetall(self.keys(sku).pending))
         return ledger(raw)
 
-    async def snapshot(self, sku: str) -> tuple[int | None, list[Pending]]:
+    async def snapshot(self, sku: str) -> Snapshot:
         """Stock and ledger read in one script (snapshot.lua), so no reservation
         falls between them."""
         keys = self.keys(sku)
         stock, flat = await self._call(self._snapshot, (keys.stock, keys.pending), ())
         entries = dict(zip(flat[::2], flat[1::2], strict=True))
-        return (None if stock is None else int(stock)), ledger(entries)
+        return Snapshot(None if stock is None else int(stock), ledger(entries))
 
-    async def settled_sold_out(self, sku: str) -> bool:
+    async def exhausted(self, sku: str) -> bool:
         """Whether the sku's counter is 0 with nothing pending (as the waiting-room
         scripts decide it); a missing counter is not sold out."""
         stock, pending = await self.snapshot(sku)
         return stock is not None and stock <= 0 and not pending
 
-    async def confirmed_count(self, sku: str) -> int:
-        """How many orders Redis knows as confirmed (HLEN of the done hash)."""
-        return int(await redis_call(self.redis.hlen(self.keys(sku).done)))
-
-    async def confirmed_ids(self, sku: str) -> AsyncIterator[list[str]]:
-        """The confirmed request ids, a chunk (one HSCAN reply) at a time."""
-        done, cursor = self.keys(sku).done, 0
-        while True:
-            cursor, chunk = await redis_call(self.redis.hscan(done, cursor, count=SCAN_CHUNK))
-            yield list(chunk)
-            if cursor == 0:
-                return
-
     async def confirmed_order(self, sku: str, request_id: str) -> Order | None:
         """The order Redis knows as confirmed for ``request_id``, if any."""
         record = await redis_call(self.redis.hget(self.keys(sku).done, request_id))
         return None if record is None else decode_confirmed(sku, request_id, record)
-
-    async def adopt(self, identity: str) -> bool:
-        """Make the Redis state the state of the database ``identity`` names.
-
-        State stamped by another database (restored from a dump, a failover, a
-        different server) holds orders that database may not have: every sku's
-        keys are dropped, to be reloaded from PostgreSQL by the next purchase,
-        and every instance is told. State with no stamp yet is adopted as it is.
-        Returns whether anything was dropped.
-        """
-        stamped = await redis_call(self.redis.get(self._identity_key))
-        if stamped == identity:
-            return False
-        if stamped is not None:
-            await self._drop_state()
-        await redis_call(self.redis.set(self._identity_key, identity))
-        if stamped is None:
-            return False
-        await redis_call(self.redis.publish(self._channel, f"{Change.RESET}:*"))
-        return True
-
-    async def _drop_state(self) -> None:
-        # On a cluster scan_iter walks every primary and UNLINK is split per slot.
-        doomed: list[str] = []
-        async for key in self.redis.scan_iter(match=self._state_pattern, count=SCAN_CHUNK):
-            if key.endswith(STATE_SUFFIXES):
-                doomed.append(key)
-            if len(doomed) >= SCAN_CHUNK:
-                await redis_call(self.redis.unlink(*doomed))
-                doomed = []
-        if doomed:
-            await redis_call(self.redis.unlink(*doomed))
 
     async def ping(self) -> bool:
         """Whether Redis answers."""

@@ -1,7 +1,7 @@
 """The waiting rooms' Redis adapter: the only caller of the ``lua/room_*`` scripts.
 
 A sku's room lives in the sku's slot (``gateway.redis.layout.RoomKeys``), beside its
-stock, so joining and polling read "settled sold out" in the same script. Who
+stock, so joining and polling read "exhausted" in the same script. Who
 is let in, and when, is decided in Redis by Redis's clock, so every instance
 shares one pace. Driver errors become :class:`gateway.domain.errors.RedisUnavailable`.
 """
@@ -72,7 +72,7 @@ class Rooms:
     ) -> Standing:
         """Put ``user_id`` in ``sku``'s room with ``fresh_ticket``, or find the ticket
         they already hold (unless its admission is older than ``token_ttl_ms``:
-        then the fresh ticket, at the back); ``sold_out`` when the sku is settled
+        then the fresh ticket, at the back); ``sold_out`` when the sku is exhausted
         sold out. ``starts_ms`` is the sale's start (0: none), to tell early
         arrivals apart."""
         q, s = RoomKeys.of(self._prefix, sku), SkuKeys.of(self._prefix, sku)

@@ -10,12 +10,12 @@ that command), and a replica promoted by a failover, which never had the
 scripts, answers NOSCRIPT once and is loaded the same way.
 
 The calls themselves (:func:`evalsha_many`) skip redis-py's command layer on a
-single Redis or a Sentinel-named primary: hiredis packs them (its C packer, about
-six times faster than redis-py's own on a reserve call of 30 purchases) and
+single Redis or a Sentinel-named primary: hiredis packs them (its C packer,
+far faster than redis-py's own; docs/performance.md has the figure) and
 they go out on one pooled connection in one write, their replies read in turn.
 The connection, its parser and its retries on a lost connection stay redis-py's.
 On the in-stock path redis-py's packing, pipeline and observability hooks were
-a fifth of the gateway's CPU (docs/performance.md). A Redis Cluster keeps
+a large part of the gateway's CPU (docs/performance.md). A Redis Cluster keeps
 redis-py's pipeline, which routes each call by its slot.
 """
 
@@ -99,12 +99,12 @@ async def _send(conn: AbstractConnection, packed: bytes) -> None:
     redis-py bounds the write by its socket timeout with ``asyncio.wait_for``,
     which on Python 3.11 runs it as a task of its own: the calls then leave a
     turn of the event loop later, behind every callback ready by then and a
-    poll of every socket (in stock 1.03x the requests a second without it,
-    ``make ab``, docs/performance.md). Here ``asyncio.timeout`` bounds it in
-    the caller's task; all else is redis-py 8.1.0's ``send_packed_command``
-    line for line (the connect, the health check, the disconnect on a failed
-    write, the errors raised), which ``tests/unit/test_library_reaches.py``
-    holds it to: redis is pinned to that release in pyproject.toml.
+    poll of every socket (what that cost is in docs/performance.md). Here
+    ``asyncio.timeout`` bounds it in the caller's task; all else is redis-py
+    8.1.0's ``send_packed_command`` line for line (the connect, the health
+    check, the disconnect on a failed write, the errors raised), which
+    ``tests/unit/test_library_reaches.py`` holds it to: redis is pinned to that
+    release in pyproject.toml.
     """
     if not conn.is_connected:
         await conn.connect_check_health(check_health=False)

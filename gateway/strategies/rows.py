@@ -18,11 +18,13 @@ import asyncpg
 
 from gateway.domain.errors import IdempotencyMismatch, PostgresUnavailable
 from gateway.domain.model import DUPLICATE, SOLD_OUT, Order, Outcome, Purchase, Result
-from gateway.postgres.database import DB_ERRORS, Connection
+from gateway.postgres.database import Connection, as_unavailable
 
 # The request id's own order, and any order of this buyer of this sku: one
-# round trip for the replay and the duplicate checks.
-PRIOR_ORDERS = """
+# round trip for one purchase's replay and duplicate checks, inside its
+# transaction (gateway.postgres.orders asks the same of many purchases at once
+# while a sku is rebuilt: ORDERS_BY_REQUESTS_OR_BUYERS).
+ORDERS_BY_REQUEST_OR_BUYER = """
 SELECT order_id::text, request_id, sku, user_id, qty FROM orders
 WHERE request_id = $1 OR (sku = $2 AND user_id = $3)
 """
@@ -49,7 +51,9 @@ def _answer(row: asyncpg.Record, purchase: Purchase) -> Result:
 
 async def _prior(con: Connection, purchase: Purchase) -> Result | None:
     """The answer the orders already give (replay, mismatch, duplicate), if any."""
-    rows = await con.fetch(PRIOR_ORDERS, purchase.request_id, purchase.sku, purchase.user_id)
+    rows = await con.fetch(
+        ORDERS_BY_REQUEST_OR_BUYER, purchase.request_id, purchase.sku, purchase.user_id
+    )
     # The request id's own order decides before the buyer's other order does.
     rows.sort(key=lambda r: r["request_id"] != purchase.request_id)
     return _answer(rows[0], purchase) if rows else None
@@ -70,7 +74,7 @@ class Rows:
         written, or (the connection broke at the commit) the order may exist,
         which a retry of the same request id answers with.
         """
-        try:
+        with as_unavailable:
             async with self.pool.acquire() as con:
                 try:
                     return await self._decide(con, purchase, take)
@@ -81,8 +85,6 @@ class Rows:
                     if settled is None:  # its order is gone again: an admin's doing
                         raise PostgresUnavailable("order conflict; retry") from None
                     return settled
-        except DB_ERRORS as exc:
-            raise PostgresUnavailable(f"postgres: {type(exc).__name__}") from exc
 
     @staticmethod
     async def _decide(con: Connection, purchase: Purchase, take: Take) -> Result:

@@ -16,8 +16,9 @@ from typing import Any
 
 from gateway.domain.errors import UnknownSku
 from gateway.domain.model import StockReport
+from gateway.postgres.inventory import Inventory
 from gateway.postgres.orders import Orders
-from gateway.redis.reservations import Reservations
+from gateway.redis.reservations import Reservations, StockLoad
 from gateway.usecases.catalog import Catalog
 from gateway.usecases.rebuilds import Rebuilds
 from gateway.usecases.servable import Servability
@@ -33,6 +34,7 @@ class StockAdmin:
         *,
         reservations: Reservations,
         orders: Orders,
+        inventory: Inventory,
         locks: SkuLocks,
         catalog: Catalog,
         soldout: SoldOut,
@@ -42,6 +44,7 @@ class StockAdmin:
         self._reservations = reservations
         self._servability = servability
         self._orders = orders
+        self._inventory = inventory
         self._locks = locks
         self._catalog = catalog
         self._soldout = soldout
@@ -60,7 +63,7 @@ class StockAdmin:
         self._servability.check(fields.get("waiting_room"))
         redis_stock: int | None = None
         async with self._locks.held(sku):
-            changed = await self._orders.change_sku(sku, fields, create=create)
+            changed = await self._inventory.change_sku(sku, fields, create=create)
             if changed is None:
                 raise UnknownSku(f"no sku {sku!r}")
             before, after = changed
@@ -87,12 +90,12 @@ class StockAdmin:
         """Add ``delta`` units to ``sku``; raises :class:`UnknownSku`."""
         if not (await self._catalog.strategy(sku)).reserves:
             # No counter to keep in step: the row lock of the UPDATE is enough.
-            stock = await self._orders.restock(sku, delta)
+            stock = await self._inventory.restock(sku, delta)
             if stock is None:
                 raise UnknownSku(f"no sku {sku!r}")
             return {"sku": sku, "stock": stock, "redis_stock": None}
         async with self._locks.held(sku):
-            stock = await self._orders.restock(sku, delta)
+            stock = await self._inventory.restock(sku, delta)
             if stock is None:
                 raise UnknownSku(f"no sku {sku!r}")
             redis_stock = await self._reset(sku, stock)
@@ -104,7 +107,8 @@ class StockAdmin:
         never written under another strategy) flagged the sku as rebuilding, so
         take the rebuild unless another instance has (a no-op when not flagged).
         ``fresh``: the sku was created now, so it has no orders to rebuild."""
-        redis_stock = await self._reservations.load_stock(sku, stock, reset=True, fresh=fresh)
+        mode = StockLoad.FRESH if fresh else StockLoad.RESET
+        redis_stock = await self._reservations.load_stock(sku, stock, mode)
         if not fresh:
             self._rebuilds.ensure(sku)
         return redis_stock

@@ -165,7 +165,7 @@ class Admissions:
             # Sold out is the answer, token or not (replays included): from the
             # in-process mark without I/O, else from the stock's own store.
             marked = self._soldout.lookup(purchase.sku) is not None
-            if marked or await self._purchases.settled_sold_out(info):
+            if marked or await self._purchases.exhausted(info):
                 return await self._purchases.purchase(purchase, client)
             self._refuse(Refusal.MISSING)
         purchase = purchase.identified()

@@ -11,7 +11,7 @@ import asyncio
 
 from gateway.domain.errors import UnknownSku
 from gateway.domain.model import SkuInfo, Strategy
-from gateway.postgres.orders import Orders
+from gateway.postgres.inventory import Inventory
 
 UNKNOWN_TTL_S = 1.0
 
@@ -19,8 +19,10 @@ UNKNOWN_TTL_S = 1.0
 class Catalog:
     """A cache of :class:`SkuInfo` in front of the database."""
 
-    def __init__(self, orders: Orders, default_strategy: Strategy = Strategy.RESERVE_BATCH) -> None:
-        self._orders = orders
+    def __init__(
+        self, inventory: Inventory, default_strategy: Strategy = Strategy.RESERVE_BATCH
+    ) -> None:
+        self._inventory = inventory
         self.default_strategy = default_strategy
         self._known: dict[str, SkuInfo] = {}
         self._unknown: dict[str, float] = {}
@@ -33,7 +35,7 @@ class Catalog:
         now = asyncio.get_running_loop().time()
         if self._unknown.get(sku, 0.0) > now:
             raise UnknownSku(f"no sku {sku!r}")
-        found = await self._orders.sku_info(sku)
+        found = await self._inventory.sku_info(sku)
         if found is None:
             self._unknown[sku] = now + UNKNOWN_TTL_S
             raise UnknownSku(f"no sku {sku!r}")

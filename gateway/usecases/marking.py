@@ -1,6 +1,6 @@
 """Building a sold-out sku's in-process mark, in the background.
 
-A purchase that Redis answered settled sold out starts the build and is
+A purchase that Redis answered exhausted starts the build and is
 answered at once; the requests after it are answered in-process once the mark
 is set (``gateway.usecases.sold_out``). The mark carries the sku's confirmed request ids,
 read from Redis's done hash, and read again only when their count changed.
@@ -24,7 +24,8 @@ from typing import Protocol
 
 import structlog
 
-from gateway.redis.reservations import Reservations
+from gateway.redis.confirmed_scan import ConfirmedScan
+from gateway.redis.rebuild_lease import RebuildLease
 from gateway.usecases.sold_out import ConfirmedIds, SoldOut
 
 log = structlog.get_logger(__name__)
@@ -52,11 +53,13 @@ class SoldOutMarking:
     def __init__(
         self,
         soldout: SoldOut,
-        reservations: Reservations,
+        lease: RebuildLease,
+        scan: ConfirmedScan,
         observer: MarkObserver = UNOBSERVED,
     ) -> None:
         self._soldout = soldout
-        self._reservations = reservations
+        self._lease = lease
+        self._scan = scan
         self._observer = observer
         self._building: dict[str, asyncio.Task[None]] = {}
 
@@ -83,16 +86,16 @@ class SoldOutMarking:
             log.warning("sold_out_mark_failed", sku=sku, cause=repr(task.exception()))
 
     async def _mark(self, sku: str, generation: tuple[int, int]) -> None:
-        if await self._reservations.rebuilding(sku):
+        if await self._lease.rebuilding(sku):
             # Told sold out after PostgreSQL cleared the purchase: the done hash
             # is incomplete, and the next request marks the sku without a filter.
             return
-        count = await self._reservations.confirmed_count(sku)
+        count = await self._scan.count(sku)
         confirmed = self._soldout.built(sku, count)
         if confirmed is None:
             started = time.perf_counter()
             confirmed = ConfirmedIds(count)
-            async for chunk in self._reservations.confirmed_ids(sku):
+            async for chunk in self._scan.ids(sku):
                 confirmed.update(chunk)
             self._observer.confirmed_ids_built(count, time.perf_counter() - started)
         self._soldout.mark(sku, generation, confirmed)

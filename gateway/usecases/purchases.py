@@ -49,7 +49,7 @@ from gateway.domain.model import (
     Strategy,
 )
 from gateway.domain.rules import SaleRules
-from gateway.redis.reservations import Reply, outcome_of
+from gateway.redis.reservations import Reply, StockLoad, outcome_of
 from gateway.usecases.doubt import RedisDoubt
 from gateway.usecases.ports import (
     UNOBSERVED,
@@ -185,10 +185,10 @@ class Purchases:
     async def _sold_out(
         self, purchase: Purchase, reply: Reply, generation: tuple[int, int], *, replayable: bool
     ) -> Result:
-        """reserve.lua's sold-out answer, after marking a settled sku; a request id
+        """reserve.lua's sold-out answer, after marking an exhausted sku; a request id
         the client sent is looked up in PostgreSQL while Redis is doubted (it may
         have lost the order's records: gateway.usecases.doubt)."""
-        if reply.settled:
+        if reply.exhausted:
             self._marking.start(purchase.sku, generation)
         if replayable and self._doubt:
             return await self._replay(purchase, UNBUILT)
@@ -220,7 +220,7 @@ class Purchases:
         self._rebuilding[purchase.sku] = time.monotonic() + RECHECK_S
         if reply.orphaned:
             self._rebuilds.ensure(purchase.sku)
-        if reply.settled:
+        if reply.exhausted:
             # Sold out for good: only a replay gets anything but sold out, and the
             # requests after this one are answered in-process.
             self._marking.start(purchase.sku, generation, rebuilding=True)
@@ -247,7 +247,7 @@ class Purchases:
         if reply.kind == "missing":
             return None
         if reply.kind == "sold_out":
-            # The next purchase asks Redis first: settled, it marks the sku.
+            # The next purchase asks Redis first: exhausted, it marks the sku.
             self._rebuilding.pop(purchase.sku, None)
         return reply
 
@@ -261,12 +261,12 @@ class Purchases:
             available = await self._stocks.stock(sku) or 0
         return available
 
-    async def settled_sold_out(self, info: SkuInfo) -> bool:
+    async def exhausted(self, info: SkuInfo) -> bool:
         """Whether ``info``'s sku has nothing left to sell: no stock, and for a
         strategy that reserves in Redis nothing pending that could come back."""
         if not self._catalog.strategy_of(info).reserves:
             return (await self._stocks.stock(info.sku) or 0) <= 0
-        return await self._reservations.settled_sold_out(info.sku)
+        return await self._reservations.exhausted(info.sku)
 
     async def _queued(self, purchase: Purchase, kind: str) -> Result:
         """The answer of the queue strategy once enqueue.lua ran: 202 as soon
@@ -338,7 +338,7 @@ class Purchases:
         stock = await self._stocks.stock(sku)
         if stock is None:
             raise Unavailable("sku vanished")
-        await self._reservations.load_stock(sku, stock, reset=False)
+        await self._reservations.load_stock(sku, stock, StockLoad.RELOAD)
         self._rebuilds.ensure(sku)
         self._observer.stock_reloaded()
         log.warning("stock_reloaded", sku=sku, stock=stock)

@@ -37,7 +37,7 @@ from typing import Protocol
 import structlog
 
 from gateway.postgres.orders import Orders
-from gateway.redis.reservations import Reservations
+from gateway.redis.rebuild_lease import RebuildLease
 
 log = structlog.get_logger(__name__)
 
@@ -82,7 +82,7 @@ class Rebuilds:
 
     def __init__(
         self,
-        reservations: Reservations,
+        lease: RebuildLease,
         orders: Orders,
         observer: RebuildObserver = UNOBSERVED,
         *,
@@ -91,7 +91,7 @@ class Rebuilds:
         cpu_clock: Callable[[], float] = time.thread_time,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
-        self._reservations = reservations
+        self._lease = lease
         self._orders = orders
         self._observer = observer
         self._share = share
@@ -129,15 +129,13 @@ class Rebuilds:
 
     async def _run(self, sku: str) -> None:
         owner = uuid.uuid4().hex
-        if not await self._reservations.take_rebuild(sku, owner, LEASE_MS):
+        if not await self._lease.take(sku, owner, LEASE_MS):
             return
         started, written, after = time.perf_counter(), 0, ""
         while True:
             cpu = self._cpu_clock()
             page = await self._orders.order_page(sku, after, self._page)
-            if page.count and not await self._reservations.write_rebuilt(
-                sku, owner, LEASE_MS, page.fields
-            ):
+            if page.count and not await self._lease.write(sku, owner, LEASE_MS, page.fields):
                 log.warning("rebuild_lease_lost", sku=sku, written=written)
                 return
             written += page.count
@@ -146,7 +144,7 @@ class Rebuilds:
             after = page.last_user
             spent = self._cpu_clock() - cpu
             await self._sleep(min(spent * (1 / self._share - 1), MAX_PAUSE_S))
-        if await self._reservations.finish_rebuild(sku, owner):
+        if await self._lease.finish(sku, owner):
             seconds = time.perf_counter() - started
             self._observer.rebuilt(written, seconds)
             log.warning("sale_rebuilt", sku=sku, orders=written, seconds=round(seconds, 3))

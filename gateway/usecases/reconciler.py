@@ -37,8 +37,12 @@ from redis.exceptions import RedisError
 from gateway.domain.errors import Unavailable
 from gateway.domain.model import Verdict
 from gateway.lock import LockError
+from gateway.postgres.identity import DatabaseIdentity
+from gateway.postgres.inventory import Inventory
 from gateway.postgres.orders import Orders
-from gateway.redis.reservations import Reservations, Settlement
+from gateway.postgres.sale_gate import PostgresSaleGate
+from gateway.redis.identity import IdentityStamp
+from gateway.redis.reservations import Reservations, Settlement, StockLoad
 from gateway.usecases.catalog import Catalog
 from gateway.usecases.rebuilds import Rebuilds
 from gateway.write.sku_locks import SkuLocks
@@ -69,6 +73,10 @@ class Reconciler:
         *,
         reservations: Reservations,
         orders: Orders,
+        inventory: Inventory,
+        stamp: IdentityStamp,
+        database: DatabaseIdentity,
+        gate: PostgresSaleGate,
         locks: SkuLocks,
         timeout_s: float,
         interval_s: float,
@@ -79,6 +87,10 @@ class Reconciler:
     ) -> None:
         self._reservations = reservations
         self._orders = orders
+        self._inventory = inventory
+        self._stamp = stamp
+        self._database = database
+        self._gate = gate
         self._locks = locks
         self._timeout_ms = int(timeout_s * 1000)
         self._interval = interval_s
@@ -105,16 +117,21 @@ class Reconciler:
         """One pass over every sku of the inventory, after making sure Redis holds
         this database's state (a restored or failed-over database drops it)."""
         # PostgreSQL's own housekeeping first: it needs no Redis.
-        await self._orders.prune_rate_buckets()
-        if await self._reservations.adopt(await self._orders.identity()):
-            log.warning("redis_state_dropped", reason="another database")
+        await self._gate.prune_buckets()
+        await self.adopt_database()
         done: dict[str, SkuReconciliation] = {}
-        for sku in await self._orders.skus():
+        for sku in await self._inventory.skus():
             try:
                 done[sku] = await self.reconcile(sku)
             except (Unavailable, LockError, RedisError) as exc:
                 log.warning("reconcile_failed", sku=sku, cause=repr(exc))
         return done
+
+    async def adopt_database(self) -> None:
+        """Make the Redis state this database's: state stamped by another
+        (restored, failed over) is dropped, to be reloaded from PostgreSQL."""
+        if await self._stamp.adopt(await self._database.read()):
+            log.warning("redis_state_dropped", reason="another database")
 
     async def reconcile(self, sku: str) -> SkuReconciliation:
         """One pass over one sku, under its flush lock."""
@@ -180,7 +197,7 @@ class Reconciler:
         # records of committed orders: the repair flags the sku as rebuilding,
         # so a replay of such an order is looked up in PostgreSQL, not told
         # sold out, until the hashes are whole again (gateway.usecases.rebuilds).
-        after = await reservations.load_stock(sku, db_stock + committed, reset=True, repair=True)
+        after = await reservations.load_stock(sku, db_stock + committed, StockLoad.REPAIR)
         self._rebuilds.ensure(sku)
         log.warning("drift_repaired", sku=sku, drift=drift, redis_stock=after, db_stock=db_stock)
         return drift, units, True

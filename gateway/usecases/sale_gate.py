@@ -23,15 +23,15 @@ from collections.abc import Callable
 from gateway.domain.errors import Ended, NotStarted, RateLimited
 from gateway.domain.model import Purchase, SkuInfo
 from gateway.domain.rules import Rate, effective
-from gateway.postgres.orders import Bucket, Orders
+from gateway.postgres.sale_gate import Bucket, PostgresSaleGate
 from gateway.settings import Settings
 
 
 class SaleGate:
     """Window and rates for a strategy without Redis state, decided in PostgreSQL."""
 
-    def __init__(self, orders: Orders, settings: Settings) -> None:
-        self._orders = orders
+    def __init__(self, gate: PostgresSaleGate, settings: Settings) -> None:
+        self._gate = gate
         self._user_rate, self._client_rate = settings.user_rate, settings.client_rate
 
     async def enforce(
@@ -50,14 +50,14 @@ class SaleGate:
         by_client = (
             None if address is None or client_rate is None else _bucket(f"c:{address}", client_rate)
         )
-        verdict, wait_ms = await self._orders.sale_gate(purchase, user, by_client)
-        if verdict == "not_started":
-            raise NotStarted(info.rules.window_json()["starts_at"] or "", wait_ms)
-        if verdict == "ended":
+        answer = await self._gate.check(purchase, user, by_client)
+        if answer.verdict == "not_started":
+            raise NotStarted(info.rules.window_json()["starts_at"] or "", answer.wait_ms)
+        if answer.verdict == "ended":
             raise Ended()
-        if verdict == "rate_limited":
-            raise RateLimited(wait_ms)
+        if answer.verdict == "rate_limited":
+            raise RateLimited(answer.wait_ms)
 
 
 def _bucket(name: str, rate: Rate) -> Bucket:
-    return (name, rate.per_s, rate.burst)
+    return Bucket(name, rate.per_s, rate.burst)

@@ -22,7 +22,7 @@ import structlog
 
 from gateway.domain.errors import NotConfigured, PostgresUnavailable
 from gateway.domain.model import WaitingRoom
-from gateway.postgres.orders import Orders
+from gateway.postgres.inventory import Inventory
 from gateway.settings import Settings
 
 # Skus listed in /readyz at most: a few name the mistake; thousands would cost every probe.
@@ -35,9 +35,9 @@ log = structlog.get_logger(__name__)
 class Servability:
     """Checks sku configurations against this instance's settings."""
 
-    def __init__(self, settings: Settings, orders: Orders) -> None:
+    def __init__(self, settings: Settings, inventory: Inventory) -> None:
         self._signs = settings.admission_secret is not None
-        self._orders = orders
+        self._inventory = inventory
 
     def check(self, room: WaitingRoom | None) -> None:
         """Refuse a sku configuration this instance could not serve; raises
@@ -52,7 +52,7 @@ class Servability:
         if self._signs:
             return {}
         try:
-            skus = await self._orders.waiting_room_skus(SHOWN)
+            skus = await self._inventory.waiting_room_skus(SHOWN)
         except PostgresUnavailable:
             return {}
         return dict.fromkeys(skus, NO_SECRET)

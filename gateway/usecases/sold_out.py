@@ -1,6 +1,6 @@
 """In-process knowledge of sold-out skus: the fastest answer the gateway gives.
 
-A sku is marked only when Redis reported it settled (no stock and nothing
+A sku is marked only when Redis reported it exhausted (no stock and nothing
 pending), so no order of it can still be confirmed. The mark carries a compact
 set of that sku's confirmed request ids, a Bloom filter: a request id it does
 not hold has no order and is answered sold out with no I/O (as is a purchase
@@ -15,7 +15,7 @@ built for the last mark still holds every one of them, and re-marking costs one
 count, not a pass over every order.
 
 While Redis rebuilds a lost sale's hashes (``gateway.usecases.rebuilds``), a sku it
-reports settled is marked at once without its filter, which is built from the
+reports exhausted is marked at once without its filter, which is built from the
 order rows meanwhile (``gateway.usecases.marking``): every request id may be a replay
 then and is looked up in PostgreSQL, a purchase without one is sold out at once.
 

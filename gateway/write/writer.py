@@ -31,7 +31,7 @@ from redis.exceptions import RedisError
 from gateway.domain.errors import Unavailable
 from gateway.domain.model import Verdict
 from gateway.lock import LockError
-from gateway.postgres.orders import Orders
+from gateway.postgres.inventory import Inventory
 from gateway.redis.streams import Depth, Entry, StreamGone, Streams
 from gateway.write.flusher import Flusher
 
@@ -62,13 +62,13 @@ class QueueWriter:
         *,
         streams: Streams,
         flusher: Flusher,
-        orders: Orders,
+        inventory: Inventory,
         claim_every_s: float,
         observer: WriterObserver | None = None,
     ) -> None:
         self._streams = streams
         self._flusher = flusher
-        self._orders = orders
+        self._inventory = inventory
         self._claim_every_s = claim_every_s
         self._observer = observer
         # Unique per process and start: a restarted writer claims its former
@@ -105,7 +105,7 @@ class QueueWriter:
 
     async def _discover(self) -> None:
         # Only skus with a stream: a blocking read holds a Redis connection.
-        for sku in await self._streams.existing(await self._orders.skus()):
+        for sku in await self._streams.existing(await self._inventory.skus()):
             task = self._tasks.get(sku)
             if task is None or task.done():
                 self._tasks[sku] = asyncio.create_task(self._write(sku), name=f"writer-{sku}")

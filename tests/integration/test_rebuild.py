@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import collections
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import asyncpg
@@ -20,7 +21,8 @@ from redis.asyncio import Redis
 
 from gateway.redis.connections import create_redis
 from gateway.redis.layout import SkuKeys
-from gateway.redis.reservations import Reservations
+from gateway.redis.rebuild_lease import RebuildLease
+from gateway.redis.reservations import Reservations, StockLoad
 from gateway.settings import Settings
 from testkit.polling import wait_for
 from testkit.purchases import buy, db_state, put_sku, redis_state
@@ -37,14 +39,23 @@ AT_ONCE = 100
 LEFT = 1000
 
 
+@dataclass(frozen=True)
+class Other:
+    """The Redis adapters of another gateway instance, played by the test."""
+
+    reservations: Reservations
+    lease: RebuildLease
+
+
 @pytest.fixture
-async def other(make_settings: Callable[..., Settings]) -> AsyncIterator[Reservations]:
-    """The Redis adapter of another gateway instance, played by the test."""
+async def other(make_settings: Callable[..., Settings]) -> AsyncIterator[Other]:
+    """Another gateway instance's Redis adapters, their scripts loaded."""
     settings = make_settings()
     client = create_redis(settings)
-    reservations = Reservations(client, settings)
-    await reservations.load_scripts()
-    yield reservations
+    found = Other(Reservations(client, settings), RebuildLease(client, settings))
+    await found.reservations.load_scripts()
+    await found.lease.load_scripts()
+    yield found
     await client.aclose()
 
 
@@ -87,11 +98,11 @@ async def _absent(redis: Redis, key: str) -> bool:
     return await redis.exists(key) == 0
 
 
-async def stall_rebuild(other: Reservations, sku: str, db_stock: int) -> None:
+async def stall_rebuild(other: Other, sku: str, db_stock: int) -> None:
     """Another instance found the counter missing first, reloaded it (flagging
     the sku as rebuilding) and took the rebuild's lease, then stalled."""
-    await other.load_stock(sku, db_stock, reset=False)
-    assert await other.take_rebuild(sku, "stalled", STALLED_MS)
+    await other.reservations.load_stock(sku, db_stock, StockLoad.RELOAD)
+    assert await other.lease.take(sku, "stalled", STALLED_MS)
 
 
 async def held_by(redis: Redis, keys: SkuKeys) -> str | None:
@@ -103,13 +114,11 @@ async def held_by(redis: Redis, keys: SkuKeys) -> str | None:
     return text.partition("|")[0]
 
 
-async def take_over(
-    client: Any, redis: Redis, other: Reservations, sku: str, keys: SkuKeys
-) -> None:
+async def take_over(client: Any, redis: Redis, other: Other, sku: str, keys: SkuKeys) -> None:
     """The stalled instance's lease runs out; the next purchase that ``client``'s
     gateway asks Redis about takes the rebuild over, and it ends with both
     hashes whole."""
-    assert await other.take_rebuild(sku, "stalled", 1)
+    assert await other.lease.take(sku, "stalled", 1)
     await wait_for(
         lambda: _taken_over(client, redis, sku, keys), within=30, what="the gateway takes over"
     )
@@ -131,7 +140,7 @@ class TestSoldOutSaleLost:
         redis: Redis,
         key_prefix: str,
         database_url: str,
-        other: Reservations,
+        other: Other,
     ) -> None:
         """While another instance holds the rebuild (the hashes still empty), the
         next purchase is sold out and the sku is then known sold out here: a
@@ -187,7 +196,7 @@ class TestInStockSaleLost:
         redis: Redis,
         key_prefix: str,
         database_url: str,
-        other: Reservations,
+        other: Other,
     ) -> None:
         """30 units, 10 sold, then the keys vanish and another instance holds the
         rebuild. At once: the 10 buyers again with new request ids, their 10
@@ -230,7 +239,7 @@ class TestInStockSaleLost:
         redis: Redis,
         key_prefix: str,
         database_url: str,
-        other: Reservations,
+        other: Other,
     ) -> None:
         """A sale of 100,000 orders with 1,000 units left loses its keys and
         another instance holds the rebuild (the hashes empty). At once: 100 new

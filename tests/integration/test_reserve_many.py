@@ -61,7 +61,7 @@ class TestReserveMany:
         in_a_row = [await reservations.reserve(p, info) for p in purchases(apart)]
         expected = [kind for *_, kind in STORM]
         assert [r.kind for r in at_once] == [r.kind for r in in_a_row] == expected
-        assert [r.settled for r in at_once] == [r.settled for r in in_a_row]
+        assert [r.exhausted for r in at_once] == [r.exhausted for r in in_a_row]
         for name in (together, apart):
             keys = SkuKeys.of(key_prefix, name)
             assert await redis_state(redis, key_prefix, name) == (0, 2)

@@ -25,7 +25,7 @@ from gateway.domain.model import (
     Strategy,
 )
 from gateway.postgres.lookups import Prior
-from gateway.redis.reservations import Reply
+from gateway.redis.reservations import Reply, StockLoad
 from gateway.usecases.deductions import Deductions
 from gateway.usecases.doubt import RedisDoubt
 from gateway.usecases.ports import Client, Lookups
@@ -84,13 +84,13 @@ class Redis:
     async def available(self, sku: str) -> int | None:
         return None
 
-    async def settled_sold_out(self, sku: str) -> bool:
+    async def exhausted(self, sku: str) -> bool:
         return False
 
     async def confirmed_order(self, sku: str, request_id: str) -> Order | None:
         return self.done.get(request_id)
 
-    async def load_stock(self, sku: str, db_stock: int, *, reset: bool) -> int:
+    async def load_stock(self, sku: str, db_stock: int, mode: StockLoad) -> int:
         await asyncio.sleep(0)  # the requests that find it missing meanwhile wait for this one
         self.loaded.append((sku, db_stock))
         return db_stock
@@ -283,10 +283,10 @@ class TestSoldOut:
         assert await world.buy(request_id="never-seen") is SOLD_OUT
         assert (world.redis.calls, world.postgres.asked) == ([], [])
 
-    async def test_redis_settled_sold_out_starts_the_mark(self) -> None:
-        """reserve.lua's settled sold out is the client's answer, and starts the
+    async def test_redis_exhausted_starts_the_mark(self) -> None:
+        """reserve.lua's exhausted sold out is the client's answer, and starts the
         sku's in-process mark."""
-        world = World(Reply("sold_out", settled=True))
+        world = World(Reply("sold_out", exhausted=True))
         assert await world.buy() is SOLD_OUT
         assert world.recorder.marked == [(SKU, False)]
 
@@ -377,7 +377,7 @@ class TestRebuild:
     async def test_settled_while_rebuilt_marks_at_once_and_looks_up(self) -> None:
         """Sold out for good while rebuilt: the sku is marked at once without its
         filter, and the request id looked up in PostgreSQL's orders."""
-        world = World(Reply("unverified", settled=True))
+        world = World(Reply("unverified", exhausted=True))
         assert await world.buy() is SOLD_OUT
         assert world.recorder.marked == [(SKU, True)]
         assert world.postgres.asked == ["order"]

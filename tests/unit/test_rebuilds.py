@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import cast
 
 from gateway.postgres.orders import OrderPage, Orders
-from gateway.redis.reservations import Reservations
+from gateway.redis.rebuild_lease import RebuildLease
 from gateway.usecases.rebuilds import LEASE_MS, MAX_PAUSE_S, Rebuilds
 from testkit.polling import wait_for
 
@@ -64,20 +64,18 @@ class Lease:
         self.written = 0
         self.finished = False
 
-    async def take_rebuild(self, sku: str, owner: str, lease_ms: int) -> bool:
+    async def take(self, sku: str, owner: str, lease_ms: int) -> bool:
         self.until = self.loop.wall + lease_ms / 1000
         return True
 
-    async def write_rebuilt(
-        self, sku: str, owner: str, lease_ms: int, fields: Sequence[str]
-    ) -> bool:
+    async def write(self, sku: str, owner: str, lease_ms: int, fields: Sequence[str]) -> bool:
         if self.loop.wall > self.until:
             return False
         self.written += len(fields) // 3
         self.until = self.loop.wall + lease_ms / 1000
         return True
 
-    async def finish_rebuild(self, sku: str, owner: str) -> bool:
+    async def finish(self, sku: str, owner: str) -> bool:
         self.finished = self.loop.wall <= self.until
         return self.finished
 
@@ -86,7 +84,7 @@ async def rebuild(cpu_per_page: float, share: float) -> tuple[Loop, Lease]:
     loop = Loop(cpu_per_page)
     lease = Lease(loop)
     rebuilds = Rebuilds(
-        cast(Reservations, lease),
+        cast(RebuildLease, lease),
         cast(Orders, Pages(loop)),
         share=share,
         page=PAGE,

@@ -1,0 +1,68 @@
+"""The sale window and rate buckets PostgreSQL keeps for the strategies without
+Redis state: the only caller of ``sale_gate()`` (``sql/functions/sale_gate.sql``).
+
+Which buckets apply to a purchase is the use case's to say
+(``gateway.usecases.sale_gate``); here they are checked and taken by
+PostgreSQL's clock in one round trip, and the ones full again pruned. Driver
+errors become :class:`gateway.domain.errors.PostgresUnavailable`.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import asyncpg
+
+from gateway.domain.model import Purchase
+from gateway.postgres.database import as_unavailable
+
+# The window and rate limits of one purchase, in one round trip.
+SALE_GATE = "SELECT verdict, wait_ms FROM sale_gate($1, $2, $3, $4, $5, $6, $7, $8, $9)"
+# Buckets past their expiry are full again: the same as no row.
+PRUNE_RATE_BUCKETS = "DELETE FROM rate_buckets WHERE expires_at < now()"
+
+
+class Bucket(NamedTuple):
+    """A rate-limit bucket as ``sale_gate()`` takes it."""
+
+    # 'u:<user>' or 'c:<address>'.
+    name: str
+    per_s: float
+    burst: int
+
+
+class GateAnswer(NamedTuple):
+    """What ``sale_gate()`` answered for one purchase."""
+
+    # "pass", "not_started", "ended" or "rate_limited".
+    verdict: str
+    # "not_started", "rate_limited": how long until trying again makes sense.
+    wait_ms: int
+
+
+_NO_BUCKET = Bucket("", 0.0, 0)
+
+
+class PostgresSaleGate:
+    """Calls ``sale_gate()`` for a purchase and prunes its buckets."""
+
+    def __init__(self, pool: asyncpg.Pool) -> None:
+        self._pool = pool
+
+    async def check(
+        self, purchase: Purchase, user: Bucket | None, client: Bucket | None
+    ) -> GateAnswer:
+        """The sale window and the token buckets of ``purchase`` by PostgreSQL's
+        clock; a bucket of None is not checked."""
+        p, u, c = purchase, user or _NO_BUCKET, client or _NO_BUCKET
+        args = (p.sku, p.request_id, p.qty, u.name, u.per_s, u.burst, c.name, c.per_s, c.burst)
+        with as_unavailable:
+            row = await self._pool.fetchrow(SALE_GATE, *args)
+        assert row is not None  # a function call returns its one row
+        return GateAnswer(row["verdict"], row["wait_ms"])
+
+    async def prune_buckets(self) -> int:
+        """Delete the rate-limit buckets that are full again; how many."""
+        with as_unavailable:
+            done = await self._pool.execute(PRUNE_RATE_BUCKETS)
+        return int(done.split()[-1])
