@@ -9,6 +9,7 @@ import structlog
 from aiohttp import web
 
 from gateway.domain.errors import (
+    ClientGone,
     InvalidRequest,
     NotFound,
     TooLarge,
@@ -69,10 +70,20 @@ def json_response(
 
 async def read_body(request: web.Request) -> bytes:
     """The body, refusing more than :data:`payloads.MAX_BODY` before reading it
-    when the length is declared."""
+    when the length is declared. Raises :class:`ClientGone` when the client
+    went away first."""
     if (request.content_length or 0) > payloads.MAX_BODY:
         raise TooLarge(f"body over {payloads.MAX_BODY} bytes")
-    return await request.read()
+    try:
+        return await request.read()
+    except TimeoutError:
+        # Set by the read deadline (gateway.http.limits): the client stalled.
+        raise ClientGone("the body did not arrive in time") from None
+    except OSError as exc:
+        # aiohttp's ConnectionResetError("Connection lost"), or the socket's own
+        # error: the client's, and told apart here, where it cannot be a
+        # dependency's (an OSError past this point is a driver's: a 503).
+        raise ClientGone("the connection was lost before the body arrived") from exc
 
 
 def purchase_response(result: Result) -> web.Response:
