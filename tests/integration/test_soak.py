@@ -153,11 +153,12 @@ async def put(client: Client, sku: str, **body: Any) -> None:
     assert resp.status == 200, await resp.text()
 
 
-async def final(client: Client, request_id: str) -> tuple[int, dict[str, Any]]:
-    """A queued purchase's answer once final (long polls while it is 202)."""
+async def final(client: Client, request_id: str, user: str) -> tuple[int, dict[str, Any]]:
+    """A queued purchase's answer to its buyer once final (long polls while it is 202)."""
 
     async def answered() -> tuple[int, dict[str, Any]] | None:
-        resp = await client.get(f"/v1/orders/{request_id}", params={"wait": "5"})
+        params = {"wait": "5", "user_id": user}
+        resp = await client.get(f"/v1/orders/{request_id}", params=params)
         return None if resp.status == 202 else (resp.status, await resp.json())
 
     return await wait_for(answered, within=30, what=f"final answer of {request_id}")
@@ -172,7 +173,7 @@ async def sale(client: Client, sku: str, kind: str, r: int) -> int:
     if kind == "queue":
         # Queued, then followed to the order (200) or the writer's refusal.
         first = [
-            await final(client, f"{sku}.r{r}-{u}") if status == 202 else (status, body)
+            await final(client, f"{sku}.r{r}-{u}", u) if status == 202 else (status, body)
             for u, (status, body) in zip(users, first, strict=True)
         ]
         confirmed = 200
