@@ -256,6 +256,27 @@ class TestStartup:
             finally:
                 await client.close()
 
+    async def test_waits_for_redis_to_come_up(self, make_settings: Any) -> None:
+        """The same for Redis: nothing listens on its port at first; when a
+        listener appears half a second later the gateway finishes starting."""
+        port = free_port()
+        client = TestClient(
+            TestServer(
+                create_app(
+                    make_settings(redis_url=f"redis://127.0.0.1:{port}/0", startup_wait_s=20)
+                )
+            )
+        )
+        starting = asyncio.create_task(client.start_server())
+        await asyncio.sleep(0.5)
+        assert not starting.done()
+        with FaultProxy("127.0.0.1", 6379, listen_port=port):
+            await asyncio.wait_for(starting, 20)
+            try:
+                assert (await client.get("/readyz")).status == 200
+            finally:
+                await client.close()
+
     async def test_gives_up_after_the_bound(self, make_settings: Any, database_url: str) -> None:
         """With no database at all, start-up fails once the wait runs out, saying
         that nothing answers at the setting's address."""
