@@ -208,7 +208,14 @@ async def _diagnosing(url: str) -> AsyncIterator[None]:
     """Turn a failure to connect to ``url`` into :class:`Misconfigured`."""
     try:
         yield
-    except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError) as exc:
+    except (
+        asyncpg.PostgresError,
+        asyncpg.InterfaceError,
+        # What the driver raises on bytes that are not PostgreSQL's protocol.
+        asyncpg.InternalClientError,
+        OSError,
+        TimeoutError,
+    ) as exc:
         raise await _diagnosis(url, exc) from exc
 
 

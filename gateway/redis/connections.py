@@ -123,35 +123,42 @@ async def _diagnosis(redis: RedisClient, settings: Settings, exc: BaseException)
     """What a failed ping found: Redis's own refusal when it answered, else what
     a probe of the URL's address finds."""
     field, url = _setting(settings)
-
-    def found(text: str, *, final: bool = True) -> Misconfigured:
+    refusal = _refusal(redis, exc)
+    if refusal is not None:
+        text, final = refusal
         return Misconfigured(field, url, text, final=final)
+    parts = urlsplit(url)
+    if field != "redis_url":  # several addresses: the driver's words say which failed
+        return Misconfigured(field, url, _one_line(exc), final=False)
+    if isinstance(exc.__context__, socket.gaierror):
+        found = f"host {parts.hostname} not found ({exc.__context__.strerror})"
+        return Misconfigured(field, url, found, final=False)
+    if parts.scheme == "rediss":  # TLS: a plain PING would not tell Redis from anything else
+        return Misconfigured(field, url, _one_line(exc), final=False)
+    port = parts.port or DEFAULT_PORT
+    where = parts.path if parts.scheme == "unix" else f"{parts.hostname}:{port}"
+    answer = await _probe(parts.scheme, parts.hostname or "", port, parts.path)
+    if answer is None:
+        return Misconfigured(field, url, f"nothing answers at {where}", final=False)
+    if answer[:1] not in (b"+", b"-"):
+        return Misconfigured(field, url, f"not Redis (no answer to PING at {where})")
+    found = f"Redis did not let us in ({_one_line(exc)})"
+    return Misconfigured(field, url, found, final=False)
 
+
+def _refusal(redis: RedisClient, exc: BaseException) -> tuple[str, bool] | None:
+    """What Redis said when it answered the ping with an error, and whether that
+    is final; None when it did not answer."""
     if isinstance(exc, AuthenticationError | AuthenticationWrongNumberOfArgsError):
-        return found(f"authentication failed ({_one_line(exc)})")
+        return f"authentication failed ({_one_line(exc)})", True
     if isinstance(exc, BusyLoadingError):
-        return found("Redis is loading its data", final=False)
+        return "Redis is loading its data", False
     if isinstance(exc, ResponseError) and "DB index is out of range" in str(exc):
         db = redis.connection_pool.connection_kwargs.get("db") if isinstance(redis, Redis) else 0
-        return found(f"database {db} does not exist")
+        return f"database {db} does not exist", True
     if isinstance(exc, ResponseError):
-        return found(f"Redis refused ({_one_line(exc)})")
-    if isinstance(exc.__context__, socket.gaierror):
-        return found(f"host {urlsplit(url).hostname} not found", final=False)
-    parts = urlsplit(url)
-    if field != "redis_url" or parts.scheme == "rediss":  # no plain address to probe
-        return found(_one_line(exc), final=False)
-    where = (
-        parts.path if parts.scheme == "unix" else f"{parts.hostname}:{parts.port or DEFAULT_PORT}"
-    )
-    answer = await _probe(
-        parts.scheme, parts.hostname or "", parts.port or DEFAULT_PORT, parts.path
-    )
-    if answer is None:
-        return found(f"nothing answers at {where}", final=False)
-    if answer[:1] not in (b"+", b"-"):
-        return found(f"not Redis (no answer to PING at {where})")
-    return found(f"Redis did not let us in ({_one_line(exc)})", final=False)
+        return f"Redis refused ({_one_line(exc)})", True
+    return None
 
 
 async def _probe(scheme: str, host: str, port: int, path: str) -> bytes | None:
