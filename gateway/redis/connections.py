@@ -17,7 +17,7 @@ from urllib.parse import urlsplit
 
 from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.cluster import ClusterNode, RedisCluster
-from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
+from redis.asyncio.sentinel import MasterNotFoundError, Sentinel, SentinelConnectionPool
 from redis.exceptions import (
     AuthenticationError,
     AuthenticationWrongNumberOfArgsError,
@@ -127,6 +127,9 @@ async def _diagnosis(redis: RedisClient, settings: Settings, exc: BaseException)
     if refusal is not None:
         text, final = refusal
         return Misconfigured(field, url, text, final=final)
+    if isinstance(exc, MasterNotFoundError):  # its words list every connection's settings
+        master = f"GATEWAY_REDIS_SENTINEL_MASTER={settings.redis_sentinel_master}"
+        return Misconfigured(field, url, f"no Sentinel names a primary for {master}", final=False)
     parts = urlsplit(url)
     if field != "redis_url":  # several addresses: the driver's words say which failed
         return Misconfigured(field, url, _one_line(exc), final=False)
