@@ -190,7 +190,9 @@ def build_gateway(opened: Opened) -> Gateway:
     purchases = _purchases(opened, flushing, catalog, soldout, marking, rebuilds, batching)
     rooms = Rooms(opened.redis, settings, on_noscript=metrics.scripts.reloaded)
     servability = Servability(settings, inventory)
-    feed = ChangeFeed(opened.redis, channel(settings.key_prefix), subscribers=(soldout, catalog))
+    reconciler = _reconciler(opened, flushing, inventory, catalog, rebuilds)
+    subscribers = (soldout, catalog, reconciler)
+    feed = ChangeFeed(opened.redis, channel(settings.key_prefix), subscribers=subscribers)
     return Gateway(
         flushing=flushing,
         batcher=batcher,
@@ -211,7 +213,7 @@ def build_gateway(opened: Opened) -> Gateway:
             servability=servability,
             rebuilds=rebuilds,
         ),
-        reconciler=_reconciler(opened, flushing, inventory, catalog, rebuilds),
+        reconciler=reconciler,
         tracker=OrderTracker(orders=orders, streams=flushing.streams),
         feed=feed,
         lag=LoopLag(metrics.loop.lagged, stall_report_s=settings.loop_stall_report_s),
@@ -316,7 +318,7 @@ def _reconciler(
         locks=flushing.locks,
         timeout_s=settings.reservation_timeout_s,
         interval_s=settings.reconcile_interval_s,
-        publish=opened.metrics.reconciler.sku_state,
+        observer=opened.metrics.reconciler,
         queued=flushing.streams.queued_ids,
         catalog=catalog,
         rebuilds=rebuilds,
