@@ -21,6 +21,8 @@ log = structlog.get_logger(__name__)
 SKU_STATUSES = ("active", "idle", "archived", "all")
 PAGE_MAX = 1000
 PAGE_DEFAULT = 100
+# The query parameters each admin route takes (by its path); the others take none.
+QUERIES = {"/admin/skus": frozenset({"status", "after", "limit"})}
 
 
 def _admin(request: web.Request) -> tuple[StockAdmin, str]:

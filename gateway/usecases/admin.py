@@ -161,7 +161,7 @@ class StockAdmin:
         if db_stock is None:
             raise UnknownSku(f"no sku {sku!r}")
         sold = await self._orders.units_sold(sku)
-        if not (await self._catalog.strategy(sku)).reserves:
+        if not await self._sells_in_redis(sku):
             # Nothing of it in Redis: the report needs no Redis either.
             return StockReport(sku=sku, db_stock=db_stock, redis_stock=None, pending=0, sold=sold)
         pending = sum(p.qty for p in await self._reservations.pending(sku))
@@ -172,6 +172,14 @@ class StockAdmin:
             pending=pending,
             sold=sold,
         )
+
+    async def _sells_in_redis(self, sku: str) -> bool:
+        """Whether ``sku`` sells from a Redis counter; an archived sku (unknown to
+        the catalog, still in the books) sells no more."""
+        try:
+            return (await self._catalog.strategy(sku)).reserves
+        except UnknownSku:
+            return False
 
     def _forget(self, sku: str) -> None:
         # This instance's own caches; the others learn from pub/sub.
