@@ -32,7 +32,8 @@ return of units) makes it active again, on every instance at once. Redis can
 change without the row: an announcement that stock came back for a sku that
 is not active, or a change feed that resumed (announcements missed; Redis may
 have failed over and lost writes), makes the next pass visit every sku once,
-as does this instance's start.
+as does this instance's start. What 2,000 idle skus add to a pass is in
+docs/performance.md ("A reconcile pass costs the active skus").
 """
 
 from __future__ import annotations
