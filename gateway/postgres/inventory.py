@@ -52,6 +52,7 @@ SELECT sku, stock, {HELD} AS held,
 FROM inventory
 """
 ACTIVE_SKUS = f"{SKU_STATE} WHERE {ACTIVE} ORDER BY sku"
+ACTIVE_NAMES = f"SELECT sku FROM inventory WHERE {ACTIVE} ORDER BY sku"
 ALL_SKUS = f"{SKU_STATE} ORDER BY sku"
 # The reconciler found the sku exhausted (or archived), nothing pending or held,
 # at the change it read (updated_at): idle until the next change.
@@ -205,8 +206,9 @@ class Inventory:
         return [SkuState(*r) for r in rows]
 
     async def active_skus(self) -> list[str]:
-        """The names of the active skus."""
-        return [s.sku for s in await self.states()]
+        """The names of the active skus (without the sums of their states)."""
+        with as_unavailable:
+            return [r["sku"] for r in await self._pool.fetch(ACTIVE_NAMES)]
 
     async def mark_idle(self, sku: str, updated_at: datetime) -> bool:
         """Record that ``sku`` was found with nothing left to change by itself at

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from gateway.http.appkeys import RECONCILER
 from testkit.metrics import samples
 from testkit.purchases import ADMIN_HEADERS, buy, put_sku
 from testkit.rooms import SECRET, join, put_room_sku
@@ -83,6 +84,42 @@ class TestActiveSkus:
         assert (await buy(client, sku, "u2", "r2"))[0] == 201
         assert (await reconcile(client))[sku]["pending"] == 0
         assert sku not in await reconcile(client)
+
+    async def test_a_change_on_one_instance_makes_the_sku_active_on_another(
+        self, start_gateway: Any, sku: str
+    ) -> None:
+        """Two gateways on one database and Redis: once the sold-out sku is idle,
+        neither visits it; a restock through one makes the other's next pass
+        visit it (the row changed), and a purchase on the other buys the unit."""
+        first = await start_gateway(reconcile_interval_s=3600)
+        second = await start_gateway(reconcile_interval_s=3600)
+        await put_sku(first, sku, 1)
+        assert (await buy(first, sku, "u1", "r1"))[0] == 201
+        for client in (first, second):
+            await reconcile(client)
+            assert sku not in await reconcile(client)
+        resp = await first.post(
+            f"/admin/skus/{sku}/restock", json={"delta": 1}, headers=ADMIN_HEADERS
+        )
+        assert resp.status == 200
+        assert sku in await reconcile(second)
+        assert (await buy(second, sku, "u2", "r2"))[0] == 201
+
+    async def test_a_resumed_change_feed_makes_the_next_pass_visit_every_sku(
+        self, start_gateway: Any, sku: str
+    ) -> None:
+        """Announcements missed while the change feed was down (it resumed) or
+        stock that came back in Redis for an idle sku: the next pass visits
+        every sku once, then the active ones again."""
+        client = await start_gateway(reconcile_interval_s=3600)
+        await put_sku(client, sku, 0)
+        await reconcile(client)
+        assert sku not in await reconcile(client)
+        reconciler = client.app[RECONCILER]
+        for missed in (reconciler.feed_resumed, lambda: reconciler.stock_returned(sku)):
+            missed()
+            assert sku in await reconcile(client)
+            assert sku not in await reconcile(client)
 
 
 class TestArchive:
