@@ -35,6 +35,9 @@ OUTCOMES = (
     "not_started",
     "ended",
     "rate_limited",
+    # The buyer closed, reset or stalled before its body arrived: no fault of
+    # the gateway's, and kept out of "unavailable" (which pages).
+    "client_gone",
 )
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)

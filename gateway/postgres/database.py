@@ -51,6 +51,9 @@ DB_ERRORS = (
     asyncpg.InterfaceError,
     # Raised by the driver when a broken connection is reused mid-protocol.
     asyncpg.InternalClientError,
+    # asyncpg lets its socket's errors (refused, reset) escape bare. A buyer's
+    # connection raises them too, but only where its body is read, which tells
+    # it apart first (gateway.http.views.read_body: the outcome client_gone).
     OSError,
     TimeoutError,
 )

@@ -19,8 +19,9 @@ through KEYS and write the records below; their contracts point here.
                               group ``writers``; an entry is deleted once acknowledged
 ``<prefix>:{<sku>}:rejected`` hash    queue strategy: request_id -> verdict letter of a
                               queued purchase the database refused (S, D, R or X)
-``<prefix>:request:{<rid>}``  string  queue strategy: the sku a request id was queued
-                              for, so ``GET /v1/orders/{rid}`` finds its state
+``<prefix>:request:{<rid>}``  string  queue strategy: ``sku|user_id``, the sku a request id
+                              was queued for and its buyer, so ``GET /v1/orders/{rid}``
+                              finds its state for that buyer alone
 ``<prefix>:{<sku>}:rl:u:<user_id>``  string  a user's token bucket ``tokens|at_ms`` for
 ``<prefix>:{<sku>}:rl:c:<address>``  string  the sku, and a client address's (reserve.lua);
                               each expires once it would be full again
@@ -173,6 +174,18 @@ def decode_confirmed(sku: str, request_id: str, record: str) -> Order:
     """A done-hash record back into its :class:`Order`."""
     order_id, user, qty = record.split(SEPARATOR)
     return Order(order_id, request_id, sku, user, int(qty))
+
+
+def encode_queued(sku: str, user_id: str) -> str:
+    """The request key's record of a queued purchase: ``sku|user_id``."""
+    return SEPARATOR.join((sku, user_id))
+
+
+def queued_by(record: str, user_id: str) -> str | None:
+    """The sku of a request key's record if ``user_id`` queued it, else None
+    (also for a record written before the buyer was kept: it names none)."""
+    sku, _, buyer = record.partition(SEPARATOR)
+    return sku if buyer == user_id else None
 
 
 @dataclass(frozen=True, slots=True)

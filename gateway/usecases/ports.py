@@ -116,9 +116,9 @@ class Rebuilding(Protocol):
 
 
 class QueuedIds(Protocol):
-    """Which sku a queued request id belongs to (gateway.redis.streams.Streams)."""
+    """Which sku and buyer a queued request id belongs to (gateway.redis.streams.Streams)."""
 
-    async def remember(self, request_id: str, sku: str) -> None: ...
+    async def remember(self, request_id: str, sku: str, user_id: str) -> None: ...
 
 
 class Deducting(Protocol):

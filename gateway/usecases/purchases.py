@@ -282,7 +282,7 @@ class Purchases:
             raise Unavailable("queue full")
         # Already durable: a failure here is a 503 whose retry answers 202.
         # Also on a retry, in case the first request died before this.
-        await self._streams.remember(purchase.request_id, purchase.sku)
+        await self._streams.remember(purchase.request_id, purchase.sku, purchase.user_id)
         return Result(Outcome.ACCEPTED, request_id=purchase.request_id)
 
     async def strategy(self, sku: str) -> Strategy:

@@ -123,7 +123,7 @@ class TestAnotherDatabase:
             for i, (_, phantom) in enumerate(after, start=3):
                 status, body = await buy(b, sku, f"u{i}", f"r{i}")
                 assert status == 201 and body["order_id"] != phantom["order_id"]
-                row = await b.get(f"/v1/orders/{sku}.r{i}")
+                row = await b.get(f"/v1/orders/{sku}.r{i}", params={"user_id": f"u{i}"})
                 assert (await row.json())["order_id"] == body["order_id"]
             assert await db_state(url_b, sku) == (4, 6, 6)
             await b.close()
