@@ -144,7 +144,7 @@ class TestArchive:
 
         status, refused = await buy(client, sku, "u2", "r2")
         assert (status, refused["error"]) == (404, "unknown_sku")
-        resp = await client.get(f"/v1/orders/{sku}.r1")
+        resp = await client.get(f"/v1/orders/{sku}.r1?user_id=u1")
         assert resp.status == 200 and (await resp.json())["user_id"] == "u1"
         resp = await client.patch(f"/admin/skus/{sku}", json={"stock": 9}, headers=ADMIN_HEADERS)
         assert (resp.status, (await resp.json())["error"]) == (404, "unknown_sku")
