@@ -48,7 +48,7 @@ ACTIVE = f"(idle_at IS DISTINCT FROM updated_at OR {HELD} > 0)"
 SKU_STATE = f"""
 SELECT sku, stock, {HELD} AS held,
        (SELECT COALESCE(SUM(qty), 0) FROM orders AS o WHERE o.sku = inventory.sku) AS sold,
-       updated_at, archived_at IS NOT NULL AS archived
+       updated_at, archived_at IS NOT NULL AS archived, {ACTIVE} AS active
 FROM inventory
 """
 ACTIVE_SKUS = f"{SKU_STATE} WHERE {ACTIVE} ORDER BY sku"
@@ -57,6 +57,8 @@ ALL_SKUS = f"{SKU_STATE} ORDER BY sku"
 # The reconciler found the sku exhausted (or archived), nothing pending or held,
 # at the change it read (updated_at): idle until the next change.
 MARK_IDLE = "UPDATE inventory SET idle_at = updated_at WHERE sku = $1 AND updated_at = $2"
+# An idle sku found changing without its row (Redis after a failover): active again.
+MARK_ACTIVE = "UPDATE inventory SET idle_at = NULL WHERE sku = $1"
 ARCHIVE = """
 UPDATE inventory SET archived_at = now(), updated_at = now()
 WHERE sku = $1 AND archived_at IS NULL RETURNING archived_at
@@ -110,8 +112,9 @@ class SkuState(NamedTuple):
     stock: int  # units on sale (the database's)
     held: int  # units held for payment
     sold: int  # units in committed orders
-    updated_at: datetime  # the row's last change, which settling is tied to
+    updated_at: datetime  # the row's last change, which idleness is tied to
     archived: bool
+    active: bool
 
 
 class SkuListing(NamedTuple):
@@ -216,6 +219,11 @@ class Inventory:
         with as_unavailable:
             done: str = await self._pool.execute(MARK_IDLE, sku, updated_at)
         return done == "UPDATE 1"
+
+    async def mark_active(self, sku: str) -> None:
+        """Make ``sku`` active again whatever its row says."""
+        with as_unavailable:
+            await self._pool.execute(MARK_ACTIVE, sku)
 
     async def archive(self, sku: str) -> tuple[datetime, bool] | None:
         """Archive ``sku``: (when it was archived, whether by this call); None

@@ -142,7 +142,7 @@ class Reconciler:
         self._returned: set[str] = set()
 
     async def run(self) -> None:
-        """Reconcile every sku each interval until cancelled; a failed pass is
+        """Reconcile the active skus each interval until cancelled; a failed pass is
         logged and the next one tries again, so the task never dies quietly."""
         while True:
             await asyncio.sleep(self._interval)
@@ -172,6 +172,8 @@ class Reconciler:
             except (Unavailable, LockError, RedisError) as exc:
                 log.warning("reconcile_failed", sku=state.sku, cause=repr(exc))
                 self._returned.add(state.sku)  # not known idle: seen again next pass
+                if not state.archived:
+                    live.append(state.sku)  # its series stay as the last pass left them
                 continue
             done[state.sku] = found.done
             if await self._idle(state, found):
@@ -184,11 +186,15 @@ class Reconciler:
         return done
 
     async def _idle(self, state: SkuState, found: Found) -> bool:
-        """Mark the sku idle when nothing is left to change by itself: quiet, no
-        units held, and no stock on sale (or archived); False while it is active."""
-        if not found.quiet or state.held or (state.stock and not state.archived):
-            return False
-        return await self._inventory.mark_idle(state.sku, state.updated_at)
+        """Whether the sku is idle: nothing is left to change by itself (quiet, no
+        units held, no stock on sale unless archived), marked so if it was not.
+        An idle sku found otherwise (a pass over every sku, after Redis changed
+        without its row) is made active again."""
+        if found.quiet and not state.held and (not state.stock or state.archived):
+            return not state.active or await self._inventory.mark_idle(state.sku, state.updated_at)
+        if not state.active:
+            await self._inventory.mark_active(state.sku)
+        return False
 
     # What the change feed tells (gateway.redis.change_feed.ChangeSubscriber).
     def stock_returned(self, sku: str) -> None:

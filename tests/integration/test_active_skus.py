@@ -5,7 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from redis.asyncio import Redis
+
 from gateway.http.appkeys import RECONCILER
+from gateway.redis.layout import SkuKeys
 from testkit.metrics import samples
 from testkit.purchases import ADMIN_HEADERS, buy, put_sku
 from testkit.rooms import SECRET, join, put_room_sku
@@ -120,6 +123,25 @@ class TestActiveSkus:
             missed()
             assert sku in await reconcile(client)
             assert sku not in await reconcile(client)
+
+    async def test_an_idle_sku_whose_redis_changed_is_active_until_repaired(
+        self, start_gateway: Any, sku: str, redis: Redis, key_prefix: str
+    ) -> None:
+        """Redis lost the write that took an idle sku's last unit (its counter is 1
+        again, the database's stock 0): the pass over every sku after the feed
+        resumed repairs the drift and makes the sku active again; the next pass
+        visits it, finds it quiet, and it is idle once more."""
+        client = await start_gateway(reconcile_interval_s=3600)
+        await put_sku(client, sku, 1)
+        assert (await buy(client, sku, "u1", "r1"))[0] == 201
+        await reconcile(client)
+        assert sku not in await reconcile(client)
+        await redis.set(SkuKeys.of(key_prefix, sku).stock, 1)
+        client.app[RECONCILER].feed_resumed()
+        assert (await reconcile(client))[sku]["repaired"] is True
+        assert (await reconcile(client))[sku]["drift"] == 0
+        assert sku not in await reconcile(client)
+        assert (await buy(client, sku, "u2", "r2"))[1]["status"] == "sold_out"
 
 
 class TestArchive:
