@@ -61,6 +61,7 @@ from gateway.postgres.identity import DatabaseIdentity
 from gateway.postgres.inventory import Inventory
 from gateway.postgres.lookups import Arbitrations, OrderLookups, PriorLookups
 from gateway.postgres.orders import Orders
+from gateway.postgres.retention import Retention
 from gateway.postgres.sale_gate import PostgresSaleGate
 from gateway.redis.change_feed import ChangeFeed
 from gateway.redis.confirmed_scan import ConfirmedScan
@@ -314,7 +315,7 @@ def _reconciler(
         inventory=inventory,
         stamp=IdentityStamp(opened.redis, settings.key_prefix),
         database=DatabaseIdentity(opened.pool),
-        gate=PostgresSaleGate(opened.pool),
+        retention=Retention(opened.pool, settings.release_retention_s),
         locks=flushing.locks,
         timeout_s=settings.reservation_timeout_s,
         interval_s=settings.reconcile_interval_s,

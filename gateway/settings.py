@@ -244,6 +244,10 @@ class Settings:
     # A sku's Redis state expires this long after it was last written (a sold-out
     # sku's last write is its last settle); PostgreSQL answers, and refills it, after.
     sale_retention_s: float = setting(86_400.0, _float(1.0))
+    # A release (released_reservations) is deleted this long after it was made:
+    # it only stops a flush still on its way with the reservation it names, so
+    # it must outlast the reservation timeout (gateway.postgres.retention).
+    release_retention_s: float = setting(3_600.0, _float(1.0))
     # After Redis lost a sale, the most of the event loop's CPU time the
     # background rebuild of its hashes takes (gateway.usecases.rebuilds); 1: no pacing.
     rebuild_share: float = setting(0.1, _share)
@@ -308,6 +312,11 @@ class Settings:
             raise SettingsError(
                 f"{env_name('lane_index')}={self.lane_index}: must be below"
                 f" {env_name('lane_count')}={self.lane_count}"
+            )
+        if self.release_retention_s < self.reservation_timeout_s:
+            raise SettingsError(
+                f"{env_name('release_retention_s')}={self.release_retention_s:g}: must be at"
+                f" least {env_name('reservation_timeout_s')}={self.reservation_timeout_s:g}"
             )
         if self.redis_sentinels and self.redis_cluster_nodes:
             raise SettingsError(

@@ -12,7 +12,10 @@ through KEYS and write the records below; their contracts point here.
                               rebuilt from PostgreSQL after Redis lost the sale
                               (``gateway.usecases.rebuilds``); reservations trust the two
                               hashes only once it is gone
-``<prefix>:{<sku>}:lock``     the sku's flush lock (see ``gateway.lock``)
+``<prefix>:{<sku>}:lock``     the sku's flush lock (see ``gateway.lock``), expiring with
+                              its lease; ``...:lock:fence`` its fencing tokens,
+                              expiring ``GATEWAY_SALE_RETENTION_S`` after the last
+                              acquisition
 ``<prefix>:{<sku>}:stream``   stream  queue strategy: reserved purchases waiting for a
                               writer, entry fields ``rid``, ``user``, ``qty``, ``at``
                               (request id, user id, qty, reserved_at_ms); consumer
@@ -27,14 +30,18 @@ through KEYS and write the records below; their contracts point here.
                               each expires once it would be full again
 ``<prefix>:{<sku>}:call:<id>``  string  the replies (JSON) of a reserve.lua call that
                               reserved, for the call sent again; expires after 30 s
+                              (or the retention, if shorter)
 ``<prefix>:events``           channel of sku changes: ``avail:<sku>`` (stock came back),
                               ``meta:<sku>`` (an admin changed the sku) and ``reset:*``
                               (every sku's state was dropped)
 ``<prefix>:db``               the identity of the database this state came from
 
-The four keys of a sku expire ``GATEWAY_SALE_RETENTION_S`` after the last write
-(a reservation, a settle, a reload); the scripts renew them together. The
-stream, the rejections and a request's sku expire as long after their last write.
+Every key but ``<prefix>:db`` expires: the four keys of a sku
+``GATEWAY_SALE_RETENTION_S`` after the last write (a reservation, a settle, a
+reload; the scripts renew them together), the stream, the rejections, a
+request's sku and a room's keys as long after their last write, a rate bucket
+once it would be full again. ``docs/operations.md`` lists each with its
+retention, and ``tests/integration/test_soak.py`` checks that they all go.
 """
 
 from __future__ import annotations

@@ -53,7 +53,7 @@ from gateway.lock import LockError
 from gateway.postgres.identity import DatabaseIdentity
 from gateway.postgres.inventory import Inventory, SkuState
 from gateway.postgres.orders import Orders
-from gateway.postgres.sale_gate import PostgresSaleGate
+from gateway.postgres.retention import Retention
 from gateway.redis.identity import IdentityStamp
 from gateway.redis.reservations import Reservations, Settlement, StockLoad
 from gateway.usecases.catalog import Catalog
@@ -110,7 +110,7 @@ class Reconciler:
         inventory: Inventory,
         stamp: IdentityStamp,
         database: DatabaseIdentity,
-        gate: PostgresSaleGate,
+        retention: Retention,
         locks: SkuLocks,
         timeout_s: float,
         interval_s: float,
@@ -124,7 +124,7 @@ class Reconciler:
         self._inventory = inventory
         self._stamp = stamp
         self._database = database
-        self._gate = gate
+        self._retention = retention
         self._locks = locks
         self._timeout_ms = int(timeout_s * 1000)
         self._interval = interval_s
@@ -157,7 +157,7 @@ class Reconciler:
         (a restored or failed-over database drops it); the skus it found
         idle leave the passes and the metrics."""
         # PostgreSQL's own housekeeping first: it needs no Redis.
-        await self._gate.prune_buckets()
+        await self._retention.prune()
         await self.adopt_database()
         every, self._every = self._every, False
         returned, self._returned = self._returned, set()

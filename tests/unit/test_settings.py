@@ -123,6 +123,18 @@ def test_cluster_nodes() -> None:
         load(both)
 
 
+def test_a_release_outlasts_the_reservation_timeout() -> None:
+    """GATEWAY_RELEASE_RETENTION_S below GATEWAY_RESERVATION_TIMEOUT_S is refused in
+    one line naming both: a release pruned first could let a late flush commit."""
+    short = {"GATEWAY_RELEASE_RETENTION_S": "10", "GATEWAY_RESERVATION_TIMEOUT_S": "30"}
+    with pytest.raises(SettingsError) as refused:
+        load(short)
+    assert str(refused.value) == (
+        "GATEWAY_RELEASE_RETENTION_S=10: must be at least GATEWAY_RESERVATION_TIMEOUT_S=30"
+    )
+    assert load({"GATEWAY_RELEASE_RETENTION_S": "30"}).release_retention_s == 30.0
+
+
 def test_strategy_and_the_optimistic_budget() -> None:
     """GATEWAY_STRATEGY defaults to reserve-batch and takes each strategy's name;
     the optimistic budget is read too; an unknown strategy names the setting."""
