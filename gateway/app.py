@@ -191,7 +191,9 @@ def build_gateway(opened: Opened) -> Gateway:
     purchases = _purchases(opened, flushing, catalog, soldout, marking, rebuilds, batching)
     rooms = Rooms(opened.redis, settings, on_noscript=metrics.scripts.reloaded)
     servability = Servability(settings, inventory)
-    feed = ChangeFeed(opened.redis, channel(settings.key_prefix), subscribers=(soldout, catalog))
+    reconciler = _reconciler(opened, flushing, inventory, catalog, rebuilds)
+    subscribers = (soldout, catalog, reconciler)
+    feed = ChangeFeed(opened.redis, channel(settings.key_prefix), subscribers=subscribers)
     return Gateway(
         flushing=flushing,
         batcher=batcher,
@@ -212,7 +214,7 @@ def build_gateway(opened: Opened) -> Gateway:
             servability=servability,
             rebuilds=rebuilds,
         ),
-        reconciler=_reconciler(opened, flushing, inventory, catalog, rebuilds),
+        reconciler=reconciler,
         tracker=OrderTracker(orders=orders, streams=flushing.streams),
         feed=feed,
         lag=LoopLag(metrics.loop.lagged, stall_report_s=settings.loop_stall_report_s),
@@ -317,7 +319,7 @@ def _reconciler(
         locks=flushing.locks,
         timeout_s=settings.reservation_timeout_s,
         interval_s=settings.reconcile_interval_s,
-        publish=opened.metrics.reconciler.sku_state,
+        observer=opened.metrics.reconciler,
         queued=flushing.streams.queued_ids,
         catalog=catalog,
         rebuilds=rebuilds,
@@ -475,7 +477,7 @@ def create_app(settings: Settings) -> web.Application:
     proxies = TrustedProxies(settings.trusted_proxies)
     answers = AnswerLog(metrics.stats)
     answer = answering(proxies, metrics, answers, timed=settings.metrics)
-    middleware = gateway_middleware(answer, views.QUERIES)
+    middleware = gateway_middleware(answer, {**views.QUERIES, **admin_views.QUERIES})
     app = web.Application(middlewares=[middleware], client_max_size=MAX_BODY)
     app[ANSWER] = answer
     app[SETTINGS] = settings

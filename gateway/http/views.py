@@ -144,6 +144,8 @@ async def buy(
         result = await purchases.purchase(p, current_client)
     else:
         result = await admissions.purchase(p, token, current_client)
+    if result.outcome is Outcome.CONFIRMED:
+        purchases.answered_confirmed(p.sku)
     return purchase_answer(request, result)
 
 

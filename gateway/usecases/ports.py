@@ -153,6 +153,8 @@ class PurchaseObserver(ShedObserver, Protocol):
 
     def stock_reloaded(self) -> None: ...
 
+    def purchase_confirmed(self, sku: str) -> None: ...
+
 
 class _Unobserved:
     """Purchases nobody counts."""
@@ -161,6 +163,9 @@ class _Unobserved:
         """Nothing to count."""
 
     def stock_reloaded(self) -> None:
+        """Nothing to count."""
+
+    def purchase_confirmed(self, sku: str) -> None:
         """Nothing to count."""
 
 

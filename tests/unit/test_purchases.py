@@ -173,6 +173,9 @@ class Recorder:
     def stock_reloaded(self) -> None:
         self.reloaded += 1
 
+    def purchase_confirmed(self, sku: str) -> None:
+        """The per-sku 201s are the metrics' (tests/integration/test_active_skus.py)."""
+
 
 class Strategies:
     """The strategies without Redis state: the sale gate lets all through, and
