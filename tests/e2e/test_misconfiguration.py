@@ -105,12 +105,20 @@ def _runs() -> list[tuple[str, str]]:
 
 @pytest.fixture(scope="module")
 def migrated(database_url: str) -> str:
-    """The session database, migrated, so audit gets as far as its books."""
+    """The session database, migrated, so audit gets as far as its books, with
+    a sku that keeps Redis state, so audit needs Redis whatever else the
+    session created (a Redis that answers nothing is no finding to the audit
+    of skus that keep none there)."""
 
     async def up() -> None:
         con = await connect(database_url)
         try:
             await migrate(con)
+            await con.execute(
+                "INSERT INTO inventory (sku, stock, strategy) VALUES ($1, 0, 'reserve-batch')"
+                " ON CONFLICT (sku) DO NOTHING",
+                "misconfiguration-probe",
+            )
         finally:
             await con.close()
 
@@ -179,8 +187,8 @@ def test_one_line_names_setting_url_and_finding(
 
 
 def test_good_urls_pass(migrated: str, key_prefix: str) -> None:
-    """With both URLs right, audit reaches both stores (an empty inventory) and
-    exits 0 with nothing on stderr: the checks reject no good configuration."""
+    """With both URLs right, audit reaches both stores and exits 0 with
+    nothing on stderr: the checks reject no good configuration."""
     settings = {
         "GATEWAY_DATABASE_URL": migrated,
         "GATEWAY_REDIS_URL": REDIS_URL,
