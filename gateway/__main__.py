@@ -4,6 +4,11 @@
 ``migrate`` creates the database if needed and applies the migrations;
 ``audit`` checks the books of every sku (or ``--sku``), see gateway.ops.audit;
 ``writer`` runs a queue strategy's stream writer alone until SIGTERM.
+
+Each exits 2 with one line on stderr, no traceback, when a setting is wrong,
+among them a URL that names something the gateway cannot use (the setting, the
+URL with its password masked, and what is there: gateway.settings.Misconfigured);
+1 on a crash.
 """
 
 from __future__ import annotations
@@ -13,14 +18,13 @@ import asyncio
 import sys
 from collections.abc import Sequence
 
-import asyncpg
 from aiohttp import web
 
 from gateway import server, settings
 from gateway.http.appkeys import ADMIN, ORDERS, SETTINGS
 from gateway.http.clients import add_client
 from gateway.ops import audit, logs
-from gateway.postgres.database import ensure_database, migrate
+from gateway.postgres.database import connect, ensure_database, migrate
 
 DEMO_SKU, DEMO_STOCK = "demo", 100
 
@@ -44,7 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
 async def run_migrate(config: settings.Settings) -> None:
     """Create the database if missing and apply every migration."""
     created = await ensure_database(config.database_url)
-    con = await asyncpg.connect(config.database_url)
+    con = await connect(config.database_url)
     try:
         applied = await migrate(con)
     finally:
@@ -74,6 +78,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     args = parser.parse_args(argv)
     logs.configure(config.log_level, context=[add_client])
+    try:
+        return _run(args, config, sys.argv[1:] if argv is None else list(argv))
+    except settings.Misconfigured as exc:
+        # One line, no traceback: the setting, its URL and what is there.
+        print(f"flashsale-gateway {args.command}: {exc}", file=sys.stderr, flush=True)
+        return 2
+
+
+def _run(args: argparse.Namespace, config: settings.Settings, argv: list[str]) -> int:
+    """Run the command ``args`` names; its exit status."""
     if args.command == "audit":
         return audit.run(config, args.sku)
     if args.command == "migrate":
@@ -81,7 +95,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args.command == "writer":
         return server.serve_writer(config)
-    argv = sys.argv[1:] if argv is None else list(argv)
     return server.serve(config, argv, _create_demo_sku if args.demo else None)
 
 

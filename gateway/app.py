@@ -63,6 +63,7 @@ from gateway.postgres.inventory import Inventory
 from gateway.postgres.lifecycle import Lifecycle
 from gateway.postgres.lookups import Arbitrations, OrderLookups, PriorLookups
 from gateway.postgres.orders import Orders
+from gateway.postgres.retention import Retention
 from gateway.postgres.sale_gate import PostgresSaleGate
 from gateway.redis.change_feed import ChangeFeed
 from gateway.redis.confirmed_scan import ConfirmedScan
@@ -194,7 +195,9 @@ def build_gateway(opened: Opened) -> Gateway:
     purchases = _purchases(opened, flushing, catalog, soldout, marking, rebuilds, batching)
     rooms = Rooms(opened.redis, settings, on_noscript=metrics.scripts.reloaded)
     servability = Servability(settings, inventory)
-    feed = ChangeFeed(opened.redis, channel(settings.key_prefix), subscribers=(soldout, catalog))
+    reconciler = _reconciler(opened, flushing, inventory, catalog, rebuilds)
+    subscribers = (soldout, catalog, reconciler)
+    feed = ChangeFeed(opened.redis, channel(settings.key_prefix), subscribers=subscribers)
     return Gateway(
         flushing=flushing,
         batcher=batcher,
@@ -215,7 +218,7 @@ def build_gateway(opened: Opened) -> Gateway:
             servability=servability,
             rebuilds=rebuilds,
         ),
-        reconciler=_reconciler(opened, flushing, inventory, catalog, rebuilds),
+        reconciler=reconciler,
         tracker=OrderTracker(orders=orders, streams=flushing.streams),
         lifecycle=OrderLifecycle(
             lifecycle=Lifecycle(opened.pool, settings.strategy),
@@ -323,11 +326,11 @@ def _reconciler(
         inventory=inventory,
         stamp=IdentityStamp(opened.redis, settings.key_prefix),
         database=DatabaseIdentity(opened.pool),
-        gate=PostgresSaleGate(opened.pool),
+        retention=Retention(opened.pool, settings.release_retention_s),
         locks=flushing.locks,
         timeout_s=settings.reservation_timeout_s,
         interval_s=settings.reconcile_interval_s,
-        publish=opened.metrics.reconciler.sku_state,
+        observer=opened.metrics.reconciler,
         queued=flushing.streams.queued_ids,
         catalog=catalog,
         rebuilds=rebuilds,
@@ -487,7 +490,7 @@ def create_app(settings: Settings) -> web.Application:
     proxies = TrustedProxies(settings.trusted_proxies)
     answers = AnswerLog(metrics.stats)
     answer = answering(proxies, metrics, answers, timed=settings.metrics)
-    middleware = gateway_middleware(answer, views.QUERIES)
+    middleware = gateway_middleware(answer, {**views.QUERIES, **admin_views.QUERIES})
     app = web.Application(middlewares=[middleware], client_max_size=MAX_BODY)
     app[ANSWER] = answer
     app[SETTINGS] = settings

@@ -20,7 +20,8 @@ from gateway.http.appkeys import ORDERS, POOL, REDIS, SETTINGS, ZOOKEEPER
 from gateway.lock import create_fence_sequence
 from gateway.postgres.database import create_pool, migrate
 from gateway.postgres.orders import Orders
-from gateway.redis.connections import create_redis
+from gateway.redis.connections import create_redis, reach
+from gateway.settings import Misconfigured
 
 # Longest a stopping gateway waits for its PostgreSQL connections to close cleanly.
 POOL_CLOSE_S = 2.0
@@ -35,8 +36,14 @@ log = structlog.get_logger(__name__)
 
 
 async def redis_ctx(app: web.Application) -> AsyncIterator[None]:
-    """The Redis client and its bounded pool."""
-    redis = create_redis(app[SETTINGS])
+    """The Redis client and its bounded pool, once Redis answers."""
+    settings = app[SETTINGS]
+    redis = create_redis(settings)
+    try:
+        await patiently("redis", settings.startup_wait_s, lambda: reach(redis, settings))
+    except BaseException:
+        await redis.aclose()
+        raise
     app[REDIS] = redis
     yield
     await redis.aclose()
@@ -46,18 +53,26 @@ async def patiently(what: str, wait_s: float, attempt: Callable[[], Awaitable[T]
     """Retry a start-up step while its dependency is down, for up to ``wait_s``.
 
     A gateway restarted during an outage waits for Redis or PostgreSQL instead
-    of exiting at once; a step that fails for another reason fails at once.
+    of exiting at once. What cannot be a server still starting fails at once: a
+    :class:`Misconfigured` that is final ("not PostgreSQL", an unknown role, a
+    Redis database that does not exist), or any other error.
     """
     deadline = asyncio.get_running_loop().time() + wait_s
     failures = 0
     while True:
         try:
             return await attempt()
-        except (OSError, RedisConnectionError, asyncpg.CannotConnectNowError) as exc:
+        except (OSError, RedisConnectionError, asyncpg.CannotConnectNowError, Misconfigured) as exc:
+            if isinstance(exc, Misconfigured) and exc.final:
+                raise
             pause = STARTUP_BACKOFF.compute(failures)
             if asyncio.get_running_loop().time() + pause > deadline:
                 raise
-            log.warning("waiting_for_dependency", dependency=what, cause=repr(exc))
+            if isinstance(exc, Misconfigured):
+                found = {"setting": exc.setting, "url": exc.url, "found": exc.found}
+            else:
+                found = {"cause": repr(exc)}
+            log.warning("waiting_for_dependency", dependency=what, **found)
             await asyncio.sleep(pause)
             failures = min(failures + 1, DOUBLINGS)
 

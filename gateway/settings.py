@@ -16,10 +16,11 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import os
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any, TypeVar
-from urllib.parse import urlsplit
+from urllib.parse import urlsplit, urlunsplit
 
 from gateway.domain.model import Strategy
 from gateway.domain.rules import Rate, parse_rate
@@ -31,6 +32,36 @@ T = TypeVar("T")
 
 class SettingsError(ValueError):
     """A setting has a value the gateway cannot run with."""
+
+
+class Misconfigured(SettingsError):
+    """A setting names a dependency the gateway cannot use; ``found`` says what is
+    there ("not PostgreSQL", "nothing answers at host:port"). The message is the
+    one line the CLI prints: the setting, its URL (password masked), the finding.
+
+    ``final`` is False when what was found may be a server still starting
+    (nothing answers yet): start-up waits for it, up to GATEWAY_STARTUP_WAIT_S.
+    """
+
+    def __init__(self, field: str, url: str, found: str, *, final: bool = True) -> None:
+        self.setting, self.url, self.found, self.final = env_name(field), masked(url), found, final
+        super().__init__(f"{self.setting}={self.url}: {found}")
+
+
+# A password given as a query parameter (libpq's ?password=).
+_QUERY_PASSWORD = re.compile(r"(^|&)(password=)[^&]*")
+
+
+def masked(url: str) -> str:
+    """``url`` with its password, in the authority or the query, shown as ``***``."""
+    parts = urlsplit(url)
+    userinfo, at, hosts = parts.netloc.rpartition("@")
+    user, colon, _ = userinfo.partition(":")
+    netloc = f"{user}{colon and ':***'}{at}{hosts}"
+    query = _QUERY_PASSWORD.sub(r"\1\2***", parts.query)
+    if (netloc, query) == (parts.netloc, parts.query):
+        return url  # urlunsplit would drop the empty authority of unix:///path
+    return urlunsplit(parts._replace(netloc=netloc, query=query))
 
 
 # How each setting is read from its text: one parser a field (given where the
@@ -238,12 +269,17 @@ class Settings:
     lame_duck_s: float = setting(0.0, _float(0.0))
     # CIDRs whose X-Forwarded-For / Forwarded headers are believed (for the logs).
     trusted_proxies: tuple[Network, ...] = setting((), _networks)
-    # How long start-up waits for Redis and PostgreSQL to answer before giving up.
-    startup_wait_s: float = setting(30.0, _float(0.0))
+    # How long start-up waits for Redis and PostgreSQL to answer before giving up:
+    # within 10 s, every command names a misconfiguration (docs/settings.md).
+    startup_wait_s: float = setting(10.0, _float(0.0))
     reconcile_interval_s: float = setting(5.0, _float(0.05))
     # A sku's Redis state expires this long after it was last written (a sold-out
     # sku's last write is its last settle); PostgreSQL answers, and refills it, after.
     sale_retention_s: float = setting(86_400.0, _float(1.0))
+    # A release (released_reservations) is deleted this long after it was made:
+    # it only stops a flush still on its way with the reservation it names, so
+    # it must outlast the reservation timeout (gateway.postgres.retention).
+    release_retention_s: float = setting(3_600.0, _float(1.0))
     # After Redis lost a sale, the most of the event loop's CPU time the
     # background rebuild of its hashes takes (gateway.usecases.rebuilds); 1: no pacing.
     rebuild_share: float = setting(0.1, _share)
@@ -314,6 +350,11 @@ class Settings:
             raise SettingsError(
                 f"{env_name('lane_index')}={self.lane_index}: must be below"
                 f" {env_name('lane_count')}={self.lane_count}"
+            )
+        if self.release_retention_s < self.reservation_timeout_s:
+            raise SettingsError(
+                f"{env_name('release_retention_s')}={self.release_retention_s:g}: must be at"
+                f" least {env_name('reservation_timeout_s')}={self.reservation_timeout_s:g}"
             )
         if self.redis_sentinels and self.redis_cluster_nodes:
             raise SettingsError(

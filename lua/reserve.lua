@@ -8,7 +8,8 @@
 -- KEYS[2] buyers   hash:   user_id -> request_id of that user's reservation or order
 -- KEYS[3] pending  hash:   request_id -> "user_id|qty|reserved_at_ms" (the ledger)
 -- KEYS[4] done     hash:   request_id -> "order_id|user_id|qty" (confirmed orders)
--- KEYS[5] call     string: this call's replies, once it reserved (JSON)
+-- KEYS[5] call     string: this call's replies, once it reserved (JSON), kept
+--                  30 s or the retention (ARGV[1]) if shorter
 -- KEYS[6] rebuild  string: "owner|lease_until_ms" while the buyers and done hashes
 --                  are being rebuilt from PostgreSQL (lua/rebuild.lua), so
 --                  incomplete; absent otherwise
@@ -200,6 +201,8 @@ if reserved then
   for i = 1, 4 do
     redis.call("PEXPIRE", KEYS[i], ARGV[1])
   end
-  redis.call("SET", KEYS[5], cjson.encode(replies), "PX", 30000)
+  -- Long enough for redis-py to send a timed-out call again; never past the
+  -- sale's own keys, whose retention a test may make shorter.
+  redis.call("SET", KEYS[5], cjson.encode(replies), "PX", math.min(30000, tonumber(ARGV[1])))
 end
 return replies

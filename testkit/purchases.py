@@ -49,6 +49,26 @@ async def buy(
     return resp.status, await resp.json()
 
 
+async def look_up(
+    client: Client, request_id: str, user: str | None, wait: float | None = None
+) -> tuple[int, dict[str, Any]]:
+    """``GET /v1/orders/{request_id}?user_id=<user>[&wait=]`` (no user_id when
+    ``user`` is None); returns (status, JSON body)."""
+    params = {} if user is None else {"user_id": user}
+    if wait is not None:
+        params["wait"] = str(wait)
+    resp = await client.get(f"/v1/orders/{request_id}", params=params)
+    return resp.status, await resp.json()
+
+
+async def answer_of(client: Client, target: str) -> tuple[int, bytes, tuple[tuple[str, str], ...]]:
+    """All a GET of ``target`` answers but its Date: status, body and the other
+    headers, to compare two answers byte for byte."""
+    resp = await client.get(target)
+    headers = tuple((k, v) for k, v in resp.headers.items() if k != "Date")
+    return resp.status, await resp.read(), headers
+
+
 async def db_state(database_url: str, sku: str) -> tuple[int, int, int]:
     """(stock, orders, distinct users) of a sku in PostgreSQL."""
     con = await asyncpg.connect(database_url)

@@ -118,7 +118,8 @@ async def resolve(url: str, records: Sequence[ClientRecord]) -> None:
         async def one(record: ClientRecord) -> None:
             async def final() -> tuple[int, Any] | None:
                 target = f"{url}/v1/orders/{record.request_id}"
-                async with http.get(target, params={"wait": "5"}) as resp:
+                params = {"user_id": record.user_id, "wait": "5"}
+                async with http.get(target, params=params) as resp:
                     answer = resp.status, await resp.json()
                 return None if answer[0] == 202 else answer
 

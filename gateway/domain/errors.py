@@ -69,6 +69,24 @@ class UnknownSku(NotFound):
     code = "unknown_sku"
 
 
+class DuplicateKey(InvalidRequest):
+    """A JSON object of the body names one field twice: which value is meant is
+    not for the gateway to guess."""
+
+    code = "duplicate_key"
+
+
+class ClientGone(GatewayError):
+    """The client went away before its request's body arrived: it closed or reset
+    the connection, or sent nothing more within ``GATEWAY_REQUEST_READ_TIMEOUT_S``.
+    Answered 408 when anyone is left to read it, and counted as the purchase
+    outcome ``client_gone``, never as a dependency's failure."""
+
+    status = 408
+    code = "request_timeout"
+    close_connection = True
+
+
 class IdempotencyMismatch(GatewayError):
     """The request id was first used for another purchase (sku, user or qty).
 
@@ -198,9 +216,15 @@ class Contended(Unavailable):
     reason = "contended"
 
 
+# The longest Retry-After sent: a day. A sale that far off is not worth a
+# client's timer, and a far-future start (2099) would otherwise say 2e9 seconds.
+MAX_RETRY_AFTER_S = 86_400
+
+
 def _seconds(ms: int) -> str:
-    """A Retry-After value: whole seconds, rounded up, at least one."""
-    return str(max(1, -(-ms // 1000)))
+    """A Retry-After value: whole seconds, rounded up, at least one, at most
+    :data:`MAX_RETRY_AFTER_S`."""
+    return str(min(MAX_RETRY_AFTER_S, max(1, -(-ms // 1000))))
 
 
 class NotStarted(GatewayError):

@@ -9,13 +9,20 @@ from typing import Any
 import structlog
 from aiohttp import web
 
-from gateway.domain.errors import Forbidden, GatewayError, Unauthorized
+from gateway.domain.errors import Forbidden, GatewayError, InvalidRequest, Unauthorized
 from gateway.http import payloads
 from gateway.http.appkeys import ADMIN, ADMIN_TOKENS, RECONCILER
 from gateway.http.views import json_response, read_body
 from gateway.usecases.admin import StockAdmin
 
 log = structlog.get_logger(__name__)
+
+# GET /admin/skus: which skus a page shows, and how many at most.
+SKU_STATUSES = ("active", "idle", "archived", "all")
+PAGE_MAX = 1000
+PAGE_DEFAULT = 100
+# The query parameters each admin route takes (by its path); the others take none.
+QUERIES = {"/admin/skus": frozenset({"status", "after", "limit"})}
 
 
 def check_admin(request: web.Request) -> str:
@@ -120,6 +127,35 @@ async def sku_report(request: web.Request) -> web.Response:
 
 
 @admin_change
+async def archive_sku(request: web.Request, admin: StockAdmin) -> tuple[Any, dict[str, Any]]:
+    """DELETE /admin/skus/{sku}: archive the sku (again: the same answer)."""
+    return await admin.archive(payloads.identifier(request.match_info["sku"], "sku"))
+
+
+async def list_skus(request: web.Request) -> web.Response:
+    """GET /admin/skus?status=&after=&limit=: a page of skus by name, and the
+    cursor (``next``) that the next page's ``after`` takes."""
+    admin, _ = _admin(request)
+    query = request.query
+    status = query.get("status", "all")
+    if status not in SKU_STATUSES:
+        raise InvalidRequest(f"status must be one of {', '.join(SKU_STATUSES)}")
+    after = query.get("after")
+    if after is not None:
+        payloads.identifier(after, "after")
+    return json_response(await admin.skus(status, after or "", _limit(query.get("limit"))))
+
+
+def _limit(raw: str | None) -> int:
+    """The ``?limit=`` of a page: 1 to PAGE_MAX, PAGE_DEFAULT when absent."""
+    if raw is None:
+        return PAGE_DEFAULT
+    if not (raw.isascii() and raw.isdigit() and len(raw) <= 4) or not 1 <= int(raw) <= PAGE_MAX:
+        raise InvalidRequest(f"limit must be an integer from 1 to {PAGE_MAX}")
+    return int(raw)
+
+
+@admin_change
 async def reconcile(request: web.Request, admin: StockAdmin) -> tuple[Any, dict[str, Any]]:
     """POST /admin/reconcile: run a reconciliation pass now; what it did per sku."""
     done = {sku: r.as_json() for sku, r in (await request.app[RECONCILER].reconcile_all()).items()}
@@ -133,5 +169,7 @@ def routes() -> list[web.RouteDef]:
         web.patch("/admin/skus/{sku}", patch_sku),
         web.post("/admin/skus/{sku}/restock", restock),
         web.get("/admin/skus/{sku}", sku_report),
+        web.delete("/admin/skus/{sku}", archive_sku),
+        web.get("/admin/skus", list_skus),
         web.post("/admin/reconcile", reconcile),
     ]

@@ -14,7 +14,9 @@ cases, through the same answering code as the middleware (errors as JSON,
 outcome counted and timed). Every other request, a purchase with ``Expect:
 100-continue`` or a query string included, goes to the application as before.
 What a client sees is the same either way; ``tests/e2e/test_fastpath.py`` holds
-both paths to that.
+both paths to that. A client gone before aiohttp's own ``100 Continue`` could
+be written to it is answered here as the middleware answers a client gone
+during its handler (the outcome ``client_gone``).
 
 ``request_handler`` is not a documented setting: aiohttp's protocol copies it
 when a connection is accepted, which is why a swap after start-up takes effect.
@@ -30,6 +32,7 @@ from typing import cast
 
 from aiohttp import hdrs, web
 
+from gateway.domain.errors import ClientGone
 from gateway.http.appkeys import ADMISSIONS, ANSWER, PURCHASES
 from gateway.http.views import buy
 from gateway.ops.request_stats import PURCHASE_ROUTE
@@ -62,6 +65,20 @@ def fast_path(app: web.Application, handle: ServerHandler) -> ServerHandler:
         ):
             # An application runner's server builds web.Request objects.
             return await answer(cast(web.Request, request), purchase, PURCHASE_ROUTE)
-        return await handle(request)
+        try:
+            return await handle(request)
+        except ConnectionResetError as exc:
+            # Raised by aiohttp's own write ahead of the middleware: the "100
+            # Continue" of an Expect: 100-continue request, to a client already
+            # gone. Answered (to nobody) and counted as a handler's would be,
+            # not logged as an error with its traceback.
+            gone = ClientGone("the connection was lost before the body was asked for")
+            gone.__cause__ = exc
+            return await answer(cast(web.Request, request), functools.partial(_raise, gone), None)
 
     return serve
+
+
+async def _raise(error: ClientGone, request: web.Request) -> web.StreamResponse:
+    """A handler that fails with ``error``."""
+    raise error

@@ -11,10 +11,13 @@ bytes arrive:
 - a deadline of ``GATEWAY_REQUEST_READ_TIMEOUT_S`` is armed when a connection
   opens and whenever bytes of a request arrive while none is being read;
 - it is disarmed once the request is read whole (head, and body to its end);
-- when it fires on a request still incomplete, the connection is dropped (with
-  a 408 when nothing was answered on it yet). A request is not timed while an
-  earlier one on the same connection is being handled; it is from the first
-  byte that arrives after.
+- when it fires on a request still incomplete and nothing was answered on it
+  yet, the client gets a JSON 408 and the connection closes: written here when
+  the head is incomplete, or by the handler when the head is whole and its
+  body short (its read fails with :class:`BodyTimeout`, counted as the
+  outcome ``client_gone``); otherwise the connection is dropped. A request is
+  not timed while an earlier one on the same connection is being handled; it
+  is from the first byte that arrives after.
 
 :class:`LimitedSite` listens like ``web.TCPSite`` but builds these handlers,
 and refuses connections beyond ``GATEWAY_MAX_CONNECTIONS`` per process at
@@ -72,6 +75,14 @@ def _raw_response(status: int, reason: str, error: str, extra: str = "") -> byte
 
 OVER_CAPACITY = _raw_response(503, "Service Unavailable", "unavailable", "Retry-After: 1\r\n")
 READ_TIMEOUT = _raw_response(408, "Request Timeout", "request_timeout")
+
+
+class BodyTimeout(TimeoutError):
+    """A request's body did not arrive within the read deadline."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__(f"no whole body within {seconds:g} s")
+        self.seconds = seconds
 
 
 class LimitsObserver(Protocol):
@@ -192,9 +203,17 @@ class LimitedHandler(RequestHandler):
             return
         self._observer.read_timed_out()
         log.debug("request_read_timeout", seconds=self._read_timeout_s)
-        if self._current_request is None and not self._messages:
-            # Nothing answered yet on this request: say why before closing.
+        request = self._current_request
+        if request is None and not self._messages:
+            # The head is incomplete, so no handler runs: say why before closing.
             self.transport.write(READ_TIMEOUT)
+        elif request is not None and not self._messages and request.writer.output_size == 0:
+            # A whole head, a body still short, nothing answered: the handler's
+            # read of the body fails with this and it answers 408 and closes
+            # (gateway.http.views.read_body). A handler that never reads it ends
+            # in aiohttp's lingering read, which takes a TimeoutError as its end.
+            request.content.set_exception(BodyTimeout(self._read_timeout_s))
+            return
         self.force_close()
 
 

@@ -17,6 +17,7 @@ from aiohttp.typedefs import Handler, Middleware
 from redis.exceptions import RedisError
 
 from gateway.domain.errors import (
+    ClientGone,
     GatewayError,
     InvalidRequest,
     MethodNotAllowed,
@@ -35,6 +36,8 @@ log = structlog.get_logger(__name__)
 
 # A purchase response carries its outcome to the metrics (read by the answering below).
 OUTCOME = web.ResponseKey("outcome", str)
+# The outcome of a purchase whose client went away before its body arrived.
+CLIENT_GONE = "client_gone"
 
 JSON = "application/json"
 _INTERNAL = orjson.dumps({"error": "internal"})
@@ -71,6 +74,13 @@ def _from_http(exc: web.HTTPException) -> GatewayError:
 
 def _failure(request: web.Request, exc: Exception, answers: AnswerLog) -> web.Response:
     """The JSON answer of a handler's exception; 5xx are logged through ``answers``."""
+    if isinstance(exc, ClientGone):
+        # The buyer's doing, not a fault of ours: counted apart from failures,
+        # and logged below the level anyone is paged at.
+        log.debug("client_gone", path=request.path, detail=exc.detail, cause=repr(exc.__cause__))
+        resp = error_body(exc)
+        resp[OUTCOME] = CLIENT_GONE
+        return resp
     if isinstance(exc, GatewayError):
         if exc.status >= 500:
             answers.failure(path=request.path, error=exc.code, cause=str(exc))
@@ -81,7 +91,9 @@ def _failure(request: web.Request, exc: Exception, answers: AnswerLog) -> web.Re
         return error_body(_from_http(exc))
     if isinstance(exc, (RedisError, LockError, *DB_ERRORS)) or closed_under_write(exc):
         # A driver error that crossed the lock package: a dependency is down,
-        # which is a 503, never a 500.
+        # which is a 503, never a 500. DB_ERRORS holds OSError, which the
+        # client's own connection raises too: that one never gets here, since
+        # reading the body (gateway.http.views.read_body) makes it ClientGone.
         answers.failure(path=request.path, error="unavailable", cause=repr(exc))
         return error_body(Unavailable(f"dependency: {type(exc).__name__}"))
     log.exception("unhandled", path=request.path, exc_info=exc)

@@ -9,6 +9,7 @@ import structlog
 from aiohttp import web
 
 from gateway.domain.errors import (
+    ClientGone,
     InvalidRequest,
     NotFound,
     TooLarge,
@@ -69,10 +70,20 @@ def json_response(
 
 async def read_body(request: web.Request) -> bytes:
     """The body, refusing more than :data:`payloads.MAX_BODY` before reading it
-    when the length is declared."""
+    when the length is declared. Raises :class:`ClientGone` when the client
+    went away first."""
     if (request.content_length or 0) > payloads.MAX_BODY:
         raise TooLarge(f"body over {payloads.MAX_BODY} bytes")
-    return await request.read()
+    try:
+        return await request.read()
+    except TimeoutError:
+        # Set by the read deadline (gateway.http.limits): the client stalled.
+        raise ClientGone("the body did not arrive in time") from None
+    except OSError as exc:
+        # aiohttp's ConnectionResetError("Connection lost"), or the socket's own
+        # error: the client's, and told apart here, where it cannot be a
+        # dependency's (an OSError past this point is a driver's: a 503).
+        raise ClientGone("the connection was lost before the body arrived") from exc
 
 
 def purchase_response(result: Result) -> web.Response:
@@ -136,18 +147,32 @@ async def buy(
         result = await purchases.purchase(p, current_client)
     else:
         result = await admissions.purchase(p, token, current_client)
+    if result.outcome is Outcome.CONFIRMED:
+        purchases.answered_confirmed(p.sku)
     return purchase_answer(request, result)
 
 
 async def get_order(request: web.Request) -> web.Response:
-    """GET /v1/orders/{request_id}."""
+    """GET /v1/orders/{request_id}?user_id=U: where U's purchase under the request
+    id stands. Without a user_id, or with another buyer's, the answer is the
+    unknown request id's 404, byte for byte: only the buyer learns anything."""
     request_id = payloads.identifier(request.match_info["request_id"], "request_id")
-    result = await request.app[TRACKER].status(request_id, _wait_s(request))
+    buyer = request.query.get("user_id")
+    wait_s = _wait_s(request)
+    result = None
+    if buyer is not None:
+        user_id = payloads.identifier(buyer, "user_id")
+        result = await request.app[TRACKER].status(request_id, user_id, wait_s)
     if result is None:
         raise NotFound(f"no order for request {request_id!r}")
+    return order_response(result)
+
+
+def order_response(result: Result) -> web.Response:
+    """The lookup's answer of a known outcome: 200 with the order once confirmed,
+    else the purchase's own answer (202 queued, 409 refused)."""
     if result.outcome is Outcome.CONFIRMED and result.order is not None:
         return json_response(result.order.as_json())
-    # Queued (202) or refused (409): the purchase's own answer.
     return purchase_response(result)
 
 
@@ -252,7 +277,7 @@ async def metrics(request: web.Request) -> web.Response:
 
 # The query parameters each route takes (by its path); the others take none.
 QUERIES = {
-    "/v1/orders/{request_id}": frozenset({"wait"}),
+    "/v1/orders/{request_id}": frozenset({"user_id", "wait"}),
     "/wait/{sku}": frozenset({"user_id", "return_to"}),
     "/admin/late-payments": frozenset({"after", "limit"}),
 }

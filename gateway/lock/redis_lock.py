@@ -1,12 +1,13 @@
 """Redis backend: a Redisson-style re-entrant lease lock with fencing tokens.
 
 The lock is a hash at key ``name`` — owner, hold count, fence — expiring with the lease;
-``name + ":fence"`` counts fencing tokens and ``name + ":unlock"`` is the channel a
-release publishes on. Give ``name`` a hash tag (``fs:{sku1}:lock``) and all three land
-in one cluster slot. Every change goes through the Lua scripts in this package's
-``lua/`` (package data, called by EVALSHA through redis-py's ``AsyncScript``, which
-reloads a script Redis forgot). Fences are INCR raised to Redis's clock in microseconds,
-so they keep increasing after a restart or failover that lost the counter.
+``name + ":fence"`` counts fencing tokens (expiring ``fence_ttl`` after the last
+acquisition) and ``name + ":unlock"`` is the channel a release publishes on. Give
+``name`` a hash tag (``fs:{sku1}:lock``) and all three land in one cluster slot. Every
+change goes through the Lua scripts in this package's ``lua/`` (package data, called
+by EVALSHA through redis-py's ``AsyncScript``, which reloads a script Redis forgot).
+Fences are INCR raised to Redis's clock in microseconds, so they keep increasing after
+a restart or failover that lost the counter, or after it expired.
 
 On a Redis Cluster (``RedisCluster`` client) the three keys of a lock share its slot,
 so each script runs on the node holding the sku; the release's PUBLISH reaches the
@@ -78,6 +79,8 @@ class RedisLock(BaseLock[None]):
         max_hold: stop renewing this many seconds after acquisition; the hold is then
             lost when its lease runs out.
         metrics: a :class:`LockMetrics`; a fresh :class:`LockStats` if None.
+        fence_ttl: seconds the fence counter outlives the last acquisition; the
+            next token after it is Redis's clock, past every token given before.
         subscriber: the unlock subscriber waiters register with; share one per client
             and process, so a thousand waiters cost one connection.
     """
@@ -90,6 +93,7 @@ class RedisLock(BaseLock[None]):
         lease: float = 30.0,
         max_hold: float | None = None,
         metrics: LockMetrics | None = None,
+        fence_ttl: float = 86_400.0,
         subscriber: LockSubscriber,
     ) -> None:
         super().__init__(name, lease=lease, max_hold=max_hold, metrics=metrics)
@@ -97,6 +101,7 @@ class RedisLock(BaseLock[None]):
         self.fence_key = name + ":fence"
         self.channel = name + ":unlock"
         self._lease_ms = max(1, round(lease * 1000))
+        self._fence_ttl_ms = max(1, round(fence_ttl * 1000))
         self._scripts = LockScripts.on(redis)
 
     async def _grant(self, owner: str, deadline: float | None) -> Grant[None] | None:
@@ -133,7 +138,8 @@ class RedisLock(BaseLock[None]):
         return None if left <= 0 else min(pause, left)
 
     async def _attempt(self, owner: str) -> tuple[bool, int]:
-        call = _run(self._scripts.acquire, (self.name, self.fence_key), (owner, self._lease_ms))
+        keys, args = (self.name, self.fence_key), (owner, self._lease_ms, self._fence_ttl_ms)
+        call = _run(self._scripts.acquire, keys, args)
         reply = await self._bg.undoable(
             call, lambda r: self._release_as(owner) if r[0] == 1 else None
         )

@@ -5,8 +5,9 @@ busiest gateway write the most, on the same core that should be answering. So
 a failed request is logged in full (with its request id, sku and client) only
 when no other was logged in the last ``interval_s``; the others are counted,
 and :meth:`AnswerLog.run` logs one ``answers_summary`` line per interval with
-what was answered since: sheds, 503s, 429s, sold-out answers and the failure
-lines left out. A quiet gateway still logs its one odd 503 as before.
+what was answered since: sheds, 503s, 429s, sold-out answers, buyers gone
+before their body arrived (``client_gone``) and the failure lines left out.
+A quiet gateway still logs its one odd 503 as before.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ log = structlog.get_logger(__name__)
 
 SUMMARY_INTERVAL_S = 1.0
 # The purchase outcomes the summary reports, as counted by RequestStats.
-SUMMED_OUTCOMES = ("sold_out", "unavailable", "rate_limited")
+SUMMED_OUTCOMES = ("sold_out", "unavailable", "rate_limited", "client_gone")
 
 
 class AnswerLog:

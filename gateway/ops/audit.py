@@ -55,10 +55,10 @@ import asyncpg
 
 from gateway.domain.errors import GatewayError, Unavailable, UnknownSku
 from gateway.domain.model import Strategy
-from gateway.postgres.database import DB_ERRORS
-from gateway.redis.connections import create_redis
+from gateway.postgres.database import DB_ERRORS, connect
+from gateway.redis.connections import create_redis, reach
 from gateway.redis.reservations import Reservations
-from gateway.settings import Settings
+from gateway.settings import Misconfigured, Settings
 
 # One statement, so the movements, orders and stock come from one snapshot.
 # $1 is a sku, or NULL for every sku.
@@ -167,7 +167,8 @@ async def audit(settings: Settings, sku: str | None = None) -> list[SkuAudit]:
     Reads ``settings.database_url``, then the Redis ``settings`` name (a single
     server, Sentinels or a cluster, as the gateway would) under
     ``settings.key_prefix``. Raises :class:`UnknownSku` when ``sku`` is not in
-    the inventory and :class:`Unavailable` when a store cannot be read.
+    the inventory, :class:`Misconfigured` when a store's setting names nothing
+    usable, and :class:`Unavailable` when a store cannot be read.
     """
     books = await _read_books(settings.database_url, sku)
     if sku is not None and not books:
@@ -199,8 +200,8 @@ def _keeps_redis_state(row: asyncpg.Record, settings: Settings) -> bool:
 
 
 async def _read_books(database_url: str, sku: str | None) -> list[asyncpg.Record]:
+    con = await connect(database_url)
     try:
-        con = await asyncpg.connect(database_url, timeout=5)
         try:
             return await con.fetch(BOOKS, sku, timeout=30)
         finally:
@@ -216,6 +217,15 @@ async def _read_counters(settings: Settings, skus: Sequence[str]) -> list[tuple[
     reservations = Reservations(redis, settings)
     counters = []
     try:
+        # Even with no sku to read, a Redis setting that names something else
+        # is reported; a Redis that answers nothing yet only matters to the
+        # skus that keep state there (the others' books are PostgreSQL's alone).
+        try:
+            await reach(redis, settings)
+        except Misconfigured as exc:
+            if exc.final or skus:
+                raise
+            return []
         for sku in skus:
             try:
                 stock, entries = await reservations.snapshot(sku)
@@ -287,7 +297,7 @@ def run(settings: Settings, sku: str | None = None) -> int:
     """The ``audit`` command: print the table; returns the exit code (0, 1 or 2)."""
     try:
         rows = asyncio.run(audit(settings, sku))
-    except GatewayError as exc:
+    except (GatewayError, Misconfigured) as exc:
         print(f"flashsale-gateway audit: {exc}", file=sys.stderr)
         return 2
     print(render(rows), flush=True)

@@ -12,13 +12,18 @@ Each application gets its own registry, so several apps can share a process
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.multiprocess import MultiProcessCollector
 
 from gateway.ops.lifecycle_metrics import LifecycleMetrics
 from gateway.ops.request_stats import PURCHASE_ROUTE, RequestCollector, RequestStats
+from gateway.ops.sku_series import SkuSeries
+
+if TYPE_CHECKING:
+    from gateway.postgres.inventory import SkuState
 
 OUTCOMES = (
     "confirmed",
@@ -31,6 +36,9 @@ OUTCOMES = (
     "not_started",
     "ended",
     "rate_limited",
+    # The buyer closed, reset or stalled before its body arrived: no fault of
+    # the gateway's, and kept out of "unavailable" (which pages).
+    "client_gone",
 )
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
@@ -66,13 +74,14 @@ class Metrics:
         self.flushes = FlushMetrics(r, self.lock)
         self.backlog = BacklogMetrics(r)
         self.lanes = LaneMetrics(r)
-        self.reconciler = ReconcileMetrics(r)
-        self.purchases = PurchaseMetrics(r, self.stats)
+        self.skus = SkuSeries(r, removable=multiproc_dir is None)
+        self.reconciler = ReconcileMetrics(r, self.skus)
+        self.purchases = PurchaseMetrics(r, self.stats, self.skus)
         self.rebuilds = RebuildMetrics(r)
         self.scripts = ScriptMetrics(r)
-        self.rooms = RoomMetrics(r)
+        self.rooms = RoomMetrics(r, self.skus)
         self.connections = ConnectionMetrics(r)
-        self.streams = StreamMetrics(r)
+        self.streams = StreamMetrics(r, self.skus)
         self.optimistic = OptimisticMetrics(r)
         self.lifecycle = LifecycleMetrics(r)
 
@@ -274,7 +283,7 @@ class LaneMetrics:
         self.lane_links.inc(change)
 
     def passed(self, count: int) -> None:
-        """``count`` purchases passed on to this worker were queued."""
+        """``count`` purchases passed on to this worker joined its backlog."""
         self.lane_passed.inc(count)
 
     def kept(self, reason: str) -> None:
@@ -283,9 +292,10 @@ class LaneMetrics:
 
 
 class ReconcileMetrics:
-    """What the reconciler found per sku (its ``publish``)."""
+    """What the reconciler found per sku (gateway.usecases.reconciler.ReconcileObserver)."""
 
-    def __init__(self, r: CollectorRegistry) -> None:
+    def __init__(self, r: CollectorRegistry, skus: SkuSeries) -> None:
+        self._skus = skus
         self.pending = Gauge(
             "flashsale_reservations_pending",
             "Units reserved in Redis, not yet settled.",
@@ -298,19 +308,30 @@ class ReconcileMetrics:
             ["sku"],
             registry=r,
         )
+        skus.labelled(self.pending, self.drift)
 
     def sku_state(self, sku: str, pending: int, drift: int) -> None:
         """A sku's pending units and drift, as one pass found them."""
         self.pending.labels(sku).set(pending)
         self.drift.labels(sku).set(drift)
+        self._skus.seen(sku)
+
+    def sale(self, state: SkuState) -> None:
+        """An active sku's stock on sale, units held and units sold."""
+        self._skus.sale(state)
+
+    def retain(self, skus: Collection[str]) -> None:
+        """Only ``skus`` are active: every other sku's series go."""
+        self._skus.retain(skus)
 
 
 class PurchaseMetrics:
     """Reloads, sheds and sold-out filters of the purchases
     (gateway.usecases.purchases.PurchaseObserver)."""
 
-    def __init__(self, r: CollectorRegistry, stats: RequestStats) -> None:
+    def __init__(self, r: CollectorRegistry, stats: RequestStats, skus: SkuSeries) -> None:
         self._stats = stats
+        self.purchase_confirmed = skus.purchase_confirmed
         self.reloads = Counter(
             "flashsale_stock_reloads", "Stock keys reloaded from the database.", registry=r
         )
@@ -380,7 +401,8 @@ class ScriptMetrics:
 class RoomMetrics:
     """Waiting rooms and admission tokens (gateway.usecases.admission.AdmissionObserver)."""
 
-    def __init__(self, r: CollectorRegistry) -> None:
+    def __init__(self, r: CollectorRegistry, skus: SkuSeries) -> None:
+        self._skus = skus
         self.room_length = Gauge(
             "flashsale_waiting_room_length",
             "People waiting in a sku's waiting room (as last seen by a join or poll).",
@@ -400,9 +422,11 @@ class RoomMetrics:
             ["reason"],
             registry=r,
         )
+        skus.labelled(self.room_length, self.room_admitted)
 
     def room_seen(self, sku: str, waiting: int, admitted_now: int) -> None:
         """A join or poll saw ``waiting`` people in the room and let ``admitted_now`` in."""
+        self._skus.seen(sku)
         self.room_length.labels(sku).set(waiting)
         if admitted_now:
             self.room_admitted.labels(sku).inc(admitted_now)
@@ -440,7 +464,8 @@ class StreamMetrics:
     """The queue strategy's streams (length, pending entries, reclaims) and its
     writers' batches (gateway.write.writer.WriterObserver)."""
 
-    def __init__(self, r: CollectorRegistry) -> None:
+    def __init__(self, r: CollectorRegistry, skus: SkuSeries) -> None:
+        self._skus = skus
         self.stream_length = Gauge(
             "flashsale_stream_length",
             "Queued purchases in a sku's stream, read or not (sampled by its writers).",
@@ -472,6 +497,7 @@ class StreamMetrics:
             buckets=BATCH_BUCKETS,
             registry=r,
         )
+        skus.labelled(self.stream_length, self.stream_pending)
 
     def writer_batch(self, size: int, failed: bool) -> None:
         """A writer committed a batch of ``size`` entries, or failed one."""
@@ -485,6 +511,7 @@ class StreamMetrics:
 
     def stream_depth(self, sku: str, length: int, pending: int) -> None:
         """A sku's stream length and pending entries, as a writer sampled them."""
+        self._skus.seen(sku)
         self.stream_length.labels(sku).set(length)
         self.stream_pending.labels(sku).set(pending)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import replace
+from datetime import datetime
 from typing import Any, NamedTuple
 
 import asyncpg
@@ -23,14 +24,59 @@ from gateway.postgres.database import Connection, as_unavailable
 SKU_INFO = """
 SELECT stock, per_user_limit, room_admit_per_s, room_token_ttl_s, room_shuffle_at_start,
        starts_at, ends_at, user_rate, client_rate, strategy, payment_window_s
-FROM inventory WHERE sku = $1
+FROM inventory WHERE sku = $1 AND archived_at IS NULL
 """
-# The same, with the row locked for an admin change.
+# The same, with the row locked for an admin change. An archived sku is not
+# there for purchases or changes (404 unknown_sku) until a PUT lists it again.
 LOCK_SKU_SETTINGS = SKU_INFO.rstrip() + " FOR UPDATE\n"
-ALL_SKUS = "SELECT sku FROM inventory ORDER BY sku"
 # Skus sold through a waiting room (gateway.usecases.servable: they need an admission secret).
 WAITING_ROOM_SKUS = """
-SELECT sku FROM inventory WHERE room_admit_per_s IS NOT NULL ORDER BY sku LIMIT $1
+SELECT sku FROM inventory WHERE room_admit_per_s IS NOT NULL AND archived_at IS NULL
+ORDER BY sku LIMIT $1
+"""
+# Units of a sku held for payment (issue 31): the one expression that makes a
+# sku with holds active and feeds its held gauge (flashsale_sku_held).
+HELD = "0"
+# Active: a sku whose state may still change by itself, the only ones the
+# reconciler, the per-sku metrics and the writers' discovery visit. A sku stops
+# being active when the reconciler finds it exhausted (or archived) with
+# nothing pending or held, and records the updated_at it found then
+# (idle_at); every change of the row (a flush, a restock, an admin change,
+# an archive, a return of units) sets updated_at = now(), so the sku is active
+# again on every instance at once, by the next pass of each.
+ACTIVE = f"(idle_at IS DISTINCT FROM updated_at OR {HELD} > 0)"
+SKU_STATE = f"""
+SELECT sku, stock, {HELD} AS held,
+       (SELECT COALESCE(SUM(qty), 0) FROM orders AS o WHERE o.sku = inventory.sku) AS sold,
+       updated_at, archived_at IS NOT NULL AS archived, {ACTIVE} AS active
+FROM inventory
+"""
+ACTIVE_SKUS = f"{SKU_STATE} WHERE {ACTIVE} ORDER BY sku"
+ACTIVE_NAMES = f"SELECT sku FROM inventory WHERE {ACTIVE} ORDER BY sku"
+ALL_SKUS = f"{SKU_STATE} ORDER BY sku"
+# The reconciler found the sku exhausted (or archived), nothing pending or held,
+# at the change it read (updated_at): idle until the next change.
+MARK_IDLE = "UPDATE inventory SET idle_at = updated_at WHERE sku = $1 AND updated_at = $2"
+# An idle sku found changing without its row (Redis after a failover): active again.
+MARK_ACTIVE = "UPDATE inventory SET idle_at = NULL WHERE sku = $1"
+ARCHIVE = """
+UPDATE inventory SET archived_at = now(), updated_at = now()
+WHERE sku = $1 AND archived_at IS NULL RETURNING archived_at
+"""
+ARCHIVED_AT = "SELECT archived_at FROM inventory WHERE sku = $1"
+# A PUT of an archived sku lists it again (gateway.usecases.admin.StockAdmin.change_sku).
+UNARCHIVE = """
+UPDATE inventory SET archived_at = NULL, updated_at = now()
+WHERE sku = $1 AND archived_at IS NOT NULL RETURNING sku
+"""
+# Keyset pagination on the sku: every page costs one index range, however deep.
+LIST_SKUS = f"""
+SELECT sku, stock, archived_at, {ACTIVE} AS active FROM inventory
+WHERE sku > $1 AND ($2 = 'all'
+    OR ($2 = 'archived' AND archived_at IS NOT NULL)
+    OR ($2 = 'active' AND archived_at IS NULL AND {ACTIVE})
+    OR ($2 = 'idle' AND archived_at IS NULL AND NOT {ACTIVE}))
+ORDER BY sku LIMIT $3
 """
 # A new sku starts empty, so two concurrent creations both see the row (and
 # wait for its lock) and each records only its own difference.
@@ -46,7 +92,8 @@ SET_SALE_RULES = """
 UPDATE inventory SET starts_at = $2, ends_at = $3, user_rate = $4, client_rate = $5 WHERE sku = $1
 """
 RESTOCK = """
-UPDATE inventory SET stock = stock + $2, updated_at = now() WHERE sku = $1 RETURNING stock
+UPDATE inventory SET stock = stock + $2, updated_at = now()
+WHERE sku = $1 AND archived_at IS NULL RETURNING stock
 """
 # A PUT replaces the whole sku, so no waiting room in it means none any more.
 SET_WAITING_ROOM = """
@@ -59,12 +106,42 @@ INSERT INTO stock_movements (sku, delta, reason, stock_after) VALUES ($1, $2, $3
 """
 
 
+class SkuState(NamedTuple):
+    """A sku as the reconciler and the per-sku metrics see it (``SKU_STATE``)."""
+
+    sku: str
+    stock: int  # units on sale (the database's)
+    held: int  # units held for payment
+    sold: int  # units in committed orders
+    updated_at: datetime  # the row's last change, which idleness is tied to
+    archived: bool
+    active: bool
+
+
+class SkuListing(NamedTuple):
+    """One sku of ``GET /admin/skus``."""
+
+    sku: str
+    stock: int
+    archived_at: datetime | None
+    active: bool
+
+    @property
+    def status(self) -> str:
+        """``archived``, else ``active`` or ``idle``."""
+        if self.archived_at is not None:
+            return "archived"
+        return "active" if self.active else "idle"
+
+
 class SkuChange(NamedTuple):
     """A sku's settings before and after an admin change."""
 
     # None for a sku created by the change.
     before: SkuSettings | None
     after: SkuSettings
+    # A PUT listed an archived sku again.
+    unarchived: bool = False
 
 
 def _settings_of(row: asyncpg.Record) -> SkuSettings:
@@ -128,10 +205,46 @@ class Inventory:
             row = await self._pool.fetchrow(SKU_INFO, sku)
         return None if row is None else _settings_of(row).info(sku)
 
-    async def skus(self) -> list[str]:
-        """Every sku in the inventory, by name."""
+    async def states(self, *, every: bool = False) -> list[SkuState]:
+        """The active skus (``ACTIVE``), by name; ``every`` sku of the inventory,
+        archived ones included, when asked."""
         with as_unavailable:
-            return [r["sku"] for r in await self._pool.fetch(ALL_SKUS)]
+            rows = await self._pool.fetch(ALL_SKUS if every else ACTIVE_SKUS)
+        return [SkuState(*r) for r in rows]
+
+    async def active_skus(self) -> list[str]:
+        """The names of the active skus (without the sums of their states)."""
+        with as_unavailable:
+            return [r["sku"] for r in await self._pool.fetch(ACTIVE_NAMES)]
+
+    async def mark_idle(self, sku: str, updated_at: datetime) -> bool:
+        """Record that ``sku`` was found with nothing left to change by itself at
+        its change ``updated_at``; False when it changed since (it stays active)."""
+        with as_unavailable:
+            done: str = await self._pool.execute(MARK_IDLE, sku, updated_at)
+        return done == "UPDATE 1"
+
+    async def mark_active(self, sku: str) -> None:
+        """Make ``sku`` active again whatever its row says."""
+        with as_unavailable:
+            await self._pool.execute(MARK_ACTIVE, sku)
+
+    async def archive(self, sku: str) -> tuple[datetime, bool] | None:
+        """Archive ``sku``: (when it was archived, whether by this call); None
+        when no such sku exists."""
+        with as_unavailable:
+            now: datetime | None = await self._pool.fetchval(ARCHIVE, sku)
+            if now is not None:
+                return now, True
+            before: datetime | None = await self._pool.fetchval(ARCHIVED_AT, sku)
+        return None if before is None else (before, False)
+
+    async def listing(self, status: str, after: str, limit: int) -> list[SkuListing]:
+        """Up to ``limit`` skus named after ``after``, by name, of ``status``
+        (``active``, ``idle``, ``archived`` or ``all``)."""
+        with as_unavailable:
+            rows = await self._pool.fetch(LIST_SKUS, after, status, limit)
+        return [SkuListing(*r) for r in rows]
 
     async def waiting_room_skus(self, limit: int) -> list[str]:
         """The first ``limit`` skus (by name) that have a waiting room."""
@@ -150,6 +263,8 @@ class Inventory:
         with as_unavailable:
             async with self._pool.acquire() as con, con.transaction():
                 created = create and await con.fetchval(CREATE_SKU, sku) is not None
+                # A PUT of an archived sku lists it again, as a shop re-listing it expects.
+                listed = create and not created and await con.fetchval(UNARCHIVE, sku) is not None
                 row = await con.fetchrow(LOCK_SKU_SETTINGS, sku)
                 if row is None:
                     return None
@@ -161,7 +276,7 @@ class Inventory:
                 if "stock" in fields:
                     delta = after.stock - before.stock
                     await con.execute(RECORD_MOVEMENT, sku, delta, "set", after.stock)
-                return SkuChange(None if created else before, after)
+                return SkuChange(None if created else before, after, listed)
 
     async def restock(self, sku: str, delta: int) -> int | None:
         """Add stock, recording the movement; returns the new stock, None if no sku."""

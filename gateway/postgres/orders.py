@@ -72,6 +72,11 @@ ORDERS_BY_REQUESTS = """
 SELECT order_id::text, request_id, sku, user_id, qty, status, pay_by FROM orders
 WHERE request_id = ANY($1::text[])
 """
+# A request id's order only for its own buyer: another buyer's reads as none.
+ORDER_OF_BUYER = """
+SELECT order_id::text, request_id, sku, user_id, qty, status, pay_by FROM orders
+WHERE request_id = $1 AND user_id = $2
+"""
 # While a sku's Redis hashes are rebuilt, for the new purchases of one sku: the
 # orders of their request ids, and their buyers' orders of the sku (two unique
 # indexes; at most two rows a purchase). gateway.strategies.rows asks the same
@@ -265,6 +270,12 @@ class Orders:
         """The order made by a request id, if any."""
         found = await self.orders([request_id])
         return found.get(request_id)
+
+    async def buyers_order(self, request_id: str, user_id: str) -> Order | None:
+        """The order made by a request id, if ``user_id`` is its buyer."""
+        with as_unavailable:
+            row = await self.pool.fetchrow(ORDER_OF_BUYER, request_id, user_id)
+        return None if row is None else order_of(row)
 
     async def orders(self, request_ids: Sequence[str]) -> dict[str, Order]:
         """The orders made by these request ids, by request id."""

@@ -3,8 +3,9 @@ Redis state: the only caller of ``sale_gate()`` (``sql/functions/sale_gate.sql``
 
 Which buckets apply to a purchase is the use case's to say
 (``gateway.usecases.sale_gate``); here they are checked and taken by
-PostgreSQL's clock in one round trip, and the ones full again pruned. Driver
-errors become :class:`gateway.domain.errors.PostgresUnavailable`.
+PostgreSQL's clock in one round trip; ``gateway.postgres.retention`` prunes
+the ones full again. Driver errors become
+:class:`gateway.domain.errors.PostgresUnavailable`.
 """
 
 from __future__ import annotations
@@ -18,8 +19,6 @@ from gateway.postgres.database import as_unavailable
 
 # The window and rate limits of one purchase, in one round trip.
 SALE_GATE = "SELECT verdict, wait_ms FROM sale_gate($1, $2, $3, $4, $5, $6, $7, $8, $9)"
-# Buckets past their expiry are full again: the same as no row.
-PRUNE_RATE_BUCKETS = "DELETE FROM rate_buckets WHERE expires_at < now()"
 
 
 class Bucket(NamedTuple):
@@ -44,7 +43,7 @@ _NO_BUCKET = Bucket("", 0.0, 0)
 
 
 class PostgresSaleGate:
-    """Calls ``sale_gate()`` for a purchase and prunes its buckets."""
+    """Calls ``sale_gate()`` for a purchase."""
 
     def __init__(self, pool: asyncpg.Pool) -> None:
         self._pool = pool
@@ -60,9 +59,3 @@ class PostgresSaleGate:
             row = await self._pool.fetchrow(SALE_GATE, *args)
         assert row is not None  # a function call returns its one row
         return GateAnswer(row["verdict"], row["wait_ms"])
-
-    async def prune_buckets(self) -> int:
-        """Delete the rate-limit buckets that are full again; how many."""
-        with as_unavailable:
-            done = await self._pool.execute(PRUNE_RATE_BUCKETS)
-        return int(done.split()[-1])

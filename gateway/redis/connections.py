@@ -9,17 +9,27 @@ there (following MOVED and refreshing its slot map after a failover).
 
 from __future__ import annotations
 
+import asyncio
+import socket
 from collections.abc import Awaitable
 from typing import Any, TypeAlias
+from urllib.parse import urlsplit
 
 from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.cluster import ClusterNode, RedisCluster
-from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
-from redis.exceptions import RedisError
+from redis.asyncio.sentinel import MasterNotFoundError, Sentinel, SentinelConnectionPool
+from redis.exceptions import (
+    AuthenticationError,
+    AuthenticationWrongNumberOfArgsError,
+    BusyLoadingError,
+    RedisClusterException,
+    RedisError,
+    ResponseError,
+)
 
 from gateway.domain.errors import RedisUnavailable
 from gateway.lock import connection_errors
-from gateway.settings import Settings
+from gateway.settings import Misconfigured, Settings
 
 RedisClient: TypeAlias = Redis | RedisCluster
 
@@ -80,3 +90,102 @@ async def redis_call(call: Awaitable[Any]) -> Any:
             return await call
     except RedisError as exc:
         raise RedisUnavailable(f"redis: {type(exc).__name__}") from exc
+
+
+# How long the probe behind a failed connection waits for each step.
+PROBE_TIMEOUT_S = 1.0
+DEFAULT_PORT = 6379
+
+
+async def reach(redis: RedisClient, settings: Settings) -> None:
+    """Ping Redis through ``redis``, made by :func:`create_redis` from ``settings``.
+
+    Raises :class:`Misconfigured` naming the Redis setting and what is there:
+    not final (``final=False``) when nothing answers yet or Redis is loading
+    its data, as a server still starting shows.
+    """
+    try:
+        await redis.ping()
+    except (RedisError, RedisClusterException) as exc:
+        raise await _diagnosis(redis, settings, exc) from exc
+
+
+def _setting(settings: Settings) -> tuple[str, str]:
+    """The setting that names the Redis, and its value."""
+    for field in ("redis_cluster_nodes", "redis_sentinels"):
+        addresses = getattr(settings, field)
+        if addresses:
+            return field, ",".join(f"{host}:{port}" for host, port in addresses)
+    return "redis_url", settings.redis_url
+
+
+async def _diagnosis(redis: RedisClient, settings: Settings, exc: BaseException) -> Misconfigured:
+    """What a failed ping found: Redis's own refusal when it answered, else what
+    a probe of the URL's address finds."""
+    field, url = _setting(settings)
+    refusal = _refusal(redis, exc)
+    if refusal is not None:
+        text, final = refusal
+        return Misconfigured(field, url, text, final=final)
+    if isinstance(exc, MasterNotFoundError):  # its words list every connection's settings
+        master = f"GATEWAY_REDIS_SENTINEL_MASTER={settings.redis_sentinel_master}"
+        return Misconfigured(field, url, f"no Sentinel names a primary for {master}", final=False)
+    parts = urlsplit(url)
+    if field != "redis_url":  # several addresses: the driver's words say which failed
+        return Misconfigured(field, url, _one_line(exc), final=False)
+    if isinstance(exc.__context__, socket.gaierror):
+        found = f"host {parts.hostname} not found ({exc.__context__.strerror})"
+        return Misconfigured(field, url, found, final=False)
+    if parts.scheme == "rediss":  # TLS: a plain PING would not tell Redis from anything else
+        return Misconfigured(field, url, _one_line(exc), final=False)
+    port = parts.port or DEFAULT_PORT
+    where = parts.path if parts.scheme == "unix" else f"{parts.hostname}:{port}"
+    answer = await _probe(parts.scheme, parts.hostname or "", port, parts.path)
+    if answer is None:
+        return Misconfigured(field, url, f"nothing answers at {where}", final=False)
+    if answer[:1] not in (b"+", b"-"):
+        return Misconfigured(field, url, f"not Redis (no answer to PING at {where})")
+    found = f"Redis did not let us in ({_one_line(exc)})"
+    return Misconfigured(field, url, found, final=False)
+
+
+def _refusal(redis: RedisClient, exc: BaseException) -> tuple[str, bool] | None:
+    """What Redis said when it answered the ping with an error, and whether that
+    is final; None when it did not answer."""
+    if isinstance(exc, AuthenticationError | AuthenticationWrongNumberOfArgsError):
+        return f"authentication failed ({_one_line(exc)})", True
+    if isinstance(exc, BusyLoadingError):
+        return "Redis is loading its data", False
+    if isinstance(exc, ResponseError) and "DB index is out of range" in str(exc):
+        db = redis.connection_pool.connection_kwargs.get("db") if isinstance(redis, Redis) else 0
+        return f"database {db} does not exist", True
+    if isinstance(exc, ResponseError):
+        return f"Redis refused ({_one_line(exc)})", True
+    return None
+
+
+async def _probe(scheme: str, host: str, port: int, path: str) -> bytes | None:
+    """What the address answers to an inline PING (empty: nothing in time), or
+    None when no connection opens. Redis answers +PONG, or -NOAUTH when it
+    wants a password; anything else is not Redis."""
+    try:
+        async with asyncio.timeout(PROBE_TIMEOUT_S):
+            if scheme == "unix":
+                reader, writer = await asyncio.open_unix_connection(path)
+            else:
+                reader, writer = await asyncio.open_connection(host, port)
+    except (OSError, TimeoutError):
+        return None
+    try:
+        writer.write(b"PING\r\n")
+        async with asyncio.timeout(PROBE_TIMEOUT_S):
+            return await reader.readline()
+    except (OSError, TimeoutError, ValueError):
+        return b""
+    finally:
+        writer.transport.abort()
+
+
+def _one_line(exc: BaseException) -> str:
+    """The driver's message on one line (its class when it has none)."""
+    return " ".join(str(exc).split()) or type(exc).__name__

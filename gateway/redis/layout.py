@@ -14,28 +14,36 @@ through KEYS and write the records below; their contracts point here.
                               rebuilt from PostgreSQL after Redis lost the sale
                               (``gateway.usecases.rebuilds``); reservations trust the two
                               hashes only once it is gone
-``<prefix>:{<sku>}:lock``     the sku's flush lock (see ``gateway.lock``)
+``<prefix>:{<sku>}:lock``     the sku's flush lock (see ``gateway.lock``), expiring with
+                              its lease; ``...:lock:fence`` its fencing tokens,
+                              expiring ``GATEWAY_SALE_RETENTION_S`` after the last
+                              acquisition
 ``<prefix>:{<sku>}:stream``   stream  queue strategy: reserved purchases waiting for a
                               writer, entry fields ``rid``, ``user``, ``qty``, ``at``
                               (request id, user id, qty, reserved_at_ms); consumer
                               group ``writers``; an entry is deleted once acknowledged
 ``<prefix>:{<sku>}:rejected`` hash    queue strategy: request_id -> verdict letter of a
                               queued purchase the database refused (S, D, R or X)
-``<prefix>:request:{<rid>}``  string  queue strategy: the sku a request id was queued
-                              for, so ``GET /v1/orders/{rid}`` finds its state
+``<prefix>:request:{<rid>}``  string  queue strategy: ``sku|user_id``, the sku a request id
+                              was queued for and its buyer, so ``GET /v1/orders/{rid}``
+                              finds its state for that buyer alone
 ``<prefix>:{<sku>}:rl:u:<user_id>``  string  a user's token bucket ``tokens|at_ms`` for
 ``<prefix>:{<sku>}:rl:c:<address>``  string  the sku, and a client address's (reserve.lua);
                               each expires once it would be full again
 ``<prefix>:{<sku>}:call:<id>``  string  the replies (JSON) of a reserve.lua call that
                               reserved, for the call sent again; expires after 30 s
+                              (or the retention, if shorter)
 ``<prefix>:events``           channel of sku changes: ``avail:<sku>`` (stock came back),
                               ``meta:<sku>`` (an admin changed the sku) and ``reset:*``
                               (every sku's state was dropped)
 ``<prefix>:db``               the identity of the database this state came from
 
-The four keys of a sku expire ``GATEWAY_SALE_RETENTION_S`` after the last write
-(a reservation, a settle, a reload); the scripts renew them together. The
-stream, the rejections and a request's sku expire as long after their last write.
+Every key but ``<prefix>:db`` expires: the four keys of a sku
+``GATEWAY_SALE_RETENTION_S`` after the last write (a reservation, a settle, a
+reload; the scripts renew them together), the stream, the rejections, a
+request's sku and a room's keys as long after their last write, a rate bucket
+once it would be full again. ``docs/operations.md`` lists each with its
+retention, and ``tests/integration/test_soak.py`` checks that they all go.
 """
 
 from __future__ import annotations
@@ -177,6 +185,18 @@ def decode_confirmed(sku: str, request_id: str, record: str) -> Order:
     """A done-hash record back into its :class:`Order`."""
     order_id, user, qty = record.split(SEPARATOR)
     return Order(order_id, request_id, sku, user, int(qty))
+
+
+def encode_queued(sku: str, user_id: str) -> str:
+    """The request key's record of a queued purchase: ``sku|user_id``."""
+    return SEPARATOR.join((sku, user_id))
+
+
+def queued_by(record: str, user_id: str) -> str | None:
+    """The sku of a request key's record if ``user_id`` queued it, else None
+    (also for a record written before the buyer was kept: it names none)."""
+    sku, _, buyer = record.partition(SEPARATOR)
+    return sku if buyer == user_id else None
 
 
 @dataclass(frozen=True, slots=True)

@@ -96,14 +96,15 @@ async def _exchange(conn: AbstractConnection, packed: bytes, count: int) -> list
 async def _send(conn: AbstractConnection, packed: bytes) -> None:
     """Write ``packed`` on ``conn`` in this task, as ``send_packed_command`` would.
 
-    redis-py bounds the write by its socket timeout with ``asyncio.wait_for``, which
-    on Python 3.11 runs it as a task of its own: the calls then leave a turn of the
-    event loop later, behind every callback ready by then and a poll of every socket
-    (what that cost is in docs/performance.md). Here ``asyncio.timeout`` bounds it
-    in the caller's task; all else is redis-py 8.1.0's ``send_packed_command`` line
-    for line (the connect, the health check, the disconnect on a failed write, the
-    errors raised), which ``tests/unit/test_library_reaches.py`` holds it to: redis
-    is pinned to that release in pyproject.toml.
+    redis-py bounds the write by its socket timeout with ``asyncio.wait_for``,
+    which on Python 3.11 runs it as a task of its own: the calls then leave a
+    turn of the event loop later, behind every callback ready by then and a
+    poll of every socket (what that cost is in docs/performance.md). Here
+    ``asyncio.timeout`` bounds it in the caller's task; all else is redis-py
+    8.1.0's ``send_packed_command`` line for line (the connect, the health
+    check, the disconnect on a failed write, the errors raised), which
+    ``tests/unit/test_library_reaches.py`` holds it to: redis is pinned to that
+    release in pyproject.toml.
     """
     if not conn.is_connected:
         await conn.connect_check_health(check_health=False)

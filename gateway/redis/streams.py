@@ -21,7 +21,14 @@ from gateway.domain.errors import RedisUnavailable
 from gateway.domain.model import Purchase, Verdict
 from gateway.lock import connection_errors
 from gateway.redis.connections import RedisClient, redis_call
-from gateway.redis.layout import WRITERS_GROUP, rejected_key, request_key, stream_key
+from gateway.redis.layout import (
+    WRITERS_GROUP,
+    encode_queued,
+    queued_by,
+    rejected_key,
+    request_key,
+    stream_key,
+)
 from gateway.settings import Settings
 
 
@@ -170,15 +177,17 @@ class Streams:
         pipe.xdel(key, *ids)
         await redis_call(pipe.execute())
 
-    async def remember(self, request_id: str, sku: str) -> None:
-        """Note which sku a queued request id belongs to, for its status."""
+    async def remember(self, request_id: str, sku: str, user_id: str) -> None:
+        """Note which sku and buyer a queued request id belongs to, for its status."""
         key = request_key(self._prefix, request_id)
-        await redis_call(self.redis.set(key, sku, px=self._retention_ms))
+        await redis_call(self.redis.set(key, encode_queued(sku, user_id), px=self._retention_ms))
 
-    async def status(self, request_id: str) -> tuple[str | None, Verdict | None]:
-        """(the sku the request id was queued for, the database's refusal if any);
-        (None, None) for a request id never queued (or forgotten after retention)."""
-        sku = await redis_call(self.redis.get(request_key(self._prefix, request_id)))
+    async def status(self, request_id: str, user_id: str) -> tuple[str | None, Verdict | None]:
+        """(the sku the request id was queued for by ``user_id``, the database's
+        refusal if any); (None, None) for a request id this buyer never queued
+        (or forgotten after retention), so another buyer's reads as unknown."""
+        queued = await redis_call(self.redis.get(request_key(self._prefix, request_id)))
+        sku = None if queued is None else queued_by(queued, user_id)
         if sku is None:
             return None, None
         letter = await redis_call(self.redis.hget(rejected_key(self._prefix, sku), request_id))

@@ -1,4 +1,5 @@
-"""Stock administration: create or reset a sku, restock it, report on it.
+"""Stock administration: create or reset a sku, restock it, report on it, archive
+it, list the skus.
 
 Each change writes the database (with its stock movement) and then sets the
 Redis counter to database stock minus the pending ledger, under the sku's
@@ -7,6 +8,13 @@ back flagged as rebuilding, and its buyers and done hashes are written back in
 the background (``gateway.usecases.rebuilds``). A sku whose strategy keeps no Redis
 state (``Strategy.reserves`` false) has no counter: putting it there deletes
 the counter, and restocking it touches the database alone.
+
+Archiving a sku (``DELETE /admin/skus/{sku}``) retires it: purchases of it are
+404 ``unknown_sku`` on every instance (the change feed drops it from their
+catalogs), its Redis counter goes, and its orders, movements and audit stay.
+The reconciler settles what it still has pending, then leaves it. A ``PUT`` of
+an archived sku lists it again, as a shop re-listing an item expects; its old
+orders still count (one order per buyer).
 """
 
 from __future__ import annotations
@@ -66,7 +74,7 @@ class StockAdmin:
             changed = await self._inventory.change_sku(sku, fields, create=create)
             if changed is None:
                 raise UnknownSku(f"no sku {sku!r}")
-            before, after = changed
+            before, after, unarchived = changed
             selling = after.strategy or self._catalog.default_strategy
             if not selling.reserves:
                 await self._reservations.forget_stock(sku)
@@ -84,7 +92,41 @@ class StockAdmin:
             del answer["waiting_room"]
         old = None if before is None else before.as_json()
         change = {name: [None if old is None else old[name], shown[name]] for name in fields}
-        return answer, {"sku": sku, "created": before is None, "set": change}
+        done = {"sku": sku, "created": before is None, "set": change}
+        if unarchived:
+            done["unarchived"] = True
+        return answer, done
+
+    async def archive(self, sku: str) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Archive ``sku``: the API's answer (the same for every call) and what
+        changed (``archived`` false when it already was). Raises :class:`UnknownSku`."""
+        async with self._locks.held(sku):
+            found = await self._inventory.archive(sku)
+            if found is None:
+                raise UnknownSku(f"no sku {sku!r}")
+            archived_at, now = found
+            if now:
+                # Announced on the change feed: every instance's catalog drops it.
+                await self._reservations.forget_stock(sku)
+        self._forget(sku)
+        answer = {"sku": sku, "status": "archived", "archived_at": archived_at.isoformat()}
+        return answer, {"sku": sku, "archived": now}
+
+    async def skus(self, status: str, after: str, limit: int) -> dict[str, Any]:
+        """A page of ``GET /admin/skus``: up to ``limit`` skus named after ``after``
+        of ``status``, and the cursor of the next page (None on the last)."""
+        found = await self._inventory.listing(status, after, limit + 1)
+        page = found[:limit]
+        shown = [
+            {
+                "sku": s.sku,
+                "status": s.status,
+                "stock": s.stock,
+                "archived_at": None if s.archived_at is None else s.archived_at.isoformat(),
+            }
+            for s in page
+        ]
+        return {"skus": shown, "next": page[-1].sku if len(found) > limit else None}
 
     async def restock(self, sku: str, delta: int) -> dict[str, Any]:
         """Add ``delta`` units to ``sku``; raises :class:`UnknownSku`."""
@@ -119,7 +161,7 @@ class StockAdmin:
         if db_stock is None:
             raise UnknownSku(f"no sku {sku!r}")
         sold = await self._orders.units_sold(sku)
-        if not (await self._catalog.strategy(sku)).reserves:
+        if not await self._sells_in_redis(sku):
             # Nothing of it in Redis: the report needs no Redis either.
             return StockReport(sku=sku, db_stock=db_stock, redis_stock=None, pending=0, sold=sold)
         pending = sum(p.qty for p in await self._reservations.pending(sku))
@@ -130,6 +172,14 @@ class StockAdmin:
             pending=pending,
             sold=sold,
         )
+
+    async def _sells_in_redis(self, sku: str) -> bool:
+        """Whether ``sku`` sells from a Redis counter; an archived sku (unknown to
+        the catalog, still in the books) sells no more."""
+        try:
+            return (await self._catalog.strategy(sku)).reserves
+        except UnknownSku:
+            return False
 
     def _forget(self, sku: str) -> None:
         # This instance's own caches; the others learn from pub/sub.

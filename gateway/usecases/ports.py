@@ -116,9 +116,9 @@ class Rebuilding(Protocol):
 
 
 class QueuedIds(Protocol):
-    """Which sku a queued request id belongs to (gateway.redis.streams.Streams)."""
+    """Which sku and buyer a queued request id belongs to (gateway.redis.streams.Streams)."""
 
-    async def remember(self, request_id: str, sku: str) -> None: ...
+    async def remember(self, request_id: str, sku: str, user_id: str) -> None: ...
 
 
 class Deducting(Protocol):
@@ -153,6 +153,8 @@ class PurchaseObserver(ShedObserver, Protocol):
 
     def stock_reloaded(self) -> None: ...
 
+    def purchase_confirmed(self, sku: str) -> None: ...
+
 
 class _Unobserved:
     """Purchases nobody counts."""
@@ -161,6 +163,9 @@ class _Unobserved:
         """Nothing to count."""
 
     def stock_reloaded(self) -> None:
+        """Nothing to count."""
+
+    def purchase_confirmed(self, sku: str) -> None:
         """Nothing to count."""
 
 

@@ -123,6 +123,11 @@ class Purchases:
         # The skus reserve.lua said are rebuilt, until when (time.monotonic()).
         self._rebuilding: dict[str, float] = {}
 
+    def answered_confirmed(self, sku: str) -> None:
+        """Count a purchase of ``sku`` answered 201 (the live sale's pace, per sku),
+        whichever way it came in (a waiting room's, too)."""
+        self._observer.purchase_confirmed(sku)
+
     async def purchase(self, purchase: Purchase, client: Client = None) -> Result:
         """Decide one purchase; ``client`` names the client's address (asked only
         when a client rate limit applies). Raises a :class:`GatewayError` for
@@ -312,7 +317,7 @@ class Purchases:
             raise Unavailable("queue full")
         # Already durable: a failure here is a 503 whose retry answers 202.
         # Also on a retry, in case the first request died before this.
-        await self._streams.remember(purchase.request_id, purchase.sku)
+        await self._streams.remember(purchase.request_id, purchase.sku, purchase.user_id)
         return Result(Outcome.ACCEPTED, request_id=purchase.request_id)
 
     async def strategy(self, sku: str) -> Strategy:

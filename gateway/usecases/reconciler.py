@@ -22,25 +22,38 @@ A sku whose strategy keeps no Redis state (``Strategy.reserves`` false) has
 no counter to compare: step 1 still settles what an earlier reserve-batch sale
 left in its ledger, step 2 is skipped. Its books (stock + sold = provided) are
 the database's alone, which the audit checks.
+
+A pass visits the **active** skus alone (``gateway.postgres.inventory.ACTIVE``),
+so it costs what the sale being run costs, not every sku ever created. A sku
+the pass finds exhausted (or archived) with nothing pending, held or drifting
+is idle: it leaves the passes, and its per-sku series leave the metrics,
+until the next change of its row (a flush, a restock, an admin change, a
+return of units) makes it active again, on every instance at once. Redis can
+change without the row: an announcement that stock came back for a sku that
+is not active, or a change feed that resumed (announcements missed; Redis may
+have failed over and lost writes), makes the next pass visit every sku once,
+as does this instance's start. What 2,000 idle skus add to a pass is in
+docs/performance.md ("A reconcile pass costs the active skus").
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from dataclasses import asdict, dataclass
+from typing import NamedTuple, Protocol
 
 import structlog
 from redis.exceptions import RedisError
 
-from gateway.domain.errors import Unavailable
+from gateway.domain.errors import Unavailable, UnknownSku
 from gateway.domain.model import Verdict
 from gateway.lock import LockError
 from gateway.postgres.identity import DatabaseIdentity
-from gateway.postgres.inventory import Inventory
+from gateway.postgres.inventory import Inventory, SkuState
 from gateway.postgres.orders import Orders
-from gateway.postgres.sale_gate import PostgresSaleGate
+from gateway.postgres.retention import Retention
 from gateway.redis.identity import IdentityStamp
 from gateway.redis.reservations import Reservations, Settlement, StockLoad
 from gateway.usecases.catalog import Catalog
@@ -65,8 +78,29 @@ class SkuReconciliation:
         return asdict(self)
 
 
+class Found(NamedTuple):
+    """What one sku's pass saw, beside what it did: whether the sku is quiet
+    (nothing pending, no drift, no stock in Redis) and so may be idle."""
+
+    done: SkuReconciliation
+    quiet: bool
+
+
+class ReconcileObserver(Protocol):
+    """What the metrics want to know of each pass (gateway.ops.metrics)."""
+
+    def sku_state(self, sku: str, pending: int, drift: int) -> None:
+        """A sku's pending units and drift, as one pass found them."""
+
+    def sale(self, state: SkuState) -> None:
+        """An active sku's stock on sale, units held and units sold."""
+
+    def retain(self, skus: Collection[str]) -> None:
+        """Only ``skus`` are active: every other sku's series go."""
+
+
 class Reconciler:
-    """Settles stale reservations and repairs unexplained drift, per sku."""
+    """Settles stale reservations and repairs unexplained drift, per active sku."""
 
     def __init__(
         self,
@@ -76,11 +110,11 @@ class Reconciler:
         inventory: Inventory,
         stamp: IdentityStamp,
         database: DatabaseIdentity,
-        gate: PostgresSaleGate,
+        retention: Retention,
         locks: SkuLocks,
         timeout_s: float,
         interval_s: float,
-        publish: Callable[[str, int, int], None],
+        observer: ReconcileObserver,
         queued: Callable[[str], Awaitable[set[str]]],
         catalog: Catalog,
         rebuilds: Rebuilds,
@@ -90,11 +124,11 @@ class Reconciler:
         self._inventory = inventory
         self._stamp = stamp
         self._database = database
-        self._gate = gate
+        self._retention = retention
         self._locks = locks
         self._timeout_ms = int(timeout_s * 1000)
         self._interval = interval_s
-        self._publish = publish
+        self._observer = observer
         # The queue strategy's request ids still in a sku's stream: reserved and
         # durably queued, so never stale however long they wait for a writer.
         self._queued = queued
@@ -102,9 +136,13 @@ class Reconciler:
         # Starts the rebuild of the hashes a drift repair flagged.
         self._rebuilds = rebuilds
         self._suspect: dict[str, int] = {}
+        # Every sku at the next pass: this instance may have missed a change.
+        self._every = True
+        # Skus whose stock came back in Redis since the last pass.
+        self._returned: set[str] = set()
 
     async def run(self) -> None:
-        """Reconcile every sku each interval until cancelled; a failed pass is
+        """Reconcile the active skus each interval until cancelled; a failed pass is
         logged and the next one tries again, so the task never dies quietly."""
         while True:
             await asyncio.sleep(self._interval)
@@ -114,18 +152,65 @@ class Reconciler:
                 log.exception("reconcile_pass_failed")
 
     async def reconcile_all(self) -> dict[str, SkuReconciliation]:
-        """One pass over every sku of the inventory, after making sure Redis holds
-        this database's state (a restored or failed-over database drops it)."""
+        """One pass over the active skus (every sku when this instance may have
+        missed a change), after making sure Redis holds this database's state
+        (a restored or failed-over database drops it); the skus it found
+        idle leave the passes and the metrics."""
         # PostgreSQL's own housekeeping first: it needs no Redis.
-        await self._gate.prune_buckets()
+        await self._retention.prune()
         await self.adopt_database()
+        every, self._every = self._every, False
+        returned, self._returned = self._returned, set()
+        states = await self._inventory.states(every=every)
+        if not every and not returned <= {s.sku for s in states}:
+            states = await self._inventory.states(every=True)
         done: dict[str, SkuReconciliation] = {}
-        for sku in await self._inventory.skus():
+        live: list[str] = []
+        for state in states:
             try:
-                done[sku] = await self.reconcile(sku)
+                found = await self.reconcile(state.sku)
             except (Unavailable, LockError, RedisError) as exc:
-                log.warning("reconcile_failed", sku=sku, cause=repr(exc))
+                log.warning("reconcile_failed", sku=state.sku, cause=repr(exc))
+                self._returned.add(state.sku)  # not known idle: seen again next pass
+                if not state.archived:
+                    live.append(state.sku)  # its series stay as the last pass left them
+                continue
+            done[state.sku] = found.done
+            if await self._idle(state, found):
+                continue
+            if not state.archived:
+                live.append(state.sku)
+                self._observer.sku_state(state.sku, found.done.pending, found.done.drift)
+                self._observer.sale(state)
+        self._observer.retain(live)
         return done
+
+    async def _idle(self, state: SkuState, found: Found) -> bool:
+        """Whether the sku is idle: nothing is left to change by itself (quiet, no
+        units held, no stock on sale unless archived), marked so if it was not.
+        An idle sku found otherwise (a pass over every sku, after Redis changed
+        without its row) is made active again."""
+        if found.quiet and not state.held and (not state.stock or state.archived):
+            return not state.active or await self._inventory.mark_idle(state.sku, state.updated_at)
+        if not state.active:
+            await self._inventory.mark_active(state.sku)
+        return False
+
+    # What the change feed tells (gateway.redis.change_feed.ChangeSubscriber).
+    def stock_returned(self, sku: str) -> None:
+        """Stock came back in Redis, maybe for a sku whose row did not change."""
+        self._returned.add(sku)
+
+    def sku_changed(self, sku: str) -> None:
+        """An admin change writes the row: the sku is active already."""
+
+    def state_dropped(self) -> None:
+        """Redis's state was dropped: every sku is looked at again."""
+        self._every = True
+
+    def feed_resumed(self) -> None:
+        """Announcements may have been missed: every sku is looked at again."""
+        self._every = True
 
     async def adopt_database(self) -> None:
         """Make the Redis state this database's: state stamped by another
@@ -133,13 +218,13 @@ class Reconciler:
         if await self._stamp.adopt(await self._database.read()):
             log.warning("redis_state_dropped", reason="another database")
 
-    async def reconcile(self, sku: str) -> SkuReconciliation:
+    async def reconcile(self, sku: str) -> Found:
         """One pass over one sku, under its flush lock."""
         async with self._locks.held(sku):
             # Without a lock a flush may sit between its commit and its settle.
             return await self._reconcile(sku, exact=self._locks.enabled)
 
-    async def _reconcile(self, sku: str, *, exact: bool) -> SkuReconciliation:
+    async def _reconcile(self, sku: str, *, exact: bool) -> Found:
         reservations, orders = self._reservations, self._orders
         stale_before = int(time.time() * 1000) - self._timeout_ms
         stale = [p for p in await reservations.pending(sku) if p.reserved_at_ms < stale_before]
@@ -162,33 +247,42 @@ class Reconciler:
         if settlements:
             await reservations.settle(sku, settlements, None)
             log.warning("reservations_settled", sku=sku, count=len(settlements))
-        if not (await self._catalog.strategy(sku)).reserves:
-            drift, pending, repaired = 0, sum(p.qty for p in await reservations.pending(sku)), False
+        if await self._selling_in_redis(sku):
+            drift, pending, repaired, counter = await self._check(sku, exact=exact)
         else:
-            drift, pending, repaired = await self._check(sku, exact=exact)
-        self._publish(sku, pending, drift)
+            drift, repaired, counter = 0, False, None
+            pending = sum(p.qty for p in await reservations.pending(sku))
         confirmed = sum(1 for s in settlements if s.verdict is Verdict.CONFIRMED)
         released = len(settlements) - confirmed
-        return SkuReconciliation(confirmed, released, pending, drift, repaired)
+        quiet = not (pending or drift or counter)
+        return Found(SkuReconciliation(confirmed, released, pending, drift, repaired), quiet)
 
-    async def _check(self, sku: str, *, exact: bool) -> tuple[int, int, bool]:
-        """(drift, pending units, repaired); drift = db - (redis + pending - committed)."""
+    async def _selling_in_redis(self, sku: str) -> bool:
+        """Whether the sku sells from a Redis counter (an archived one sells no more)."""
+        try:
+            return (await self._catalog.strategy(sku)).reserves
+        except UnknownSku:
+            return False
+
+    async def _check(self, sku: str, *, exact: bool) -> tuple[int, int, bool, int | None]:
+        """(drift, pending units, repaired, Redis stock after);
+        drift = db - (redis + pending - committed)."""
         reservations, orders = self._reservations, self._orders
         redis_stock, pending = await reservations.snapshot(sku)
         db_stock = await orders.stock(sku)
         units = sum(p.qty for p in pending)
         if db_stock is None or redis_stock is None:
             # A missing key is reloaded on the next purchase; nothing to compare.
-            return 0, units, False
+            return 0, units, False, redis_stock
         found = await orders.orders([p.request_id for p in pending])
         committed = sum(p.qty for p in pending if p.request_id in found)
         drift = db_stock - (redis_stock + units - committed)
         if drift == 0:
             self._suspect.pop(sku, None)
-            return 0, units, False
+            return 0, units, False, redis_stock
         if not exact and self._suspect.get(sku) != drift:
             self._suspect[sku] = drift
-            return drift, units, False
+            return drift, units, False, redis_stock
         self._suspect.pop(sku, None)
         # Entries already committed still sit in the ledger: count them as
         # database stock so the counter is not lowered twice for them. A
@@ -200,4 +294,4 @@ class Reconciler:
         after = await reservations.load_stock(sku, db_stock + committed, StockLoad.REPAIR)
         self._rebuilds.ensure(sku)
         log.warning("drift_repaired", sku=sku, drift=drift, redis_stock=after, db_stock=db_stock)
-        return drift, units, True
+        return drift, units, True, after

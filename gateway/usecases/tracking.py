@@ -1,4 +1,8 @@
-"""Where a purchase stands, by its request id: ``GET /v1/orders/{request_id}``.
+"""Where a purchase stands, by its request id and buyer:
+``GET /v1/orders/{request_id}?user_id=U``.
+
+Only the buyer is told: to anyone else the request id reads as unknown, and
+is answered as soon as an unknown one, after the same reads (no wait).
 
 An order row answers for every strategy. A purchase of the queue strategy is
 also known before it has one: from the 202 on, Redis names the sku it was
@@ -32,9 +36,10 @@ class OrderTracker:
         self._orders = orders
         self._streams = streams
 
-    async def status(self, request_id: str, wait_s: float = 0.0) -> Result | None:
-        """The request id's outcome: CONFIRMED with its order, ACCEPTED while
-        queued, SOLD_OUT or DUPLICATE once refused; None when unknown.
+    async def status(self, request_id: str, user_id: str, wait_s: float = 0.0) -> Result | None:
+        """The outcome of ``user_id``'s purchase under the request id: CONFIRMED
+        with its order, ACCEPTED while queued, SOLD_OUT or DUPLICATE once
+        refused; None when unknown or another buyer's.
 
         With ``wait_s`` (at most :data:`MAX_WAIT_S`) an ACCEPTED answer is
         looked at again until it is final or the time is up. Raises
@@ -45,18 +50,20 @@ class OrderTracker:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + min(wait_s, MAX_WAIT_S)
         for looks in itertools.count():
-            result = await self._look(request_id)
+            result = await self._look(request_id, user_id)
             remaining = deadline - loop.time()
             if result is None or result.outcome is not Outcome.ACCEPTED or remaining <= 0:
                 break
             await asyncio.sleep(min(POLL_BACKOFF.compute(looks), remaining))
         return result
 
-    async def _look(self, request_id: str) -> Result | None:
-        order = await self._orders.order(request_id)
+    async def _look(self, request_id: str, user_id: str) -> Result | None:
+        # Both reads filter by the buyer, so another buyer's request id costs
+        # the same reads as an unknown one.
+        order = await self._orders.buyers_order(request_id, user_id)
         if order is not None:
             return Result(Outcome.CONFIRMED, order)
-        sku, verdict = await self._streams.status(request_id)
+        sku, verdict = await self._streams.status(request_id, user_id)
         if sku is None:
             return None
         if verdict is None:

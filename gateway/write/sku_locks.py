@@ -95,11 +95,15 @@ def sku_locks(
     """The flush locks ``settings`` ask for, on this Redis client, PostgreSQL pool or
     ZooKeeper session (which ``zookeeper`` must be given)."""
     prefix, lease = settings.key_prefix, settings.lock_lease_s
+    # A sku's fence counter goes with the rest of its sale's keys.
+    retention = settings.sale_retention_s
     rule = LeaseRule(lease)
 
     def redis_lock(sku: str) -> FlushLock:
         name, watched = lock_key(prefix, sku), rule.metrics_for(sku, metrics)
-        return RedisLock(redis, name, lease=lease, metrics=watched, subscriber=subscriber)
+        return RedisLock(
+            redis, name, lease=lease, metrics=watched, fence_ttl=retention, subscriber=subscriber
+        )
 
     def pg_lock(sku: str) -> FlushLock:
         watched = rule.metrics_for(sku, metrics)

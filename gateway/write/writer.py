@@ -104,8 +104,8 @@ class QueueWriter:
             await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _discover(self) -> None:
-        # Only skus with a stream: a blocking read holds a Redis connection.
-        for sku in await self._streams.existing(await self._inventory.skus()):
+        # Only active skus with a stream: a blocking read holds a Redis connection.
+        for sku in await self._streams.existing(await self._inventory.active_skus()):
             task = self._tasks.get(sku)
             if task is None or task.done():
                 self._tasks[sku] = asyncio.create_task(self._write(sku), name=f"writer-{sku}")

@@ -218,11 +218,13 @@ class DuplicateClickerUser(Shopper):
             group.spawn(click)
         group.join(timeout=self.network_timeout)
         orders = {body.get("order_id") for status, body in replies if status == 201}
-        self._check_order(request_id, orders)
+        self._check_order(request_id, user_id, orders)
 
-    def _check_order(self, request_id: str, orders: set[Any]) -> None:
+    def _check_order(self, request_id: str, user_id: str, orders: set[Any]) -> None:
         with self.client.get(
-            f"/v1/orders/{request_id}", name="order [duplicate_clickers]", catch_response=True
+            f"/v1/orders/{request_id}?user_id={user_id}",
+            name="order [duplicate_clickers]",
+            catch_response=True,
         ) as response:
             body = judge(response, frozenset({(200, None)}))
             if len(orders) > 1:

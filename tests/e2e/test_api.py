@@ -26,6 +26,13 @@ BAD_PURCHASES: list[tuple[str, bytes, str]] = [
     ("bad request id", b'{"sku": "SKU", "user_id": "u", "request_id": "a/b"}', "request_id"),
     ("not utf-8", b'{"sku": "\xff"}', "not valid JSON"),
 ]
+# The same field twice, in any spelling JSON allows: which was meant is not guessed.
+DUPLICATE_KEYS: list[tuple[str, bytes]] = [
+    ("user_id twice", b'{"sku": "SKU", "user_id": "b2", "user_id": "b3"}'),
+    ("escaped spelling", b'{"sku": "SKU", "user_id": "b2", "\\u0075ser_id": "b3"}'),
+    ("sku twice, same value", b'{"sku": "SKU", "sku": "SKU", "user_id": "b2"}'),
+    ("a comma in a value", b'{"sku": "SKU", "user_id": "b,2", "user_id": "b3"}'),
+]
 
 
 class TestPurchaseValidation:
@@ -48,6 +55,44 @@ class TestPurchaseValidation:
         assert detail in payload["detail"]
         report = await (await client.get(f"/admin/skus/{sku}", headers=ADMIN_HEADERS)).json()
         assert report["sold"] == 0 and report["redis_stock"] == 5
+
+    @pytest.mark.parametrize(("case", "body"), DUPLICATE_KEYS, ids=[c[0] for c in DUPLICATE_KEYS])
+    async def test_a_field_given_twice(
+        self, start_gateway: Any, sku: str, case: str, body: bytes
+    ) -> None:
+        """A body naming a field twice is a 400 duplicate_key naming the field,
+        and sells nothing (orjson alone would keep the last value: a 201 for b3)."""
+        client = await start_gateway()
+        await put_sku(client, sku, 5)
+        resp = await client.post("/v1/purchase", data=body.replace(b"SKU", sku.encode()))
+        assert resp.status == 400
+        payload = await resp.json()
+        assert payload["error"] == "duplicate_key"
+        assert "given more than once" in payload["detail"]
+        report = await (await client.get(f"/admin/skus/{sku}", headers=ADMIN_HEADERS)).json()
+        assert report["sold"] == 0 and report["redis_stock"] == 5
+
+    async def test_a_field_given_twice_inside_an_object(self, start_gateway: Any, sku: str) -> None:
+        """A waiting room naming admit_per_s twice is refused as the purchase is,
+        and the sku is not created."""
+        client = await start_gateway(admission_secret="duplicate-key-secret")
+        room = b'{"admit_per_s": 1, "admit_per_s": 100, "token_ttl_s": 60}'
+        resp = await client.put(
+            f"/admin/skus/{sku}",
+            data=b'{"stock": 5, "waiting_room": ' + room + b"}",
+            headers=ADMIN_HEADERS,
+        )
+        assert (resp.status, (await resp.json())["error"]) == (400, "duplicate_key")
+        resp = await client.get(f"/v1/skus/{sku}")
+        assert resp.status == 404
+
+    async def test_a_body_nested_deep_is_a_400(self, start_gateway: Any, sku: str) -> None:
+        """A body nested as deep as orjson parses (a thousand arrays), which the
+        duplicate check parses again, is a 400, never a 500."""
+        client = await start_gateway()
+        deep = b"[" * 1000 + b"1, 2" + b"]" * 1000
+        resp = await client.post("/v1/purchase", data=b'{"sku": ' + deep + b', "user_id": "u"}')
+        assert (resp.status, (await resp.json())["error"]) == (400, "invalid_request")
 
     async def test_bad_idempotency_key(self, start_gateway: Any, sku: str) -> None:
         """A malformed Idempotency-Key header is a 400 too."""

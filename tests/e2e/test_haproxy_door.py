@@ -128,9 +128,9 @@ async def _long_poll(proxy: HAProxy, cluster: GatewayCluster) -> tuple[float, st
     settings = Settings(redis_url=REDIS_URL, key_prefix=cluster.key_prefix)
     redis = Redis.from_url(REDIS_URL, decode_responses=True)
     try:
-        await Streams(redis, settings).remember(rid, sku)
+        await Streams(redis, settings).remember(rid, sku, "poller")
         started = time.monotonic()
-        target = f"/v1/orders/{rid}?wait={LONG_POLL_S}"
+        target = f"/v1/orders/{rid}?user_id=poller&wait={LONG_POLL_S}"
         answer = await exchange(proxy.port, get(target), LONG_POLL_S + 15)
         return time.monotonic() - started, rid, answer
     finally:

@@ -96,15 +96,24 @@ class TestSlowClients:
         assert (status, body) == (408, {"error": "request_timeout"})
         writer.close()
 
-    async def test_a_trickled_body_is_dropped(self, gateway: GatewayCluster) -> None:
-        """A whole head announcing a body that never comes: the connection is closed."""
+    @pytest.mark.parametrize(
+        "route", ["POST /v1/purchase", "POST /v1/queue/s1", "PUT /admin/skus/s1"]
+    )
+    async def test_a_trickled_body_is_answered_408(
+        self, gateway: GatewayCluster, route: str
+    ) -> None:
+        """A whole head announcing a body that never comes, through the fast path,
+        the router and an admin route: a JSON 408 request_timeout, as for a slow
+        head, and the connection is closed."""
         reader, writer = await connect(gateway)
         writer.write(
-            b"POST /v1/purchase HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-            b"Content-Length: 40\r\n\r\n{"
+            f"{route} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"Authorization: Bearer {gateway.admin_token}\r\n".encode()
         )
+        writer.write(b"Content-Length: 40\r\n\r\n{")
         await writer.drain()
-        assert await asyncio.wait_for(reader.read(), DROPPED_WITHIN) == b""
+        status, body = await response(reader, DROPPED_WITHIN)
+        assert (status, body["error"]) == (408, "request_timeout")
         writer.close()
 
     async def test_a_prompt_keep_alive_client_is_served(self, gateway: GatewayCluster) -> None:

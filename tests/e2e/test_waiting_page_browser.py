@@ -10,6 +10,7 @@ bounded timeouts, on ``#waiting-room``'s ``data-state``. Rooms let people in at
 from __future__ import annotations
 
 import os
+import re
 import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
@@ -166,7 +167,7 @@ class TestWaitAndBuy:
         self, start_gateway: StartGateway, buyers: OpenBuyer, sku: str, database_url: str
     ) -> None:
         """A double click on Buy sends one purchase; a reload after it shows the
-        same order without buying again: one order row."""
+        same order without buying again, looked up as its buyer: one order row."""
         client, origin = await gateway(start_gateway)
         await put_room_sku(client, sku, stock=10, admit_per_s=100)
         buyer = await buyers(origin)
@@ -183,6 +184,8 @@ class TestWaitAndBuy:
         assert len(purchases) == 1 and not any(
             u.endswith("/v1/purchase") for u in buyer.requests[sent:]
         )
+        lookups = [u for u in buyer.requests[sent:] if "/v1/orders/" in u]
+        assert lookups and all(u.endswith("?user_id=buyer") for u in lookups), lookups
         assert await orders_of(database_url, sku) == 1
         assert_clean(buyer)
 
@@ -202,6 +205,25 @@ class TestSkusOfEveryKind:
         await buyer.page.click("button#buy")
         await buyer.reach("confirmed")
         assert not any("/v1/queue/" in u for u in buyer.requests)
+        assert await orders_of(database_url, sku) == 1
+        assert_clean(buyer)
+
+    async def test_queued_purchase_is_followed_to_its_order(
+        self, start_gateway: StartGateway, buyers: OpenBuyer, sku: str, database_url: str
+    ) -> None:
+        """A sku of the queue strategy answers the purchase 202: the page long
+        polls the order lookup as its buyer, with an unguessable request id
+        (128 random bits), until the order is confirmed."""
+        client, origin = await gateway(start_gateway)
+        await put_sku(client, sku, 3, strategy="queue")
+        buyer = await buyers(origin)
+        await buyer.open(f"/wait/{sku}?user_id=buyer")
+        await buyer.reach("admitted")
+        await buyer.page.click("button#buy")
+        await buyer.reach("confirmed")
+        lookups = [u for u in buyer.requests if "/v1/orders/" in u]
+        assert lookups and all(u.endswith("?user_id=buyer&wait=20") for u in lookups), lookups
+        assert re.search(r"/v1/orders/wr-[0-9a-f]{32}\?", lookups[0]), lookups[0]
         assert await orders_of(database_url, sku) == 1
         assert_clean(buyer)
 

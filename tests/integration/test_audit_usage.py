@@ -82,11 +82,12 @@ class TestUsage:
         store: str,
         url: str,
     ) -> None:
-        """Nothing listening on the store's port: exit 2, one line naming the store."""
+        """Nothing listening on the store's port: exit 2, one line naming the
+        store's setting and URL, and that nothing answers there."""
         client = await start_gateway()
         await put_sku(client, sku, 1)
         field = "redis_url" if store == "redis" else "database_url"
         code, out, err = await run_audit(make_settings(**{field: url}), "--sku", sku)
         assert (code, out) == (2, "")
-        assert err.startswith(f"flashsale-gateway audit: {store}: ")
-        assert err.count("\n") == 1
+        setting = f"GATEWAY_{field.upper()}"
+        assert err == f"flashsale-gateway audit: {setting}={url}: nothing answers at 127.0.0.1:1\n"

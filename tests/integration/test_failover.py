@@ -60,9 +60,9 @@ async def order_ids(database_url: str, sku: str) -> set[str]:
     return {row["order_id"] for row in rows}
 
 
-async def has_row(client: Client, sku: str, rid: str, order_id: str) -> bool:
-    """Whether ``GET /v1/orders/<request id>`` finds ``order_id``."""
-    resp = await client.get(f"/v1/orders/{sku}.{rid}")
+async def has_row(client: Client, sku: str, rid: str, user: str, order_id: str) -> bool:
+    """Whether ``GET /v1/orders/<request id>?user_id=<user>`` finds ``order_id``."""
+    resp = await client.get(f"/v1/orders/{sku}.{rid}", params={"user_id": user})
     return resp.status == 200 and (await resp.json())["order_id"] == order_id
 
 
@@ -111,13 +111,13 @@ class TestPromotedStandby:
         for i, (_, phantom) in enumerate(lost, start=KEPT):
             status, body = await buy(b, sku, f"u{i}", f"r{i}")
             assert status == 201 and body["order_id"] != phantom["order_id"]
-            assert await has_row(b, sku, f"r{i}", body["order_id"])
+            assert await has_row(b, sku, f"r{i}", f"u{i}", body["order_id"])
             answered.add(body["order_id"])
         new_buyers = range(KEPT + LOST, STOCK + 2)
         for i in new_buyers:
             status, body = await buy(b, sku, f"u{i}", f"r{i}")
             if i < STOCK:
-                assert status == 201 and await has_row(b, sku, f"r{i}", body["order_id"])
+                assert status == 201 and await has_row(b, sku, f"r{i}", f"u{i}", body["order_id"])
                 answered.add(body["order_id"])
             else:
                 assert body == {"status": "sold_out"}

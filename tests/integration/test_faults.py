@@ -18,6 +18,7 @@ from redis.asyncio import Redis
 from gateway.app import create_app
 from gateway.postgres.database import migration_versions
 from gateway.redis.layout import SkuKeys
+from gateway.settings import Misconfigured
 from testkit.polling import wait_for
 from testkit.ports import free_port
 from testkit.proxy import FaultProxy
@@ -255,13 +256,36 @@ class TestStartup:
             finally:
                 await client.close()
 
+    async def test_waits_for_redis_to_come_up(self, make_settings: Any) -> None:
+        """The same for Redis: nothing listens on its port at first; when a
+        listener appears half a second later the gateway finishes starting."""
+        port = free_port()
+        client = TestClient(
+            TestServer(
+                create_app(
+                    make_settings(redis_url=f"redis://127.0.0.1:{port}/0", startup_wait_s=20)
+                )
+            )
+        )
+        starting = asyncio.create_task(client.start_server())
+        await asyncio.sleep(0.5)
+        assert not starting.done()
+        with FaultProxy("127.0.0.1", 6379, listen_port=port):
+            await asyncio.wait_for(starting, 20)
+            try:
+                assert (await client.get("/readyz")).status == 200
+            finally:
+                await client.close()
+
     async def test_gives_up_after_the_bound(self, make_settings: Any, database_url: str) -> None:
-        """With no database at all, start-up fails once the wait runs out."""
-        url = database_url.replace("127.0.0.1:5432", f"127.0.0.1:{free_port()}")
+        """With no database at all, start-up fails once the wait runs out, saying
+        that nothing answers at the setting's address."""
+        port = free_port()
+        url = database_url.replace("127.0.0.1:5432", f"127.0.0.1:{port}")
         client = TestClient(
             TestServer(create_app(make_settings(database_url=url, startup_wait_s=0.5)))
         )
-        with pytest.raises(OSError):
+        with pytest.raises(Misconfigured, match=f"nothing answers at 127.0.0.1:{port}"):
             await asyncio.wait_for(client.start_server(), 20)
         await client.close()
 

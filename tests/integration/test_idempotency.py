@@ -170,7 +170,7 @@ class TestHeader:
         status, first = await post(client, {"sku": sku, "user_id": "fay"}, f'"{sku}.k1"')
         assert status == 201 and first["request_id"] == f"{sku}.k1"
         assert await post(client, {"sku": sku, "user_id": "fay"}, f"{sku}.k1") == (201, first)
-        order = await client.get(f"/v1/orders/{sku}.k1")
+        order = await client.get(f"/v1/orders/{sku}.k1", params={"user_id": "fay"})
         assert (await order.json())["order_id"] == first["order_id"]
 
 

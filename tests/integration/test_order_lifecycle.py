@@ -57,9 +57,9 @@ async def cancel(client: Client, sku: str, rid: str) -> tuple[int, Any]:
     return resp.status, await resp.json()
 
 
-async def status_of(client: Client, sku: str, rid: str) -> str:
+async def status_of(client: Client, sku: str, rid: str, user: str) -> str:
     """The order's status, as ``GET /v1/orders/{request_id}`` answers it."""
-    resp = await client.get(f"/v1/orders/{sku}.{rid}")
+    resp = await client.get(f"/v1/orders/{sku}.{rid}", params={"user_id": user})
     body: dict[str, Any] = await resp.json()
     return str(body["status"])
 
@@ -115,7 +115,7 @@ class TestWindow:
         status, body = await buy(client, sku, "amy", "a1")
         assert status == 201 and body["status"] == "pending_payment"
         assert body["pay_by"].endswith("Z")
-        resp = await client.get(f"/v1/orders/{sku}.a1")
+        resp = await client.get(f"/v1/orders/{sku}.a1", params={"user_id": "amy"})
         assert await resp.json() == body
         # A replay answers what the first answer said.
         assert await buy(client, sku, "amy", "a1") == (201, body)
@@ -160,7 +160,7 @@ class TestWindow:
         for headers in ({}, ADMIN_HEADERS):
             resp = await client.post(f"/v1/orders/{sku}.c1/cancel", headers=headers)
             assert resp.status == 401
-        assert (await status_of(client, sku, "c1")) == "pending_payment"
+        assert (await status_of(client, sku, "c1", "cy")) == "pending_payment"
         assert (await pay(client, sku, "nope", "p1"))[0] == 404
         assert (await cancel(client, sku, "nope"))[0] == 404
 
@@ -194,7 +194,7 @@ class TestRepeats:
         assert (await pay(client, sku, "l1", f"pay-{sku}"))[0] == 200
         status, body = await pay(client, sku, "m1", f"pay-{sku}")
         assert (status, body["error"]) == (409, "payment_id_taken")
-        assert await status_of(client, sku, "m1") == "pending_payment"
+        assert await status_of(client, sku, "m1", "mo") == "pending_payment"
 
     @pytest.mark.parametrize("strategy", STRATEGIES)
     async def test_a_cancel_ten_times_returns_one_unit(
@@ -207,7 +207,7 @@ class TestRepeats:
         status, _ = await buy(client, sku, "ed", "e1")
         assert status in (201, 202)
         await wait_for(
-            lambda: _is(status_of(client, sku, "e1"), "pending_payment"), what="e1 committed"
+            lambda: _is(status_of(client, sku, "e1", "ed"), "pending_payment"), what="e1 committed"
         )
         assert await available(client, sku) == 0
         answers = await asyncio.gather(*(cancel(client, sku, "e1") for _ in range(10)))
@@ -236,11 +236,13 @@ class TestExpiry:
         status, _ = await buy(client, sku, "fay", "f1")
         assert status in (201, 202)
         await wait_for(
-            lambda: _is(status_of(client, sku, "f1"), "expired"), within=10, what="f1 expired"
+            lambda: _is(status_of(client, sku, "f1", "fay"), "expired"),
+            within=10,
+            what="f1 expired",
         )
         await wait_for(lambda: available(client, sku), within=5, what="the unit back on sale")
         storm = await asyncio.gather(*(buy(client, sku, f"u{i}", f"s{i}") for i in range(20)))
-        won = [b for s, b in storm if s in (201, 202)]
+        won = [i for i, (s, _) in enumerate(storm) if s in (201, 202)]
         assert len(won) == 1, collections.Counter(s for s, _ in storm)
         status, body = await pay(client, sku, "f1", f"pay-{sku}")
         assert (status, body["error"]) == (409, "order_expired")
@@ -259,9 +261,7 @@ class TestExpiry:
         listed = (await resp.json())["late_payments"]
         assert f"pay-{sku}" in [p["payment_id"] for p in listed]
         await wait_for(
-            lambda: _is(
-                status_of(client, sku, won[0]["request_id"].split(".", 1)[1]), "pending_payment"
-            ),
+            lambda: _is(status_of(client, sku, f"s{won[0]}", f"u{won[0]}"), "pending_payment"),
             what="the resale committed",
         )
         found = await books(database_url, sku)
@@ -293,7 +293,7 @@ class TestExpiry:
             lambda: _bought(buy(client, sku, "jo", "jo")), within=5, what="jo buys hal's unit"
         )
         await wait_for(
-            lambda: _is(status_of(client, sku, "jo"), "pending_payment"), what="jo committed"
+            lambda: _is(status_of(client, sku, "jo", "jo"), "pending_payment"), what="jo committed"
         )
 
         async def held_again() -> bool:
@@ -308,7 +308,9 @@ class TestExpiry:
         await put_window(client, sku, 1, 1)
         assert (await buy(client, sku, "gus", "g1"))[0] == 201
         await wait_for(
-            lambda: _is(status_of(client, sku, "g1"), "expired"), within=10, what="g1 expired"
+            lambda: _is(status_of(client, sku, "g1", "gus"), "expired"),
+            within=10,
+            what="g1 expired",
         )
         status, body = await wait_for(
             lambda: _bought(buy(client, sku, "gus", "g2")), within=5, what="gus again"
@@ -326,7 +328,9 @@ class TestExpiry:
         await put_window(client, sku, 3, 1)
         assert (await buy(client, sku, "gus", "g1"))[0] == 201
         await wait_for(
-            lambda: _is(status_of(client, sku, "g1"), "expired"), within=10, what="g1 expired"
+            lambda: _is(status_of(client, sku, "g1", "gus"), "expired"),
+            within=10,
+            what="g1 expired",
         )
         for key in await redis.keys(f"{key_prefix}:{{{sku}}}:*"):
             await redis.delete(key)
@@ -379,7 +383,8 @@ async def _is(value: Any, expected: str) -> bool:
 
 
 async def _pending(client: Client, sku: str, rid: str) -> bool:
-    return await status_of(client, sku, rid) == "pending_payment"
+    """Whether the order of ``rid``, bought by the user of the same name, is pending."""
+    return await status_of(client, sku, rid, rid) == "pending_payment"
 
 
 async def _bought(answer: Any) -> tuple[int, Any] | None:

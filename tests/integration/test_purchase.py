@@ -14,9 +14,11 @@ from gateway.redis.layout import SkuKeys, lock_key
 from testkit.polling import wait_for
 from testkit.purchases import (
     ADMIN_HEADERS,
+    answer_of,
     buy,
     client_metric,
     db_state,
+    look_up,
     put_sku,
     redis_state,
     wait_sold_out_marked,
@@ -109,17 +111,35 @@ class TestIdempotency:
         assert await buy(client, sku, "erin", "e2") == (409, {"status": "duplicate"})
 
     async def test_order_lookup(self, start_gateway: Any, sku: str) -> None:
-        """GET /v1/orders/{request_id} returns the order as its 201 did (its status
-        and pay_by too), or 404."""
+        """GET /v1/orders/{request_id}?user_id= returns the order to its buyer as
+        its 201 did (its status and pay_by too); an unknown request id is a JSON 404."""
         client = await start_gateway()
         await put_sku(client, sku, 5)
         _, order = await buy(client, sku, "finn", "f1")
-        resp = await client.get(f"/v1/orders/{sku}.f1")
-        assert resp.status == 200
-        assert await resp.json() == order
-        resp = await client.get("/v1/orders/nope")
-        assert resp.status == 404
-        assert (await resp.json())["error"] == "not_found"
+        status, body = await look_up(client, f"{sku}.f1", "finn")
+        assert (status, body) == (200, order)
+        status, body = await look_up(client, "nope", "finn")
+        assert (status, body["error"]) == (404, "not_found")
+
+    async def test_an_order_is_hidden_from_all_but_its_buyer(
+        self, start_gateway: Any, sku: str
+    ) -> None:
+        """Looked up without a user_id, or with another buyer's, a confirmed
+        request id gets exactly what it got before it was bought: the same 404,
+        body and headers; a user_id that is no id at all is a 400, as anywhere."""
+        client = await start_gateway()
+        await put_sku(client, sku, 5)
+        rid = f"{sku}.g1"
+        probes = ("", "?user_id=mallory", "?user_id=mallory&wait=1")
+        unknown = [await answer_of(client, f"/v1/orders/{rid}{probe}") for probe in probes]
+        assert unknown[0][0] == 404 and len(set(unknown)) == 1
+        assert (await buy(client, sku, "gina", "g1"))[0] == 201
+        for probe in probes:
+            assert await answer_of(client, f"/v1/orders/{rid}{probe}") == unknown[0], probe
+        assert (await look_up(client, rid, "gina"))[0] == 200
+        for malformed in ("", "not an id", "x" * 65):
+            status, body = await look_up(client, rid, malformed)
+            assert (status, body["error"]) == (400, "invalid_request"), malformed
 
 
 class TestPerUserLimit:

@@ -12,14 +12,16 @@ import pytest
 from redis.asyncio import Redis
 
 from gateway.domain.model import Strategy
-from gateway.redis.layout import WRITERS_GROUP, SkuKeys, stream_key
+from gateway.redis.layout import WRITERS_GROUP, SkuKeys, request_key, stream_key
 from testkit.polling import wait_for
 from testkit.purchases import (
     ADMIN_HEADERS,
     Client,
+    answer_of,
     buy,
     client_metric,
     db_state,
+    look_up,
     put_sku,
     redis_state,
 )
@@ -27,17 +29,11 @@ from testkit.purchases import (
 QUEUE = {"strategy": Strategy.QUEUE, "writer_claim_idle_s": 0.5, "writer_block_ms": 200}
 
 
-async def status_of(client: Client, request_id: str, wait: float = 0) -> tuple[int, Any]:
-    """``GET /v1/orders/{request_id}?wait=``; (status, JSON body)."""
-    resp = await client.get(f"/v1/orders/{request_id}", params={"wait": str(wait)})
-    return resp.status, await resp.json()
-
-
-async def final_status(client: Client, request_id: str) -> tuple[int, Any]:
-    """The request id's answer once final (long polls until it is not 202)."""
+async def final_status(client: Client, request_id: str, user: str) -> tuple[int, Any]:
+    """The answer to the request id's buyer once final (long polls until it is not 202)."""
 
     async def final() -> tuple[int, Any] | None:
-        status, body = await status_of(client, request_id, wait=5)
+        status, body = await look_up(client, request_id, user, wait=5)
         return None if status == 202 else (status, body)
 
     return await wait_for(final, within=30, what=f"final answer of {request_id}")
@@ -55,7 +51,7 @@ class TestAccepted:
         await put_sku(client, sku, 5)
         status, body = await buy(client, sku, "alice", "r1")
         assert (status, body) == (202, {"status": "accepted", "request_id": f"{sku}.r1"})
-        status, order = await final_status(client, f"{sku}.r1")
+        status, order = await final_status(client, f"{sku}.r1", "alice")
         assert status == 200
         assert (order["sku"], order["user_id"], order["qty"]) == (sku, "alice", 1)
         assert await db_state(database_url, sku) == (4, 1, 1)
@@ -65,7 +61,7 @@ class TestAccepted:
     ) -> None:
         """An id never seen is a JSON 404; a wait that is not 0..30 seconds a 400."""
         client = await start_gateway(**QUEUE)
-        status, body = await status_of(client, f"{sku}.nobody")
+        status, body = await look_up(client, f"{sku}.nobody", "nobody")
         assert (status, body["error"]) == (404, "not_found")
         for wait in ("-1", "31", "soon", "nan"):
             resp = await client.get(f"/v1/orders/{sku}.x", params={"wait": wait})
@@ -87,18 +83,66 @@ class TestAccepted:
             202,
             {"status": "accepted", "request_id": f"{sku}.r1"},
         )
-        assert (await status_of(client, f"{sku}.r1"))[0] == 202
+        assert (await look_up(client, f"{sku}.r1", "bob"))[0] == 202
         assert await redis.xlen(stream_key(key_prefix, sku)) == 1
         # Older than the reservation timeout, and reconciled: still queued.
         await asyncio.sleep(0.2)
         done = await (await client.post("/admin/reconcile", headers=ADMIN_HEADERS)).json()
         assert done[sku]["released"] == 0
         assert await redis_state(redis, key_prefix, sku) == (2, 1)
-        assert (await status_of(client, f"{sku}.r1"))[0] == 202
+        assert (await look_up(client, f"{sku}.r1", "bob"))[0] == 202
         writer = await start_gateway(**QUEUE)
-        status, order = await final_status(writer, f"{sku}.r1")
+        status, order = await final_status(writer, f"{sku}.r1", "bob")
         assert (status, order["user_id"]) == (200, "bob")
         assert await db_state(database_url, sku) == (2, 1, 1)
+
+
+class TestPrivacy:
+    """A queued purchase is shown to its buyer alone, whatever the wait."""
+
+    async def test_a_queued_or_refused_purchase_reads_as_unknown_to_others(
+        self, start_gateway: Any, sku: str, redis: Redis, key_prefix: str
+    ) -> None:
+        """While two purchases wait in the queue, and once one is confirmed and
+        the other refused (Redis believed in a unit the database lacks), a
+        lookup of either without a user_id or with another buyer's, long poll
+        or not, gets what it got before the purchase: the same 404, body and
+        headers. It is answered at once, while the buyer's own long poll is
+        still held; the buyers see 202, then 200 and 409 sold_out."""
+        client = await start_gateway(**QUEUE, queue_writer=False)
+        await put_sku(client, sku, 1)
+        await redis.set(SkuKeys.of(key_prefix, sku).stock, 2)
+        queries = ("", "?wait=30", "?user_id=eve", "?user_id=eve&wait=30")
+
+        async def answers(rid: str) -> set[tuple[int, bytes, tuple[tuple[str, str], ...]]]:
+            return {await answer_of(client, f"/v1/orders/{sku}.{rid}{q}") for q in queries}
+
+        unknown = {rid: await answers(rid) for rid in ("p1", "p2")}
+        assert [next(iter(a))[0] for a in unknown.values()] == [404, 404]
+        assert [len(a) for a in unknown.values()] == [1, 1]
+        for user in ("pat", "quinn"):
+            assert (await buy(client, sku, user, "p1" if user == "pat" else "p2"))[0] == 202
+        held = asyncio.ensure_future(look_up(client, f"{sku}.p2", "quinn", wait=30))
+        assert {rid: await answers(rid) for rid in ("p1", "p2")} == unknown
+        assert not held.done()
+        writer = await start_gateway(**QUEUE)
+        assert await held == (409, {"status": "sold_out"})
+        assert (await final_status(writer, f"{sku}.p1", "pat"))[0] == 200
+        assert {rid: await answers(rid) for rid in ("p1", "p2")} == unknown
+
+    async def test_a_request_recorded_without_its_buyer_is_shown_to_nobody(
+        self, start_gateway: Any, sku: str, redis: Redis, key_prefix: str
+    ) -> None:
+        """A request id queued by a gateway from before buyers were recorded (its
+        request key holds the sku alone) reads as unknown to everyone, its own
+        buyer included, rather than to anyone."""
+        client = await start_gateway(**QUEUE, queue_writer=False)
+        await put_sku(client, sku, 1)
+        assert (await buy(client, sku, "ray", "r1"))[0] == 202
+        assert (await look_up(client, f"{sku}.r1", "ray"))[0] == 202
+        await redis.set(request_key(key_prefix, f"{sku}.r1"), sku)
+        for user in ("ray", "eve"):
+            assert (await look_up(client, f"{sku}.r1", user))[0] == 404, user
 
 
 class TestRefused:
@@ -115,7 +159,7 @@ class TestRefused:
         await redis.set(SkuKeys.of(key_prefix, sku).stock, 3)
         for user in ("a", "b", "c"):
             assert (await buy(client, sku, user, user))[0] == 202
-        answers = [await final_status(client, f"{sku}.{user}") for user in ("a", "b", "c")]
+        answers = [await final_status(client, f"{sku}.{user}", user) for user in ("a", "b", "c")]
         statuses = collections.Counter(status for status, _ in answers)
         assert statuses == {200: 1, 409: 2}
         assert [b for s, b in answers if s == 409] == [{"status": "sold_out"}] * 2
@@ -130,11 +174,11 @@ class TestRefused:
         client = await start_gateway(**QUEUE)
         await put_sku(client, sku, 5)
         assert (await buy(client, sku, "dora", "first"))[0] == 202
-        assert (await final_status(client, f"{sku}.first"))[0] == 200
+        assert (await final_status(client, f"{sku}.first", "dora"))[0] == 200
         keys = SkuKeys.of(key_prefix, sku)
         await redis.delete(keys.buyers, keys.done)
         assert (await buy(client, sku, "dora", "second"))[0] == 202
-        assert await final_status(client, f"{sku}.second") == (409, {"status": "duplicate"})
+        assert await final_status(client, f"{sku}.second", "dora") == (409, {"status": "duplicate"})
         assert await db_state(database_url, sku) == (4, 1, 1)
 
 
@@ -158,17 +202,17 @@ class TestStorm:
         first = await start_gateway(**QUEUE, flush_lock=flush_lock)
         second = await start_gateway(**QUEUE, flush_lock=flush_lock)
         await put_sku(first, sku, 100)
-        calls = [
-            buy((first, second)[n], sku, f"user{i}", f"r{i}-{n}")
-            for n in range(2)
-            for i in range(1000)
-        ]
+        clicks = [(n, f"user{i}", f"r{i}-{n}") for n in range(2) for i in range(1000)]
+        calls = [buy((first, second)[n], sku, user, rid) for n, user, rid in clicks]
         results = await asyncio.gather(*calls)
         statuses = collections.Counter(status for status, _ in results)
         assert set(statuses) <= {202, 409}, statuses
         assert statuses[202] == 100
-        accepted = [b["request_id"] for s, b in results if s == 202]
-        finals = await asyncio.gather(*(final_status(first, rid) for rid in accepted))
+        users = [user for _, user, _ in clicks]
+        accepted = [
+            (b["request_id"], u) for u, (s, b) in zip(users, results, strict=True) if s == 202
+        ]
+        finals = await asyncio.gather(*(final_status(first, rid, u) for rid, u in accepted))
         assert collections.Counter(s for s, _ in finals) == {200: 100}
         assert len({order["user_id"] for _, order in finals}) == 100
         assert await db_state(database_url, sku) == (0, 100, 100)
@@ -191,7 +235,7 @@ class TestStorm:
             await put_sku(client, f"{sku}-idle{n}", 1)
         await put_sku(client, sku, 1)
         assert (await buy(client, sku, "zed", "r1"))[0] == 202
-        assert (await final_status(client, f"{sku}.r1"))[0] == 200
+        assert (await final_status(client, f"{sku}.r1", "zed"))[0] == 200
         assert await db_state(database_url, sku) == (0, 1, 1)
 
     async def test_full_stream_sheds_503_without_reserving(
@@ -229,7 +273,7 @@ class TestReclaim:
         read: Any = await redis.xreadgroup(WRITERS_GROUP, "dead-writer", {key: ">"}, count=10)
         assert len(read[0][1]) == 3
         writer = await start_gateway(**QUEUE)
-        finals = [await final_status(writer, f"{sku}.{u}") for u in ("a", "b", "c")]
+        finals = [await final_status(writer, f"{sku}.{u}", u) for u in ("a", "b", "c")]
         assert [s for s, _ in finals] == [200, 200, 200]
         assert await client_metric(writer, "flashsale_stream_reclaimed_total") == 3
         assert await db_state(database_url, sku) == (7, 3, 3)
@@ -250,7 +294,7 @@ class TestReclaim:
         client = await start_gateway(**QUEUE)
         await put_sku(client, sku, 10)
         assert (await buy(client, sku, "eve", "r1"))[0] == 202
-        status, order = await final_status(client, f"{sku}.r1")
+        status, order = await final_status(client, f"{sku}.r1", "eve")
         assert status == 200
         key = stream_key(key_prefix, sku)
         for _ in range(replays):
@@ -261,6 +305,6 @@ class TestReclaim:
             return await redis.xlen(key) == 0
 
         await wait_for(drained, within=10, what="the replayed entries to be acknowledged")
-        assert await status_of(client, f"{sku}.r1") == (200, order)
+        assert await look_up(client, f"{sku}.r1", "eve") == (200, order)
         assert await db_state(database_url, sku) == (9, 1, 1)
         assert await redis_state(redis, key_prefix, sku) == (9, 0)

@@ -1,7 +1,9 @@
 """Redis state has a lifetime, and belongs to one database: on real Redis and PostgreSQL.
 
 A sku's keys expire after ``GATEWAY_SALE_RETENTION_S``; PostgreSQL answers, and
-refills them, after. State stamped by another database (here: one restored from a
+refills them, after. The rows traffic writes in PostgreSQL are pruned once they
+can no longer matter (``tests/integration/test_soak.py`` checks every table and
+key at once). State stamped by another database (here: one restored from a
 dump taken mid-sale) is dropped and reloaded, never answered from.
 """
 
@@ -12,8 +14,10 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import asyncpg
 from redis.asyncio import Redis
 
+from gateway.postgres.retention import Retention
 from gateway.redis.layout import SkuKeys, identity_key
 from testkit.polling import wait_for
 from testkit.purchases import ADMIN_HEADERS, buy, db_state, put_sku
@@ -123,10 +127,57 @@ class TestAnotherDatabase:
             for i, (_, phantom) in enumerate(after, start=3):
                 status, body = await buy(b, sku, f"u{i}", f"r{i}")
                 assert status == 201 and body["order_id"] != phantom["order_id"]
-                row = await b.get(f"/v1/orders/{sku}.r{i}")
+                row = await b.get(f"/v1/orders/{sku}.r{i}", params={"user_id": f"u{i}"})
                 assert (await row.json())["order_id"] == body["order_id"]
             assert await db_state(url_b, sku) == (4, 6, 6)
             await b.close()
         finally:
             for name in names:
                 await drop_database(name)
+
+
+class TestPruning:
+    """The reconciler's pruning pass deletes only what can no longer matter."""
+
+    async def test_a_release_is_kept_for_its_retention_and_a_full_bucket_goes(
+        self, con: asyncpg.Connection, database_url: str, sku: str
+    ) -> None:
+        """A release made within GATEWAY_RELEASE_RETENTION_S (an hour here) stays,
+        and a flush still carrying its reservation is answered expired; one made
+        earlier is deleted. A rate bucket past its expiry (full again) goes, one
+        still filling stays."""
+        await con.execute("INSERT INTO inventory (sku, stock) VALUES ($1, 5)", sku)
+        await con.execute(
+            "INSERT INTO released_reservations (request_id, reserved_at_ms, released_at)"
+            " VALUES ($1, 42, now() - interval '59 minutes'),"
+            " ($2, 42, now() - interval '61 minutes')",
+            f"{sku}.recent",
+            f"{sku}.old",
+        )
+        await con.execute(
+            "INSERT INTO rate_buckets (sku, bucket, tokens, at, expires_at)"
+            " VALUES ($1, 'u:full', 0, now(), now() - interval '1 second'),"
+            " ($1, 'u:filling', 0, now(), now() + interval '1 minute')",
+            sku,
+        )
+        pool = await asyncpg.create_pool(database_url, min_size=1, max_size=1)
+        try:
+            pruned = await Retention(pool, release_retention_s=3600).prune()
+        finally:
+            await pool.close()
+        assert pruned.released_reservations >= 1 and pruned.rate_buckets >= 1
+        released = await con.fetch(
+            "SELECT request_id FROM released_reservations WHERE request_id LIKE $1", f"{sku}.%"
+        )
+        assert [r["request_id"] for r in released] == [f"{sku}.recent"]
+        buckets = await con.fetch("SELECT bucket FROM rate_buckets WHERE sku = $1", sku)
+        assert [r["bucket"] for r in buckets] == ["u:filling"]
+        (row,) = await con.fetch(
+            "SELECT verdict FROM flush_batch($1, $2, $3, $4, $5, NULL)",
+            sku,
+            [f"{sku}.recent"],
+            ["late"],
+            [1],
+            [42],
+        )
+        assert row["verdict"] == "X"

@@ -116,7 +116,7 @@ async def payment_window(client: Client, sku: str, strategy: Strategy) -> None:
     assert (await post(client, sku, "u1", "r1"))[0] == ACCEPTED.get(strategy, 201)
 
     async def status_of_r1() -> str:
-        resp = await client.get(f"/v1/orders/{sku}.r1")
+        resp = await client.get(f"/v1/orders/{sku}.r1", params={"user_id": "u1"})
         return str((await resp.json())["status"])
 
     await wait_for(lambda: _is(status_of_r1(), "pending_payment"), what="r1 pending")

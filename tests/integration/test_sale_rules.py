@@ -61,6 +61,22 @@ class TestSaleWindow:
             "waiting_room": False,
         }
 
+    @pytest.mark.parametrize("strategy", ["reserve-batch", "sql-direct"])
+    async def test_a_sale_far_off_caps_retry_after_at_a_day(
+        self, start_gateway: Any, sku: str, strategy: str
+    ) -> None:
+        """A sale starting in 2099, decided in Redis or in PostgreSQL, answers
+        not_started with its real start in the body and a Retry-After of 86400
+        (a day), not the seventy-odd years to the start."""
+        client = await start_gateway()
+        await put_rules(client, sku, 5, starts_at="2099-01-01T00:00:00Z", strategy=strategy)
+        status, body, retry_after = await post(client, sku, "u1", "r1")
+        assert (status, body) == (
+            409,
+            {"status": "not_started", "starts_at": "2099-01-01T00:00:00.000Z"},
+        )
+        assert retry_after == "86400"
+
     async def test_after_the_end_ended_but_a_confirmed_replay_keeps_its_order(
         self, start_gateway: Any, sku: str, redis: Redis
     ) -> None:

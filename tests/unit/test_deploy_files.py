@@ -249,8 +249,8 @@ def _exprs(title: str) -> list[str]:
 
 def test_dashboard_panels_for_the_loop_the_queue_strategy_and_haproxy() -> None:
     """The event loop's p50/p99 lag, each of the queue strategy's stream and
-    writer series, and HAProxy have panels; ids are unique and no two panels
-    overlap."""
+    writer series, HAProxy and the live sale (its row first) have panels; ids
+    are unique and no two panels overlap."""
     lag = _exprs("Event loop lag p50 / p99")
     assert [e.split(",")[0] for e in lag] == ["histogram_quantile(0.5", "histogram_quantile(0.99"]
     assert all("rate(flashsale_event_loop_lag_seconds_bucket{" in e for e in lag)
@@ -264,10 +264,15 @@ def test_dashboard_panels_for_the_loop_the_queue_strategy_and_haproxy() -> None:
         "haproxy_frontend_http_responses_total",
         "haproxy_backend_active_servers",
         "haproxy_backend_retry_warnings_total",
+        "flashsale_sku_on_sale",
+        "flashsale_sku_held",
+        "flashsale_sku_sold",
+        "flashsale_sku_confirmed_total",
     ):
         assert name in queried, name
     ids = [p["id"] for p in DASHBOARD["panels"]]
     assert len(ids) == len(set(ids))
+    assert DASHBOARD["panels"][0]["title"] == "Live sale"
     cells = [
         (p["gridPos"]["x"] + dx, p["gridPos"]["y"] + dy)
         for p in DASHBOARD["panels"]

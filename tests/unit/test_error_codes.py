@@ -119,3 +119,20 @@ def test_the_link_from_an_admitted_poll_names_the_whole_purchase() -> None:
     link = answer["links"]["BuyAdmitted"]
     assert link["parameters"] == {"header.Admission-Token": "$response.body#/admission_token"}
     assert link["requestBody"] == {"sku": "$request.path.sku", "user_id": "$response.body#/user_id"}
+
+
+def test_every_link_to_the_order_lookup_names_the_buyer() -> None:
+    """A link to getOrder passes the purchase's ``user_id`` as well as its request
+    id (issue 33: the lookup answers its buyer alone, so a link without one leads
+    only to the unknown id's 404)."""
+    links = [
+        (path, status, link["parameters"])
+        for path, operations in schema()["paths"].items()
+        for operation in operations.values()
+        for status, answer in operation["responses"].items()
+        for link in answer.get("links", {}).values()
+        if link.get("operationId") == "getOrder"
+    ]
+    assert len(links) == 2
+    for path, status, parameters in links:
+        assert set(parameters) == {"request_id", "user_id"}, (path, status)

@@ -151,7 +151,7 @@ class Recorder:
         self.given_back: list[Purchase] = []
         self.marked: list[tuple[str, bool]] = []
         self.rebuilt: list[str] = []
-        self.remembered: list[tuple[str, str]] = []
+        self.remembered: list[tuple[str, str, str]] = []
         self.shed = 0
         self.reloaded = 0
 
@@ -164,14 +164,17 @@ class Recorder:
     def ensure(self, sku: str) -> None:
         self.rebuilt.append(sku)
 
-    async def remember(self, request_id: str, sku: str) -> None:
-        self.remembered.append((request_id, sku))
+    async def remember(self, request_id: str, sku: str, user_id: str) -> None:
+        self.remembered.append((request_id, sku, user_id))
 
     def shed_one(self) -> None:
         self.shed += 1
 
     def stock_reloaded(self) -> None:
         self.reloaded += 1
+
+    def purchase_confirmed(self, sku: str) -> None:
+        """The per-sku 201s are the metrics' (tests/integration/test_active_skus.py)."""
 
 
 class Strategies:
@@ -426,12 +429,12 @@ class TestQueue:
 
     async def test_a_queued_purchase_is_accepted_and_remembered(self) -> None:
         """On the queue strategy a purchase goes to enqueue.lua, not to the
-        batch: 202 with its request id, which is remembered for its status."""
+        batch: 202 with its request id, remembered with its buyer for its status."""
         world = World(Reply("ok", reserved_at_ms=1), strategy=Strategy.QUEUE)
         result = await world.buy()
         assert result == Result(Outcome.ACCEPTED, request_id=RID)
         assert world.redis.calls[0][0] == "enqueue"
-        assert world.recorder.remembered == [(RID, SKU)]
+        assert world.recorder.remembered == [(RID, SKU, "alice")]
         assert world.batcher.submitted == []
 
     async def test_a_full_stream_is_a_counted_503(self) -> None:

@@ -68,6 +68,7 @@ class TestAnswerLog:
             "sold_out": 0,
             "unavailable": 10,
             "rate_limited": 0,
+            "client_gone": 0,
             "shed": 0,
             "failures_not_logged": 9,
         }

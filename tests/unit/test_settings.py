@@ -14,12 +14,14 @@ from gateway.domain.model import Strategy
 from gateway.domain.rules import Rate
 from gateway.settings import (
     PARSE,
+    Misconfigured,
     Settings,
     SettingsError,
     add_arguments,
     env_name,
     from_args,
     load,
+    masked,
 )
 
 
@@ -123,6 +125,18 @@ def test_cluster_nodes() -> None:
         load(both)
 
 
+def test_a_release_outlasts_the_reservation_timeout() -> None:
+    """GATEWAY_RELEASE_RETENTION_S below GATEWAY_RESERVATION_TIMEOUT_S is refused in
+    one line naming both: a release pruned first could let a late flush commit."""
+    short = {"GATEWAY_RELEASE_RETENTION_S": "10", "GATEWAY_RESERVATION_TIMEOUT_S": "30"}
+    with pytest.raises(SettingsError) as refused:
+        load(short)
+    assert str(refused.value) == (
+        "GATEWAY_RELEASE_RETENTION_S=10: must be at least GATEWAY_RESERVATION_TIMEOUT_S=30"
+    )
+    assert load({"GATEWAY_RELEASE_RETENTION_S": "30"}).release_retention_s == 30.0
+
+
 def test_strategy_and_the_optimistic_budget() -> None:
     """GATEWAY_STRATEGY defaults to reserve-batch and takes each strategy's name;
     the optimistic budget is read too; an unknown strategy names the setting."""
@@ -160,3 +174,31 @@ def test_text_is_parsed_once_into_the_values_the_gateway_uses() -> None:
     assert s.user_rate == Rate(2, 4)
     assert s.client_rate is None
     assert s.trusted_proxies == (ip_network("10.0.0.0/8"), ip_network("::1"))
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("postgresql://app:pw@db:5432/x", "postgresql://app:***@db:5432/x"),
+        ("redis://:pw@cache:6379/0", "redis://:***@cache:6379/0"),
+        (
+            "postgresql://app@db/x?password=pw&sslmode=require",
+            "postgresql://app@db/x?password=***&sslmode=require",
+        ),
+        ("postgresql://a:pw@h1:5432,h2:5432/x", "postgresql://a:***@h1:5432,h2:5432/x"),
+        ("redis://cache:6379/0", "redis://cache:6379/0"),
+        ("unix:///run/redis.sock?db=2", "unix:///run/redis.sock?db=2"),
+    ],
+)
+def test_a_url_is_shown_with_its_password_masked(url: str, shown: str) -> None:
+    """A password in the authority or in the query is shown as ***; a URL
+    without one is shown exactly as set."""
+    assert masked(url) == shown
+
+
+def test_a_misconfiguration_is_one_line_naming_setting_and_url() -> None:
+    """The message is the setting, its masked URL and the finding; it is a
+    SettingsError, like any other setting the gateway cannot run with."""
+    exc = Misconfigured("database_url", "postgresql://a:pw@h:6379/x", "not PostgreSQL")
+    assert str(exc) == "GATEWAY_DATABASE_URL=postgresql://a:***@h:6379/x: not PostgreSQL"
+    assert isinstance(exc, SettingsError) and exc.final

@@ -8,26 +8,14 @@ shown to catch a planted unguarded statement, so it can fail.
 
 from __future__ import annotations
 
-import ast
 import re
 from pathlib import Path
+
+from testkit.sql_text import statements
 
 ROOT = Path(__file__).resolve().parents[2]
 TAKES_STOCK = re.compile(r"\bstock\s*=\s*stock\s*-|\bstock\s*=\s*\$\d+\s*-|-=\s*stock", re.I)
 GUARD = re.compile(r"\bwhere\b.*\bstock\s*>=?\s*", re.I | re.S)
-
-
-def statements(root: Path) -> list[tuple[str, str]]:
-    """(where, text) of every SQL statement in ``root/gateway`` and ``root/sql``."""
-    found: list[tuple[str, str]] = []
-    for path in sorted((root / "gateway").rglob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Constant) and isinstance(node.value, str):
-                found.append((f"{path.relative_to(root)}:{node.lineno}", node.value))
-    for path in sorted((root / "sql").rglob("*.sql")):
-        for i, text in enumerate(path.read_text().split(";")):
-            found.append((f"{path.relative_to(root)}#{i}", text))
-    return found
 
 
 def unguarded(root: Path) -> list[str]:

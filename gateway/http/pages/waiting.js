@@ -1,7 +1,8 @@
 // The waiting-room page's script (gateway/http/waiting_page.py inlines it; its texts are
 // texts.json). It reads the sku from its path and the buyer from ?user_id=,
 // then walks the API: GET /v1/skus/{sku}, POST /v1/queue/{sku}, GET
-// /v1/queue/{sku}/{ticket} at the poll_after_s it is told, POST /v1/purchase.
+// /v1/queue/{sku}/{ticket} at the poll_after_s it is told, POST /v1/purchase,
+// GET /v1/orders/{request_id}?user_id= (the lookup answers its buyer alone).
 // #waiting-room's data-state (and data-position, data-order-id,
 // data-starts-at) say where the buyer stands; docs/waiting-page.md.
 "use strict";
@@ -146,11 +147,12 @@
     if (expiresAt) etaEl.textContent = say("admitted_until", { time: new Date(expiresAt).toLocaleTimeString() });
   }
 
-  // The request id: made once per page and sku, kept for reloads and double clicks.
+  // The request id: made once per page and sku, kept for reloads and double clicks;
+  // 128 random bits, so nobody can guess it.
   function requestId() {
     let rid = sessionStorage.getItem(key("request_id"));
     if (!rid) {
-      const bytes = crypto.getRandomValues(new Uint8Array(12));
+      const bytes = crypto.getRandomValues(new Uint8Array(16));
       rid = "wr-" + Array.from(bytes, (b) => b.toString(16).padStart(2, "0")).join("");
       sessionStorage.setItem(key("request_id"), rid);
     }
@@ -169,10 +171,13 @@
     await answered(r, rid);
   }
 
+  // GET /v1/orders/{request_id}, as its buyer.
+  const order = (rid, query) => patient("GET", `/v1/orders/${enc(rid)}?user_id=${enc(user)}${query}`);
+
   async function answered(r, rid) {
     for (let i = 0; r.status === 202 && i < 30; i++) {
       // Queued (the queue strategy): its outcome, held by the gateway until final.
-      r = await patient("GET", `/v1/orders/${enc(rid)}?wait=20`);
+      r = await order(rid, "&wait=20");
     }
     if (r.status === 200 || r.status === 201) return confirmed(r.body.order_id);
     if (r.body.status === "sold_out") return soldOut();
@@ -188,7 +193,7 @@
   async function resumed() {
     if (!sessionStorage.getItem(key("sent"))) return false;
     const rid = requestId();
-    const r = await patient("GET", `/v1/orders/${enc(rid)}`);
+    const r = await order(rid, "");
     if (r.status === 404) return false; // nothing was ordered under it: go on
     await answered(r, rid);
     return true;
