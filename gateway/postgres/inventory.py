@@ -34,9 +34,11 @@ WAITING_ROOM_SKUS = """
 SELECT sku FROM inventory WHERE room_admit_per_s IS NOT NULL AND archived_at IS NULL
 ORDER BY sku LIMIT $1
 """
-# Units of a sku held for payment (issue 31): the one expression that makes a
-# sku with holds active and feeds its held gauge (flashsale_sku_held).
-HELD = "0"
+# Units of a sku held for payment: the one expression that makes a sku with
+# holds active and feeds its held gauge (flashsale_sku_held); the partial index
+# orders_pending_sku serves it.
+HELD = """(SELECT COALESCE(SUM(qty), 0) FROM orders AS o
+    WHERE o.sku = inventory.sku AND o.status = 'pending_payment')"""
 # Active: a sku whose state may still change by itself, the only ones the
 # reconciler, the per-sku metrics and the writers' discovery visit. A sku stops
 # being active when the reconciler finds it exhausted (or archived) with
@@ -47,7 +49,8 @@ HELD = "0"
 ACTIVE = f"(idle_at IS DISTINCT FROM updated_at OR {HELD} > 0)"
 SKU_STATE = f"""
 SELECT sku, stock, {HELD} AS held,
-       (SELECT COALESCE(SUM(qty), 0) FROM orders AS o WHERE o.sku = inventory.sku) AS sold,
+       (SELECT COALESCE(SUM(qty), 0) FROM orders AS o
+        WHERE o.sku = inventory.sku AND o.status IN ('confirmed', 'paid')) AS sold,
        updated_at, archived_at IS NOT NULL AS archived, {ACTIVE} AS active
 FROM inventory
 """

@@ -27,6 +27,7 @@ from typing import Protocol
 import structlog
 
 from gateway.domain.errors import (
+    MAX_RETRY_AFTER_S,
     AlreadyPaid,
     GatewayError,
     NoPaymentWindow,
@@ -243,4 +244,5 @@ class HeldUnits:
         _, held, due = known
         if not held:
             return SOLD_OUT
-        return Result(Outcome.SOLD_OUT, held=held, retry_after_s=max(1, math.ceil(due - now)))
+        retry_after_s = min(MAX_RETRY_AFTER_S, max(1, math.ceil(due - now)))
+        return Result(Outcome.SOLD_OUT, held=held, retry_after_s=retry_after_s)

@@ -79,6 +79,7 @@ SKUS: dict[str, dict[str, Any]] = {
     "optimist": {"stock": STOCK, "strategy": "optimistic"},
     "pessimist": {"stock": STOCK, "strategy": "pessimistic"},
     "room": {"stock": STOCK, "waiting_room": {"admit_per_s": 1000, "token_ttl_s": 60}},
+    "paying": {"stock": STOCK, "payment_window_s": 60},
     "later": {"stock": STOCK, "starts_at": "2099-01-01T00:00:00Z"},
     "over": {
         "stock": STOCK,
@@ -88,7 +89,12 @@ SKUS: dict[str, dict[str, Any]] = {
     "rated": {"stock": STOCK, "user_rate": "1/s:1", "client_rate": "1/s:2"},
 }
 # Without an admission secret a waiting room is refused (422 not_configured).
-BARE_SKUS = {sku: body for sku, body in SKUS.items() if "waiting_room" not in body}
+# What a gateway without the admission secret and the payment token cannot serve is left out.
+BARE_SKUS = {
+    sku: body
+    for sku, body in SKUS.items()
+    if "waiting_room" not in body and "payment_window_s" not in body
+}
 
 
 def schemathesis_argv(url: str, seed: int, token: str) -> list[str]:
