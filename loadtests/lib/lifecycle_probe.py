@@ -20,14 +20,16 @@ from testkit.metrics import samples
 
 RETURN_LAG = "flashsale_order_return_lag_seconds"
 BACKENDS = """
-SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()
+SELECT pid FROM pg_stat_activity WHERE datname = current_database()
+    AND backend_type = 'client backend' AND pid <> pg_backend_pid()
 """
 
 
 @dataclass(frozen=True, slots=True)
 class CpuSnapshot:
-    """CPU seconds run so far by the gateway and by each PostgreSQL backend of its
-    database (``/proc/<pid>/task/*/schedstat``: nanoseconds, not clock ticks)."""
+    """CPU seconds run so far by the gateway and by each PostgreSQL client backend
+    of its database, autovacuum left out (``/proc/<pid>/task/*/schedstat``:
+    nanoseconds, not clock ticks)."""
 
     gateway: float
     backends: Mapping[int, float]
