@@ -97,8 +97,11 @@ def put_in_stock(target: Target, fields: Mapping[str, object]) -> None:
         raise RuntimeError(f"{target.name}: PUT {IN_STOCK_SKU} answered {status}: {answer}")
 
 
-def _summary(values: Sequence[float]) -> str:
-    return f"{statistics.median(values):,.1f} ({min(values):,.1f}-{max(values):,.1f})"
+def _summary(values: Sequence[float], digits: int = 1) -> str:
+    def f(value: float) -> str:
+        return f"{value:,.{digits}f}"
+
+    return f"{f(statistics.median(values))} ({f(min(values))}-{f(max(values))})"
 
 
 def run(
@@ -160,8 +163,8 @@ def run(
             rps = [h[0] / b[0] for h, b in pairs]
             cpu = [h[1] / b[1] for h, b in pairs]
             print(
-                f"{path}: head/base req/s per round {_summary(rps)}; "
-                f"CPU per request {_summary(cpu)}"
+                f"{path}: head/base req/s per round {_summary(rps, 3)}; "
+                f"CPU per request {_summary(cpu, 3)}"
             )
 
 
