@@ -16,13 +16,19 @@ checkout to the base, with its median.
 
 The base runs its own Python code, Lua and SQL (the worktree's ``lua`` and
 ``sql`` are linked into its ``gateway`` package, where the import system finds
-them before this checkout's editable install); migrations come from this
-checkout, so a base with another schema is not comparable here.
+them before this checkout's editable install), and its database is migrated by
+its own checkout, so a base with another schema compares too.
+
+``--head-sku-field`` and ``--base-sku-field`` add fields to one gateway's
+``PUT /admin/skus`` of the in-stock sku: a sku setting such as a payment window
+(``payment_window_s=3600``, with ``--head-setting GATEWAY_PAYMENT_TOKEN=...``)
+is then measured against a base without it.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import subprocess
 import sys
@@ -40,6 +46,7 @@ from loadtests.lib.options import REPO_ROOT
 from loadtests.lib.pinning import choose
 from loadtests.lib.signals import signals_interrupt
 from loadtests.lib.targets import Target
+from testkit.http import http
 
 BASE, HEAD, BARE = "base", "head", "bare_min"
 CONNECTIONS = 64
@@ -81,8 +88,20 @@ def measure(target: Target, path: str, seconds: float, tag: str) -> tuple[float,
     return result.rps, cpu, result.latency_ms["p99"]
 
 
-def _summary(values: Sequence[float]) -> str:
-    return f"{statistics.median(values):,.1f} ({min(values):,.1f}-{max(values):,.1f})"
+def put_in_stock(target: Target, fields: Mapping[str, object]) -> None:
+    """Create the in-stock sku on ``target`` with ``fields`` added to its PUT."""
+    body = {"stock": IN_STOCK_UNITS, "per_user_limit": 1, **fields}
+    url = f"{target.url}/admin/skus/{IN_STOCK_SKU}"
+    status, answer = http("PUT", url, body, token=target.admin_token)
+    if status != 200:
+        raise RuntimeError(f"{target.name}: PUT {IN_STOCK_SKU} answered {status}: {answer}")
+
+
+def _summary(values: Sequence[float], digits: int = 1) -> str:
+    def f(value: float) -> str:
+        return f"{value:,.{digits}f}"
+
+    return f"{f(statistics.median(values))} ({f(min(values))}-{f(max(values))})"
 
 
 def run(
@@ -92,10 +111,12 @@ def run(
     seconds: float,
     settings: Mapping[str, Mapping[str, str]],
     open_rates: Sequence[int] = (),
+    sku_fields: Mapping[str, Mapping[str, object]] | None = None,
 ) -> None:
     """Start the three targets, alternate the rounds, print the report.
 
-    ``settings`` holds extra ``GATEWAY_*`` variables per gateway (``base``, ``head``).
+    ``settings`` holds extra ``GATEWAY_*`` variables per gateway (``base``, ``head``),
+    ``sku_fields`` extra fields of its in-stock sku.
     Each of ``open_rates`` then drives both gateways open-loop (loadtests.lib.openloop)
     on every path, for ``seconds`` each, base and head in turn.
     """
@@ -103,13 +124,13 @@ def run(
         targets = {
             BARE: harness.start_bare(BARE, minimal=True),
             BASE: harness.start_gateway(
-                harness.database(BASE), BASE, settings.get(BASE), source=source
+                harness.database(BASE, source), BASE, settings.get(BASE), source=source
             ),
             HEAD: harness.start_gateway(harness.database(HEAD), HEAD, settings.get(HEAD)),
         }
         for name in (BASE, HEAD):
             targets[name].put_sku(SOLD_OUT_SKU, SMALL_SALE)
-            targets[name].put_sku(IN_STOCK_SKU, IN_STOCK_UNITS)
+            put_in_stock(targets[name], (sku_fields or {}).get(name, {}))
             sell_out(
                 targets[name],
                 SOLD_OUT_SKU,
@@ -123,6 +144,8 @@ def run(
         for name in (BASE, HEAD):
             if settings.get(name):
                 print(f"{name} settings: {dict(settings[name])}")
+            if (sku_fields or {}).get(name):
+                print(f"{name} in-stock sku: {dict((sku_fields or {})[name])}")
         print(
             "| path | target | req/s median (min-max) | CPU µs/request median (min-max)"
             " | p99 ms median (min-max) |"
@@ -140,8 +163,8 @@ def run(
             rps = [h[0] / b[0] for h, b in pairs]
             cpu = [h[1] / b[1] for h, b in pairs]
             print(
-                f"{path}: head/base req/s per round {_summary(rps)}; "
-                f"CPU per request {_summary(cpu)}"
+                f"{path}: head/base req/s per round {_summary(rps, 3)}; "
+                f"CPU per request {_summary(cpu, 3)}"
             )
 
 
@@ -202,6 +225,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             metavar="NAME=VALUE",
             help=f"a GATEWAY_* variable for the {name} gateway only (repeatable)",
         )
+        parser.add_argument(
+            f"--{name}-sku-field",
+            action="append",
+            default=[],
+            metavar="NAME=JSON",
+            help=f"a field of the {name} gateway's in-stock sku (repeatable)",
+        )
     parser.add_argument(
         "--open-rates",
         default="",
@@ -218,9 +248,20 @@ def main(argv: Sequence[str] | None = None) -> int:
             if not sep or not key.startswith("GATEWAY_"):
                 parser.error(f"--{name}-setting: GATEWAY_NAME=VALUE, not {item!r}")
             settings.setdefault(name, {})[key] = value
+    sku_fields: dict[str, dict[str, object]] = {}
+    for name, given in ((BASE, args.base_sku_field), (HEAD, args.head_sku_field)):
+        for item in given:
+            key, sep, value = item.partition("=")
+            try:
+                parsed = json.loads(value) if sep else None
+            except ValueError:
+                sep = ""
+            if not sep:
+                parser.error(f"--{name}-sku-field: NAME=JSON, not {item!r}")
+            sku_fields.setdefault(name, {})[key] = parsed
     with signals_interrupt():
         rates = [int(r) for r in args.open_rates.split(",") if r]
-        run(args.base, paths, args.rounds, args.seconds, settings, rates)
+        run(args.base, paths, args.rounds, args.seconds, settings, rates, sku_fields)
     return 0
 
 

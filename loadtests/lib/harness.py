@@ -125,20 +125,25 @@ class Harness:
         for error in errors:
             print(f"harness: clean-up failed: {error}", file=sys.stderr)
 
-    def database(self, suffix: str) -> str:
+    def database(self, suffix: str, source: Path | None = None) -> str:
         """Create and migrate ``flashsale_bench_<run>_<suffix>``; returns its URL.
 
         Migrated with ``flashsale-gateway migrate``, so the gateway and the
-        naive baseline run on the very same schema.
+        naive baseline run on the very same schema; ``source`` is another
+        checkout whose migrations to apply (the base of an A/B run, whose
+        gateway would otherwise meet a schema and functions of this one's).
         """
         name = f"{self.db_prefix}_{self.run_id}_{suffix}"
         url = database_url(name, self.pg_url)
         # Registered first: a migration that fails half-way still gets dropped.
         self.databases.append(name)
+        env = _child_env()
+        if source is not None:
+            env["PYTHONPATH"] = str(source)
         result = subprocess.run(
             [sys.executable, "-m", "gateway", "migrate", "--database-url", url],
-            cwd=REPO_ROOT,
-            env=_child_env(),
+            cwd=source or REPO_ROOT,
+            env=env,
             capture_output=True,
             text=True,
             timeout=START_TIMEOUT_S,
