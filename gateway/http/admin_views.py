@@ -18,6 +18,12 @@ from gateway.usecases.admin import StockAdmin
 log = structlog.get_logger(__name__)
 
 
+def check_admin(request: web.Request) -> str:
+    """The fingerprint of the request's admin bearer token, once it checks out
+    (in constant time); raises :class:`Forbidden` or :class:`Unauthorized`."""
+    return _admin(request)[1]
+
+
 def _admin(request: web.Request) -> tuple[StockAdmin, str]:
     """The admin use cases and the fingerprint of the bearer token, once it checks
     out (in constant time); raises :class:`Forbidden` or :class:`Unauthorized`."""

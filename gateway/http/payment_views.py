@@ -11,6 +11,7 @@ from aiohttp import web
 
 from gateway.domain.errors import InvalidRequest, PaymentUnauthorized
 from gateway.http import payloads
+from gateway.http.admin_views import check_admin
 from gateway.http.appkeys import LIFECYCLE, SETTINGS
 from gateway.http.views import json_response, read_body
 
@@ -49,9 +50,29 @@ async def cancel(request: web.Request) -> web.Response:
     return json_response(order.as_json())
 
 
+async def late_payments(request: web.Request) -> web.Response:
+    """GET /admin/late-payments[?after=PAYMENT_ID&limit=N]: payments refused
+    after their order expired or was cancelled, to refund, by payment id."""
+    check_admin(request)
+    after = request.query.get("after")
+    if after is not None:
+        payloads.identifier(after, "after")
+    limit = payloads.integer(
+        {"limit": _int(request.query.get("limit", "100"))}, "limit", low=1, high=PAGE_MAX
+    )
+    page = await request.app[LIFECYCLE].late_payments(after or "", limit)
+    return json_response({"late_payments": page})
+
+
+def _int(raw: str) -> int | str:
+    """A query's integer, or the text itself for payloads.integer to refuse."""
+    return int(raw) if raw.isdigit() and len(raw) <= 9 else raw
+
+
 def routes() -> list[web.RouteDef]:
-    """The payment service's routes."""
+    """The payment service's routes, and the admin's list of late payments."""
     return [
         web.post("/v1/orders/{request_id}/pay", pay),
         web.post("/v1/orders/{request_id}/cancel", cancel),
+        web.get("/admin/late-payments", late_payments),
     ]

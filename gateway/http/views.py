@@ -254,6 +254,7 @@ async def metrics(request: web.Request) -> web.Response:
 QUERIES = {
     "/v1/orders/{request_id}": frozenset({"wait"}),
     "/wait/{sku}": frozenset({"user_id", "return_to", "pay_to"}),
+    "/admin/late-payments": frozenset({"after", "limit"}),
 }
 
 

@@ -50,7 +50,7 @@ LOCK_INVENTORY_ROW = "SELECT stock, fence FROM inventory WHERE sku = $1 FOR UPDA
 # A whole flush in one round trip: see sql/functions/flush_batch.sql, whose UPDATE
 # carries the stock >= guard and the fencing check.
 FLUSH_BATCH = """
-SELECT * FROM flush_batch($1, $2::text[], $3::text[], $4::int[], $5::bigint[], $6::bigint)
+SELECT * FROM flush_batch($1, $2::text[], $3::text[], $4::int[], $5::bigint[], $6::bigint, 2)
 """
 # The reconciler's side of the same arbitration: under the row lock, stale
 # reservations without an order are recorded as released, so a flush still on
@@ -82,8 +82,9 @@ WHERE request_id = ANY($1::text[])
     OR (sku = $2 AND user_id = ANY($3::text[])
         AND status IN ('confirmed', 'pending_payment', 'paid'))
 """
-# One page of a sku's orders for a rebuild, in the (sku, user_id) unique index's
-# order after the last buyer of the page before, as one text: per order its
+# One page of a sku's live orders for a rebuild, in the unique (sku, user_id)
+# index's order after the last buyer of the page before (an expired or cancelled
+# order names no buyer any more: its buyer may buy again), as one text: per order its
 # request id, the done-hash record of gateway.redis.layout.encode_confirmed and its
 # buyer, every field followed by a tab (ids never hold one, gateway.http.payloads);
 # then the page's last buyer and its count of orders. One value to decode
@@ -93,7 +94,8 @@ SELECT string_agg(
     request_id || E'\\t' || order_id::text || '|' || user_id || '|' || qty::text || E'\\t'
     || user_id || E'\\t', '' ORDER BY user_id), max(user_id), count(*)
 FROM (SELECT request_id, order_id, user_id, qty FROM orders
-      WHERE sku = $1 AND user_id > $2 ORDER BY user_id LIMIT $3) AS page
+      WHERE sku = $1 AND user_id > $2 AND status IN ('confirmed', 'pending_payment', 'paid')
+      ORDER BY user_id LIMIT $3) AS page
 """
 UNITS_SOLD = """
 SELECT COALESCE(SUM(qty), 0) FROM orders

@@ -143,6 +143,10 @@ class OrderLifecycle:
             await self._give_back(await self._expired(request_id))
         raise Unavailable("the order kept changing; retry")
 
+    async def late_payments(self, after: str, limit: int) -> list[dict[str, str]]:
+        """One page of the late payments to refund, by payment id after ``after``."""
+        return await self._db.late_payments(after, limit)
+
     async def _expired(self, request_id: str) -> list[Closed]:
         closed = await self._db.expire(request_id)
         if closed is None:

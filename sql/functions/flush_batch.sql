@@ -31,11 +31,14 @@
 -- Returns one row per distinct request id: request_id, verdict (C, R, D, S or X),
 -- the order's id, sku, user, qty, status and pay_by (C and R), and the stock
 -- after the batch.
--- The return type grew (status, pay_by): CREATE OR REPLACE cannot change it.
-DROP FUNCTION IF EXISTS flush_batch(text, text[], text[], integer[], bigint[], bigint);
+-- p_lifecycle names this version (2) and is not read: the return type grew
+-- (status, pay_by), which CREATE OR REPLACE cannot change, so this version is
+-- an overload beside the six-argument one a gateway of the version before
+-- calls, still running (or restarting, and applying its own text) during a
+-- rolling upgrade.
 CREATE OR REPLACE FUNCTION flush_batch(
     p_sku text, p_request_ids text[], p_user_ids text[], p_qtys integer[],
-    p_reserved_at bigint[], p_fence bigint
+    p_reserved_at bigint[], p_fence bigint, p_lifecycle integer
 ) RETURNS TABLE (
     request_id text, verdict text, order_id text, order_sku text, order_user text,
     order_qty integer, stock_after bigint, order_status text, order_pay_by timestamptz

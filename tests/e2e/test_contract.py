@@ -35,7 +35,7 @@ import asyncpg
 import pytest
 from redis.asyncio import Redis
 
-from testkit.gateways import REPO, GatewayCluster
+from testkit.gateways import ADMIN_TOKEN, REPO, GatewayCluster
 from testkit.processes import make_tmp, remove_tmp
 from testkit.services import REDIS_URL, create_database, drop_database
 from tests import summary
@@ -107,7 +107,9 @@ async def test_schemathesis_finds_nothing(run_id: str, request: pytest.FixtureRe
     database_url = await create_database(name)
     # Schemathesis keeps a cache in its working directory: a private one.
     tmp = make_tmp("contract")
-    settings = {"admission_secret": SECRET, "user_rate": "50/s:50"}
+    # Schemathesis sends one bearer token: the payment routes take the admin's
+    # here, so the fuzzer reaches them past their 401.
+    settings = {"admission_secret": SECRET, "user_rate": "50/s:50", "payment_token": ADMIN_TOKEN}
     try:
         async with GatewayCluster(
             1, redis_url=REDIS_URL, database_url=database_url, settings=settings

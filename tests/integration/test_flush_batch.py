@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncpg
 
-FLUSH = "SELECT * FROM flush_batch($1, $2, $3, $4, $5, $6)"
+FLUSH = "SELECT * FROM flush_batch($1, $2, $3, $4, $5, $6, 2)"
 
 
 async def test_one_batch_with_every_verdict(con: asyncpg.Connection, sku: str) -> None:

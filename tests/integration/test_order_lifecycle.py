@@ -240,6 +240,11 @@ class TestExpiry:
             await con.close()
         assert late is not None
         assert (late["request_id"], late["reason"]) == (f"{sku}.f1", "expired")
+        resp = await client.get(
+            "/admin/late-payments", params={"after": f"pay-{sku}"[:-1]}, headers=ADMIN_HEADERS
+        )
+        listed = (await resp.json())["late_payments"]
+        assert f"pay-{sku}" in [p["payment_id"] for p in listed]
         await wait_for(
             lambda: _is(
                 status_of(client, sku, won[0]["request_id"].split(".", 1)[1]), "pending_payment"
@@ -295,6 +300,29 @@ class TestExpiry:
         assert body["status"] == "pending_payment"
         status, body = await cancel(client, sku, "g1")
         assert (status, body["error"]) == (409, "order_expired")
+
+    async def test_an_expired_buyer_buys_again_after_redis_lost_the_sale(
+        self, start_gateway: Any, sku: str, redis: Redis, key_prefix: str
+    ) -> None:
+        """gus's order expires, then Redis loses the sale: the rebuild takes live
+        orders only, so gus buys again, once, and is a duplicate after that."""
+        client = await start(start_gateway)
+        await put_window(client, sku, 3, 1)
+        assert (await buy(client, sku, "gus", "g1"))[0] == 201
+        await wait_for(
+            lambda: _is(status_of(client, sku, "g1"), "expired"), within=10, what="g1 expired"
+        )
+        for key in await redis.keys(f"{key_prefix}:{{{sku}}}:*"):
+            await redis.delete(key)
+        await wait_for(lambda: _bought(buy(client, sku, "gus", "g2")), within=5, what="gus again")
+        keys = SkuKeys.of(key_prefix, sku)
+
+        async def rebuilt() -> bool:
+            return not await redis.exists(keys.rebuild)
+
+        await wait_for(rebuilt, within=10, what="the sale's hashes rebuilt")
+        assert await redis.hget(keys.buyers, "gus") == f"{sku}.g2".encode()
+        assert await buy(client, sku, "gus", "g3") == (409, {"status": "duplicate"})
 
     async def test_two_gateways_sweep_the_same_deadlines(
         self, start_gateway: Any, sku: str, database_url: str, redis: Redis, key_prefix: str

@@ -24,7 +24,7 @@ from testkit.purchases import buy, client_metric, db_state, put_sku, redis_state
 
 FUNCTION = Path(__file__).resolve().parents[2] / "sql" / "functions" / "flush_batch.sql"
 DECIDES = "ELSIF rec.q <= v_left THEN"
-FLUSH = "SELECT * FROM flush_batch($1, $2, $3, $4, $5, $6)"
+FLUSH = "SELECT * FROM flush_batch($1, $2, $3, $4, $5, $6, 2)"
 INVENTORY = "SELECT stock FROM inventory WHERE sku = $1"
 ORDERS = "SELECT count(*) FROM orders WHERE sku = $1"
 
