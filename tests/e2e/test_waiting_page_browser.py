@@ -509,3 +509,35 @@ class TestPaymentWindow:
         assert (await order_of(client, rid))["user_id"] == "buyer"
         assert await orders_of(database_url, sku) == 2
         assert_clean(buyer, answered=(409,))
+
+    async def test_expired_order_in_a_room_joins_the_line_again(
+        self, start_gateway: StartGateway, buyers: OpenBuyer, sku: str, database_url: str
+    ) -> None:
+        """A sku with a waiting room: an order not paid in time is said expired.
+        Try again finds the buyer's turn in line still open but spent by that
+        order (a turn buys once): the page says so, counts down to the turn's
+        end, joins the line again and buys the unit that came back."""
+        client, origin = await gateway(
+            start_gateway, payment_token=PAYMENT_TOKEN, expiry_sweep_s=0.05
+        )
+        body = {
+            "stock": 1,
+            "payment_window_s": 2,
+            "waiting_room": {"admit_per_s": 100, "token_ttl_s": 5},
+        }
+        resp = await client.put(f"/admin/skus/{sku}", json=body, headers=ADMIN_HEADERS)
+        assert resp.status == 200, await resp.text()
+        buyer = await buyers(origin)
+        await buyer.open(f"/wait/{sku}?user_id=buyer")
+        rid = await bought(buyer, sku)
+        await buyer.reach("expired")
+        await buyer.page.click("button#retry", timeout=10_000)
+        await buyer.reach("admitted")
+        await buyer.page.click("button#buy")
+        await buyer.page.wait_for_selector(
+            f'#wr-status:text-is("{TEXTS["rejoin"]}")', timeout=10_000
+        )
+        again = await bought(buyer, sku)
+        assert again != rid and (await order_of(client, again))["status"] == "pending_payment"
+        assert await orders_of(database_url, sku) == 2
+        assert_clean(buyer, answered=(403,))

@@ -27,6 +27,7 @@
   // (within half the interval) however far off this device's clock is.
   let skew = { lo: -Infinity, hi: Infinity };
   let token = null;
+  let admittedUntil = 0; // when this admission's token expires (ms, the gateway's clock)
   let ticker = 0;
   let buying = false;
   let views = 0; // counts show(): a loop started for an older view stops
@@ -247,7 +248,20 @@
   function again() {
     for (const name of ["request_id", "sent", "line"]) sessionStorage.removeItem(key(name));
     token = null;
-    start().catch(broken);
+    return start().catch(broken);
+  }
+
+  // A turn in line buys once: the order that expired or was cancelled spent
+  // it, so the room has the buyer join again, at the back, once that turn's
+  // token has expired (by Redis's clock: a second or two's margin).
+  async function rejoin() {
+    show("joining", say("rejoin"));
+    const tick = () => (etaEl.textContent = say("rejoin_in", { time: duration((admittedUntil - now()) / 1000, true) }));
+    tick();
+    ticker = setInterval(tick, 1000);
+    const view = views;
+    await pause(admittedUntil - now() + 2000);
+    if (views === view) return again();
   }
 
   function notStarted(starts) {
@@ -266,6 +280,7 @@
 
   function admitted(tok, expiresAt) {
     token = tok;
+    if (expiresAt) admittedUntil = Date.parse(expiresAt);
     if (returnTo) {
       const target = new URL(returnTo);
       const fragment = { sku, user_id: user };
@@ -310,6 +325,7 @@
     }
     if (r.status === 200 || r.status === 201) return ordered(r.body);
     if (r.body.status === "sold_out") return r.body.held ? heldOut(r) : soldOut();
+    if (r.status === 403 && token && admittedUntil > now()) return rejoin();
     if (r.body.status === "not_started") {
       notStarted(Date.parse(r.body.starts_at));
       await pause(backoff(r.retryAfter, 0));
