@@ -484,6 +484,28 @@ class TestPaymentWindow:
         assert await orders_of(database_url, sku) == 1
         assert_clean(buyer)
 
+    async def test_cancel_shows_when_the_tab_is_shown_again(
+        self, start_gateway: StartGateway, buyers: OpenBuyer, sku: str
+    ) -> None:
+        """An order cancelled by the payment service while its page is open shows
+        as cancelled, in words, as soon as the tab is shown again (the page looks
+        the order up then, not only every 30 s), with Try again offered."""
+        client, origin = await gateway(start_gateway, payment_token=PAYMENT_TOKEN)
+        await put_window(client, sku, stock=2, window_s=600)
+        buyer = await buyers(origin)
+        await buyer.open(f"/wait/{sku}?user_id=buyer")
+        rid = await bought(buyer, sku)
+        resp = await client.post(
+            f"/v1/orders/{rid}/cancel", headers={"Authorization": f"Bearer {PAYMENT_TOKEN}"}
+        )
+        assert resp.status == 200 and (await resp.json())["status"] == "cancelled"
+        await buyer.page.evaluate("document.dispatchEvent(new Event('visibilitychange'))")
+        await buyer.reach("expired", within=5)
+        assert await buyer.attr("order-status") == "cancelled"
+        assert await buyer.text("#wr-status") == TEXTS["cancelled"]
+        await buyer.page.wait_for_selector("button#retry:enabled", timeout=10_000)
+        assert_clean(buyer)
+
     async def test_sold_out_while_held_offers_to_try_again_at_the_deadline(
         self, start_gateway: StartGateway, buyers: OpenBuyer, sku: str, database_url: str
     ) -> None:
