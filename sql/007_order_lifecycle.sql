@@ -33,6 +33,12 @@ BEGIN
 END
 $$;
 
+-- A buyer's orders of every status, as the unique (sku, user_id) served them
+-- before: the flush_batch of the version before (a rolling upgrade runs it on
+-- this schema) looks a buyer up without a status, which the partial index
+-- above cannot serve; without this, its every flush scanned the sku's orders.
+CREATE INDEX IF NOT EXISTS orders_buyer ON orders (sku, user_id);
+
 -- The sweep's due orders, and the returns still owed to Redis.
 CREATE INDEX IF NOT EXISTS orders_pending_pay_by ON orders (pay_by)
     WHERE status = 'pending_payment';

@@ -134,15 +134,13 @@ class Purchases:
         strategy = self._catalog.strategy_of(info)
         if not strategy.reserves:
             result = await self._deductions.purchase(strategy, purchase, info, client)
-            return (
-                await self._held(info) if result is SOLD_OUT and info.payment_window_s else result
-            )
+            windowed = info.payment_window_s
+            return await self._windowed(result, purchase, info) if windowed else result
         confirmed = self._soldout.lookup(purchase.sku)
         if confirmed is not None:
             result = await self._marked(purchase, confirmed)
-            return (
-                await self._held(info) if result is SOLD_OUT and info.payment_window_s else result
-            )
+            windowed = info.payment_window_s
+            return await self._windowed(result, purchase, info) if windowed else result
         # A request id the client sent may be a replay; one made here is not.
         replayable = bool(purchase.request_id)
         purchase = purchase.identified()
@@ -179,27 +177,28 @@ class Purchases:
                 raise
         if reply.kind == "sold_out":
             result = await self._sold_out(purchase, reply, generation, replayable=replayable)
-            return (
-                await self._held(info) if result is SOLD_OUT and info.payment_window_s else result
-            )
-        return await self._answered(reply, purchase, info)
+            windowed = info.payment_window_s
+            return await self._windowed(result, purchase, info) if windowed else result
+        result = outcome_of(reply, purchase.request_id, info)
+        return await self._windowed(result, purchase, info) if info.payment_window_s else result
 
-    async def _held(self, info: SkuInfo) -> Result:
-        """A sold out of a sku with a payment window: with the units held for
-        payment and a Retry-After to the earliest deadline, while there are any."""
+    async def _windowed(self, result: Result, purchase: Purchase, info: SkuInfo) -> Result:
+        """``result``, as a sku with a payment window answers it (called for those
+        only: a sku without one pays no await for it): a sold out
+        carries the units held for payment and a Retry-After to the earliest
+        deadline, while there are any; a replay answered from Redis's done
+        record, which has no pay_by, is answered from its order row, as its
+        201 was."""
         if self._holds is None:
-            return SOLD_OUT
-        return await self._holds.sold_out(info.sku)
-
-    async def _answered(self, reply: Reply, purchase: Purchase, info: SkuInfo) -> Result:
-        """The result of reserve.lua's other replies. Redis's done record has no
-        pay_by: the replay of an order of a sku with a payment window is
-        answered from its order row, as its 201 was."""
-        if reply.kind == "confirmed" and info.payment_window_s:
-            order = await self._orders.order(purchase.request_id)
-            if order is not None:
-                return _replayed(order, purchase)
-        return outcome_of(reply, purchase.request_id, info)
+            return result
+        if result is SOLD_OUT:
+            return await self._holds.sold_out(info.sku)
+        order = result.order
+        if order is not None and order.pay_by is None:
+            found = await self._orders.order(order.request_id)
+            if found is not None:
+                return _replayed(found, purchase)
+        return result
 
     async def _marked(self, purchase: Purchase, confirmed: ConfirmedIds | UnknownIds) -> Result:
         """The answer of a sku marked sold out here: without a request id, or with

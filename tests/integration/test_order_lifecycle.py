@@ -272,6 +272,9 @@ class TestExpiry:
             assert resp.status == 409
             assert await resp.json() == {"status": "sold_out", "held": 2}
             assert 1 <= int(resp.headers["Retry-After"]) <= 30
+        # A replay of a held order on the sku marked sold out answers its 201.
+        status, body = await buy(client, sku, "hal", "hal")
+        assert (status, body["status"]) == (201, "pending_payment") and body["pay_by"]
         assert (await cancel(client, sku, "hal"))[0] == 200
         await wait_for(
             lambda: _bought(buy(client, sku, "jo", "jo")), within=5, what="jo buys hal's unit"
