@@ -183,6 +183,17 @@ class TestRepeats:
         found = await books(database_url, sku)
         assert (found["stock"], found["paid"]) == (1, 1) and balanced(found)
 
+    async def test_a_payment_id_pays_one_order(self, start_gateway: Any, sku: str) -> None:
+        """A payment id that paid one order is 409 payment_id_taken on another."""
+        client = await start(start_gateway)
+        await put_window(client, sku, 2, 60)
+        await buy(client, sku, "li", "l1")
+        await buy(client, sku, "mo", "m1")
+        assert (await pay(client, sku, "l1", f"pay-{sku}"))[0] == 200
+        status, body = await pay(client, sku, "m1", f"pay-{sku}")
+        assert (status, body["error"]) == (409, "payment_id_taken")
+        assert await status_of(client, sku, "m1") == "pending_payment"
+
     @pytest.mark.parametrize("strategy", STRATEGIES)
     async def test_a_cancel_ten_times_returns_one_unit(
         self, start_gateway: Any, sku: str, database_url: str, strategy: str
