@@ -214,8 +214,9 @@ class TestPaymentWindow:
         body = {
             "stock": 1,
             "payment_window_s": 2,
-            "waiting_room": {"admit_per_s": 100, "token_ttl_s": 5},
+            "waiting_room": {"admit_per_s": 100, "token_ttl_s": 8},
         }
+        # The turn (8 s) outlasts the window (2 s) by enough for Try again to find it open.
         resp = await client.put(f"/admin/skus/{sku}", json=body, headers=ADMIN_HEADERS)
         assert resp.status == 200, await resp.text()
         buyer = await buyers(origin)
