@@ -13,9 +13,12 @@
 -- ARGV[3] retention in ms: the room's keys live that long after a join
 -- ARGV[4] the sale's start in ms since the epoch, 0 when it has no start
 -- ARGV[5] the room's admission token lifetime in ms
+-- ARGV[6] "1" while units are held for orders pending payment (they may come
+--         back on sale), else "0"
 --
 -- Returns one of:
---   {"sold_out"}                          stock is 0 and nothing is pending
+--   {"sold_out"}                          stock is 0, nothing is pending and
+--                                         nothing held
 --   {"joined", ticket, position, waiting} position 1 is the head; 0 when the
 --                                         ticket was already admitted
 --
@@ -26,7 +29,7 @@
 -- the old ticket stays admitted, its token expired, so a purchase made with it
 -- in time still gets its outcome.
 local stock = redis.call("GET", KEYS[5])
-if stock and tonumber(stock) <= 0 and redis.call("HLEN", KEYS[6]) == 0 then
+if stock and tonumber(stock) <= 0 and redis.call("HLEN", KEYS[6]) == 0 and ARGV[6] ~= "1" then
   return {"sold_out"}
 end
 

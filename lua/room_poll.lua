@@ -15,10 +15,14 @@
 -- ARGV[4] the sale's start in ms since the epoch, 0 when it has no start
 -- ARGV[5] "1" to shuffle the early arrivals at the start, else "0"
 -- ARGV[6] a random salt, the shuffle's only source of chance
+-- ARGV[7] "1" while units are held for orders pending payment, else "0": the
+--         line is kept, and let in only while there is stock (a unit that
+--         comes back lets the next people in)
 --
 -- Returns one of:
 --   {"unknown"}                                       no such ticket
 --   {"sold_out"}                                      stock is 0, nothing pending
+--                                                     or held
 --   {"admitted", user_id, admitted_ms, admitted_now, waiting}  the ticket is through
 --   {"waiting", user_id, position, admitted_now, waiting}      position 1 is the head
 -- admitted_now is how many people this call let in and waiting how many are
@@ -38,7 +42,8 @@ if not record then
   return {"unknown"}
 end
 local stock = redis.call("GET", KEYS[4])
-if stock and tonumber(stock) <= 0 and redis.call("HLEN", KEYS[5]) == 0 then
+local held = ARGV[7] == "1"
+if stock and tonumber(stock) <= 0 and redis.call("HLEN", KEYS[5]) == 0 and not held then
   return {"sold_out"}
 end
 
@@ -65,6 +70,9 @@ if now >= starts then
   end
   redis.call("ZREMRANGEBYSCORE", KEYS[3], "-inf", now - 1000)
   room = tonumber(ARGV[2]) - redis.call("ZCARD", KEYS[3])
+  if held and stock and tonumber(stock) <= 0 then
+    room = 0
+  end
 end
 local admitted_now = 0
 if room > 0 then

@@ -68,31 +68,45 @@ class Rooms:
             await script.load(self._redis)
 
     async def join(
-        self, sku: str, user_id: str, fresh_ticket: str, starts_ms: int, token_ttl_ms: int
+        self,
+        sku: str,
+        user_id: str,
+        fresh_ticket: str,
+        starts_ms: int,
+        token_ttl_ms: int,
+        held: bool = False,
     ) -> Standing:
         """Put ``user_id`` in ``sku``'s room with ``fresh_ticket``, or find the ticket
         they already hold (unless its admission is older than ``token_ttl_ms``:
         then the fresh ticket, at the back); ``sold_out`` when the sku is exhausted
         sold out. ``starts_ms`` is the sale's start (0: none), to tell early
-        arrivals apart."""
+        arrivals apart; ``held``: units are held for payment, so the sku is not
+        sold out yet."""
         q, s = RoomKeys.of(self._prefix, sku), SkuKeys.of(self._prefix, sku)
         keys = (q.wait, q.users, q.tickets, q.seq, s.stock, s.pending, q.early)
-        args = (user_id, fresh_ticket, self._retention_ms, starts_ms, token_ttl_ms)
+        args = (user_id, fresh_ticket, self._retention_ms, starts_ms, token_ttl_ms, int(held))
         raw = await redis_call(self._join(self._redis, keys, args))
         if raw[0] == "sold_out":
             return _SOLD_OUT_STANDING
         return Standing("waiting", raw[1], user_id, int(raw[2]), waiting=int(raw[3]))
 
     async def poll(
-        self, sku: str, ticket: str, admit_per_s: int, starts_ms: int, shuffle: bool
+        self,
+        sku: str,
+        ticket: str,
+        admit_per_s: int,
+        starts_ms: int,
+        shuffle: bool,
+        held: bool = False,
     ) -> Standing:
         """Let the next people in if the sale has started and the pace allows (the
         early arrivals shuffled first, once, if ``shuffle``), then where ``ticket``
-        stands."""
+        stands. ``held``: units are held for payment: the line is kept, and let
+        in only while there is stock."""
         q, s = RoomKeys.of(self._prefix, sku), SkuKeys.of(self._prefix, sku)
         keys = (q.wait, q.tickets, q.recent, s.stock, s.pending, q.early, q.shuffled)
         salt = secrets.token_hex(8)
-        args = (ticket, admit_per_s, self._retention_ms, starts_ms, int(shuffle), salt)
+        args = (ticket, admit_per_s, self._retention_ms, starts_ms, int(shuffle), salt, int(held))
         raw = await redis_call(self._poll(self._redis, keys, args))
         kind = raw[0]
         if kind == "unknown":

@@ -107,7 +107,11 @@ class Admissions:
         info, room, _ = await self._room(sku)
         starts_ms = _ms(info.rules.starts_at)
         ttl_ms = room.token_ttl_s * 1000
-        standing = await self._rooms.join(sku, user_id, secrets.token_hex(8), starts_ms, ttl_ms)
+        fresh = secrets.token_hex(8)
+        standing = await self._rooms.join(sku, user_id, fresh, starts_ms, ttl_ms)
+        if standing.status == "sold_out" and await self._purchases.holding(info):
+            # Units held for payment may come back: the line stays.
+            standing = await self._rooms.join(sku, user_id, fresh, starts_ms, ttl_ms, held=True)
         if standing.status == "sold_out":
             return None
         self._seen(sku, standing)
@@ -120,9 +124,12 @@ class Admissions:
         Raises :class:`UnknownSku`, :class:`NoWaitingRoom` or :class:`UnknownTicket`."""
         info, room, signer = await self._room(sku)
         starts_ms = _ms(info.rules.starts_at)
-        standing = await self._rooms.poll(
-            sku, ticket, room.admit_per_s, starts_ms, room.shuffle_at_start
-        )
+        pace = (room.admit_per_s, starts_ms, room.shuffle_at_start)
+        standing = await self._rooms.poll(sku, ticket, *pace)
+        if standing.status == "sold_out" and await self._purchases.holding(info):
+            # Units held for payment may come back: the line stays, let in
+            # only while there is stock.
+            standing = await self._rooms.poll(sku, ticket, *pace, held=True)
         if standing.status == "unknown":
             raise UnknownTicket(f"no ticket {ticket!r} for sku {sku!r}")
         if standing.status == "sold_out":

@@ -172,7 +172,9 @@ class OrderLifecycle:
         return expired
 
     async def run(self) -> None:
-        """Sweep until cancelled: at each deadline, or every ``GATEWAY_EXPIRY_SWEEP_S``."""
+        """Sweep until cancelled: at each deadline, or every ``GATEWAY_EXPIRY_SWEEP_S``;
+        a failed pass is logged and the next one tries again, so the task never
+        dies quietly (the deadlines wait in PostgreSQL meanwhile)."""
         sampled = 0.0
         while True:
             wait = self._sweep_s
@@ -187,6 +189,8 @@ class OrderLifecycle:
                     wait = min(wait, max(due_in, 0.0))
             except Unavailable as exc:
                 log.warning("expiry_sweep_failed", error=str(exc))
+            except Exception:
+                log.exception("expiry_sweep_failed")
             await asyncio.sleep(wait)
 
     async def _give_back(self, closed: Iterable[Closed]) -> None:
@@ -228,12 +232,12 @@ class HeldUnits:
         # sku -> (known until, units held, earliest deadline), time.monotonic().
         self._known: dict[str, tuple[float, int, float]] = {}
 
-    async def sold_out(self, sku: str) -> Result:
+    async def sold_out(self, sku: str, *, fresh: bool = False) -> Result:
         """SOLD_OUT, with ``held`` and the seconds to the earliest deadline
-        while units are held."""
+        while units are held; ``fresh``: asked of PostgreSQL now."""
         now = time.monotonic()
         known = self._known.get(sku)
-        if known is None or known[0] <= now:
+        if fresh or known is None or known[0] <= now:
             held, due_in = await self._db.held_of(sku)
             known = self._known[sku] = (now + HELD_KNOWN_S, held, now + due_in)
         _, held, due = known

@@ -182,6 +182,13 @@ class Purchases:
         result = outcome_of(reply, purchase.request_id, info)
         return await self._windowed(result, purchase, info) if info.payment_window_s else result
 
+    async def holding(self, info: SkuInfo) -> bool:
+        """Whether units of the sku are held for orders pending payment (and may
+        come back on sale): the waiting room keeps its line meanwhile."""
+        if not info.payment_window_s or self._holds is None:
+            return False
+        return (await self._holds.sold_out(info.sku, fresh=True)).held > 0
+
     async def _windowed(self, result: Result, purchase: Purchase, info: SkuInfo) -> Result:
         """``result``, as a sku with a payment window answers it (called for those
         only: a sku without one pays no await for it): a sold out

@@ -16,8 +16,10 @@ from redis.asyncio import Redis
 
 from gateway.domain.model import Strategy
 from gateway.redis.layout import SkuKeys
+from testkit import rooms
 from testkit.polling import wait_for
 from testkit.purchases import ADMIN_HEADERS, Client, buy, client_metric
+from testkit.rooms import SECRET
 
 PAYMENT_TOKEN = "test-payment-token"
 PAY_HEADERS = {"Authorization": f"Bearer {PAYMENT_TOKEN}"}
@@ -383,3 +385,38 @@ async def _pending(client: Client, sku: str, rid: str) -> bool:
 async def _bought(answer: Any) -> tuple[int, Any] | None:
     status, body = await answer
     return (status, body) if status in (201, 202) else None
+
+
+class TestWaitingRoom:
+    """A waiting room keeps its line while units are held for payment."""
+
+    async def test_a_returned_unit_admits_the_next_ticket(
+        self, start_gateway: Any, sku: str
+    ) -> None:
+        """One unit, held by ann: bob's join is a ticket, not sold out, and he
+        waits; ann's order is cancelled and bob is let in and buys the unit;
+        once bob paid, nothing is held or left and the room ends as sold out."""
+        client = await start(start_gateway, admission_secret=SECRET)
+        body = {
+            "stock": 1,
+            "payment_window_s": 60,
+            "waiting_room": {"admit_per_s": 100, "token_ttl_s": 60},
+        }
+        resp = await client.put(f"/admin/skus/{sku}", json=body, headers=ADMIN_HEADERS)
+        assert resp.status == 200, await resp.text()
+        _, ann = await rooms.join(client, sku, "ann")
+        token = await rooms.admitted_token(client, sku, ann["ticket"])
+        assert (await rooms.buy_with(client, sku, "ann", token, "ann"))[0] == 201
+        status, bob = await rooms.join(client, sku, "bob")
+        assert status == 200, bob
+        assert (await rooms.poll(client, sku, bob["ticket"]))["status"] == "waiting"
+        assert (await cancel(client, sku, "ann"))[0] == 200
+        token = await rooms.admitted_token(client, sku, bob["ticket"])
+        status, order = await rooms.buy_with(client, sku, "bob", token, "bob")
+        assert (status, order["status"]) == (201, "pending_payment")
+        assert (await pay(client, sku, "bob", f"pay-{sku}"))[0] == 200
+
+        async def ended() -> bool:
+            return (await rooms.join(client, sku, "cy")) == (409, {"status": "sold_out"})
+
+        await wait_for(ended, within=5, what="the room ended")
