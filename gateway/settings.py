@@ -342,7 +342,8 @@ class Settings:
     user_rate: Rate | None = setting(None, parse_rate)
     client_rate: Rate | None = setting(None, parse_rate)
     # Origins a waiting-room page may send an admitted buyer back to
-    # (``return_to``, gateway.http.waiting_page); empty: none, return_to is refused.
+    # (``return_to``) or to pay (``pay_to``), gateway.http.waiting_page; empty:
+    # none, both are refused.
     waiting_page_return_origins: frozenset[str] = setting(frozenset(), parse_origins)
 
     def __post_init__(self) -> None:

@@ -7,7 +7,8 @@ with apt-get when it is missing (as ``scripts/services.sh`` does for Redis).
 :class:`Buyer` is one browser tab on the page. It waits on ``#waiting-room``'s
 ``data-state`` (never on time), keeps a screenshot of every state it saw, and
 records what the page asked for and what its console said, so a test can
-assert that no request left the gateway's origin and that nothing went wrong.
+assert that no request left the gateway's origin and that nothing went wrong
+(:func:`assert_clean`). :func:`gateway` starts the gateway the page is served by.
 """
 
 from __future__ import annotations
@@ -16,12 +17,18 @@ import contextlib
 import os
 import shutil
 import subprocess
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+import orjson
 from playwright.async_api import ConsoleMessage, Error, Page, Request
 
+from gateway.http.waiting_page import PAGES_DIR
 from testkit.processes import APT_WAIT
+from testkit.purchases import Client
+from testkit.rooms import SECRET
 
 REPO = Path(__file__).resolve().parents[1]
 # Where a failed test's screenshots go, one folder per test.
@@ -29,6 +36,10 @@ ARTIFACTS = REPO / "test-artifacts" / "waiting-page"
 # The longest a page may take to reach a state it is due in (bounded waits).
 STATE_WITHIN_S = 15.0
 _CANDIDATES = ("chromium", "chromium-browser")
+# What the page says, by name: the tests read its words where it does.
+TEXTS: dict[str, str] = orjson.loads((PAGES_DIR / "texts.json").read_bytes())
+
+StartGateway = Callable[..., Awaitable[Client]]
 
 
 def chromium_executable() -> str:
@@ -128,3 +139,23 @@ def write_shots(folder: Path, shots: list[tuple[str, bytes]]) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     for i, (state, png) in enumerate(shots):
         (folder / f"{i:02d}-{state}.png").write_bytes(png)
+
+
+async def gateway(start_gateway: StartGateway, **settings: Any) -> tuple[Client, str]:
+    """A gateway that can sign admission tokens; its client and its origin."""
+    client = await start_gateway(admission_secret=SECRET, **settings)
+    return client, str(client.make_url("")).rstrip("/")
+
+
+def assert_clean(buyer: Buyer, answered: tuple[int, ...] = ()) -> None:
+    """No request left the gateway's origin; no script error; no console error
+    but Chromium's own line for each error status ``answered`` (it logs every
+    fetch answered 4xx or 5xx, however the page handles it)."""
+    assert buyer.foreign_requests() == []
+    assert buyer.page_errors == []
+    logged = [
+        f"Failed to load resource: the server responded with a status of {status} "
+        for status in answered
+    ]
+    assert [e[: len(w)] for e, w in zip(buyer.console_errors, logged, strict=False)] == logged
+    assert len(buyer.console_errors) == len(logged), buyer.console_errors

@@ -9,7 +9,9 @@ and that script by their SHA-256, and connections to the page's own origin.
 
 A shop that runs its own checkout passes ``return_to``, a URL on one of the
 origins of ``GATEWAY_WAITING_PAGE_RETURN_ORIGINS``: the page sends the buyer
-there once admitted. Any other ``return_to`` is a 400 (no open redirect).
+there once admitted. ``pay_to``, on one of the same origins, is where the
+shop takes payment: an order waiting for it links there, with its request id.
+Any other ``return_to`` or ``pay_to`` is a 400 (no open redirect).
 """
 
 from __future__ import annotations
@@ -29,16 +31,17 @@ from gateway.settings import origin_of
 PAGES_DIR: Traversable = resources.files("gateway.http.pages")
 
 
-def check_return_to(return_to: str | None, allowed: frozenset[str]) -> None:
-    """Refuse a ``return_to`` off the allowed origins; raises :class:`InvalidRequest`."""
+def check_return_to(
+    return_to: str | None, allowed: frozenset[str], name: str = "return_to"
+) -> None:
+    """Refuse a URL (the query parameter ``name``) off the allowed origins;
+    raises :class:`InvalidRequest`."""
     if return_to is None:
         return
     if not allowed:
-        raise InvalidRequest(
-            "return_to is not allowed: GATEWAY_WAITING_PAGE_RETURN_ORIGINS is empty"
-        )
+        raise InvalidRequest(f"{name} is not allowed: GATEWAY_WAITING_PAGE_RETURN_ORIGINS is empty")
     if origin_of(return_to) not in allowed:
-        raise InvalidRequest("return_to must be a URL on an origin the gateway allows")
+        raise InvalidRequest(f"{name} must be a URL on an origin the gateway allows")
 
 
 def _sha256(text: str) -> str:
@@ -56,14 +59,16 @@ class WaitingPage:
     return_origins: frozenset[str]
 
     def answer(self, request: web.Request) -> web.Response:
-        """``GET /wait/{sku}?user_id=U[&return_to=URL]``: the page, or 304 on a
-        matching ETag; raises :class:`InvalidRequest` for a bad sku, user_id or
-        return_to (the document does not depend on them: the script reads them)."""
+        """``GET /wait/{sku}?user_id=U[&return_to=URL][&pay_to=URL]``: the page, or
+        304 on a matching ETag; raises :class:`InvalidRequest` for a bad sku,
+        user_id, return_to or pay_to (the document does not depend on them: the
+        script reads them)."""
         payloads.identifier(request.match_info["sku"], "sku")
         if "user_id" not in request.query:
             raise InvalidRequest("user_id is required")
         payloads.identifier(request.query["user_id"], "user_id")
         check_return_to(request.query.get("return_to"), self.return_origins)
+        check_return_to(request.query.get("pay_to"), self.return_origins, "pay_to")
         if any(tag.value == self.etag for tag in request.if_none_match or ()):
             resp = web.Response(status=304, headers=self.headers)
         else:

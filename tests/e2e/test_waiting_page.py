@@ -93,10 +93,14 @@ class TestRefusals:
             "?user_id=u1&return_to=//shop.example/",
             "?user_id=u1&return_to=javascript:alert(1)",
             "?user_id=u1&return_to=https://shop.example:8443/",
+            "?user_id=u1&pay_to=https://evil.example/pay",
+            "?user_id=u1&pay_to=//shop.example/pay",
+            "?user_id=u1&pay_to=javascript:alert(1)",
+            "?user_id=u1&return_to=https://shop.example/&pay_to=https://shop.example@evil.example/",
         ],
     )
     async def test_bad_query_is_400_json(self, start_gateway: StartGateway, query: str) -> None:
-        """A missing or malformed user_id, or a return_to off the allowed origins."""
+        """A missing or malformed user_id, or a return_to or pay_to off the allowed origins."""
         client = await start_gateway(waiting_page_return_origins=frozenset({SHOP}))
         resp = await client.get(f"/wait/sku-a{query}")
         assert resp.status == 400
@@ -108,13 +112,16 @@ class TestRefusals:
         resp = await client.get("/wait/bad$sku?user_id=u1")
         assert resp.status == 400 and (await resp.json())["error"] == "invalid_request"
 
-    async def test_return_to_on_allowed_origin_is_served(self, start_gateway: StartGateway) -> None:
+    @pytest.mark.parametrize("name", ["return_to", "pay_to"])
+    async def test_url_on_allowed_origin_is_served(
+        self, start_gateway: StartGateway, name: str
+    ) -> None:
         """Any path on an allowed origin will do (default port or not); with no
-        origin configured every return_to is refused."""
+        origin configured every return_to and pay_to is refused."""
         client = await start_gateway(waiting_page_return_origins=frozenset({SHOP}))
         for target in (f"{SHOP}/checkout?step=2", "HTTPS://Shop.Example:443/x"):
-            resp = await client.get("/wait/sku-a", params={"user_id": "u1", "return_to": target})
+            resp = await client.get("/wait/sku-a", params={"user_id": "u1", name: target})
             assert resp.status == 200, target
         closed = await start_gateway()
-        resp = await closed.get("/wait/sku-a", params={"user_id": "u1", "return_to": SHOP})
+        resp = await closed.get("/wait/sku-a", params={"user_id": "u1", name: SHOP})
         assert resp.status == 400

@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import re
 import time
-from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -25,39 +24,18 @@ from playwright.async_api import Route
 from redis.asyncio import Redis
 
 from gateway.redis.layout import RoomKeys
-from testkit.browser import Buyer
-from testkit.purchases import ADMIN_HEADERS, Client, orders_of, put_sku
-from testkit.rooms import SECRET, join, put_room_sku
+from testkit.browser import TEXTS, StartGateway, assert_clean, gateway
+from testkit.purchases import ADMIN_HEADERS, orders_of, put_sku
+from testkit.rooms import join, put_room_sku
 from tests.e2e.conftest import PHONE, OpenBuyer
 
 # The first browser test's set-up may install chromium with apt-get (minutes on
 # a fresh machine); each test's own waits are bounded by STATE_WITHIN_S.
 pytestmark = pytest.mark.timeout(600)
 
-StartGateway = Callable[..., Awaitable[Client]]
 # WAITING_PAGE_SHOTS=docs saves the happy path's waiting, admitted and confirmed
 # screenshots there: docs/waiting-page.md's pictures are taken by this test.
 SHOTS_DIR = os.environ.get("WAITING_PAGE_SHOTS")
-
-
-async def gateway(start_gateway: StartGateway, **settings: Any) -> tuple[Client, str]:
-    """A gateway that can sign admission tokens; its client and its origin."""
-    client = await start_gateway(admission_secret=SECRET, **settings)
-    return client, str(client.make_url("")).rstrip("/")
-
-
-def assert_clean(buyer: Buyer, answered: tuple[int, ...] = ()) -> None:
-    """No request left the gateway's origin; no script error; no console error
-    but Chromium's own line for each error status ``answered`` (it logs every
-    fetch answered 4xx or 5xx, however the page handles it)."""
-    assert buyer.foreign_requests() == []
-    assert buyer.page_errors == []
-    logged = [
-        f"Failed to load resource: the server responded with a status of {status} "
-        for status in answered
-    ]
-    assert [e[: len(w)] for e, w in zip(buyer.console_errors, logged, strict=False)] == logged
-    assert len(buyer.console_errors) == len(logged), buyer.console_errors
 
 
 class QueueCalls:
@@ -204,6 +182,8 @@ class TestSkusOfEveryKind:
         await buyer.reach("admitted")
         await buyer.page.click("button#buy")
         await buyer.reach("confirmed")
+        assert await buyer.attr("order-status") == "confirmed"
+        assert await buyer.page.is_hidden("a#pay") and await buyer.text("#wr-deadline") == ""
         assert not any("/v1/queue/" in u for u in buyer.requests)
         assert await orders_of(database_url, sku) == 1
         assert_clean(buyer)
@@ -264,6 +244,32 @@ class TestSkusOfEveryKind:
         assert " s" in await buyer.text("#wr-eta")
         await buyer.reach("admitted", within=15)
         assert datetime.now(UTC) >= starts
+        assert_clean(buyer)
+
+    async def test_window_opening_in_a_month_keeps_counting_down(
+        self, start_gateway: StartGateway, buyers: OpenBuyer, sku: str
+    ) -> None:
+        """A start further off than a browser timer reaches (2^31 ms, about 24 days)
+        is counted down in days, and the page keeps waiting: nothing is bought
+        while the countdown ticks."""
+        client, origin = await gateway(start_gateway)
+        starts = datetime.now(UTC) + timedelta(days=30)
+        body = {"stock": 5, "starts_at": starts.isoformat()}
+        resp = await client.put(f"/admin/skus/{sku}", json=body, headers=ADMIN_HEADERS)
+        assert resp.status == 200, await resp.text()
+        buyer = await buyers(origin)
+        await buyer.open(f"/wait/{sku}?user_id=buyer")
+        await buyer.reach("not_started")
+        for _ in range(2):
+            shown = await buyer.text("#wr-eta")
+            await buyer.page.wait_for_function(
+                "(shown) => document.getElementById('wr-eta').textContent !== shown",
+                arg=shown,
+                timeout=5_000,
+            )
+        assert (await buyer.text("#wr-eta")).startswith(TEXTS["countdown"].split("{")[0] + "29 d")
+        assert await buyer.attr("state") == "not_started"
+        assert not any(u.endswith("/v1/purchase") for u in buyer.requests)
         assert_clean(buyer)
 
 

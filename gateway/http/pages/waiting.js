@@ -2,8 +2,10 @@
 // texts.json). It reads the sku from its path and the buyer from ?user_id=,
 // then walks the API: GET /v1/skus/{sku}, POST /v1/queue/{sku}, GET
 // /v1/queue/{sku}/{ticket} at the poll_after_s it is told, POST /v1/purchase,
-// GET /v1/orders/{request_id}?user_id= (the lookup answers its buyer alone).
-// #waiting-room's data-state (and data-position, data-order-id,
+// GET /v1/orders/{request_id}?user_id= (the lookup answers its buyer alone):
+// an order with a payment window is watched until it is paid, cancelled or
+// expired. #waiting-room's data-state (and
+// data-position, data-order-id, data-order-status, data-pay-by,
 // data-starts-at) say where the buyer stands; docs/waiting-page.md.
 "use strict";
 (() => {
@@ -11,29 +13,53 @@
   const $ = (id) => document.getElementById(id);
   const root = $("waiting-room");
   const [statusEl, etaEl, noteEl, bar] = [$("wr-status"), $("wr-eta"), $("wr-note"), $("wr-progress")];
-  const [buyBtn, retryBtn] = [$("buy"), $("retry")];
+  const [buyBtn, retryBtn, payLink, deadlineEl] = [$("buy"), $("retry"), $("pay"), $("wr-deadline")];
   const path = location.pathname;
   const sku = decodeURIComponent(path.slice(path.lastIndexOf("/") + 1));
   const query = new URLSearchParams(location.search);
   const user = query.get("user_id") || "";
   const returnTo = query.get("return_to");
+  const payTo = query.get("pay_to");
   const enc = encodeURIComponent;
   const key = (name) => `waiting-room:${sku}:${user}:${name}`;
-  let skewMs = null; // the gateway's clock minus ours, from its first Date header
+  // The gateway's clock minus ours lies in [lo, hi]: each Date header (whole
+  // seconds, rounded down) was stamped between its request's sending and its
+  // answer. Each answer narrows it: a countdown keeps to the gateway's clock
+  // (within half the interval) however far off this device's clock is.
+  let skew = { lo: -Infinity, hi: Infinity };
   let token = null;
+  let admittedUntil = 0; // when this admission's token expires (ms, the gateway's clock)
   let ticker = 0;
   let buying = false;
+  let views = 0; // counts show(): a loop started for an older view stops
+  // How often an order waiting for its payment is looked up (a tenth more at
+  // random), besides whenever the tab is shown again.
+  const WATCH_MS = 30000;
 
   const say = (name, vars) =>
     (T[name] || "").replace(/\{(\w+)\}/g, (_, k) => (vars && k in vars ? String(vars[k]) : ""));
-  const duration = (seconds) => {
+  // A countdown (``exact``) keeps its seconds past an hour; an estimate does not.
+  const duration = (seconds, exact) => {
     const s = Math.max(0, Math.ceil(seconds));
     if (s < 60) return say("seconds", { s });
     if (s < 3600) return say("minutes", { m: Math.floor(s / 60), s: s % 60 });
-    return say("hours", { h: Math.floor(s / 3600), m: Math.floor((s % 3600) / 60) });
+    const [d, h, m] = [Math.floor(s / 86400), Math.floor((s % 86400) / 3600), Math.floor((s % 3600) / 60)];
+    const unit = s < 86400 ? "hours" : "days";
+    return say(exact ? `${unit}_exact` : unit, { d, h, m, s: s % 60 });
   };
-  const now = () => Date.now() + (skewMs || 0);
-  const pause = (ms) => new Promise((resolve) => setTimeout(resolve, Math.max(0, ms)));
+  const now = () => Date.now() + (Number.isFinite(skew.lo + skew.hi) ? (skew.lo + skew.hi) / 2 : 0);
+  function clocked(date, sent, got) {
+    const [lo, hi] = [date - got, date + 1000 - sent];
+    // Outside what is known: our clock was set meanwhile; start again from this answer.
+    skew = lo > skew.hi || hi < skew.lo ? { lo, hi } : { lo: Math.max(lo, skew.lo), hi: Math.min(hi, skew.hi) };
+  }
+  // setTimeout fires at once past 2^31 ms (about 24 days): a longer pause waits in steps.
+  const pause = (ms) =>
+    new Promise((resolve) => {
+      const end = Date.now() + ms;
+      const step = () => (Date.now() >= end ? resolve() : setTimeout(step, Math.min(end - Date.now(), 2 ** 30)));
+      step();
+    });
   // Retry-After (without one, a doubling step), stretched by up to half again at
   // random, so buyers turned away together do not all come back together.
   const backoff = (retryAfter, attempt) =>
@@ -41,12 +67,14 @@
 
   function show(state, text, attrs) {
     clearInterval(ticker);
+    views++;
     root.dataset.state = state;
-    for (const name of ["position", "orderId", "startsAt"]) delete root.dataset[name];
+    for (const name of ["position", "orderId", "orderStatus", "payBy", "held", "startsAt"]) delete root.dataset[name];
     Object.assign(root.dataset, attrs || {});
     root.setAttribute("aria-busy", String(state === "joining" || state === "buying"));
     if (statusEl.textContent !== text) statusEl.textContent = text; // aria-live: said once
-    etaEl.textContent = noteEl.textContent = "";
+    etaEl.textContent = noteEl.textContent = deadlineEl.textContent = "";
+    payLink.hidden = true;
     bar.hidden = state !== "waiting";
     buyBtn.hidden = state !== "admitted" && state !== "buying";
     buyBtn.disabled = state !== "admitted";
@@ -55,6 +83,7 @@
 
   async function call(method, url, body, headers) {
     let resp;
+    const sent = Date.now();
     try {
       resp = await fetch(url, {
         method,
@@ -67,7 +96,7 @@
       return { status: 0, body: {}, retryAfter: null };
     }
     const date = Date.parse(resp.headers.get("Date") || "");
-    if (skewMs === null && !Number.isNaN(date)) skewMs = date - Date.now();
+    if (!Number.isNaN(date)) clocked(date, sent, Date.now());
     const retryAfter = parseFloat(resp.headers.get("Retry-After") || "");
     let data = null;
     try {
@@ -105,21 +134,140 @@
       retryBtn.hidden = false;
       retryBtn.disabled = true;
       etaEl.textContent = say("retry_in", { time: duration(r.retryAfter) });
-      setTimeout(() => (retryBtn.disabled = false), r.retryAfter * 1000);
+      pause(r.retryAfter * 1000).then(() => (retryBtn.disabled = false));
       retryBtn.onclick = retry;
     }
   }
 
   const soldOut = () => show("sold_out", say("sold_out"));
 
-  function confirmed(orderId) {
-    show("confirmed", say("confirmed"), { orderId: String(orderId) });
-    etaEl.textContent = say("order", { order_id: orderId });
+  // An order as the API answers it (201 or GET /v1/orders): its status decides the view.
+  function ordered(order) {
+    const status = order.status || "confirmed";
+    if (status === "pending_payment") return pending(order);
+    if (status === "expired" || status === "cancelled") return closed(order, true);
+    show("confirmed", say(status === "paid" ? "paid" : "confirmed"), {
+      orderId: String(order.order_id),
+      orderStatus: status,
+    });
+    etaEl.textContent = say("order", { order_id: order.order_id });
+  }
+
+  // Held until pay_by: the deadline, a countdown, the shop's pay link, and a
+  // lookup now and then (and whenever the tab is shown again) for a payment or a
+  // cancel; at the deadline it is expired, which the lookup then confirms.
+  function pending(order) {
+    const due = Date.parse(order.pay_by);
+    show("confirmed", say("pending"), {
+      orderId: String(order.order_id),
+      orderStatus: "pending_payment",
+      payBy: new Date(due).toISOString(),
+    });
+    etaEl.textContent = say("order", { order_id: order.order_id });
+    if (payTo) {
+      const target = new URL(payTo);
+      target.searchParams.set("request_id", order.request_id);
+      payLink.href = target.href;
+      payLink.hidden = false;
+    }
+    const view = views;
+    const day = new Date(due);
+    const at = day.toDateString() === new Date(now()).toDateString() ? day.toLocaleTimeString() : day.toLocaleString();
+    const tick = () => {
+      const left = (due - now()) / 1000;
+      if (left > 0) return (deadlineEl.textContent = say("pay_by", { at, time: duration(left, true) }));
+      closed({ ...order, status: "expired" }, false);
+      untilClosed(order, views);
+    };
+    tick();
+    ticker = setInterval(tick, 1000);
+    watch(order, view);
+  }
+
+  async function watch(order, view) {
+    let shown = () => {};
+    const onShow = () => document.visibilityState === "visible" && shown();
+    document.addEventListener("visibilitychange", onShow);
+    try {
+      while (views === view) {
+        await Promise.race([pause(WATCH_MS * (1 + Math.random() / 10)), new Promise((r) => (shown = r))]);
+        if (views !== view) return;
+        const r = await lookUp(order.request_id, "");
+        if (views === view && r.status === 200 && r.body.status !== "pending_payment") return ordered(r.body);
+      }
+    } finally {
+      document.removeEventListener("visibilitychange", onShow);
+    }
+  }
+
+  // Past pay_by by this page's clock: asks until the gateway's sweep agrees
+  // (or a payment just before the deadline won), a second apart.
+  async function untilClosed(order, view) {
+    for (let i = 0; i < 30 && views === view; i++) {
+      const r = await lookUp(order.request_id, "");
+      if (views !== view) return;
+      if (r.status === 200 && r.body.status !== "pending_payment") {
+        return r.body.status === "expired" ? offerAgain(view) : ordered(r.body);
+      }
+      await pause(1000);
+    }
+  }
+
+  // Expired or cancelled: said so and, once the gateway agrees (``known``),
+  // another try offered while the sale has units on sale (or a room, whose
+  // line waits for held units to come back).
+  function closed(order, known) {
+    show("expired", say(order.status), { orderId: String(order.order_id), orderStatus: order.status });
+    if (known) offerAgain(views);
+  }
+
+  async function offerAgain(view) {
+    const r = await patient("GET", `/v1/skus/${enc(sku)}`);
+    if (views !== view || r.status !== 200) return;
+    const info = r.body;
+    const ended = info.ends_at && Date.parse(info.ends_at) <= now();
+    if (ended || (info.available <= 0 && !info.waiting_room)) return (etaEl.textContent = say("none_left"));
+    etaEl.textContent = say("again");
+    retryBtn.hidden = retryBtn.disabled = false;
+    retryBtn.onclick = again;
+  }
+
+  // Sold out while units are held for buyers who have not paid: one may come
+  // back at the earliest deadline (Retry-After), and the buyer may try then.
+  function heldOut(r) {
+    show("sold_out", say("sold_out_held", { held: r.body.held }), { held: String(r.body.held) });
+    const wait = (r.retryAfter ?? 1) + 1; // back on sale within a second of the deadline
+    etaEl.textContent = say("held_again", { time: duration(wait) });
+    retryBtn.hidden = false;
+    retryBtn.disabled = true;
+    retryBtn.onclick = again;
+    pause(wait * 1000).then(() => (retryBtn.disabled = false));
+  }
+
+  // Another purchase, under a new request id (the one before keeps its answer),
+  // from the top: the sku's stock, its room.
+  function again() {
+    for (const name of ["request_id", "sent", "line"]) sessionStorage.removeItem(key(name));
+    token = null;
+    return start().catch(broken);
+  }
+
+  // A turn in line buys once: the order that expired or was cancelled spent
+  // it, so the room has the buyer join again, at the back, once that turn's
+  // token has expired (by Redis's clock: a second or two's margin).
+  async function rejoin() {
+    show("joining", say("rejoin"));
+    const tick = () => (etaEl.textContent = say("rejoin_in", { time: duration((admittedUntil - now()) / 1000, true) }));
+    tick();
+    ticker = setInterval(tick, 1000);
+    const view = views;
+    await pause(admittedUntil - now() + 2000);
+    if (views === view) return again();
   }
 
   function notStarted(starts) {
     show("not_started", say("not_started"), { startsAt: new Date(starts).toISOString() });
-    const tick = () => (etaEl.textContent = say("countdown", { time: duration((starts - now()) / 1000) }));
+    const tick = () => (etaEl.textContent = say("countdown", { time: duration((starts - now()) / 1000, true) }));
     tick();
     ticker = setInterval(tick, 1000);
   }
@@ -133,6 +281,7 @@
 
   function admitted(tok, expiresAt) {
     token = tok;
+    if (expiresAt) admittedUntil = Date.parse(expiresAt);
     if (returnTo) {
       const target = new URL(returnTo);
       const fragment = { sku, user_id: user };
@@ -172,15 +321,16 @@
   }
 
   // GET /v1/orders/{request_id}, as its buyer.
-  const order = (rid, query) => patient("GET", `/v1/orders/${enc(rid)}?user_id=${enc(user)}${query}`);
+  const lookUp = (rid, query) => patient("GET", `/v1/orders/${enc(rid)}?user_id=${enc(user)}${query}`);
 
   async function answered(r, rid) {
     for (let i = 0; r.status === 202 && i < 30; i++) {
       // Queued (the queue strategy): its outcome, held by the gateway until final.
-      r = await order(rid, "&wait=20");
+      r = await lookUp(rid, "&wait=20");
     }
-    if (r.status === 200 || r.status === 201) return confirmed(r.body.order_id);
-    if (r.body.status === "sold_out") return soldOut();
+    if (r.status === 200 || r.status === 201) return ordered(r.body);
+    if (r.body.status === "sold_out") return r.body.held ? heldOut(r) : soldOut();
+    if (r.status === 403 && token && admittedUntil > now()) return rejoin();
     if (r.body.status === "not_started") {
       notStarted(Date.parse(r.body.starts_at));
       await pause(backoff(r.retryAfter, 0));
@@ -193,7 +343,7 @@
   async function resumed() {
     if (!sessionStorage.getItem(key("sent"))) return false;
     const rid = requestId();
-    const r = await order(rid, "");
+    const r = await lookUp(rid, "");
     if (r.status === 404) return false; // nothing was ordered under it: go on
     await answered(r, rid);
     return true;
@@ -241,6 +391,7 @@
     document.title = $("wr-title").textContent = say("title", { sku });
     buyBtn.textContent = say("buy");
     retryBtn.textContent = say("retry");
+    payLink.textContent = say("pay");
     show("joining", say("joining"));
     if (await resumed()) return;
     const r = await patient("GET", `/v1/skus/${enc(sku)}`);
@@ -253,9 +404,11 @@
     return admitted(null, null);
   }
 
-  buyBtn.addEventListener("click", buy);
-  start().catch((e) => {
+  function broken(e) {
     show("error", say("error"));
     noteEl.textContent = String(e);
-  });
+  }
+
+  buyBtn.addEventListener("click", buy);
+  start().catch(broken);
 })();
