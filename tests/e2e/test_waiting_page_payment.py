@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from testkit.browser import TEXTS, Buyer, StartGateway, assert_clean, gateway
-from testkit.purchases import ADMIN_HEADERS, Client, buy, orders_of
+from testkit.purchases import ADMIN_HEADERS, Client, buy, look_up, orders_of
 from tests.e2e.conftest import PHONE, OpenBuyer
 
 # The first browser test's set-up may install chromium with apt-get (minutes on
@@ -40,11 +40,10 @@ async def put_window(client: Client, sku: str, stock: int, window_s: int) -> Non
     assert resp.status == 200, await resp.text()
 
 
-async def order_of(client: Client, rid: str) -> dict[str, Any]:
-    """``GET /v1/orders/{request_id}``'s order (asserts a 200)."""
-    resp = await client.get(f"/v1/orders/{rid}")
-    assert resp.status == 200, await resp.text()
-    body: dict[str, Any] = await resp.json()
+async def order_of(client: Client, rid: str, user: str) -> dict[str, Any]:
+    """``GET /v1/orders/{request_id}?user_id=``'s order, as its buyer (asserts a 200)."""
+    status, body = await look_up(client, rid, user)
+    assert status == 200, body
     return body
 
 
@@ -84,7 +83,7 @@ class TestPaymentWindow:
         rid = await bought(buyer, sku)
         assert await buyer.attr("order-status") == "pending_payment"
         assert await buyer.text("#wr-status") == TEXTS["pending"]
-        order = await order_of(client, rid)
+        order = await order_of(client, rid, "buyer")
         pay_by = datetime.fromisoformat(order["pay_by"])
         shown = datetime.fromisoformat(str(await buyer.attr("pay-by")).replace("Z", "+00:00"))
         assert abs((shown - pay_by).total_seconds()) < 0.001
@@ -102,7 +101,7 @@ class TestPaymentWindow:
         assert await buyer.attr("order-status") == "expired"
         assert await buyer.text("#wr-status") == TEXTS["expired"]
         assert await buyer.page.is_hidden("a#pay")
-        assert (await order_of(client, rid))["status"] == "expired"
+        assert (await order_of(client, rid, "buyer"))["status"] == "expired"
         await buyer.page.wait_for_selector("button#retry:enabled", timeout=10_000)
         assert await buyer.text("#wr-eta") == TEXTS["again"]
         await buyer.snap("expired")
@@ -197,7 +196,7 @@ class TestPaymentWindow:
         assert await buyer.page.is_disabled("button#retry")
         await buyer.page.click("button#retry", timeout=10_000)  # waits until enabled
         rid = await bought(buyer, sku)
-        assert (await order_of(client, rid))["user_id"] == "buyer"
+        assert (await order_of(client, rid, "buyer"))["user_id"] == "buyer"
         assert await orders_of(database_url, sku) == 2
         assert_clean(buyer, answered=(409,))
 
@@ -230,6 +229,7 @@ class TestPaymentWindow:
             f'#wr-status:text-is("{TEXTS["rejoin"]}")', timeout=10_000
         )
         again = await bought(buyer, sku)
-        assert again != rid and (await order_of(client, again))["status"] == "pending_payment"
+        assert again != rid
+        assert (await order_of(client, again, "buyer"))["status"] == "pending_payment"
         assert await orders_of(database_url, sku) == 2
         assert_clean(buyer, answered=(403,))
