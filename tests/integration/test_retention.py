@@ -173,7 +173,7 @@ class TestPruning:
         buckets = await con.fetch("SELECT bucket FROM rate_buckets WHERE sku = $1", sku)
         assert [r["bucket"] for r in buckets] == ["u:filling"]
         (row,) = await con.fetch(
-            "SELECT verdict FROM flush_batch($1, $2, $3, $4, $5, NULL)",
+            "SELECT verdict FROM flush_batch($1, $2, $3, $4, $5, NULL, 2)",
             sku,
             [f"{sku}.recent"],
             ["late"],
