@@ -68,6 +68,11 @@ SELECT stock - COALESCE((
     WHERE sku = $1 AND status IN ('expired', 'cancelled') AND synced_at IS NULL), 0)
 FROM inventory WHERE sku = $1
 """
+# The returns SKU_STOCK leaves out as owed, by request id: their units.
+OWED_RETURNS = """
+SELECT request_id, qty FROM orders
+WHERE sku = $1 AND status IN ('expired', 'cancelled') AND synced_at IS NULL
+"""
 ORDERS_BY_REQUESTS = """
 SELECT order_id::text, request_id, sku, user_id, qty, status, pay_by FROM orders
 WHERE request_id = ANY($1::text[])
@@ -259,6 +264,13 @@ class Orders:
         with as_unavailable:
             value: int | None = await self.pool.fetchval(SKU_STOCK, sku)
         return value
+
+    async def owed_returns(self, sku: str) -> dict[str, int]:
+        """The sku's closed orders whose units :meth:`stock` leaves out, not yet
+        recorded as given back to Redis: request id -> units."""
+        with as_unavailable:
+            rows = await self.pool.fetch(OWED_RETURNS, sku)
+        return {r["request_id"]: r["qty"] for r in rows}
 
     async def units_sold(self, sku: str) -> int:
         """Units in committed orders of a sku."""

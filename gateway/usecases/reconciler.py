@@ -10,7 +10,10 @@ flush lock (so one reconciler, and no flush, touches the sku at a time) and:
    already committed (a settle that failed after the commit) explain part of
    a difference and are left to step 1; any other drift is repaired from the
    database and logged, and flags the sku's hashes for a rebuild (the writes
-   Redis lost may include the records of committed orders). Without a lock a
+   Redis lost may include the records of committed orders). A cancelled or
+   expired order's return is given under the same lock, so the pass sees it
+   in both stores or in neither; one given to Redis whose record a crash cut
+   off counts as database stock until the sweep records it. Without a lock a
    drift may be a flush caught between its commit and its settle, so it is
    repaired only when seen twice alike.
 
@@ -277,6 +280,12 @@ class Reconciler:
         found = await orders.orders([p.request_id for p in pending])
         committed = sum(p.qty for p in pending if p.request_id in found)
         drift = db_stock - (redis_stock + units - committed)
+        if drift:
+            # A return given to Redis but not yet recorded (its gateway died
+            # between the two; the sweep records it) is in the counter while
+            # the database's stock leaves it out as owed: count it as stock.
+            db_stock += await self._given_unrecorded(sku)
+            drift = db_stock - (redis_stock + units - committed)
         if drift == 0:
             self._suspect.pop(sku, None)
             return 0, units, False, redis_stock
@@ -295,3 +304,9 @@ class Reconciler:
         self._rebuilds.ensure(sku)
         log.warning("drift_repaired", sku=sku, drift=drift, redis_stock=after, db_stock=db_stock)
         return drift, units, True, after
+
+    async def _given_unrecorded(self, sku: str) -> int:
+        """Units of the sku's owed returns that return_units.lua already gave."""
+        owed = await self._orders.owed_returns(sku)
+        given = await self._reservations.returned(sku, list(owed))
+        return sum(owed[rid] for rid in given)
