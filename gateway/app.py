@@ -225,7 +225,6 @@ def build_gateway(opened: Opened) -> Gateway:
             reservations=reservations,
             metrics=metrics.lifecycle,
             sweep_s=settings.expiry_sweep_s,
-            locks=locks,
         ),
         feed=feed,
         lag=LoopLag(metrics.loop.lagged, stall_report_s=settings.loop_stall_report_s),

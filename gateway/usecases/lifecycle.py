@@ -5,9 +5,10 @@ module answers with what it decided and gives the units of a cancelled or
 expired order back to Redis. That give-back comes after the commit, so a crash
 between the two would lose it: the order stays owed (``synced_at`` NULL) until
 ``lua/return_units.lua`` ran, and every gateway's sweep finishes the owed ones
-it finds, each given once whoever gives it. The give-back holds the sku's
-flush lock from the script to the record of it, so a reconcile pass sees a
-return in both stores or in neither, never as drift.
+it finds, each given once whoever gives it. Between the script and its record
+Redis has the units while PostgreSQL still counts them owed: the reconciler
+tells such a return from drift by the sku's ``returned`` hash
+(``gateway.usecases.reconciler``), so the return path takes no lock.
 
 The order row is the timer. Each gateway runs :meth:`OrderLifecycle.run`, no
 leader: it expires what is due with ``FOR UPDATE SKIP LOCKED`` (two sweeps
@@ -40,10 +41,8 @@ from gateway.domain.errors import (
     Unavailable,
 )
 from gateway.domain.model import SOLD_OUT, Order, OrderStatus, Outcome, Result
-from gateway.lock import LockError
 from gateway.postgres.lifecycle import Closed, Lifecycle
 from gateway.redis.reservations import Reservations
-from gateway.write.sku_locks import SkuLocks
 
 log = structlog.get_logger(__name__)
 
@@ -90,11 +89,9 @@ class OrderLifecycle:
         reservations: Reservations,
         metrics: LifecycleObserver,
         sweep_s: float,
-        locks: SkuLocks,
     ) -> None:
         self._db = lifecycle
         self._reservations = reservations
-        self._locks = locks
         self._metrics = metrics
         self._sweep_s = sweep_s
 
@@ -211,15 +208,11 @@ class OrderLifecycle:
                 self._observe(c.order)
         for sku, orders in by_sku.items():
             try:
-                # Between the two steps Redis has the units while PostgreSQL's
-                # stock still leaves them out as owed: a reconcile pass (which
-                # holds this lock) would see that as drift and lower the counter.
-                async with self._locks.held(sku):
-                    await self._reservations.return_units(sku, orders)
-                    for order in orders:
-                        self._observe(order)
-                    await self._db.mark_synced([o.request_id for o in orders])
-            except (Unavailable, LockError) as exc:
+                await self._reservations.return_units(sku, orders)
+                for order in orders:
+                    self._observe(order)
+                await self._db.mark_synced([o.request_id for o in orders])
+            except Unavailable as exc:
                 log.warning("return_owed", sku=sku, count=len(orders), error=str(exc))
 
     def _observe(self, order: Order) -> None:

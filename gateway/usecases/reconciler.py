@@ -11,9 +11,10 @@ flush lock (so one reconciler, and no flush, touches the sku at a time) and:
    a difference and are left to step 1; any other drift is repaired from the
    database and logged, and flags the sku's hashes for a rebuild (the writes
    Redis lost may include the records of committed orders). A cancelled or
-   expired order's return is given under the same lock, so the pass sees it
-   in both stores or in neither; one given to Redis whose record a crash cut
-   off counts as database stock until the sweep records it. Without a lock a
+   expired order's return is no drift: given to Redis (its ``returned`` hash)
+   but not yet recorded in PostgreSQL, in flight or cut off by a crash, its
+   units count as database stock; a return given while the pass looked
+   (the hash grew) leaves the sku to the next pass. Without a lock a
    drift may be a flush caught between its commit and its settle, so it is
    repaired only when seen twice alike.
 
@@ -271,6 +272,7 @@ class Reconciler:
         """(drift, pending units, repaired, Redis stock after);
         drift = db - (redis + pending - committed)."""
         reservations, orders = self._reservations, self._orders
+        given = await reservations.returns_given(sku)
         redis_stock, pending = await reservations.snapshot(sku)
         db_stock = await orders.stock(sku)
         units = sum(p.qty for p in pending)
@@ -281,10 +283,9 @@ class Reconciler:
         committed = sum(p.qty for p in pending if p.request_id in found)
         drift = db_stock - (redis_stock + units - committed)
         if drift:
-            # A return given to Redis but not yet recorded (its gateway died
-            # between the two; the sweep records it) is in the counter while
-            # the database's stock leaves it out as owed: count it as stock.
-            db_stock += await self._given_unrecorded(sku)
+            db_stock = await self._stock_as_given(sku, given)
+            if db_stock is None:
+                return 0, units, False, redis_stock
             drift = db_stock - (redis_stock + units - committed)
         if drift == 0:
             self._suspect.pop(sku, None)
@@ -305,8 +306,18 @@ class Reconciler:
         log.warning("drift_repaired", sku=sku, drift=drift, redis_stock=after, db_stock=db_stock)
         return drift, units, True, after
 
-    async def _given_unrecorded(self, sku: str) -> int:
-        """Units of the sku's owed returns that return_units.lua already gave."""
-        owed = await self._orders.owed_returns(sku)
-        given = await self._reservations.returned(sku, list(owed))
-        return sum(owed[rid] for rid in given)
+    async def _stock_as_given(self, sku: str, given: int) -> int | None:
+        """The database's stock as Redis saw the returns: every return counted
+        but those not yet given to Redis. Between the two steps of a return
+        (return_units.lua, then its record) Redis has the units while the
+        database's stock still leaves them out as owed. None when a return was
+        given since the pass read Redis (``given`` orders given then): its
+        units may be in one read and not the other, so nothing is measured."""
+        found = await self._orders.stock_and_owed(sku)
+        if found is None:
+            return None
+        stock, owed = found
+        in_redis = await self._reservations.returned(sku, list(owed))
+        if await self._reservations.returns_given(sku) != given:
+            return None
+        return stock - sum(qty for rid, qty in owed.items() if rid not in in_redis)
