@@ -24,11 +24,14 @@ from gateway.domain.model import Order, Strategy
 from gateway.http.appkeys import LIFECYCLE, ORDERS, RECONCILER, RESERVATIONS
 from gateway.ops.audit import Finding, audit
 from gateway.ops.lifecycle_metrics import LifecycleMetrics
+from gateway.postgres.inventory import Inventory
 from gateway.postgres.lifecycle import Lifecycle
 from gateway.redis.connections import create_redis
 from gateway.redis.layout import SkuKeys
 from gateway.redis.reservations import Reservations
+from gateway.redis.rooms import Rooms
 from gateway.settings import Settings
+from gateway.usecases.catalog import Catalog
 from gateway.usecases.lifecycle import OrderLifecycle
 from testkit.polling import wait_for
 from testkit.purchases import ADMIN_HEADERS, Client, buy
@@ -63,6 +66,8 @@ async def lifecycle(
             reservations=Reservations(redis, settings),
             metrics=LifecycleMetrics(CollectorRegistry()),
             sweep_s=0.05,
+            rooms=Rooms(redis, settings),
+            catalog=Catalog(Inventory(pool)),
         )
     finally:
         await redis.aclose()
@@ -307,6 +312,8 @@ class TestReturnAgainstReconcile:
             reservations=client.app[RESERVATIONS],
             metrics=LifecycleMetrics(CollectorRegistry()),
             sweep_s=0.05,
+            rooms=Rooms(redis, settings),
+            catalog=Catalog(Inventory(pool)),
         )
         with capture_logs() as logs:
             order = await cancelling.cancel(f"{sku}.a1")
