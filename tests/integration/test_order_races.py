@@ -21,7 +21,7 @@ from structlog.testing import capture_logs
 
 from gateway.domain.errors import OrderExpired
 from gateway.domain.model import Order, Strategy
-from gateway.http.appkeys import LIFECYCLE, ORDERS, RECONCILER, RESERVATIONS
+from gateway.http.appkeys import LIFECYCLE, ORDERS, RECONCILER, REDIS, RESERVATIONS
 from gateway.ops.audit import Finding, audit
 from gateway.ops.lifecycle_metrics import LifecycleMetrics
 from gateway.postgres.inventory import Inventory
@@ -312,7 +312,7 @@ class TestReturnAgainstReconcile:
             reservations=client.app[RESERVATIONS],
             metrics=LifecycleMetrics(CollectorRegistry()),
             sweep_s=0.05,
-            rooms=Rooms(redis, settings),
+            rooms=Rooms(client.app[REDIS], settings),
             catalog=Catalog(Inventory(pool)),
         )
         with capture_logs() as logs:
