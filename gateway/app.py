@@ -225,6 +225,8 @@ def build_gateway(opened: Opened) -> Gateway:
             reservations=reservations,
             metrics=metrics.lifecycle,
             sweep_s=settings.expiry_sweep_s,
+            rooms=rooms,
+            catalog=catalog,
         ),
         feed=feed,
         lag=LoopLag(metrics.loop.lagged, stall_report_s=settings.loop_stall_report_s),

@@ -15,6 +15,10 @@ benches, loadtests.lib.pinning) on a database and key prefix of its own, then:
    idle;
 4. **the books**: ``flashsale-gateway audit`` (``make audit``) over both skus.
 
+``--reconcile`` sets the reconciler's interval: a short one makes its passes
+meet the returns often, which shows whether they ever take one for drift
+(``warning:drift_repaired`` among the problems logged).
+
 It reports the return lag (deadline to back on sale) from the gateway's
 ``flashsale_order_return_lag_seconds`` and from outside (a return to its unit
 sold again), and checks that every unit ended paid, that the resales equal the
@@ -225,7 +229,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     with Harness(pinning=pinning, log_dir=args.log_dir) as harness:
         results["run_id"] = harness.run_id
         database_url = harness.database("lifecycle")
-        gateway = harness.start_gateway(database_url, GATEWAY, {"GATEWAY_PAYMENT_TOKEN": token})
+        gateway = harness.start_gateway(
+            database_url,
+            GATEWAY,
+            {
+                "GATEWAY_PAYMENT_TOKEN": token,
+                "GATEWAY_RECONCILE_INTERVAL_S": str(args.reconcile),
+            },
+        )
         if pinning.load is not None:
             os.sched_setaffinity(0, {pinning.load})
         results["idle"] = idle(gateway, database_url, args.idle)
@@ -382,6 +393,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--poll", type=float, default=0.05, help="seconds a buyer waits after a sold-out answer"
     )
     parser.add_argument("--timeout", type=float, default=300.0, help="longest the sale may run")
+    parser.add_argument(
+        "--reconcile",
+        type=float,
+        default=5.0,
+        help="GATEWAY_RECONCILE_INTERVAL_S: shorter passes meet more returns",
+    )
     parser.add_argument("--log-dir", type=Path, default=None, help="keep the gateway's log here")
     parser.add_argument("--pin", type=int, default=1, help="0: leave the processes unpinned")
     parser.add_argument(

@@ -68,6 +68,14 @@ SELECT stock - COALESCE((
     WHERE sku = $1 AND status IN ('expired', 'cancelled') AND synced_at IS NULL), 0)
 FROM inventory WHERE sku = $1
 """
+# The inventory's stock and, from the same snapshot, the returns SKU_STOCK
+# leaves out as owed (a row of NULLs when none is).
+STOCK_AND_OWED = """
+SELECT i.stock, o.request_id, o.qty FROM inventory i
+LEFT JOIN orders o ON o.sku = i.sku AND o.status IN ('expired', 'cancelled')
+    AND o.synced_at IS NULL
+WHERE i.sku = $1
+"""
 ORDERS_BY_REQUESTS = """
 SELECT order_id::text, request_id, sku, user_id, qty, status, pay_by FROM orders
 WHERE request_id = ANY($1::text[])
@@ -259,6 +267,17 @@ class Orders:
         with as_unavailable:
             value: int | None = await self.pool.fetchval(SKU_STOCK, sku)
         return value
+
+    async def stock_and_owed(self, sku: str) -> tuple[int, dict[str, int]] | None:
+        """The sku's stock counting every return, and the returns not yet recorded
+        as given to Redis (request id -> units), read at one moment: :meth:`stock`
+        is the first less the second. None for an unknown sku."""
+        with as_unavailable:
+            rows = await self.pool.fetch(STOCK_AND_OWED, sku)
+        if not rows:
+            return None
+        owed = {r["request_id"]: r["qty"] for r in rows if r["request_id"] is not None}
+        return rows[0]["stock"], owed
 
     async def units_sold(self, sku: str) -> int:
         """Units in committed orders of a sku."""

@@ -457,6 +457,19 @@ class Reservations:
         entries = dict(zip(flat[::2], flat[1::2], strict=True))
         return Snapshot(None if stock is None else int(stock), ledger(entries))
 
+    async def returns_given(self, sku: str) -> int:
+        """How many orders return_units.lua has given back to the sale (it only
+        adds to that count, so an unchanged count means no return in between)."""
+        count: int = await redis_call(self.redis.hlen(self.keys(sku).returned))
+        return count
+
+    async def returned(self, sku: str, request_ids: Sequence[str]) -> set[str]:
+        """Which of ``request_ids`` return_units.lua has given back to the sale."""
+        if not request_ids:
+            return set()
+        marks = await redis_call(self.redis.hmget(self.keys(sku).returned, list(request_ids)))
+        return {rid for rid, mark in zip(request_ids, marks, strict=True) if mark is not None}
+
     async def exhausted(self, sku: str) -> bool:
         """Whether the sku's counter is 0 with nothing pending (as the waiting-room
         scripts decide it); a missing counter is not sold out."""

@@ -9,7 +9,7 @@ shares one pace. Driver errors become :class:`gateway.domain.errors.RedisUnavail
 from __future__ import annotations
 
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -54,13 +54,14 @@ class Rooms:
         self._join = read_script("room_join")
         self._poll = read_script("room_poll")
         self._give_back = read_script("room_give_back")
+        self._leave = read_script("room_leave")
         for script in self.scripts:
             script.on_reload = on_noscript
 
     @property
     def scripts(self) -> tuple[Script, ...]:
         """The scripts this adapter calls."""
-        return (self._join, self._poll, self._give_back)
+        return (self._join, self._poll, self._give_back, self._leave)
 
     async def load_scripts(self) -> None:
         """SCRIPT LOAD every script; a syntax error raises here, at start-up."""
@@ -136,3 +137,15 @@ class Rooms:
         """Unspend ``ticket``'s token if ``request_id`` holds it; whether it did."""
         key = RoomKeys.of(self._prefix, sku).used(ticket)
         return bool(await redis_call(self._give_back(self._redis, (key,), (request_id,))))
+
+    async def end_turns(self, sku: str, spent: Sequence[tuple[str, str]]) -> int:
+        """End the turns spent on closed orders, ``(user_id, request_id)`` each,
+        so their buyers join again at the back (room_leave.lua); how many ended."""
+        q = RoomKeys.of(self._prefix, sku)
+        tickets = await redis_call(self._redis.hmget(q.users, [user for user, _ in spent]))
+        ended = 0
+        for (user, request_id), ticket in zip(spent, tickets, strict=True):
+            if ticket is not None:
+                keys, args = (q.users, q.used(ticket)), (user, ticket, request_id)
+                ended += int(await redis_call(self._leave(self._redis, keys, args)))
+        return ended

@@ -5,7 +5,10 @@ module answers with what it decided and gives the units of a cancelled or
 expired order back to Redis. That give-back comes after the commit, so a crash
 between the two would lose it: the order stays owed (``synced_at`` NULL) until
 ``lua/return_units.lua`` ran, and every gateway's sweep finishes the owed ones
-it finds, each given once whoever gives it.
+it finds, each given once whoever gives it. Between the script and its record
+Redis has the units while PostgreSQL still counts them owed: the reconciler
+tells such a return from drift by the sku's ``returned`` hash
+(``gateway.usecases.reconciler``), so the return path takes no lock.
 
 The order row is the timer. Each gateway runs :meth:`OrderLifecycle.run`, no
 leader: it expires what is due with ``FOR UPDATE SKIP LOCKED`` (two sweeps
@@ -20,7 +23,7 @@ import asyncio
 import math
 import time
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Protocol
 
@@ -36,10 +39,13 @@ from gateway.domain.errors import (
     OrderExpired,
     OrderPaid,
     Unavailable,
+    UnknownSku,
 )
 from gateway.domain.model import SOLD_OUT, Order, OrderStatus, Outcome, Result
 from gateway.postgres.lifecycle import Closed, Lifecycle
 from gateway.redis.reservations import Reservations
+from gateway.redis.rooms import Rooms
+from gateway.usecases.catalog import Catalog
 
 log = structlog.get_logger(__name__)
 
@@ -86,9 +92,13 @@ class OrderLifecycle:
         reservations: Reservations,
         metrics: LifecycleObserver,
         sweep_s: float,
+        rooms: Rooms,
+        catalog: Catalog,
     ) -> None:
         self._db = lifecycle
         self._reservations = reservations
+        self._rooms = rooms
+        self._catalog = catalog
         self._metrics = metrics
         self._sweep_s = sweep_s
 
@@ -196,7 +206,9 @@ class OrderLifecycle:
 
     async def _give_back(self, closed: Iterable[Closed]) -> None:
         """Put closed orders' units back on sale in Redis (those owed to it), then
-        record it. A failure leaves them owed: a later sweep gives them."""
+        record it, and end the waiting-room turns they spent. A failure leaves
+        them owed: a later sweep gives them."""
+        closed = list(closed)
         by_sku: dict[str, list[Order]] = defaultdict(list)
         for c in closed:
             if c.owed:
@@ -211,6 +223,23 @@ class OrderLifecycle:
                 await self._db.mark_synced([o.request_id for o in orders])
             except Unavailable as exc:
                 log.warning("return_owed", sku=sku, count=len(orders), error=str(exc))
+        await self._end_turns(closed)
+
+    async def _end_turns(self, closed: Sequence[Closed]) -> None:
+        """A buyer whose order closed joins the waiting room again at the back, at
+        once: the unit went back to the next ticket in line, and a turn given
+        back would let a buyer who let the hold lapse take it again, ahead of
+        that line. Not done (Redis failed): they join again once the token's
+        lifetime passed, as a buyer who let an admission lapse."""
+        by_sku: dict[str, list[tuple[str, str]]] = defaultdict(list)
+        for c in closed:
+            by_sku[c.order.sku].append((c.order.user_id, c.order.request_id))
+        for sku, spent in by_sku.items():
+            try:
+                if (await self._catalog.get(sku)).waiting_room is not None:
+                    await self._rooms.end_turns(sku, spent)
+            except (Unavailable, UnknownSku) as exc:
+                log.warning("room_turns_kept", sku=sku, count=len(spent), error=str(exc))
 
     def _observe(self, order: Order) -> None:
         """The lag from an expired order's deadline to its units back on sale."""

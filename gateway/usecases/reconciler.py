@@ -10,7 +10,11 @@ flush lock (so one reconciler, and no flush, touches the sku at a time) and:
    already committed (a settle that failed after the commit) explain part of
    a difference and are left to step 1; any other drift is repaired from the
    database and logged, and flags the sku's hashes for a rebuild (the writes
-   Redis lost may include the records of committed orders). Without a lock a
+   Redis lost may include the records of committed orders). A cancelled or
+   expired order's return is no drift: given to Redis (its ``returned`` hash)
+   but not yet recorded in PostgreSQL, in flight or cut off by a crash, its
+   units count as database stock; a return given while the pass looked
+   (the hash grew) leaves the sku to the next pass. Without a lock a
    drift may be a flush caught between its commit and its settle, so it is
    repaired only when seen twice alike.
 
@@ -268,6 +272,7 @@ class Reconciler:
         """(drift, pending units, repaired, Redis stock after);
         drift = db - (redis + pending - committed)."""
         reservations, orders = self._reservations, self._orders
+        given = await reservations.returns_given(sku)
         redis_stock, pending = await reservations.snapshot(sku)
         db_stock = await orders.stock(sku)
         units = sum(p.qty for p in pending)
@@ -277,6 +282,11 @@ class Reconciler:
         found = await orders.orders([p.request_id for p in pending])
         committed = sum(p.qty for p in pending if p.request_id in found)
         drift = db_stock - (redis_stock + units - committed)
+        if drift:
+            db_stock = await self._stock_as_given(sku, given)
+            if db_stock is None:
+                return 0, units, False, redis_stock
+            drift = db_stock - (redis_stock + units - committed)
         if drift == 0:
             self._suspect.pop(sku, None)
             return 0, units, False, redis_stock
@@ -295,3 +305,19 @@ class Reconciler:
         self._rebuilds.ensure(sku)
         log.warning("drift_repaired", sku=sku, drift=drift, redis_stock=after, db_stock=db_stock)
         return drift, units, True, after
+
+    async def _stock_as_given(self, sku: str, given: int) -> int | None:
+        """The database's stock as Redis saw the returns: every return counted
+        but those not yet given to Redis. Between the two steps of a return
+        (return_units.lua, then its record) Redis has the units while the
+        database's stock still leaves them out as owed. None when a return was
+        given since the pass read Redis (``given`` orders given then): its
+        units may be in one read and not the other, so nothing is measured."""
+        found = await self._orders.stock_and_owed(sku)
+        if found is None:
+            return None
+        stock, owed = found
+        in_redis = await self._reservations.returned(sku, list(owed))
+        if await self._reservations.returns_given(sku) != given:
+            return None
+        return stock - sum(qty for rid, qty in owed.items() if rid not in in_redis)

@@ -425,3 +425,39 @@ class TestWaitingRoom:
             return (await rooms.join(client, sku, "cy")) == (409, {"status": "sold_out"})
 
         await wait_for(ended, within=5, what="the room ended")
+
+    @pytest.mark.parametrize(("closed_as", "window_s"), [("cancelled", 60), ("expired", 1)])
+    async def test_a_buyer_whose_order_closed_joins_again_at_the_back(
+        self, start_gateway: Any, sku: str, closed_as: str, window_s: int
+    ) -> None:
+        """Ann's order is cancelled or expires: her spent turn is not given back
+        (her token still answers 403), but she may buy again: joining gives her
+        a new ticket at the back of the line at once, not the spent one, and
+        its token buys."""
+        client = await start(start_gateway, admission_secret=SECRET)
+        body = {
+            "stock": 2,
+            "payment_window_s": window_s,
+            "waiting_room": {"admit_per_s": 100, "token_ttl_s": 60},
+        }
+        resp = await client.put(f"/admin/skus/{sku}", json=body, headers=ADMIN_HEADERS)
+        assert resp.status == 200, await resp.text()
+        _, first = await rooms.join(client, sku, "ann")
+        token = await rooms.admitted_token(client, sku, first["ticket"])
+        assert (await rooms.buy_with(client, sku, "ann", token, "ann"))[0] == 201
+        if closed_as == "cancelled":
+            assert (await cancel(client, sku, "ann"))[0] == 200
+
+        async def rejoined() -> dict[str, Any] | None:
+            status, again = await rooms.join(client, sku, "ann")
+            assert status == 200, again
+            return again if again["ticket"] != first["ticket"] else None
+
+        again = await wait_for(rejoined, within=10, what="ann's new ticket")
+        assert await status_of(client, sku, "ann", "ann") == closed_as
+        assert again["position"] >= 1
+        status, refused = await rooms.buy_with(client, sku, "ann", token, "ann-retry")
+        assert (status, refused["error"]) == (403, "admission_invalid")
+        token = await rooms.admitted_token(client, sku, again["ticket"])
+        status, order = await rooms.buy_with(client, sku, "ann", token, "ann-again")
+        assert (status, order["status"]) == (201, "pending_payment")

@@ -10,24 +10,28 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 import asyncpg
 import pytest
 from prometheus_client import CollectorRegistry
 from redis.asyncio import Redis
+from structlog.testing import capture_logs
 
 from gateway.domain.errors import OrderExpired
 from gateway.domain.model import Order, Strategy
-from gateway.http.appkeys import RESERVATIONS
+from gateway.http.appkeys import LIFECYCLE, ORDERS, RECONCILER, REDIS, RESERVATIONS
 from gateway.ops.audit import Finding, audit
 from gateway.ops.lifecycle_metrics import LifecycleMetrics
+from gateway.postgres.inventory import Inventory
 from gateway.postgres.lifecycle import Lifecycle
 from gateway.redis.connections import create_redis
 from gateway.redis.layout import SkuKeys
 from gateway.redis.reservations import Reservations
+from gateway.redis.rooms import Rooms
 from gateway.settings import Settings
+from gateway.usecases.catalog import Catalog
 from gateway.usecases.lifecycle import OrderLifecycle
 from testkit.polling import wait_for
 from testkit.purchases import ADMIN_HEADERS, Client, buy
@@ -62,6 +66,8 @@ async def lifecycle(
             reservations=Reservations(redis, settings),
             metrics=LifecycleMetrics(CollectorRegistry()),
             sweep_s=0.05,
+            rooms=Rooms(redis, settings),
+            catalog=Catalog(Inventory(pool)),
         )
     finally:
         await redis.aclose()
@@ -260,3 +266,135 @@ class TestCommitThenRedis:
             "SELECT sum(qty) FROM orders WHERE sku = $1 AND status = 'pending_payment'", sku
         )
         assert (stock, live) == (0, 3)
+
+
+class Interleaved(Lifecycle):
+    """The real adapter, which runs ``between`` after the units went back to
+    Redis and before it records that: where a reconcile pass could fall."""
+
+    def __init__(self, pool: asyncpg.Pool, between: Callable[[], Awaitable[None]]) -> None:
+        super().__init__(pool, Strategy.RESERVE_BATCH)
+        self._between = between
+
+    async def mark_synced(self, request_ids: Sequence[str]) -> None:
+        """Run ``between``, then record the return."""
+        await self._between()
+        await super().mark_synced(request_ids)
+
+
+class TestReturnAgainstReconcile:
+    """A reconcile pass never takes a return for drift (issue 31's bench found it
+    lowering the counter between a return to Redis and its record)."""
+
+    async def test_a_pass_between_the_return_and_its_record(
+        self,
+        start_gateway: Any,
+        sku: str,
+        pool: asyncpg.Pool,
+        make_settings: Callable[..., Settings],
+        redis: Redis,
+        key_prefix: str,
+    ) -> None:
+        """A pass run while a cancel is between giving the unit back to Redis
+        and recording it sees no drift and leaves the counter alone: the unit
+        stays on sale, no drift is logged, the books hold."""
+        client = await start_gateway(payment_token=PAYMENT_TOKEN, reconcile_interval_s=3600)
+        await put_window(client, sku, 2, 60, "reserve-batch")
+        assert (await buy(client, sku, "ann", "a1"))[0] == 201
+        reconciler, drifts = client.app[RECONCILER], []
+
+        async def reconcile_between() -> None:
+            drifts.append((await reconciler.reconcile(sku)).done.drift)
+
+        settings = make_settings()
+        cancelling = OrderLifecycle(
+            lifecycle=Interleaved(pool, reconcile_between),
+            reservations=client.app[RESERVATIONS],
+            metrics=LifecycleMetrics(CollectorRegistry()),
+            sweep_s=0.05,
+            rooms=Rooms(client.app[REDIS], settings),
+            catalog=Catalog(Inventory(pool)),
+        )
+        with capture_logs() as logs:
+            order = await cancelling.cancel(f"{sku}.a1")
+            resp = await client.post("/admin/reconcile", headers=ADMIN_HEADERS)
+        assert order.status == "cancelled"
+        assert drifts == [0]
+        assert (await resp.json())[sku]["drift"] == 0
+        assert not [e for e in logs if e["event"] == "drift_repaired"]
+        assert await redis.get(SkuKeys.of(key_prefix, sku).stock) == b"2"
+        [books] = await audit(settings, sku)
+        assert books.verdict is Finding.OK, books
+
+    async def test_a_return_given_while_the_pass_looks(
+        self,
+        start_gateway: Any,
+        sku: str,
+        make_settings: Callable[..., Settings],
+        redis: Redis,
+        key_prefix: str,
+        monkeypatch: pytest.MonkeyPatch,
+    ) -> None:
+        """A cancel given back and recorded whole between the pass's read of
+        Redis and its read of PostgreSQL: the pass measures nothing for the sku
+        rather than repair, and the next one finds the books even."""
+        client = await start_gateway(payment_token=PAYMENT_TOKEN, reconcile_interval_s=3600)
+        await put_window(client, sku, 2, 60, "reserve-batch")
+        assert (await buy(client, sku, "ann", "a1"))[0] == 201
+        orders, lifecycle = client.app[ORDERS], client.app[LIFECYCLE]
+        read_stock, cancels = orders.stock, list[str]()
+
+        async def stock_after_a_cancel(of: str) -> int | None:
+            if not cancels:
+                cancels.append((await lifecycle.cancel(f"{sku}.a1")).status)
+            stock: int | None = await read_stock(of)
+            return stock
+
+        monkeypatch.setattr(orders, "stock", stock_after_a_cancel)
+        with capture_logs() as logs:
+            found = await client.app[RECONCILER].reconcile(sku)
+        monkeypatch.undo()
+        assert cancels == ["cancelled"]
+        assert (found.done.drift, found.done.repaired) == (0, False)
+        assert not [e for e in logs if e["event"] == "drift_repaired"]
+        assert await redis.get(SkuKeys.of(key_prefix, sku).stock) == b"2"
+        assert (await client.app[RECONCILER].reconcile(sku)).done.drift == 0
+        [books] = await audit(make_settings(), sku)
+        assert books.verdict is Finding.OK, books
+
+    async def test_a_return_whose_record_a_crash_cut_off_is_not_drift(
+        self,
+        start_gateway: Any,
+        sku: str,
+        pool: asyncpg.Pool,
+        make_settings: Callable[..., Settings],
+        redis: Redis,
+        key_prefix: str,
+    ) -> None:
+        """A gateway gave the unit back to Redis and died before recording it:
+        the pass counts it as on sale (no repair), and the sweep of the gateway
+        left records it without giving it twice."""
+        client = await start_gateway(payment_token=PAYMENT_TOKEN, reconcile_interval_s=3600)
+        await put_window(client, sku, 2, 60, "reserve-batch")
+        assert (await buy(client, sku, "ann", "a1"))[0] == 201
+        closed = await Lifecycle(pool, Strategy.RESERVE_BATCH).cancel(f"{sku}.a1")
+        assert closed is not None and closed.owed
+        assert await client.app[RESERVATIONS].return_units(sku, [closed.order]) == 1
+        stock = SkuKeys.of(key_prefix, sku).stock
+        with capture_logs() as logs:
+            resp = await client.post("/admin/reconcile", headers=ADMIN_HEADERS)
+        assert (await resp.json())[sku]["drift"] == 0
+        assert not [e for e in logs if e["event"] == "drift_repaired"]
+        assert await redis.get(stock) == b"2"
+
+        async def recorded() -> bool:
+            return bool(
+                await pool.fetchval(
+                    "SELECT synced_at IS NOT NULL FROM orders WHERE request_id = $1", f"{sku}.a1"
+                )
+            )
+
+        await wait_for(recorded, within=10, what="the sweep recording the return")
+        assert await redis.get(stock) == b"2"
+        [books] = await audit(make_settings(), sku)
+        assert books.verdict is Finding.OK, books

@@ -253,8 +253,10 @@
   }
 
   // A turn in line buys once: the order that expired or was cancelled spent
-  // it, so the room has the buyer join again, at the back, once that turn's
-  // token has expired (by Redis's clock: a second or two's margin).
+  // it. Its close ends the turn, so a join gives a new ticket at once; when
+  // that could not be done (Redis failing then), the buyer joins again, at
+  // the back, once that turn's token has expired (by Redis's clock: a second
+  // or two's margin).
   async function rejoin() {
     show("joining", say("rejoin"));
     const tick = () => (etaEl.textContent = say("rejoin_in", { time: duration((admittedUntil - now()) / 1000, true) }));
