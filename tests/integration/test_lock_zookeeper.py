@@ -19,7 +19,10 @@ from testkit.zookeeper_servers import ZooKeeperEnsemble, ZooKeeperServer
 
 pytestmark = pytest.mark.timeout(60)
 
-SHORT_SESSION_S = 0.6
+# Short, so a few seconds outlast several timeouts; not shorter: kazoo pings from a
+# thread every third of it, and a loaded machine (CI with a CPU burner) starved
+# 0.6 s sessions of their pings.
+SHORT_SESSION_S = 1.2
 
 
 @pytest.fixture
@@ -52,7 +55,7 @@ class TestSession:
         assert lock.lease == SHORT_SESSION_S
         async with lock:
             first_session = session.session_id
-            await asyncio.sleep(6 * SHORT_SESSION_S)
+            await asyncio.sleep(4 * SHORT_SESSION_S)
             assert lock.held and not lock.lost.is_set()
             assert session.session_id == first_session  # never expired meanwhile
             other = ZooKeeperLock(session, name)
