@@ -79,6 +79,7 @@
     buyBtn.hidden = state !== "admitted" && state !== "buying";
     buyBtn.disabled = state !== "admitted";
     retryBtn.hidden = true;
+    retryBtn.textContent = say("retry");
   }
 
   async function call(method, url, body, headers) {
@@ -292,8 +293,27 @@
       location.assign(target.href);
       return;
     }
+    if (!tok) return show("admitted", say("admitted"));
+    // Buy is offered only while the token buys: at its expiry the turn is over.
+    if (admittedUntil <= now()) return turnEnded();
     show("admitted", say("admitted"));
-    if (expiresAt) etaEl.textContent = say("admitted_until", { time: new Date(expiresAt).toLocaleTimeString() });
+    etaEl.textContent = say("admitted_until", { time: new Date(admittedUntil).toLocaleTimeString() });
+    const view = views;
+    pause(admittedUntil - now()).then(() => views === view && turnEnded());
+  }
+
+  // The token expired unspent: said so, and a button joins the line again, at
+  // the back, once Redis has dropped the turn too (two seconds' margin).
+  function turnEnded() {
+    show("turn_ended", say("turn_ended"));
+    etaEl.textContent = say("turn_again");
+    token = null;
+    retryBtn.textContent = say("join_again");
+    retryBtn.hidden = false;
+    retryBtn.disabled = true;
+    retryBtn.onclick = again;
+    const view = views;
+    pause(admittedUntil - now() + 2000).then(() => views === view && (retryBtn.disabled = false));
   }
 
   // The request id: made once per page and sku, kept for reloads and double clicks;
@@ -330,7 +350,7 @@
     }
     if (r.status === 200 || r.status === 201) return ordered(r.body);
     if (r.body.status === "sold_out") return r.body.held ? heldOut(r) : soldOut();
-    if (r.status === 403 && token && admittedUntil > now()) return rejoin();
+    if (r.status === 403 && token) return admittedUntil > now() ? rejoin() : turnEnded();
     if (r.body.status === "not_started") {
       notStarted(Date.parse(r.body.starts_at));
       await pause(backoff(r.retryAfter, 0));
@@ -390,7 +410,6 @@
     document.documentElement.lang = T.lang || "en";
     document.title = $("wr-title").textContent = say("title", { sku });
     buyBtn.textContent = say("buy");
-    retryBtn.textContent = say("retry");
     payLink.textContent = say("pay");
     show("joining", say("joining"));
     if (await resumed()) return;
