@@ -1,6 +1,6 @@
 """The waiting-room page off its happy path, in a real browser (Debian's
 chromium, via Playwright), against a real gateway on the shared Redis and
-PostgreSQL: an admission that expires before any click, a second tab of a buyer
+PostgreSQL: an admission that expires before any click, other tabs of a buyer
 who already bought (docs/waiting-page.md).
 
 Each wait is bounded and on a condition (``data-state``, an enabled button).
@@ -8,9 +8,12 @@ Each wait is bounded and on a condition (``data-state``, an enabled button).
 
 from __future__ import annotations
 
-import pytest
+import asyncio
 
-from testkit.browser import TEXTS, StartGateway, assert_clean, gateway
+import pytest
+from playwright.async_api import Route
+
+from testkit.browser import TEXTS, Buyer, StartGateway, assert_clean, gateway
 from testkit.purchases import orders_of
 from testkit.rooms import put_room_sku
 from tests.e2e.conftest import OpenBuyer
@@ -46,3 +49,59 @@ class TestExpiry:
         await buyer.reach("confirmed")
         assert await orders_of(database_url, sku) == 1
         assert_clean(buyer)
+
+
+class TestAnotherTab:
+    """A buyer with several tabs on one sku, who bought from one of them."""
+
+    async def test_other_tabs_show_the_order_whatever_their_token_was_told(
+        self, start_gateway: StartGateway, buyers: OpenBuyer, sku: str, database_url: str
+    ) -> None:
+        """Two tabs of ``yan`` admitted; tab 2 clicks Buy while tab 1's purchase
+        is under way and is told 403 (``admission token used``): once tab 1's
+        order is confirmed, tab 2 shows that order (``confirmed``, its id), not
+        an error; a third tab opened afterwards shows it too, without buying. One
+        order in PostgreSQL."""
+        client, origin = await gateway(start_gateway)
+        await put_room_sku(client, sku, stock=5)
+        first = await buyers(origin)
+        second = Buyer(await first.page.context.new_page(), origin)
+        decided, refused = asyncio.Event(), asyncio.Event()
+
+        async def held_answer(route: Route) -> None:
+            # Tab 1's purchase is decided at once, its answer kept until tab 2 is refused.
+            response = await route.fetch()
+            decided.set()
+            await asyncio.wait_for(refused.wait(), timeout=15)
+            await route.fulfill(response=response)
+
+        async def watch_refusal(route: Route) -> None:
+            response = await route.fetch()
+            if response.status == 403:
+                refused.set()
+            await route.fulfill(response=response)
+
+        await first.page.route("**/v1/purchase", held_answer)
+        await second.page.route("**/v1/purchase", watch_refusal)
+        for tab in (first, second):
+            await tab.open(f"/wait/{sku}?user_id=yan")
+            await tab.reach("admitted")
+        await first.page.click("button#buy")
+        await asyncio.wait_for(decided.wait(), timeout=15)
+        await second.page.click("button#buy")
+        await first.reach("confirmed")
+        order_id = await first.attr("order-id")
+        await second.reach("confirmed")
+        assert refused.is_set()
+        assert await second.attr("order-id") == order_id
+        assert order_id and order_id in await second.text("#wr-eta")
+        third = Buyer(await first.page.context.new_page(), origin)
+        await third.open(f"/wait/{sku}?user_id=yan")
+        await third.reach("confirmed")
+        assert await third.attr("order-id") == order_id
+        for tab in (first, second, third):
+            assert sum(u.endswith("/v1/purchase") for u in tab.requests) == (tab is not third)
+        assert await orders_of(database_url, sku) == 1
+        assert_clean(first)
+        assert_clean(second, answered=(403,))
+        assert_clean(third)

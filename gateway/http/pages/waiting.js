@@ -343,12 +343,34 @@
   // GET /v1/orders/{request_id}, as its buyer.
   const lookUp = (rid, query) => patient("GET", `/v1/orders/${enc(rid)}?user_id=${enc(user)}${query}`);
 
+  // The request id of this buyer's order, whichever of this browser's tabs
+  // bought it: localStorage is shared by the origin's tabs and stays on this
+  // device; the lookup answers the buyer alone. Shown when it stands (an
+  // expired or cancelled order may be bought again), unless the view moved on.
+  async function boughtElsewhere(rid) {
+    const other = localStorage.getItem(key("bought"));
+    if (!other || other === rid) return false;
+    const view = views;
+    const r = await lookUp(other, "");
+    if (views !== view || r.status !== 200 || ["expired", "cancelled"].includes(r.body.status)) return false;
+    sessionStorage.setItem(key("request_id"), other);
+    sessionStorage.setItem(key("sent"), "1");
+    ordered(r.body);
+    return true;
+  }
+
   async function answered(r, rid) {
     for (let i = 0; r.status === 202 && i < 30; i++) {
       // Queued (the queue strategy): its outcome, held by the gateway until final.
       r = await lookUp(rid, "&wait=20");
     }
-    if (r.status === 200 || r.status === 201) return ordered(r.body);
+    if (r.status === 200 || r.status === 201) {
+      localStorage.setItem(key("bought"), rid);
+      return ordered(r.body);
+    }
+    // Whatever the API said to this tab's token (used, duplicate ...), an order
+    // bought from another tab is the answer.
+    if (await boughtElsewhere(rid)) return;
     if (r.body.status === "sold_out") return r.body.held ? heldOut(r) : soldOut();
     if (r.status === 403 && token) return admittedUntil > now() ? rejoin() : turnEnded();
     if (r.body.status === "not_started") {
@@ -412,7 +434,7 @@
     buyBtn.textContent = say("buy");
     payLink.textContent = say("pay");
     show("joining", say("joining"));
-    if (await resumed()) return;
+    if ((await resumed()) || (await boughtElsewhere(null))) return;
     const r = await patient("GET", `/v1/skus/${enc(sku)}`);
     if (r.status !== 200) return fail(r);
     const info = r.body;
@@ -429,5 +451,11 @@
   }
 
   buyBtn.addEventListener("click", buy);
+  // Another tab bought: a tab not buying shows that order at once (one
+  // refused for a token that tab spent is rejoining: it stops).
+  addEventListener("storage", (e) => {
+    const idle = ["admitted", "turn_ended", "joining", "error"].includes(root.dataset.state);
+    if (e.key === key("bought") && e.newValue && idle) boughtElsewhere(null).catch(broken);
+  });
   start().catch(broken);
 })();
