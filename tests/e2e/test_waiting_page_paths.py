@@ -9,12 +9,13 @@ Each wait is bounded and on a condition (``data-state``, an enabled button).
 from __future__ import annotations
 
 import asyncio
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from playwright.async_api import Route
 
 from testkit.browser import TEXTS, Buyer, StartGateway, assert_clean, gateway
-from testkit.purchases import orders_of
+from testkit.purchases import ADMIN_HEADERS, orders_of
 from testkit.rooms import put_room_sku
 from tests.e2e.conftest import OpenBuyer
 
@@ -105,3 +106,56 @@ class TestAnotherTab:
         assert_clean(first)
         assert_clean(second, answered=(403,))
         assert_clean(third)
+
+
+class TestFarOffSale:
+    """A sale that opens weeks ahead, longer than a browser timer reaches."""
+
+    async def test_buy_refused_not_started_counts_down_in_days_and_waits(
+        self, start_gateway: StartGateway, buyers: OpenBuyer, sku: str
+    ) -> None:
+        """A sku without a room opening in 30 days, whose start the page did not
+        know (its sku lookup answered without ``starts_at``), offers Buy; the
+        click is refused 409 ``not_started`` (its Retry-After made 1 s): the
+        page counts down in days ("29 d ..."), ticking, and keeps counting down
+        to the start (no Buy button comes back, nothing is bought again) rather
+        than offering Buy after Retry-After."""
+        client, origin = await gateway(start_gateway)
+        starts = datetime.now(UTC) + timedelta(days=30)
+        body = {"stock": 5, "starts_at": starts.isoformat()}
+        resp = await client.put(f"/admin/skus/{sku}", json=body, headers=ADMIN_HEADERS)
+        assert resp.status == 200, await resp.text()
+        buyer = await buyers(origin)
+
+        async def without_start(route: Route) -> None:
+            response = await route.fetch()
+            info = await response.json()
+            info.pop("starts_at", None)
+            await route.fulfill(response=response, json=info)
+
+        async def soon_again(route: Route) -> None:
+            # Were Retry-After the page's cue, Buy would come back within 1.5 s.
+            response = await route.fetch()
+            headers = {**response.headers, "retry-after": "1"}
+            await route.fulfill(response=response, headers=headers)
+
+        await buyer.page.route(f"**/v1/skus/{sku}", without_start)
+        await buyer.page.route("**/v1/purchase", soon_again)
+        await buyer.open(f"/wait/{sku}?user_id=buyer")
+        await buyer.reach("admitted")
+        await buyer.page.click("button#buy")
+        await buyer.reach("not_started")
+        shown = datetime.fromisoformat(str(await buyer.attr("starts-at")).replace("Z", "+00:00"))
+        assert abs((shown - starts).total_seconds()) < 1
+        for _ in range(3):
+            before = await buyer.text("#wr-eta")
+            await buyer.page.wait_for_function(
+                "(shown) => document.getElementById('wr-eta').textContent !== shown",
+                arg=before,
+                timeout=5_000,
+            )
+        assert (await buyer.text("#wr-eta")).startswith(TEXTS["countdown"].split("{")[0] + "29 d")
+        assert await buyer.attr("state") == "not_started"
+        assert await buyer.page.is_hidden("button#buy")
+        assert sum(u.endswith("/v1/purchase") for u in buyer.requests) == 1
+        assert_clean(buyer, answered=(409,))

@@ -39,12 +39,14 @@
   const say = (name, vars) =>
     (T[name] || "").replace(/\{(\w+)\}/g, (_, k) => (vars && k in vars ? String(vars[k]) : ""));
   // A countdown (``exact``) keeps its seconds past an hour; an estimate does not.
+  // Past 48 hours, in days.
   const duration = (seconds, exact) => {
     const s = Math.max(0, Math.ceil(seconds));
     if (s < 60) return say("seconds", { s });
     if (s < 3600) return say("minutes", { m: Math.floor(s / 60), s: s % 60 });
-    const [d, h, m] = [Math.floor(s / 86400), Math.floor((s % 86400) / 3600), Math.floor((s % 3600) / 60)];
-    const unit = s < 86400 ? "hours" : "days";
+    const d = s < 2 * 86400 ? 0 : Math.floor(s / 86400);
+    const [h, m] = [Math.floor((s - d * 86400) / 3600), Math.floor((s % 3600) / 60)];
+    const unit = s < 2 * 86400 ? "hours" : "days";
     return say(exact ? `${unit}_exact` : unit, { d, h, m, s: s % 60 });
   };
   const now = () => Date.now() + (Number.isFinite(skew.lo + skew.hi) ? (skew.lo + skew.hi) / 2 : 0);
@@ -374,8 +376,11 @@
     if (r.body.status === "sold_out") return r.body.held ? heldOut(r) : soldOut();
     if (r.status === 403 && token) return admittedUntil > now() ? rejoin() : turnEnded();
     if (r.body.status === "not_started") {
-      notStarted(Date.parse(r.body.starts_at));
-      await pause(backoff(r.retryAfter, 0));
+      // Counted down to the start the API gave, however far off (a second at
+      // least, should this device's clock run ahead).
+      const starts = Date.parse(r.body.starts_at);
+      notStarted(starts);
+      await pause(Math.max(1000, starts - now() + Math.random() * 1000));
       return admitted(token, null);
     }
     return fail(r, buy);
