@@ -9,6 +9,7 @@ Each wait is bounded and on a condition (``data-state``, an enabled button).
 from __future__ import annotations
 
 import asyncio
+import base64
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -16,7 +17,7 @@ from playwright.async_api import Route
 
 from testkit.browser import TEXTS, Buyer, StartGateway, assert_clean, gateway
 from testkit.purchases import ADMIN_HEADERS, orders_of
-from testkit.rooms import put_room_sku
+from testkit.rooms import join, put_room_sku
 from tests.e2e.conftest import OpenBuyer
 
 # The first browser test's set-up may install chromium with apt-get (minutes on
@@ -159,3 +160,70 @@ class TestFarOffSale:
         assert await buyer.page.is_hidden("button#buy")
         assert sum(u.endswith("/v1/purchase") for u in buyer.requests) == 1
         assert_clean(buyer, answered=(409,))
+
+
+def luminance(rgb: tuple[int, int, int]) -> float:
+    """WCAG 2.1's relative luminance of an sRGB colour."""
+    linear = [c / 255 / 12.92 if c <= 10 else ((c / 255 + 0.055) / 1.055) ** 2.4 for c in rgb]
+    return 0.2126 * linear[0] + 0.7152 * linear[1] + 0.0722 * linear[2]
+
+
+async def middle_colour(buyer: Buyer, png: bytes) -> tuple[int, int, int]:
+    """The colour at the centre of a screenshot, read by a canvas in a blank
+    context of the same browser (so the buyer's page asks for nothing)."""
+    browser = buyer.page.context.browser
+    assert browser is not None
+    scratch = await browser.new_context()
+    try:
+        page = await scratch.new_page()
+        rgb = await page.evaluate(
+            """async (src) => {
+              const img = new Image();
+              img.src = src;
+              await img.decode();
+              const canvas = document.createElement("canvas");
+              [canvas.width, canvas.height] = [img.width, img.height];
+              const g = canvas.getContext("2d");
+              g.drawImage(img, 0, 0);
+              const x = Math.floor(img.width / 2), y = Math.floor(img.height / 2);
+              return Array.from(g.getImageData(x, y, 1, 1).data.slice(0, 3));
+            }""",
+            "data:image/png;base64," + base64.b64encode(png).decode(),
+        )
+    finally:
+        await scratch.close()
+    return (rgb[0], rgb[1], rgb[2])
+
+
+class TestDarkMode:
+    """The page under ``prefers-color-scheme: dark``."""
+
+    async def test_empty_progress_bar_reads_as_empty_in_dark_mode(
+        self, start_gateway: StartGateway, buyers: OpenBuyer, sku: str
+    ) -> None:
+        """In dark mode, a buyer just in line sees an empty bar whose track is
+        dark (relative luminance under 0.1): darker than the bar's fill, and told apart from
+        it at WCAG's 3:1 for graphics (compared on screenshots of the bar,
+        empty as shown and then filled)."""
+        client, origin = await gateway(start_gateway)
+        await put_room_sku(client, sku, stock=10, admit_per_s=1)
+        for i in range(5):
+            assert (await join(client, sku, f"ahead{i}"))[0] == 200
+        buyer = await buyers(origin)
+        await buyer.page.emulate_media(color_scheme="dark")
+        await buyer.open(f"/wait/{sku}?user_id=buyer")
+        await buyer.reach("waiting")
+        bar = buyer.page.locator("progress#wr-progress")
+        assert await bar.evaluate("(bar) => bar.value") == 0
+        empty = await middle_colour(buyer, await bar.screenshot(animations="disabled"))
+        await bar.evaluate("(bar) => (bar.value = 100)")
+        # The fill grows in a CSS transition: its centre is read once reached (bounded).
+        for _ in range(50):
+            full = await middle_colour(buyer, await bar.screenshot(animations="disabled"))
+            if full != empty:
+                break
+        lum_empty, lum_full = luminance(empty), luminance(full)
+        assert lum_empty < lum_full, (empty, full)
+        assert (lum_full + 0.05) / (lum_empty + 0.05) >= 3, (empty, full)
+        assert lum_empty < 0.1, empty
+        assert_clean(buyer)
