@@ -1,7 +1,9 @@
 """The waiting-room page off its happy path, in a real browser (Debian's
 chromium, via Playwright), against a real gateway on the shared Redis and
 PostgreSQL: an admission that expires before any click, other tabs of a buyer
-who already bought (docs/waiting-page.md).
+who already bought, a sale a month off refused at Buy, the progress bar in dark
+mode, 429s ridden out and a window not yet open on a sku without a room
+(docs/waiting-page.md).
 
 Each wait is bounded and on a condition (``data-state``, an enabled button).
 """
@@ -10,13 +12,14 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
 from playwright.async_api import Route
 
 from testkit.browser import TEXTS, Buyer, StartGateway, assert_clean, gateway
-from testkit.purchases import ADMIN_HEADERS, orders_of
+from testkit.purchases import ADMIN_HEADERS, orders_of, put_sku
 from testkit.rooms import join, put_room_sku
 from tests.e2e.conftest import OpenBuyer
 
@@ -226,4 +229,72 @@ class TestDarkMode:
         assert lum_empty < lum_full, (empty, full)
         assert (lum_full + 0.05) / (lum_empty + 0.05) >= 3, (empty, full)
         assert lum_empty < 0.1, empty
+        assert_clean(buyer)
+
+
+class TestWithoutRoom:
+    """A sku without a waiting room: a 429 ridden out, a window not yet open."""
+
+    async def test_429s_are_backed_off_and_said_then_the_buyer_buys(
+        self, start_gateway: StartGateway, buyers: OpenBuyer, sku: str, database_url: str
+    ) -> None:
+        """The sku lookup answered 429 twice (``Retry-After: 1``, then none): the
+        page says the shop is busy and when it tries again, asks again no sooner
+        than 1 s, then 2 s later (its doubling step), then is let in and buys."""
+        client, origin = await gateway(start_gateway)
+        await put_sku(client, sku, 3)
+        buyer = await buyers(origin)
+        asked: list[float] = []
+
+        async def busy(route: Route) -> None:
+            asked.append(time.monotonic())
+            if len(asked) > 2:
+                await route.continue_()
+                return
+            headers = {"Retry-After": "1"} if len(asked) == 1 else {}
+            body = {"error": "rate_limited", "detail": "slow down"}
+            await route.fulfill(status=429, headers=headers, json=body)
+
+        await buyer.page.route(f"**/v1/skus/{sku}", busy)
+        await buyer.open(f"/wait/{sku}?user_id=buyer")
+        busy_prefix = TEXTS["busy"].split("{")[0]
+        await buyer.page.wait_for_function(
+            "(said) => document.getElementById('wr-note').textContent.startsWith(said)",
+            arg=busy_prefix,
+            timeout=5_000,
+        )
+        await buyer.reach("admitted")
+        assert await buyer.text("#wr-note") == ""
+        assert len(asked) == 3
+        assert asked[1] - asked[0] >= 1 - 0.05 and asked[2] - asked[1] >= 2 - 0.05, asked
+        await buyer.page.click("button#buy")
+        await buyer.reach("confirmed")
+        assert await orders_of(database_url, sku) == 1
+        assert_clean(buyer, answered=(429, 429))
+
+    async def test_window_opening_soon_counts_down_then_buys(
+        self, start_gateway: StartGateway, buyers: OpenBuyer, sku: str, database_url: str
+    ) -> None:
+        """A sku without a room opening in 3 s: ``not_started`` with its start and
+        a countdown, no Buy button and no purchase before the start; then Buy,
+        which buys."""
+        client, origin = await gateway(start_gateway)
+        starts = datetime.now(UTC) + timedelta(seconds=3)
+        body = {"stock": 5, "starts_at": starts.isoformat()}
+        resp = await client.put(f"/admin/skus/{sku}", json=body, headers=ADMIN_HEADERS)
+        assert resp.status == 200, await resp.text()
+        buyer = await buyers(origin)
+        await buyer.open(f"/wait/{sku}?user_id=buyer")
+        await buyer.reach("not_started")
+        shown = datetime.fromisoformat(str(await buyer.attr("starts-at")).replace("Z", "+00:00"))
+        assert abs((shown - starts).total_seconds()) < 0.01
+        assert (await buyer.text("#wr-eta")).startswith(TEXTS["countdown"].split("{")[0])
+        assert await buyer.page.is_hidden("button#buy")
+        await buyer.reach("admitted", within=15)
+        assert datetime.now(UTC) >= starts
+        assert not any(u.endswith("/v1/purchase") for u in buyer.requests)
+        await buyer.page.click("button#buy")
+        await buyer.reach("confirmed")
+        assert await orders_of(database_url, sku) == 1
+        assert not any("/v1/queue/" in u for u in buyer.requests)
         assert_clean(buyer)
