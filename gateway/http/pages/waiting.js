@@ -39,12 +39,14 @@
   const say = (name, vars) =>
     (T[name] || "").replace(/\{(\w+)\}/g, (_, k) => (vars && k in vars ? String(vars[k]) : ""));
   // A countdown (``exact``) keeps its seconds past an hour; an estimate does not.
+  // Past 48 hours, in days.
   const duration = (seconds, exact) => {
     const s = Math.max(0, Math.ceil(seconds));
     if (s < 60) return say("seconds", { s });
     if (s < 3600) return say("minutes", { m: Math.floor(s / 60), s: s % 60 });
-    const [d, h, m] = [Math.floor(s / 86400), Math.floor((s % 86400) / 3600), Math.floor((s % 3600) / 60)];
-    const unit = s < 86400 ? "hours" : "days";
+    const d = s < 2 * 86400 ? 0 : Math.floor(s / 86400);
+    const [h, m] = [Math.floor((s - d * 86400) / 3600), Math.floor((s % 3600) / 60)];
+    const unit = s < 2 * 86400 ? "hours" : "days";
     return say(exact ? `${unit}_exact` : unit, { d, h, m, s: s % 60 });
   };
   const now = () => Date.now() + (Number.isFinite(skew.lo + skew.hi) ? (skew.lo + skew.hi) / 2 : 0);
@@ -79,6 +81,7 @@
     buyBtn.hidden = state !== "admitted" && state !== "buying";
     buyBtn.disabled = state !== "admitted";
     retryBtn.hidden = true;
+    retryBtn.textContent = say("retry");
   }
 
   async function call(method, url, body, headers) {
@@ -294,8 +297,27 @@
       location.assign(target.href);
       return;
     }
+    if (!tok) return show("admitted", say("admitted"));
+    // Buy is offered only while the token buys: at its expiry the turn is over.
+    if (admittedUntil <= now()) return turnEnded();
     show("admitted", say("admitted"));
-    if (expiresAt) etaEl.textContent = say("admitted_until", { time: new Date(expiresAt).toLocaleTimeString() });
+    etaEl.textContent = say("admitted_until", { time: new Date(admittedUntil).toLocaleTimeString() });
+    const view = views;
+    pause(admittedUntil - now()).then(() => views === view && turnEnded());
+  }
+
+  // The token expired unspent: said so, and a button joins the line again, at
+  // the back, once Redis has dropped the turn too (two seconds' margin).
+  function turnEnded() {
+    show("turn_ended", say("turn_ended"));
+    etaEl.textContent = say("turn_again");
+    token = null;
+    retryBtn.textContent = say("join_again");
+    retryBtn.hidden = false;
+    retryBtn.disabled = true;
+    retryBtn.onclick = again;
+    const view = views;
+    pause(admittedUntil - now() + 2000).then(() => views === view && (retryBtn.disabled = false));
   }
 
   // The request id: made once per page and sku, kept for reloads and double clicks;
@@ -325,17 +347,42 @@
   // GET /v1/orders/{request_id}, as its buyer.
   const lookUp = (rid, query) => patient("GET", `/v1/orders/${enc(rid)}?user_id=${enc(user)}${query}`);
 
+  // The request id of this buyer's order, whichever of this browser's tabs
+  // bought it: localStorage is shared by the origin's tabs and stays on this
+  // device; the lookup answers the buyer alone. Shown when it stands (an
+  // expired or cancelled order may be bought again), unless the view moved on.
+  async function boughtElsewhere(rid) {
+    const other = localStorage.getItem(key("bought"));
+    if (!other || other === rid) return false;
+    const view = views;
+    const r = await lookUp(other, "");
+    if (views !== view || r.status !== 200 || ["expired", "cancelled"].includes(r.body.status)) return false;
+    sessionStorage.setItem(key("request_id"), other);
+    sessionStorage.setItem(key("sent"), "1");
+    ordered(r.body);
+    return true;
+  }
+
   async function answered(r, rid) {
     for (let i = 0; r.status === 202 && i < 30; i++) {
       // Queued (the queue strategy): its outcome, held by the gateway until final.
       r = await lookUp(rid, "&wait=20");
     }
-    if (r.status === 200 || r.status === 201) return ordered(r.body);
+    if (r.status === 200 || r.status === 201) {
+      localStorage.setItem(key("bought"), rid);
+      return ordered(r.body);
+    }
+    // Whatever the API said to this tab's token (used, duplicate ...), an order
+    // bought from another tab is the answer.
+    if (await boughtElsewhere(rid)) return;
     if (r.body.status === "sold_out") return r.body.held ? heldOut(r) : soldOut();
-    if (r.status === 403 && token && admittedUntil > now()) return rejoin();
+    if (r.status === 403 && token) return admittedUntil > now() ? rejoin() : turnEnded();
     if (r.body.status === "not_started") {
-      notStarted(Date.parse(r.body.starts_at));
-      await pause(backoff(r.retryAfter, 0));
+      // Counted down to the start the API gave, however far off (a second at
+      // least, should this device's clock run ahead).
+      const starts = Date.parse(r.body.starts_at);
+      notStarted(starts);
+      await pause(Math.max(1000, starts - now() + Math.random() * 1000));
       return admitted(token, null);
     }
     return fail(r, buy);
@@ -392,10 +439,9 @@
     document.documentElement.lang = T.lang || "en";
     document.title = $("wr-title").textContent = say("title", { sku });
     buyBtn.textContent = say("buy");
-    retryBtn.textContent = say("retry");
     payLink.textContent = say("pay");
     show("joining", say("joining"));
-    if (await resumed()) return;
+    if ((await resumed()) || (await boughtElsewhere(null))) return;
     const r = await patient("GET", `/v1/skus/${enc(sku)}`);
     if (r.status !== 200) return fail(r);
     const info = r.body;
@@ -412,5 +458,11 @@
   }
 
   buyBtn.addEventListener("click", buy);
+  // Another tab bought: a tab not buying shows that order at once (one
+  // refused for a token that tab spent is rejoining: it stops).
+  addEventListener("storage", (e) => {
+    const idle = ["admitted", "turn_ended", "joining", "error"].includes(root.dataset.state);
+    if (e.key === key("bought") && e.newValue && idle) boughtElsewhere(null).catch(broken);
+  });
   start().catch(broken);
 })();
