@@ -1,0 +1,83 @@
+"""An order's events: what the outbox holds and every sink receives. No I/O here.
+
+An event is written by PostgreSQL in the transaction that changed the order
+(``sql/010_order_events.sql``); the relay (:mod:`gateway.usecases.relay`) hands
+it to the sinks, at least once, and an order's versions in order. Its JSON is
+described by ``docs/order-event.schema.json``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Protocol
+
+import orjson
+
+from gateway.domain.rules import rfc3339
+
+# The type is "order." and the status the order changed to.
+EVENT_TYPES = (
+    "order.confirmed",
+    "order.pending_payment",
+    "order.paid",
+    "order.cancelled",
+    "order.expired",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class OrderEvent:
+    """One change of one order. ``seq`` is the outbox's own order of writing,
+    not part of the event a sink sees; ``version`` counts 1, 2, ... per order."""
+
+    seq: int
+    event_id: str
+    type: str
+    order_id: str
+    request_id: str
+    sku: str
+    user_id: str
+    qty: int
+    status: str
+    version: int
+    occurred_at: datetime
+
+    def fields(self) -> dict[str, str | int]:
+        """The event as a sink sees it: every field but ``seq``."""
+        return {
+            "event_id": self.event_id,
+            "type": self.type,
+            "order_id": self.order_id,
+            "request_id": self.request_id,
+            "sku": self.sku,
+            "user_id": self.user_id,
+            "qty": self.qty,
+            "status": self.status,
+            "version": self.version,
+            "occurred_at": rfc3339(self.occurred_at),
+        }
+
+    def body(self) -> bytes:
+        """The event's JSON, as POSTed to a webhook and published to RabbitMQ."""
+        return orjson.dumps(self.fields())
+
+
+class EventSink(Protocol):
+    """Where the relay delivers events: the Redis stream, a webhook, RabbitMQ.
+
+    ``deliver`` gets events of distinct orders (the relay holds an order's
+    next version back until this one is delivered), so it may send them
+    concurrently. It answers one entry per event, in the same order: ``None``
+    when the event is delivered (a 2xx, an XADD, a publisher confirm), else
+    why not, in a few words for the outbox and the logs. It raises nothing:
+    the relay retries what was not delivered.
+    """
+
+    @property
+    def name(self) -> str:
+        """The sink's name: ``stream``, ``webhook`` or ``amqp``."""
+        ...
+
+    async def deliver(self, events: Sequence[OrderEvent]) -> Sequence[str | None]: ...
