@@ -14,6 +14,7 @@ from gateway.lock import LockSubscriber
 from gateway.lock.zk_session import ZkSession
 from gateway.postgres.database import migrate
 from gateway.redis.layout import lock_key
+from testkit.rabbitmq_servers import RabbitServer
 from testkit.redis_cluster import LocalRedisCluster
 from testkit.zookeeper_servers import ZooKeeperServer
 from tests.integration.lock_support import Backend, close_pg_pool, open_pg_pool
@@ -54,6 +55,18 @@ def zookeeper_server() -> Iterator[ZooKeeperServer]:
     started once per session on first use and stopped at its end. Tests share it
     under lock names of their own."""
     server = ZooKeeperServer()
+    try:
+        asyncio.run(server.start())
+        yield server
+    finally:
+        asyncio.run(server.close())
+
+
+@pytest.fixture(scope="session")
+def rabbit_server() -> Iterator[RabbitServer]:
+    """A private RabbitMQ node, started once per session on first use, for the
+    tests that stop the broker: the shared one on 5672 is never restarted."""
+    server = RabbitServer()
     try:
         asyncio.run(server.start())
         yield server
