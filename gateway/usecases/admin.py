@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from gateway.domain.errors import UnknownSku
-from gateway.domain.model import StockReport
+from gateway.domain.model import Display, StockReport
 from gateway.postgres.inventory import Inventory
 from gateway.postgres.orders import Orders
 from gateway.redis.reservations import Reservations, StockLoad
@@ -172,6 +172,10 @@ class StockAdmin:
             pending=pending,
             sold=sold,
         )
+
+    async def display(self, sku: str) -> Display:
+        """The display fields of ``sku`` (archived or not; none for a sku unknown)."""
+        return await self._inventory.display(sku)
 
     async def _sells_in_redis(self, sku: str) -> bool:
         """Whether ``sku`` sells from a Redis counter; an archived sku (unknown to
