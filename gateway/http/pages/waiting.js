@@ -456,19 +456,18 @@
     return admitted(null, null);
   }
 
-  // What is sold: the sku's display fields, the operator's own words, set as
-  // text and attributes (never as markup). Without them the heading names the sku.
+  // What is sold, in the operator's words: set as text, never as markup.
   function describe(info) {
-    const [box, img, price] = [$("wr-product"), $("wr-image"), $("wr-price")];
+    const img = $("wr-image");
     if (info.title) document.title = $("wr-title").textContent = info.title;
     if (info.image_url) {
       img.setAttribute("alt", info.title || sku);
-      img.onerror = () => (img.hidden = true); // blocked or gone: no broken-image icon
+      img.onerror = () => (img.hidden = true); // blocked or gone: no broken icon
       img.setAttribute("src", info.image_url);
       img.hidden = false;
     }
-    price.textContent = info.price_text || "";
-    box.hidden = !(info.image_url || info.price_text);
+    $("wr-price").textContent = info.price_text || "";
+    $("wr-product").hidden = !(info.image_url || info.price_text);
   }
 
   function broken(e) {
