@@ -155,7 +155,8 @@ class TestDisplayFields:
         await buyer.reach("admitted")
         # Given its source, then hidden again: its error came (the policy's refusal).
         await buyer.page.wait_for_function(
-            "() => (el => el.getAttribute('src') && el.hidden)(document.getElementById('wr-image'))",
+            "(el) => el.getAttribute('src') && el.hidden",
+            arg=await buyer.page.query_selector("#wr-image"),
             timeout=10_000,
         )
         assert await buyer.page.get_attribute("#wr-image", "src") == f"{unlisted.origin}/desk.png"
