@@ -91,8 +91,10 @@ class TestDisplayFields:
         letter for letter: no element is made of it, no dialog opens. The
         price is shown; the image, on another loopback port listed in
         GATEWAY_WAITING_PAGE_IMAGE_ORIGINS, loads (naturalWidth > 0) in a box
-        4:3 wide that was there before it, with the title as its alt. That
-        image is the page's only request off the gateway's origin."""
+        4:3 wide that was there before it, with the title as its alt. After a
+        purchase and a reload (the order looked up, not the sale) the page
+        still shows them. That image is the page's only request off the
+        gateway's origin."""
         listed = await image_servers()
         client, origin = await gateway(
             start_gateway, waiting_page_image_origins=frozenset({listed.origin})
@@ -114,10 +116,21 @@ class TestDisplayFields:
         assert await buyer.page.locator("img").count() == 1
         width, height = await buyer.page.eval_on_selector("#wr-image", IMAGE_BOX)
         assert width > 0 and abs(height - width * 3 / 4) < 1
+        # Bought, then reloaded: the order is looked up, and the sku still named so.
+        await buyer.page.click("button#buy")
+        await buyer.reach("confirmed")
+        await buyer.page.reload()
+        await buyer.reach("confirmed")
+        await buyer.page.wait_for_function(
+            "(said) => document.getElementById('wr-title').textContent === said",
+            arg=HOSTILE,
+            timeout=10_000,
+        )
+        assert await buyer.text("#wr-price") == "¥99"
         assert dialogs == []
-        assert listed.hits == ["/desk.png"]
-        assert buyer.foreign_requests() == [image_url]
-        buyer.requests.remove(image_url)
+        assert set(listed.hits) == {"/desk.png"}
+        assert set(buyer.foreign_requests()) == {image_url}
+        buyer.requests[:] = [u for u in buyer.requests if u != image_url]
         assert_clean(buyer)
 
     async def test_unlisted_image_is_blocked_and_a_bare_sku_is_named(
