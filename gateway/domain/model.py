@@ -148,9 +148,11 @@ class Display:
     image_url: str | None = None
     price_text: str | None = None
 
-    def as_json(self) -> dict[str, str | None]:
-        """The fields as the API shows them."""
-        return {"title": self.title, "image_url": self.image_url, "price_text": self.price_text}
+    def as_json(self) -> dict[str, str]:
+        """The fields set, as the APIs answer them: a field not set is absent, so
+        a sku without them is answered as before they existed."""
+        fields = {"title": self.title, "image_url": self.image_url, "price_text": self.price_text}
+        return {name: value for name, value in fields.items() if value is not None}
 
 
 NO_DISPLAY = Display()
@@ -225,7 +227,9 @@ class SkuSettings:
             "waiting_room": None if self.waiting_room is None else self.waiting_room.as_json(),
             "strategy": None if self.strategy is None else self.strategy.value,
             "payment_window_s": self.payment_window_s,
-            **self.display.as_json(),
+            "title": self.title,
+            "image_url": self.image_url,
+            "price_text": self.price_text,
         }
 
 
