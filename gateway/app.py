@@ -501,7 +501,9 @@ def create_app(settings: Settings) -> web.Application:
     app[PROXIES] = proxies
     app[ANSWERS] = answers
     app[ADMIN_TOKENS] = AdminTokens(settings.admin_token, settings.admin_token_file)
-    app[WAITING_PAGE] = WaitingPage.build(settings.waiting_page_return_origins)
+    app[WAITING_PAGE] = WaitingPage.build(
+        settings.waiting_page_return_origins, settings.waiting_page_image_origins
+    )
     app.cleanup_ctx.extend([redis_ctx, database_ctx, zookeeper_ctx, service_ctx])
     app.on_shutdown.append(drain)
     app.add_routes(views.routes(with_metrics=settings.metrics))

@@ -115,6 +115,29 @@ def parse_origins(raw: str) -> frozenset[str]:
     return frozenset(origins)
 
 
+def parse_image_origins(raw: str) -> frozenset[str]:
+    """The origins of GATEWAY_WAITING_PAGE_IMAGE_ORIGINS, as :func:`parse_origins`
+    reads them, each https, or http on a loopback host (a test's or a
+    developer's server): a page served over https loads no http image (mixed
+    content), and an image fetched in clear could be swapped on the way."""
+    origins = parse_origins(raw)
+    for origin in origins:
+        host = urlsplit(origin).hostname or ""
+        if origin.startswith("http:") and not _loopback(host):
+            raise ValueError(f"{origin!r}: an image origin must be https (http only on loopback)")
+    return origins
+
+
+def _loopback(host: str) -> bool:
+    """Whether ``host`` names this machine: ``localhost`` or a loopback address."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def _int(low: int) -> Callable[[str], int]:
     def parse(raw: str) -> int:
         value = int(raw)
@@ -377,6 +400,9 @@ class Settings:
     # key the event's type; unset: none.
     events_amqp_url: str | None = setting(None, _url("amqp", "amqps"))
     events_amqp_exchange: str = setting("flashsale.events", _text)
+    # Origins a sku's image_url may be on (its display fields); the page's CSP
+    # allows images from them alone. Empty: no sku may have an image.
+    waiting_page_image_origins: frozenset[str] = setting(frozenset(), parse_image_origins)
 
     def __post_init__(self) -> None:
         if self.lane_index >= self.lane_count:
