@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import os
 import secrets
+import subprocess
 from pathlib import Path
 from typing import Self
 
@@ -21,6 +22,7 @@ from testkit.ports import HOST, free_port
 from testkit.processes import Child, OwnsChild, Started, make_tmp, remove_tmp, tail
 
 SBIN = Path("/usr/lib/rabbitmq/bin")
+SERVICES = Path(__file__).resolve().parents[1] / "scripts" / "services.sh"
 # A node boots in about 5 s here; far more means it will not.
 BOOT_WITHIN_S = 60.0
 CTL_WITHIN_S = 30.0
@@ -30,6 +32,9 @@ class RabbitServer(Started, OwnsChild):
     """One RabbitMQ node in a temporary directory; ``url`` is its AMQP URL (guest)."""
 
     def __init__(self) -> None:
+        if not (SBIN / "rabbitmq-server").exists():
+            # Installs Debian's rabbitmq-server (as root), else says what to install.
+            subprocess.run(["bash", str(SERVICES), "rabbitmq"], check=True, timeout=900)
         self.port = free_port()
         self.dir = make_tmp("rabbitmq")
         # Its own name: two test sessions on one machine must not meet in epmd.

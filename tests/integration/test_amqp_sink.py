@@ -1,4 +1,4 @@
-"""The RabbitMQ sink against the shared broker on 127.0.0.1:5672 (guest), each
+"""The RabbitMQ sink against the shared broker (127.0.0.1:5672, guest), each
 test on an exchange of its own: what a message carries, confirms, and
 ``open_sinks`` with what it is configured with."""
 
@@ -20,8 +20,7 @@ from gateway.settings import Misconfigured, Settings, load
 from testkit.order_events import order_events
 from testkit.polling import wait_for
 from testkit.ports import free_port
-
-AMQP_URL = "amqp://guest:guest@127.0.0.1:5672/"
+from testkit.services import AMQP_URL
 
 
 def amqp_settings(exchange: str, url: str = AMQP_URL, **more: str) -> Settings:
