@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import os
 import secrets
+import signal
 import subprocess
 from pathlib import Path
 from typing import Self
@@ -65,7 +66,8 @@ class RabbitServer(Started, OwnsChild):
         return f"amqp://guest:guest@{HOST}:{self.port}/"
 
     async def start(self) -> Self:
-        """Spawn the node and wait until it accepts AMQP connections."""
+        """Spawn the node and wait until it accepts AMQP connections (again, after
+        :meth:`kill`: its durable queues and persistent messages are back)."""
         self._child.spawn()
         await wait_for(self._listening, within=BOOT_WITHIN_S, what="rabbitmq listens")
         await self.ctl("await_startup")
@@ -113,6 +115,13 @@ class RabbitServer(Started, OwnsChild):
         """Start the broker again, its durable queues and their messages back."""
         await self.ctl("start_app")
         await self.ctl("await_startup")
+
+    async def kill(self) -> None:
+        """SIGKILL the node's Erlang VM (a crash: nothing flushed, nothing closed)
+        and wait until its script exited; :meth:`start` boots it again."""
+        pid = int((self.dir / "pid").read_text().strip())
+        os.kill(pid, signal.SIGKILL)
+        await self._child.wait_exit(within=30)
 
     def log_tail(self, lines: int = 40) -> str:
         """The end of the node's output."""
