@@ -138,6 +138,7 @@ async def test_open_sinks_opens_what_is_configured(exchange: str) -> None:
         ("amqp://guest:wrong@127.0.0.1:5672/", "the broker refused the login", True),
         ("amqp://guest:guest@127.0.0.1:5672/no-such-vhost", "the broker refused", True),
         ("amqp://guest:guest@127.0.0.1:5432/", "not AMQP", True),
+        ("amqps://guest:guest@127.0.0.1:5672/", "TLS failed at 127.0.0.1:5672", True),
         ("amqp://guest:guest@127.0.0.1:{port}/", "nothing answers at 127.0.0.1:{port}", False),
         ("amqp://guest:guest@no-such-host.invalid/", "host no-such-host.invalid not found", False),
     ],
@@ -152,7 +153,8 @@ async def test_a_broker_it_cannot_use_is_misconfigured(
     with pytest.raises(Misconfigured) as info:
         async with open_sinks(amqp_settings(exchange, url.format(port=port)), lambda _: None):
             pass
-    assert str(info.value).startswith("GATEWAY_EVENTS_AMQP_URL=amqp://guest:***@")
+    scheme = url.partition(":")[0]
+    assert str(info.value).startswith(f"GATEWAY_EVENTS_AMQP_URL={scheme}://guest:***@")
     assert found.format(port=port) in info.value.found and info.value.final is final
     assert "\n" not in str(info.value)
 
