@@ -84,11 +84,10 @@ class AmqpSink:
             exchange = await channel.declare_exchange(
                 settings.events_amqp_exchange, aio_pika.ExchangeType.TOPIC, durable=True
             )
-        except CONNECTION_EXCEPTIONS as exc:
+        except BaseException as exc:
             await connection.close()
-            raise _diagnosis(url, exc) from exc
-        except BaseException:
-            await connection.close()
+            if isinstance(exc, CONNECTION_EXCEPTIONS):
+                raise _diagnosis(url, exc) from exc
             raise
         return cls(connection, exchange)
 
