@@ -5,16 +5,19 @@
 # default local address, starts a private one from installed binaries (data
 # under $RUN_DIR), else, as root on Debian, installs it first; where the URL
 # names any other host or port, it only says that nothing answers there.
-# `services.sh haproxy` only makes sure the haproxy binary is installed (the
-# HAProxy test starts its own).
+# The same for RabbitMQ at GATEWAY_EVENTS_AMQP_URL (unset: 127.0.0.1:5672, where
+# the tests publish). `services.sh haproxy` only makes sure the haproxy binary
+# is installed (the HAProxy test starts its own), `services.sh rabbitmq` the
+# RabbitMQ scripts (the broker restart test starts its own node).
 set -euo pipefail
 RUN_DIR=${RUN_DIR:-/tmp/flashsale-services}
 mkdir -p "$RUN_DIR"
 
 listening() { (exec 3<>"/dev/tcp/$1/$2") 2>/dev/null; }
 
+# $2: tenths of a second to wait (RabbitMQ boots in about 5 s).
 wait_port() {
-  for _ in $(seq 1 100); do listening 127.0.0.1 "$1" && return 0; sleep 0.1; done
+  for _ in $(seq 1 "${2:-100}"); do listening 127.0.0.1 "$1" && return 0; sleep 0.1; done
   echo "services: nothing answers on 127.0.0.1:$1" >&2; return 1
 }
 
@@ -91,6 +94,31 @@ ensure_postgres() {
   wait_port 5432
 }
 
+# Debian's scripts: run directly, not through /usr/sbin's wrapper, which
+# switches to the rabbitmq user and its own node.
+RABBIT_BIN=/usr/lib/rabbitmq/bin
+
+ensure_rabbitmq_tools() {
+  [ -x "$RABBIT_BIN/rabbitmq-server" ] || apt_install rabbitmq-server
+}
+
+# A private node, its data, logs and Erlang cookie under $RUN_DIR/rabbitmq,
+# guest allowed from loopback; no plugins.
+ensure_rabbitmq() {
+  local address; address=$(address_of "${GATEWAY_EVENTS_AMQP_URL:-amqp://127.0.0.1:5672/}" 5672)
+  # shellcheck disable=SC2086
+  answers_or_ours $address 5672 GATEWAY_EVENTS_AMQP_URL && return 0
+  ensure_rabbitmq_tools
+  local dir="$RUN_DIR/rabbitmq"
+  mkdir -p "$dir"
+  echo "[]." >"$dir/enabled_plugins"
+  HOME="$dir" RABBITMQ_NODENAME=flashsale@localhost RABBITMQ_NODE_IP_ADDRESS=127.0.0.1 \
+    RABBITMQ_NODE_PORT=5672 RABBITMQ_MNESIA_BASE="$dir/mnesia" RABBITMQ_LOG_BASE="$dir/log" \
+    RABBITMQ_ENABLED_PLUGINS_FILE="$dir/enabled_plugins" RABBITMQ_CONFIG_FILE="$dir/none" \
+    setsid "$RABBIT_BIN/rabbitmq-server" >"$dir/out.log" 2>&1 </dev/null &
+  wait_port 5672 600
+}
+
 ensure_haproxy() {
   command -v haproxy >/dev/null || apt_install haproxy
 }
@@ -105,6 +133,11 @@ if [ "${1:-}" = faketime ]; then
   command -v faketime >/dev/null || apt_install faketime
   exit 0
 fi
+if [ "${1:-}" = rabbitmq ]; then
+  ensure_rabbitmq_tools
+  exit 0
+fi
 ensure_redis
 ensure_cluster_tools
 ensure_postgres
+ensure_rabbitmq

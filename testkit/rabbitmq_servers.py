@@ -13,6 +13,8 @@ import asyncio
 import contextlib
 import os
 import secrets
+import signal
+import subprocess
 from pathlib import Path
 from typing import Self
 
@@ -21,6 +23,7 @@ from testkit.ports import HOST, free_port
 from testkit.processes import Child, OwnsChild, Started, make_tmp, remove_tmp, tail
 
 SBIN = Path("/usr/lib/rabbitmq/bin")
+SERVICES = Path(__file__).resolve().parents[1] / "scripts" / "services.sh"
 # A node boots in about 5 s here; far more means it will not.
 BOOT_WITHIN_S = 60.0
 CTL_WITHIN_S = 30.0
@@ -30,6 +33,9 @@ class RabbitServer(Started, OwnsChild):
     """One RabbitMQ node in a temporary directory; ``url`` is its AMQP URL (guest)."""
 
     def __init__(self) -> None:
+        if not (SBIN / "rabbitmq-server").exists():
+            # Installs Debian's rabbitmq-server (as root), else says what to install.
+            subprocess.run(["bash", str(SERVICES), "rabbitmq"], check=True, timeout=900)
         self.port = free_port()
         self.dir = make_tmp("rabbitmq")
         # Its own name: two test sessions on one machine must not meet in epmd.
@@ -60,7 +66,8 @@ class RabbitServer(Started, OwnsChild):
         return f"amqp://guest:guest@{HOST}:{self.port}/"
 
     async def start(self) -> Self:
-        """Spawn the node and wait until it accepts AMQP connections."""
+        """Spawn the node and wait until it accepts AMQP connections (again, after
+        :meth:`kill`: its durable queues and persistent messages are back)."""
         self._child.spawn()
         await wait_for(self._listening, within=BOOT_WITHIN_S, what="rabbitmq listens")
         await self.ctl("await_startup")
@@ -108,6 +115,13 @@ class RabbitServer(Started, OwnsChild):
         """Start the broker again, its durable queues and their messages back."""
         await self.ctl("start_app")
         await self.ctl("await_startup")
+
+    async def kill(self) -> None:
+        """SIGKILL the node's Erlang VM (a crash: nothing flushed, nothing closed)
+        and wait until its script exited; :meth:`start` boots it again."""
+        pid = int((self.dir / "pid").read_text().strip())
+        os.kill(pid, signal.SIGKILL)
+        await self._child.wait_exit(within=30)
 
     def log_tail(self, lines: int = 40) -> str:
         """The end of the node's output."""

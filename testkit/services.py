@@ -1,7 +1,7 @@
-"""The shared Redis and PostgreSQL a test session runs against, and its databases.
+"""The shared Redis, PostgreSQL and RabbitMQ a test session runs against, and its databases.
 
 The servers are the ones on 127.0.0.1 (``make test`` starts them if nothing
-listens); ``TEST_REDIS_URL`` and ``TEST_PG_ADMIN_URL`` point elsewhere.
+listens); ``TEST_REDIS_URL``, ``TEST_PG_ADMIN_URL`` and ``TEST_AMQP_URL`` point elsewhere.
 Databases are created and dropped by name on the server of an admin URL.
 """
 
@@ -13,6 +13,7 @@ from urllib.parse import urlsplit, urlunsplit
 import asyncpg
 
 REDIS_URL = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+AMQP_URL = os.environ.get("TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
 PG_ADMIN_URL = os.environ.get("TEST_PG_ADMIN_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 
 

@@ -17,6 +17,8 @@ queue before events flow).
 from __future__ import annotations
 
 import asyncio
+import socket
+import ssl
 from collections.abc import Sequence
 from urllib.parse import urlsplit
 
@@ -82,11 +84,10 @@ class AmqpSink:
             exchange = await channel.declare_exchange(
                 settings.events_amqp_exchange, aio_pika.ExchangeType.TOPIC, durable=True
             )
-        except CONNECTION_EXCEPTIONS as exc:
+        except BaseException as exc:
             await connection.close()
-            raise _diagnosis(url, exc) from exc
-        except BaseException:
-            await connection.close()
+            if isinstance(exc, CONNECTION_EXCEPTIONS):
+                raise _diagnosis(url, exc) from exc
             raise
         return cls(connection, exchange)
 
@@ -125,18 +126,21 @@ def _diagnosis(url: str, exc: BaseException) -> Misconfigured:
     final when it may be a broker still starting (docs/settings.md)."""
     parts = urlsplit(url)
     where = f"{parts.hostname}:{parts.port or DEFAULT_PORTS.get(parts.scheme, 5672)}"
+    # aiormq raises a socket's error again as its own, the original as the cause.
+    if isinstance(exc, AMQPConnectionError) and isinstance(exc.__cause__, OSError):
+        exc = exc.__cause__
     words = " ".join(str(exc).split())[:200] or type(exc).__name__
-    code = exc.args[0] if isinstance(exc, OSError) and exc.args else None
     if isinstance(exc, ProbableAuthenticationError):
         return Misconfigured(SETTING, url, f"the broker refused the login ({words})")
+    if isinstance(exc, ssl.SSLError):
+        return Misconfigured(SETTING, url, f"TLS failed at {where} ({words})")
+    if isinstance(exc, socket.gaierror):
+        found = f"host {parts.hostname} not found ({exc.strerror})"
+        return Misconfigured(SETTING, url, found, final=False)
     if isinstance(exc, TimeoutError):
         found = f"no AMQP answer within {CONNECT_TIMEOUT_S:g}s at {where}"
         return Misconfigured(SETTING, url, found, final=False)
-    if isinstance(code, int) and code < 0:  # getaddrinfo's error, as aiormq passes it on
-        return Misconfigured(
-            SETTING, url, f"host {parts.hostname} not found ({words})", final=False
-        )
-    if isinstance(code, int) or not isinstance(exc, AMQPError):
+    if not isinstance(exc, AMQPError):  # refused, unreachable, reset
         return Misconfigured(SETTING, url, f"nothing answers at {where}", final=False)
     if isinstance(exc, AMQPConnectionError | IncompatibleProtocolError):
         return Misconfigured(SETTING, url, f"not AMQP ({where}: {words})")

@@ -1,5 +1,6 @@
-"""RabbitMQ stopped and started again while events stream to it: none is lost,
-and every confirm the sink reported stands (a private broker, never the shared one)."""
+"""RabbitMQ stopped, or killed, and started again while events stream to it:
+none is lost, and every confirm the sink reported stands (a private broker,
+never the shared one)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import uuid
 from collections import Counter
 
 import aio_pika
+import pytest
 
 from gateway.domain.events import OrderEvent
 from gateway.outbound import AmqpSink
@@ -63,11 +65,32 @@ async def queued_ids(url: str, queue_name: str, expected: int) -> Counter[str]:
     return seen
 
 
-async def test_a_broker_restarted_mid_stream_loses_no_event(rabbit_server: RabbitServer) -> None:
-    """Events stream while the broker stops and starts: those sent while it is
-    down are not delivered, the connection comes back by itself, and at the end
-    every event is in the durable queue; a repeat carries the same message_id."""
-    exchange, queue_name = f"flashsale.restart.{uuid.uuid4().hex[:8]}", "restart-all"
+async def outage(server: RabbitServer, fault: str, relay: Relay) -> int:
+    """Stop the broker (``stop_app``: it closes every connection) or SIGKILL it
+    (``kill``: a crash), wait for deliveries to fail, start it again; how many
+    events had been made when it went down."""
+    if fault == "kill":
+        await server.kill()
+    else:
+        await server.stop_app()
+    down = len(relay.made)
+    await wait_for(lambda: relay.failed_rounds >= 3, within=30, what="rounds failing")
+    if fault == "kill":
+        await server.start()
+    else:
+        await server.start_app()
+    return down
+
+
+@pytest.mark.parametrize("fault", ["stop_app", "kill"])
+async def test_a_broker_restarted_mid_stream_loses_no_event(
+    rabbit_server: RabbitServer, fault: str
+) -> None:
+    """Events stream while the broker goes away and comes back: those sent while
+    it is down are not delivered, the connection comes back by itself, and at
+    the end every event is in the durable queue, each confirmed one too; a
+    repeat carries the same message_id."""
+    exchange, queue_name = f"flashsale.restart.{uuid.uuid4().hex[:8]}", f"restart-{fault}"
     setup = await aio_pika.connect(rabbit_server.url)
     async with setup:
         channel = await setup.channel()
@@ -82,10 +105,7 @@ async def test_a_broker_restarted_mid_stream_loses_no_event(rabbit_server: Rabbi
     try:
         streaming = asyncio.create_task(relay.run())
         await wait_for(lambda: len(relay.confirmed) >= 100, within=30, what="100 confirmed")
-        await rabbit_server.stop_app()
-        down = len(relay.made)
-        await wait_for(lambda: relay.failed_rounds >= 3, within=30, what="rounds failing")
-        await rabbit_server.start_app()
+        down = await outage(rabbit_server, fault, relay)
         up = len(relay.confirmed)
         await wait_for(lambda: len(relay.confirmed) >= up + 100, within=30, what="back")
         relay.enough = True

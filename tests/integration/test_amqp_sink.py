@@ -1,4 +1,4 @@
-"""The RabbitMQ sink against the shared broker on 127.0.0.1:5672 (guest), each
+"""The RabbitMQ sink against the shared broker (127.0.0.1:5672, guest), each
 test on an exchange of its own: what a message carries, confirms, and
 ``open_sinks`` with what it is configured with."""
 
@@ -20,8 +20,7 @@ from gateway.settings import Misconfigured, Settings, load
 from testkit.order_events import order_events
 from testkit.polling import wait_for
 from testkit.ports import free_port
-
-AMQP_URL = "amqp://guest:guest@127.0.0.1:5672/"
+from testkit.services import AMQP_URL
 
 
 def amqp_settings(exchange: str, url: str = AMQP_URL, **more: str) -> Settings:
@@ -139,6 +138,7 @@ async def test_open_sinks_opens_what_is_configured(exchange: str) -> None:
         ("amqp://guest:wrong@127.0.0.1:5672/", "the broker refused the login", True),
         ("amqp://guest:guest@127.0.0.1:5672/no-such-vhost", "the broker refused", True),
         ("amqp://guest:guest@127.0.0.1:5432/", "not AMQP", True),
+        ("amqps://guest:guest@127.0.0.1:5672/", "TLS failed at 127.0.0.1:5672", True),
         ("amqp://guest:guest@127.0.0.1:{port}/", "nothing answers at 127.0.0.1:{port}", False),
         ("amqp://guest:guest@no-such-host.invalid/", "host no-such-host.invalid not found", False),
     ],
@@ -153,7 +153,8 @@ async def test_a_broker_it_cannot_use_is_misconfigured(
     with pytest.raises(Misconfigured) as info:
         async with open_sinks(amqp_settings(exchange, url.format(port=port)), lambda _: None):
             pass
-    assert str(info.value).startswith("GATEWAY_EVENTS_AMQP_URL=amqp://guest:***@")
+    scheme = url.partition(":")[0]
+    assert str(info.value).startswith(f"GATEWAY_EVENTS_AMQP_URL={scheme}://guest:***@")
     assert found.format(port=port) in info.value.found and info.value.final is final
     assert "\n" not in str(info.value)
 

@@ -291,6 +291,7 @@ _OURS = (
     "GATEWAY_ADMISSION_SECRET",
     "GATEWAY_REDIS_URL",
     "GATEWAY_DATABASE_URL",
+    "GATEWAY_EVENTS_AMQP_URL",
 )
 
 
@@ -347,10 +348,11 @@ def test_make_lock_resolves_every_extra_into_the_lock() -> None:
 
 
 def test_services_checks_the_redis_and_postgresql_the_urls_name(tmp_path: Path) -> None:
-    """scripts/services.sh looks at the address of GATEWAY_REDIS_URL and of
-    GATEWAY_DATABASE_URL (user, password and database aside), not at 6379 and
-    5432: nothing listening there is an error naming the setting, and nothing
-    is started on a port that is not the default."""
+    """scripts/services.sh looks at the address of GATEWAY_REDIS_URL, of
+    GATEWAY_DATABASE_URL and of GATEWAY_EVENTS_AMQP_URL (user, password and
+    database aside), not at 6379, 5432 and 5672: nothing listening there is an
+    error naming the setting, and nothing is started on a port that is not the
+    default."""
     nobody = free_port()
     # services.sh wants the Redis Cluster tools installed: stand-ins on PATH.
     for tool in ("redis-server", "redis-cli"):
@@ -362,6 +364,11 @@ def test_services_checks_the_redis_and_postgresql_the_urls_name(tmp_path: Path) 
             "GATEWAY_DATABASE_URL": {
                 "GATEWAY_REDIS_URL": f"redis://{HOST}:{redis.getsockname()[1]}/0",
                 "GATEWAY_DATABASE_URL": f"postgresql://u:p@{HOST}:{nobody}/x?sslmode=off",
+            },
+            "GATEWAY_EVENTS_AMQP_URL": {
+                "GATEWAY_REDIS_URL": f"redis://{HOST}:{redis.getsockname()[1]}/0",
+                "GATEWAY_DATABASE_URL": f"postgresql://{HOST}:{redis.getsockname()[1]}/x",
+                "GATEWAY_EVENTS_AMQP_URL": f"amqp://u:p@{HOST}:{nobody}/vhost",
             },
         }
         for setting, settings in cases.items():
