@@ -58,7 +58,12 @@ def at(seconds: float) -> str:
 
 def sku_info(room: bool, available: int = 5, **window: str) -> Answer:
     """``GET /v1/skus/{sku}``'s answer."""
-    body = {"sku": "s", "available": available, "strategy": "reserve-batch", "waiting_room": room}
+    body = {
+        "sku": "kick-desk",
+        "available": available,
+        "strategy": "reserve-batch",
+        "waiting_room": room,
+    }
     return 200, {"starts_at": None, "ends_at": None, **body, **window}, {}
 
 
@@ -69,7 +74,13 @@ def standing(**fields: Any) -> Answer:
 
 def order(status: str, **fields: Any) -> Answer:
     """A purchase's 201."""
-    body = {"order_id": "o-42", "request_id": "wr-1", "sku": "s", "qty": 1, "status": status}
+    body = {
+        "order_id": "o-42",
+        "request_id": "wr-1",
+        "sku": "kick-desk",
+        "qty": 1,
+        "status": status,
+    }
     return 201, {**body, **fields}, {}
 
 
@@ -219,7 +230,7 @@ async def walk(buyer: Buyer, path: Path, lang: str) -> None:
     await buyer.page.route("**/v1/**", api.handle)
     # return_to: a 204 is no navigation, so the page stays, saying where it sends the buyer.
     await buyer.page.route(f"{SHOP}/**", lambda route: route.fulfill(status=204))
-    await buyer.open(f"/wait/s?user_id=u{PATHS.index(path)}{path.query}")
+    await buyer.open(f"/wait/kick-desk?user_id=u{PATHS.index(path)}{path.query}")
     if path.purchase is not None:
         await buyer.page.click("button#buy", timeout=5_000)
     expect = {"#wr-title": "title", **path.expect}
