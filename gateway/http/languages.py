@@ -1,8 +1,9 @@
 """The languages the waiting-room page speaks, and which one a request gets.
 
 English (``en``) and Simplified Chinese (``zh-Hans``). ``?lang=`` names one
-(``en``, ``zh-Hans``, or another tag of either, such as ``zh`` or ``zh-CN``);
-any other value is refused, as the page's other bad parameters are. Without
+(``en``, ``zh-Hans``, or ``zh`` or ``zh-CN`` for the latter, exactly as
+written); any other value is refused, as the page's other bad parameters
+are. Without
 it, ``Accept-Language`` decides: its entry of highest quality that one of the
 two serves (ties in the order listed, ``q=0`` never; ``*`` is English);
 failing that, English.
@@ -19,6 +20,13 @@ SIMPLIFIED_CHINESE = "zh-Hans"
 LANGUAGES = (ENGLISH, SIMPLIFIED_CHINESE)
 # The subtags after "zh" that mean Simplified Chinese: the script, or a region that writes it.
 _SIMPLIFIED = frozenset({"hans", "cn", "sg"})
+# The values of ?lang=, and the language each names.
+LANG_VALUES = {
+    "en": ENGLISH,
+    "zh-Hans": SIMPLIFIED_CHINESE,
+    "zh": SIMPLIFIED_CHINESE,
+    "zh-CN": SIMPLIFIED_CHINESE,
+}
 
 
 def language_of(tag: str) -> str | None:
@@ -62,10 +70,9 @@ def negotiate(accept_language: str | None) -> str:
 def chosen(lang: str | None, accept_language: str | None) -> str:
     """The page's language: ``?lang=`` when given, else :func:`negotiate`'s.
 
-    Raises :class:`InvalidRequest` for a ``lang`` neither language serves."""
+    Raises :class:`InvalidRequest` for a ``lang`` not in :data:`LANG_VALUES`."""
     if lang is None:
         return negotiate(accept_language)
-    language = language_of(lang)
-    if language is None:
-        raise InvalidRequest(f"lang must be one of {', '.join(LANGUAGES)}")
-    return language
+    if lang not in LANG_VALUES:
+        raise InvalidRequest(f"lang must be one of {', '.join(LANG_VALUES)}")
+    return LANG_VALUES[lang]
