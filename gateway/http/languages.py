@@ -1,14 +1,13 @@
 """The languages the waiting-room page speaks, and which one a request gets.
 
-English (``en``) and Simplified Chinese (``zh-Hans``). ``?lang=`` names one
-(``en``, ``zh-Hans``, or ``zh`` or ``zh-CN`` for the latter, exactly as
-written); any other value is refused, as the page's other bad parameters
-are. Without
-it, ``Accept-Language`` decides: its entry of highest quality that one of the
-two serves (ties in the order listed, ``q=0`` never; ``*`` is English);
-failing that, English.
-Chinese in Traditional script (``zh-TW``, ``zh-Hant``) is not Simplified: it
-gets English unless the header also lists a tag of Simplified Chinese.
+English (``en``) and Simplified Chinese (``zh-Hans``). ``?lang=`` names one:
+``en``, ``zh-Hans``, or ``zh`` or ``zh-CN`` for the latter, exactly as
+written; any other value is refused, as the page's other bad parameters are.
+Without it, ``Accept-Language`` decides: its entry of highest quality that one
+of the two serves (ties in the order listed, ``q=0`` never; ``*`` is
+English); failing that, English. Chinese in Traditional script (``zh-TW``,
+``zh-Hant``) is not Simplified: it gets English unless the header also lists
+a tag of Simplified Chinese.
 """
 
 from __future__ import annotations
