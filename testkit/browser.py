@@ -8,11 +8,15 @@ with apt-get when it is missing (as ``scripts/services.sh`` does for Redis).
 ``data-state`` (never on time), keeps a screenshot of every state it saw, and
 records what the page asked for and what its console said, so a test can
 assert that no request left the gateway's origin and that nothing went wrong
-(:func:`assert_clean`). :func:`gateway` starts the gateway the page is served by.
+(:func:`assert_clean`). In every state it reaches, it checks the page at a
+phone's width and a desktop's: no sideways scroll, and no WCAG 2.1 AA violation
+that axe-core (:mod:`testkit.axe`) finds. :func:`gateway` starts the gateway the
+page is served by.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import shutil
@@ -25,7 +29,9 @@ from typing import Any
 import orjson
 from playwright.async_api import ConsoleMessage, Error, Page, Request
 
+from gateway.http.languages import ENGLISH, LANGUAGES
 from gateway.http.waiting_page import PAGES_DIR
+from testkit.axe import WCAG_21_AA, axe_source
 from testkit.processes import APT_WAIT
 from testkit.purchases import Client
 from testkit.rooms import SECRET
@@ -36,8 +42,21 @@ ARTIFACTS = REPO / "test-artifacts" / "waiting-page"
 # The longest a page may take to reach a state it is due in (bounded waits).
 STATE_WITHIN_S = 15.0
 _CANDIDATES = ("chromium", "chromium-browser")
-# What the page says, by name: the tests read its words where it does.
-TEXTS: dict[str, str] = orjson.loads((PAGES_DIR / "texts.json").read_bytes())
+# What the page says, by language and name: the tests read its words where it does.
+TEXTS_OF: dict[str, dict[str, str]] = {
+    language: orjson.loads((PAGES_DIR / "texts" / f"{language}.json").read_bytes())
+    for language in LANGUAGES
+}
+TEXTS = TEXTS_OF[ENGLISH]
+# Each state is checked as a 320 px phone and a 1280 px desktop show it.
+AUDIT_WIDTHS = (320, 1280)
+# axe-core's WCAG 2.1 A and AA rules over the whole page: each violation, and where.
+_AXE_RUN = """async (tags) => {
+  const options = { runOnly: { type: "tag", values: tags }, resultTypes: ["violations"] };
+  const found = await axe.run(document, options);
+  const where = (v) => v.nodes.map((n) => n.target).join(", ");
+  return found.violations.map((v) => `${v.id}: ${v.help} at ${where(v)}`);
+}"""
 
 StartGateway = Callable[..., Awaitable[Client]]
 
@@ -98,8 +117,11 @@ class Buyer:
         response = await self.page.goto(f"{self.origin}{path}")
         assert response is not None and response.status == 200, path
 
-    async def reach(self, state: str, within: float = STATE_WITHIN_S) -> None:
-        """Wait until ``data-state`` is ``state`` (bounded), and keep a screenshot."""
+    async def reach(self, state: str, within: float = STATE_WITHIN_S, audit: bool = True) -> None:
+        """Wait until ``data-state`` is ``state`` (bounded), keep a screenshot, and
+        :meth:`audit` the page; ``audit=False`` where the test times what comes
+        next to a second or two (the audit takes about as long; the state walk of
+        tests/e2e/test_waiting_page_languages.py audits every state)."""
         selector = f'{self.root}[data-state="{state}"]'
         try:
             await self.page.wait_for_selector(selector, timeout=within * 1000)
@@ -109,6 +131,39 @@ class Buyer:
                 f"page never reached {state!r} within {within} s (is {now!r})"
             ) from None
         await self.snap(state)
+        if audit:
+            await self.audit(state)
+
+    async def audit(self, state: str) -> None:
+        """At each of :data:`AUDIT_WIDTHS`: nothing wider than the window (no
+        sideways scroll) and no violation of WCAG 2.1 AA that axe-core finds; then
+        the tab's own size again. axe-core is evaluated into the page (as the
+        DevTools console would, which the page's CSP does not govern)."""
+        size = self.page.viewport_size
+        assert size is not None
+        try:
+            for width in AUDIT_WIDTHS:
+                await self.page.set_viewport_size({"width": width, "height": size["height"]})
+                wide = await self.page.evaluate(
+                    "[document.documentElement.scrollWidth, document.documentElement.clientWidth]"
+                )
+                assert wide[0] <= wide[1], f"{state} at {width} px scrolls sideways: {wide}"
+                if not await self.page.evaluate("typeof axe === 'object'"):
+                    await self.page.evaluate(await asyncio.to_thread(axe_source))
+                found = await self.page.evaluate(_AXE_RUN, list(WCAG_21_AA))
+                assert found == [], f"{state} at {width} px: {found}"
+        finally:
+            await self.page.set_viewport_size(size)
+
+    async def ticks(self, selector: str, times: int) -> None:
+        """Wait until the text of ``selector`` changed ``times`` times, each within
+        5 s: a countdown that keeps ticking."""
+        for _ in range(times):
+            await self.page.wait_for_function(
+                "([selector, shown]) => document.querySelector(selector).textContent !== shown",
+                arg=[selector, await self.page.text_content(selector)],
+                timeout=5_000,
+            )
 
     async def snap(self, state: str) -> None:
         """Keep a screenshot of the page as it is now, named ``state``."""

@@ -204,7 +204,7 @@ async def get_sku(request: web.Request) -> web.Response:
 
 
 async def waiting_page(request: web.Request) -> web.Response:
-    """GET /wait/{sku}?user_id=U[&return_to=URL][&pay_to=URL]: the waiting-room page."""
+    """GET /wait/{sku}?user_id=U[&return_to=URL][&pay_to=URL][&lang=L]: the waiting-room page."""
     return request.app[WAITING_PAGE].answer(request)
 
 
@@ -279,7 +279,7 @@ async def metrics(request: web.Request) -> web.Response:
 # The query parameters each route takes (by its path); the others take none.
 QUERIES = {
     "/v1/orders/{request_id}": frozenset({"user_id", "wait"}),
-    "/wait/{sku}": frozenset({"user_id", "return_to", "pay_to"}),
+    "/wait/{sku}": frozenset({"user_id", "return_to", "pay_to", "lang"}),
     "/admin/late-payments": frozenset({"after", "limit"}),
 }
 

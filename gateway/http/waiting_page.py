@@ -3,9 +3,14 @@
 ``GET /wait/{sku}?user_id=U`` answers the same bytes for every sku and user:
 the script reads both from its own URL and asks the API for the rest, so the
 document is cacheable (ETag, ``Cache-Control: public``) and only the sku's
-data is not. Its style, script and texts (``gateway/http/pages/``) are inlined
-once, at start-up; the ``Content-Security-Policy`` allows exactly that style
-and that script by their SHA-256, and connections to the page's own origin.
+data is not. It comes in each of the page's languages
+(:mod:`gateway.http.languages`: ``?lang=``, else ``Accept-Language``; so
+``Vary: Accept-Language``, an ETag per language). Its style, script and the
+language's texts (``gateway/http/pages/``, ``texts/<language>.json``) are
+inlined once, at start-up; the ``Content-Security-Policy`` allows exactly that
+style and that script by their SHA-256, and connections to the page's own
+origin. The texts are a JSON data block, which no browser runs: the script,
+the style and so the policy are the same in every language.
 
 A shop that runs its own checkout passes ``return_to``, a URL on one of the
 origins of ``GATEWAY_WAITING_PAGE_RETURN_ORIGINS``: the page sends the buyer
@@ -23,6 +28,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib import resources
 from importlib.abc import Traversable
@@ -30,7 +36,7 @@ from importlib.abc import Traversable
 from aiohttp import web
 
 from gateway.domain.errors import ImageOriginRefused, InvalidRequest
-from gateway.http import payloads
+from gateway.http import languages, payloads
 from gateway.settings import origin_of
 
 PAGES_DIR: Traversable = resources.files("gateway.http.pages")
@@ -70,33 +76,42 @@ def _sha256(text: str) -> str:
 
 
 @dataclass(frozen=True, slots=True)
-class WaitingPage:
-    """The assembled document, its ETag and headers, and where it may send buyers."""
+class Document:
+    """The page in one language: its bytes, ETag and headers."""
 
     body: bytes
     etag: str
     headers: dict[str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class WaitingPage:
+    """The assembled document in each language, and where it may send buyers."""
+
+    documents: Mapping[str, Document]
     return_origins: frozenset[str]
     image_origins: frozenset[str]
 
     def answer(self, request: web.Request) -> web.Response:
-        """``GET /wait/{sku}?user_id=U[&return_to=URL][&pay_to=URL]``: the page, or
-        304 on a matching ETag; raises :class:`InvalidRequest` for a bad sku,
-        user_id, return_to or pay_to (the document does not depend on them: the
-        script reads them)."""
+        """``GET /wait/{sku}?user_id=U[&return_to=URL][&pay_to=URL][&lang=L]``: the
+        page in the language asked for, or 304 on a matching ETag; raises
+        :class:`InvalidRequest` for a bad sku, user_id, return_to, pay_to or lang
+        (the document does not depend on the first four: the script reads them)."""
         payloads.identifier(request.match_info["sku"], "sku")
         if "user_id" not in request.query:
             raise InvalidRequest("user_id is required")
         payloads.identifier(request.query["user_id"], "user_id")
         check_return_to(request.query.get("return_to"), self.return_origins)
         check_return_to(request.query.get("pay_to"), self.return_origins, "pay_to")
-        if any(tag.value == self.etag for tag in request.if_none_match or ()):
-            resp = web.Response(status=304, headers=self.headers)
+        asked = request.query.get("lang")
+        doc = self.documents[languages.chosen(asked, request.headers.get("Accept-Language"))]
+        if any(tag.value == doc.etag for tag in request.if_none_match or ()):
+            resp = web.Response(status=304, headers=doc.headers)
         else:
             resp = web.Response(
-                body=self.body, headers=self.headers, content_type="text/html", charset="utf-8"
+                body=doc.body, headers=doc.headers, content_type="text/html", charset="utf-8"
             )
-        resp.etag = self.etag
+        resp.etag = doc.etag
         return resp
 
     @classmethod
@@ -106,21 +121,10 @@ class WaitingPage:
         image_origins: frozenset[str] = frozenset(),
         pages: Traversable = PAGES_DIR,
     ) -> WaitingPage:
-        """Inline ``waiting.css``, ``waiting.js`` and ``texts.json`` into
-        ``waiting.html``, and make the policy that allows exactly them (and
-        images from ``image_origins``)."""
+        """The page in each language, under the policy that allows exactly its
+        style and script (:func:`_document`), and images from ``image_origins``."""
         style = (pages / "waiting.css").read_text()
         script = (pages / "waiting.js").read_text()
-        # "</" cannot end the data block early: JSON allows "<\/" for it.
-        texts = (pages / "texts.json").read_text().replace("</", "<\\/")
-        html = (
-            (pages / "waiting.html")
-            .read_text()
-            .replace("{{style}}", style)
-            .replace("{{texts}}", texts)
-            .replace("{{script}}", script)
-        )
-        body = html.encode()
         # data: for the empty favicon, which keeps browsers from asking for /favicon.ico.
         images = " ".join(["'self'", "data:", *sorted(image_origins)])
         policy = (
@@ -134,12 +138,31 @@ class WaitingPage:
             "Referrer-Policy": "no-referrer",
             "X-Content-Type-Options": "nosniff",
             "Cache-Control": "public, max-age=300",
+            # The same URL answers each language by its Accept-Language.
+            "Vary": "Accept-Language",
         }
-        etag = hashlib.sha256(body).hexdigest()[:20]
-        return cls(
-            body=body,
-            etag=etag,
-            headers=headers,
-            return_origins=return_origins,
-            image_origins=image_origins,
-        )
+        documents = {
+            language: _document(pages, language, style, script, headers)
+            for language in languages.LANGUAGES
+        }
+        return cls(documents=documents, return_origins=return_origins, image_origins=image_origins)
+
+
+def _document(
+    pages: Traversable, language: str, style: str, script: str, headers: dict[str, str]
+) -> Document:
+    """``waiting.html`` in ``language``: its ``lang``, and ``waiting.css``,
+    ``waiting.js`` and ``texts/<language>.json`` inlined."""
+    # "</" cannot end the data block early: JSON allows "<\/" for it.
+    texts = (pages / "texts" / f"{language}.json").read_text().replace("</", "<\\/")
+    html = (
+        (pages / "waiting.html")
+        .read_text()
+        .replace("{{lang}}", language)
+        .replace("{{style}}", style)
+        .replace("{{texts}}", texts)
+        .replace("{{script}}", script)
+    )
+    body = html.encode()
+    etag = hashlib.sha256(body).hexdigest()[:20]
+    return Document(body, etag, {**headers, "Content-Language": language})

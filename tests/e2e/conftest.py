@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Generator
+from typing import Any
 
 import pytest
 from playwright.async_api import async_playwright
@@ -45,14 +46,17 @@ def chromium() -> str:
 @pytest.fixture
 async def buyers(chromium: str, request: pytest.FixtureRequest) -> AsyncIterator[OpenBuyer]:
     """A factory of buyers: ``await buyers(origin, viewport=PHONE)`` opens a tab of
-    its own (separate session storage) on a browser launched for this test."""
+    its own (separate session storage) on a browser launched for this test; other
+    keywords are the browser context's (``locale="zh-CN"``: its Accept-Language)."""
     opened: list[Buyer] = []
     async with async_playwright() as playwright:
         browser = await playwright.chromium.launch(executable_path=chromium)
         try:
 
-            async def open_buyer(origin: str, viewport: dict[str, int] = DESKTOP) -> Buyer:
-                context = await browser.new_context(viewport=viewport)  # type: ignore[arg-type]
+            async def open_buyer(
+                origin: str, viewport: dict[str, int] = DESKTOP, **options: Any
+            ) -> Buyer:
+                context = await browser.new_context(viewport=viewport, **options)  # type: ignore[arg-type]
                 buyer = Buyer(await context.new_page(), origin)
                 opened.append(buyer)
                 return buyer

@@ -24,14 +24,15 @@ def csp_hash(text: str) -> str:
 class TestDocument:
     """One cacheable document under a policy that allows only its own code."""
 
+    @pytest.mark.parametrize("lang", ["en", "zh-Hans"])
     async def test_page_is_small_self_contained_and_locked_down(
-        self, start_gateway: StartGateway
+        self, start_gateway: StartGateway, lang: str
     ) -> None:
-        """200 text/html under 30 KB with the #waiting-room root; the CSP allows
-        exactly its inline script and style (by hash), connections to its own
-        origin, and nothing else; no element loads anything from elsewhere."""
+        """In each language: 200 text/html under 30 KB with the #waiting-room root;
+        the CSP allows exactly its inline script and style (by hash), connections
+        to its own origin, and nothing else; no element loads anything from elsewhere."""
         client = await start_gateway()
-        resp = await client.get("/wait/any-sku?user_id=u1")
+        resp = await client.get(f"/wait/any-sku?user_id=u1&lang={lang}")
         assert resp.status == 200
         assert resp.content_type == "text/html" and resp.charset == "utf-8"
         body = await resp.text()
@@ -76,6 +77,47 @@ class TestDocument:
         assert (await (await client.get(f"/v1/skus/{plain}")).json())["waiting_room"] is False
 
 
+class TestLanguages:
+    """English or Simplified Chinese, by Accept-Language or ?lang=."""
+
+    async def test_accept_language_chooses_the_document(self, start_gateway: StartGateway) -> None:
+        """zh-CN gets the Simplified Chinese document (``<html lang="zh-Hans">``, its
+        own ETag), anything else English; the answer varies by the header."""
+        client = await start_gateway()
+        answers = {}
+        for header, lang in [("zh-CN,zh;q=0.9,en;q=0.8", "zh-Hans"), ("fr, en;q=0.5", "en")]:
+            resp = await client.get("/wait/sku-a?user_id=u1", headers={"Accept-Language": header})
+            assert resp.status == 200 and resp.headers["Content-Language"] == lang
+            assert f'<html lang="{lang}">' in await resp.text()
+            assert resp.headers["Vary"] == "Accept-Language"
+            answers[lang] = resp.headers["ETag"]
+        assert answers["zh-Hans"] != answers["en"]
+
+    async def test_lang_overrides_accept_language(self, start_gateway: StartGateway) -> None:
+        """?lang=zh (or zh-CN, zh-Hans) and ?lang=en win over the header: the same bytes
+        as the header's own choice."""
+        client = await start_gateway()
+        zh_header = {"Accept-Language": "zh-CN"}
+        chinese = await (await client.get("/wait/sku-a?user_id=u1", headers=zh_header)).read()
+        english = await (await client.get("/wait/sku-a?user_id=u1")).read()
+        for lang in ("zh", "zh-CN", "zh-Hans"):
+            resp = await client.get(f"/wait/sku-a?user_id=u1&lang={lang}", headers={})
+            assert await resp.read() == chinese
+        resp = await client.get("/wait/sku-a?user_id=u1&lang=en", headers=zh_header)
+        assert await resp.read() == english
+
+    async def test_etag_is_per_language(self, start_gateway: StartGateway) -> None:
+        """The Chinese document's ETag is a 304 for a Chinese request, and the whole
+        English document for an English one."""
+        client = await start_gateway()
+        zh = {"Accept-Language": "zh"}
+        etag = (await client.get("/wait/sku-a?user_id=u1", headers=zh)).headers["ETag"]
+        again = await client.get("/wait/sku-a?user_id=u1", headers={**zh, "If-None-Match": etag})
+        assert again.status == 304 and again.headers["Vary"] == "Accept-Language"
+        other = await client.get("/wait/sku-a?user_id=u1&lang=en", headers={"If-None-Match": etag})
+        assert other.status == 200 and '<html lang="en">' in await other.text()
+
+
 class TestRefusals:
     """Bad parameters are a 400 with a JSON body; return_to is never an open redirect."""
 
@@ -97,10 +139,14 @@ class TestRefusals:
             "?user_id=u1&pay_to=//shop.example/pay",
             "?user_id=u1&pay_to=javascript:alert(1)",
             "?user_id=u1&return_to=https://shop.example/&pay_to=https://shop.example@evil.example/",
+            "?user_id=u1&lang=fr",
+            "?user_id=u1&lang=zh-TW",
+            "?user_id=u1&lang=",
         ],
     )
     async def test_bad_query_is_400_json(self, start_gateway: StartGateway, query: str) -> None:
-        """A missing or malformed user_id, or a return_to or pay_to off the allowed origins."""
+        """A missing or malformed user_id, a return_to or pay_to off the allowed
+        origins, or a lang the page does not speak."""
         client = await start_gateway(waiting_page_return_origins=frozenset({SHOP}))
         resp = await client.get(f"/wait/sku-a{query}")
         assert resp.status == 400
