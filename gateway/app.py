@@ -7,7 +7,8 @@ locks and change feed) and stop in reverse; the connections' contexts live in
 adapters it works with: :func:`build_gateway` builds the object graph from the
 settings and the opened resources without starting anything (a lone queue
 writer's by :func:`build_flushing`), and the cleanup contexts load the scripts,
-start the background tasks and stop them. A stop begins with the lame duck
+start the background tasks and stop them; the order events' relay has a
+context of its own (:func:`events_ctx`), last. A stop begins with the lame duck
 (``/readyz`` 503, purchases still served, see :func:`lame_duck`); then the
 batcher drains: new purchases get 503, queued batches finish.
 """
@@ -63,11 +64,13 @@ from gateway.postgres.inventory import Inventory
 from gateway.postgres.lifecycle import Lifecycle
 from gateway.postgres.lookups import Arbitrations, OrderLookups, PriorLookups
 from gateway.postgres.orders import Orders
+from gateway.postgres.outbox import Outbox
 from gateway.postgres.retention import Retention
 from gateway.postgres.sale_gate import PostgresSaleGate
 from gateway.redis.change_feed import ChangeFeed
 from gateway.redis.confirmed_scan import ConfirmedScan
 from gateway.redis.connections import RedisClient
+from gateway.redis.event_stream import EventStream
 from gateway.redis.identity import IdentityStamp
 from gateway.redis.layout import channel
 from gateway.redis.rebuild_lease import RebuildLease
@@ -93,6 +96,7 @@ from gateway.usecases.ports import Batching, Lookups, Marking
 from gateway.usecases.purchases import Purchases
 from gateway.usecases.rebuilds import Rebuilds
 from gateway.usecases.reconciler import Reconciler
+from gateway.usecases.relay import Relay
 from gateway.usecases.sale_gate import SaleGate
 from gateway.usecases.servable import Servability
 from gateway.usecases.sold_out import SoldOut
@@ -328,7 +332,7 @@ def _reconciler(
         inventory=inventory,
         stamp=IdentityStamp(opened.redis, settings.key_prefix),
         database=DatabaseIdentity(opened.pool),
-        retention=Retention(opened.pool, settings.release_retention_s),
+        retention=Retention(opened.pool, settings.release_retention_s, settings.events_retention_s),
         locks=flushing.locks,
         timeout_s=settings.reservation_timeout_s,
         interval_s=settings.reconcile_interval_s,
@@ -438,6 +442,39 @@ async def _stop(tasks: list[asyncio.Task[None]]) -> None:
         log.error("background_task_stuck", task=task.get_name())
 
 
+def build_relay(opened: Opened) -> Relay:
+    """The order events' relay to every configured sink; nothing started."""
+    settings = opened.settings
+    outbox = Outbox(opened.pool)
+    stream = EventStream(
+        opened.redis,
+        settings.events_stream,
+        max_len=settings.events_stream_max_len,
+        max_age_s=settings.events_stream_max_age_s,
+        webhook_owed=None,
+    )
+    return Relay(
+        outbox=outbox,
+        sinks=[stream],
+        observer=opened.metrics.events,
+        batch=settings.events_batch,
+        poll_s=settings.events_poll_s,
+    )
+
+
+async def events_ctx(app: web.Application) -> AsyncIterator[None]:
+    """The order events' relay, with GATEWAY_EVENTS_RELAY: its sinks registered
+    in the outbox at start-up (owed every event from then on), its loops run
+    until the stop."""
+    tasks = []
+    if app[SETTINGS].events_relay:
+        relay = build_relay(_opened(app))
+        await relay.register()
+        tasks.append(asyncio.create_task(relay.run(), name="relay"))
+    yield
+    await _stop(tasks)
+
+
 async def writer_ctx(app: web.Application) -> AsyncIterator[None]:
     """A stream writer on its own (``flashsale-gateway writer``): no HTTP, no batcher."""
     opened = _opened(app)
@@ -502,7 +539,7 @@ def create_app(settings: Settings) -> web.Application:
     app[ANSWERS] = answers
     app[ADMIN_TOKENS] = AdminTokens(settings.admin_token, settings.admin_token_file)
     app[WAITING_PAGE] = WaitingPage.build(settings.waiting_page_return_origins)
-    app.cleanup_ctx.extend([redis_ctx, database_ctx, zookeeper_ctx, service_ctx])
+    app.cleanup_ctx.extend([redis_ctx, database_ctx, zookeeper_ctx, service_ctx, events_ctx])
     app.on_shutdown.append(drain)
     app.add_routes(views.routes(with_metrics=settings.metrics))
     app.add_routes(admin_views.routes())

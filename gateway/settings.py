@@ -345,6 +345,19 @@ class Settings:
     # (``return_to``) or to pay (``pay_to``), gateway.http.waiting_page; empty:
     # none, both are refused.
     waiting_page_return_origins: frozenset[str] = setting(frozenset(), parse_origins)
+    # Order events (gateway.usecases.relay): run the relay in this process.
+    events_relay: bool = setting(True, _bool)
+    # The Redis Stream every event is appended to, and how it is trimmed: to
+    # about this many entries when set, else to this many seconds of entries
+    # (0: never); never past an event still owed to the webhook.
+    events_stream: str = setting("flashsale:events", _text)
+    events_stream_max_len: int = setting(0, _int(0))
+    events_stream_max_age_s: float = setting(86_400.0, _float(0.0))
+    # A delivered event is pruned from the outbox this long after it occurred.
+    events_retention_s: float = setting(604_800.0, _float(1.0))
+    # Events a relay claims per sink and pass, and its pause when none is due.
+    events_batch: int = setting(256, _int(1))
+    events_poll_s: float = setting(0.1, _float(0.01))
 
     def __post_init__(self) -> None:
         if self.lane_index >= self.lane_count:
