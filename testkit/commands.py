@@ -36,3 +36,23 @@ async def run_audit(settings: Settings, *args: str) -> tuple[int, str, str]:
     out, err = await asyncio.wait_for(proc.communicate(), timeout=60)
     assert proc.returncode is not None
     return proc.returncode, out.decode(), err.decode()
+
+
+async def run_events(settings: Settings, *args: str) -> tuple[int, str, str]:
+    """Run ``python -m gateway events ARGS`` on the database of ``settings``;
+    (exit code, stdout, stderr)."""
+    env = gateway_env({"database_url": settings.database_url})
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "gateway",
+        "events",
+        *args,
+        env=env,
+        cwd=REPO,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), timeout=60)
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()

@@ -41,9 +41,11 @@ SKEW_MARGIN_S = 60.0
 OwedFloor = Callable[[], Awaitable[datetime | None]]
 
 
-def _ms(entry_id: str) -> int:
-    """The milliseconds part of a stream entry id."""
-    return int(entry_id.partition("-")[0])
+def _ms(entry_id: str | bytes) -> int:
+    """The milliseconds part of a stream entry id (as a client decoding replies
+    or not answers it)."""
+    text = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+    return int(text.partition("-")[0])
 
 
 class EventStream:
@@ -96,7 +98,7 @@ class EventStream:
                 answers.append(f"redis: {reply}")
             else:
                 answers.append(None)
-                self._newest_ms = max(self._newest_ms or 0, _ms(str(reply)))
+                self._newest_ms = max(self._newest_ms or 0, _ms(reply))
         return answers
 
     async def _trim(self) -> dict[str, Any]:

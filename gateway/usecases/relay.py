@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from typing import Protocol
 
 import structlog
-from redis.backoff import EqualJitterBackoff, ExponentialBackoff
+from redis.backoff import AbstractBackoff, EqualJitterBackoff, ExponentialBackoff
 
 from gateway.domain.errors import Unavailable
 from gateway.domain.events import EventSink
@@ -70,6 +70,8 @@ class Relay:
         observer: the metrics.
         batch: events per claim (``GATEWAY_EVENTS_BATCH``).
         poll_s: the pause of a loop that found nothing due (``GATEWAY_EVENTS_POLL_S``).
+        backoff: the pause before an event a sink refused is tried again, by
+            its failures so far (:data:`DELIVERY_BACKOFF`).
     """
 
     def __init__(
@@ -80,12 +82,14 @@ class Relay:
         observer: RelayObserver,
         batch: int,
         poll_s: float,
+        backoff: AbstractBackoff = DELIVERY_BACKOFF,
     ) -> None:
         self._outbox = outbox
         self._sinks = list(sinks)
         self._observer = observer
         self._batch = batch
         self._poll_s = poll_s
+        self._backoff = backoff
 
     @property
     def sinks(self) -> Sequence[EventSink]:
@@ -122,7 +126,7 @@ class Relay:
             if why is None:
                 delivered.append(event.seq)
             else:
-                delay = DELIVERY_BACKOFF.compute(min(attempts, DOUBLINGS))
+                delay = self._backoff.compute(min(attempts, DOUBLINGS))
                 failed.append((event.seq, delay, why))
         lags = await claim.settle(delivered, failed)
         self._observer.delivered(sink.name, lags)
