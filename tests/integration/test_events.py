@@ -63,9 +63,8 @@ async def sell(client: Client, sku: str, units: int) -> list[str]:
     """One purchase per buyer until ``units`` are sold; the request ids (rid part)."""
     rids = [f"r{i}" for i in range(units)]
     for start_at in range(0, units, 50):
-        answers = await asyncio.gather(
-            *(buy(client, sku, f"u{i}", rids[i]) for i in range(start_at, min(start_at + 50, units)))
-        )
+        chunk = range(start_at, min(start_at + 50, units))
+        answers = await asyncio.gather(*(buy(client, sku, f"u{i}", rids[i]) for i in chunk))
         assert {status for status, _ in answers} == {201}, answers
     return rids
 
@@ -115,7 +114,8 @@ class TestExactlyOneEventPerChange:
                     "SELECT count(*) FROM orders WHERE sku = $1 AND status = 'pending_payment'",
                     sku,
                 )
-                return pending == 0 and await con.fetchval(OWED_OF, [sku, final]) == 0
+                owed: int = await con.fetchval(OWED_OF, [sku, final])
+                return pending == 0 and owed == 0
 
             await wait_for(settled, within=30, what="every order closed, every event relayed")
             rows = await con.fetch(EVENTS_OF, [sku, final])
@@ -125,7 +125,7 @@ class TestExactlyOneEventPerChange:
         versions: dict[str, list[tuple[int, str]]] = defaultdict(list)
         for row in rows:
             versions[row["order_id"]].append((row["version"], row["type"]))
-        kinds = defaultdict(int)
+        kinds: dict[tuple[str, ...], int] = defaultdict(int)
         for order_versions in versions.values():
             assert [v for v, _ in order_versions] == list(range(1, len(order_versions) + 1))
             kinds[tuple(t.removeprefix("order.") for _, t in order_versions)] += 1
