@@ -1,5 +1,6 @@
 """The alert rules evaluated by Prometheus's own tool: ``promtool test rules``
-runs docs/grafana/alerts_test.yml against docs/grafana/alerts.yml.
+runs docs/grafana/alerts_test.yml against docs/grafana/alerts.yml, and
+deploy/rules/events_test.yml against deploy/rules/events.yml.
 
 promtool is Debian's ``prometheus`` package; it is installed with apt-get when
 missing, as the browser tests install chromium.
@@ -15,6 +16,7 @@ from testkit.gateways import REPO
 from testkit.processes import APT_WAIT
 
 RULES_TEST = REPO / "docs" / "grafana" / "alerts_test.yml"
+EVENTS_TEST = REPO / "deploy" / "rules" / "events_test.yml"
 
 
 def promtool() -> str:
@@ -44,6 +46,19 @@ def test_the_failure_rate_alert_leaves_buyers_gone_out() -> None:
     fires at one 503 in ten purchases however many buyers went away meanwhile."""
     result = subprocess.run(
         [promtool(), "test", "rules", str(RULES_TEST)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_events_alert_fires_past_a_minute_behind_for_that_sink_alone() -> None:
+    """FlashsaleEventsBehind stays silent at 60 s and fires at 75 s for the
+    webhook, once however many gateways report it, and not for the stream."""
+    result = subprocess.run(
+        [promtool(), "test", "rules", str(EVENTS_TEST)],
         capture_output=True,
         text=True,
         timeout=60,
