@@ -91,11 +91,6 @@ class Relay:
         self._poll_s = poll_s
         self._backoff = backoff
 
-    @property
-    def sinks(self) -> Sequence[EventSink]:
-        """The sinks this relay delivers to."""
-        return self._sinks
-
     async def register(self) -> None:
         """Owe every sink of this relay the events written from now on."""
         for sink in self._sinks:
