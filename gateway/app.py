@@ -16,13 +16,16 @@ batcher drains: new purchases get 503, queued batches finish.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import contextlib
+import functools
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import structlog
 from aiohttp import web
 
+from gateway.domain.events import EventSink
 from gateway.domain.model import Strategy
 from gateway.http import admin_views, payment_views, views
 from gateway.http.admin_tokens import AdminTokens
@@ -77,7 +80,13 @@ from gateway.redis.rebuild_lease import RebuildLease
 from gateway.redis.reservations import Reservations
 from gateway.redis.rooms import Rooms
 from gateway.redis.streams import Streams
-from gateway.resources import database_ctx, patiently, redis_ctx, zookeeper_ctx
+from gateway.resources import (
+    database_ctx,
+    patiently,
+    redis_ctx,
+    sinks_when_ready,
+    zookeeper_ctx,
+)
 from gateway.settings import Settings
 from gateway.strategies import Deduction
 from gateway.strategies.optimistic import Optimistic
@@ -111,6 +120,8 @@ if TYPE_CHECKING:
     from gateway.lock.zk_session import ZkSession
 
 BACKLOG_SAMPLE_S = 0.5
+# The sink whose backlog bounds the stream's trim (gateway.outbound.WebhookSink's name).
+WEBHOOK = "webhook"
 # Longest a stopping gateway waits for its background loops to end once cancelled.
 TASK_STOP_S = 2.0
 
@@ -442,20 +453,23 @@ async def _stop(tasks: list[asyncio.Task[None]]) -> None:
         log.error("background_task_stuck", task=task.get_name())
 
 
-def build_relay(opened: Opened) -> Relay:
-    """The order events' relay to every configured sink; nothing started."""
+def build_relay(opened: Opened, outbound: Sequence[EventSink]) -> Relay:
+    """The order events' relay to the stream and the ``outbound`` sinks (the
+    webhook, RabbitMQ: ``gateway.outbound.open_sinks``); nothing started. With
+    a webhook, the stream is never trimmed past an event still owed to it."""
     settings = opened.settings
     outbox = Outbox(opened.pool)
+    webhook = any(sink.name == WEBHOOK for sink in outbound)
     stream = EventStream(
         opened.redis,
         settings.events_stream,
         max_len=settings.events_stream_max_len,
         max_age_s=settings.events_stream_max_age_s,
-        webhook_owed=None,
+        webhook_owed=functools.partial(outbox.oldest_owed, WEBHOOK) if webhook else None,
     )
     return Relay(
         outbox=outbox,
-        sinks=[stream],
+        sinks=[stream, *outbound],
         observer=opened.metrics.events,
         batch=settings.events_batch,
         poll_s=settings.events_poll_s,
@@ -463,16 +477,20 @@ def build_relay(opened: Opened) -> Relay:
 
 
 async def events_ctx(app: web.Application) -> AsyncIterator[None]:
-    """The order events' relay, with GATEWAY_EVENTS_RELAY: its sinks registered
-    in the outbox at start-up (owed every event from then on), its loops run
-    until the stop."""
-    tasks = []
-    if app[SETTINGS].events_relay:
-        relay = build_relay(_opened(app))
-        await relay.register()
-        tasks.append(asyncio.create_task(relay.run(), name="relay"))
-    yield
-    await _stop(tasks)
+    """The order events' relay, with GATEWAY_EVENTS_RELAY: the configured sinks
+    opened (waiting for a RabbitMQ still starting) and registered in the
+    outbox (owed every event from then on), the relay's loops run until the
+    stop, then the sinks closed."""
+    opened, tasks = _opened(app), []
+    async with contextlib.AsyncExitStack() as stack:
+        if opened.settings.events_relay:
+            answered = opened.metrics.events.webhook_answer
+            outbound = await stack.enter_async_context(sinks_when_ready(opened.settings, answered))
+            relay = build_relay(opened, outbound)
+            await relay.register()
+            tasks.append(asyncio.create_task(relay.run(), name="relay"))
+        yield
+        await _stop(tasks)
 
 
 async def writer_ctx(app: web.Application) -> AsyncIterator[None]:
@@ -538,7 +556,9 @@ def create_app(settings: Settings) -> web.Application:
     app[PROXIES] = proxies
     app[ANSWERS] = answers
     app[ADMIN_TOKENS] = AdminTokens(settings.admin_token, settings.admin_token_file)
-    app[WAITING_PAGE] = WaitingPage.build(settings.waiting_page_return_origins)
+    app[WAITING_PAGE] = WaitingPage.build(
+        settings.waiting_page_return_origins, settings.waiting_page_image_origins
+    )
     app.cleanup_ctx.extend([redis_ctx, database_ctx, zookeeper_ctx, service_ctx, events_ctx])
     app.on_shutdown.append(drain)
     app.add_routes(views.routes(with_metrics=settings.metrics))

@@ -1,13 +1,15 @@
 """The gateway's connections as aiohttp cleanup contexts, each with one ``yield``:
 the Redis client, the PostgreSQL pool (migrated, fence sequence created) and the
-optional ZooKeeper session; and :func:`patiently`, the start-up retry while a
-dependency is down. ``gateway.app`` puts them in order.
+optional ZooKeeper session; the event sinks once RabbitMQ answers; and
+:func:`patiently`, the start-up retry while a dependency is down.
+``gateway.app`` puts them in order.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AsyncExitStack, asynccontextmanager
 from typing import TypeVar
 
 import asyncpg
@@ -16,12 +18,14 @@ from aiohttp import web
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 
+from gateway.domain.events import EventSink
 from gateway.http.appkeys import ORDERS, POOL, REDIS, SETTINGS, ZOOKEEPER
 from gateway.lock import create_fence_sequence
+from gateway.outbound import OnAnswer, open_sinks
 from gateway.postgres.database import create_pool, migrate
 from gateway.postgres.orders import Orders
 from gateway.redis.connections import create_redis, reach
-from gateway.settings import Misconfigured
+from gateway.settings import Misconfigured, Settings
 
 # Longest a stopping gateway waits for its PostgreSQL connections to close cleanly.
 POOL_CLOSE_S = 2.0
@@ -115,3 +119,17 @@ async def zookeeper_ctx(app: web.Application) -> AsyncIterator[None]:
     yield
     if session is not None:
         await session.stop()
+
+
+@asynccontextmanager
+async def sinks_when_ready(
+    settings: Settings, on_answer: OnAnswer
+) -> AsyncIterator[list[EventSink]]:
+    """:func:`gateway.outbound.open_sinks`, waiting up to GATEWAY_STARTUP_WAIT_S
+    for a RabbitMQ that does not answer yet, as start-up waits for Redis."""
+    async with AsyncExitStack() as stack:
+        yield await patiently(
+            "rabbitmq",
+            settings.startup_wait_s,
+            lambda: stack.enter_async_context(open_sinks(settings, on_answer)),
+        )

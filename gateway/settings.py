@@ -115,6 +115,29 @@ def parse_origins(raw: str) -> frozenset[str]:
     return frozenset(origins)
 
 
+def parse_image_origins(raw: str) -> frozenset[str]:
+    """The origins of GATEWAY_WAITING_PAGE_IMAGE_ORIGINS, as :func:`parse_origins`
+    reads them, each https, or http on a loopback host (a test's or a
+    developer's server): a page served over https loads no http image (mixed
+    content), and an image fetched in clear could be swapped on the way."""
+    origins = parse_origins(raw)
+    for origin in origins:
+        host = urlsplit(origin).hostname or ""
+        if origin.startswith("http:") and not _loopback(host):
+            raise ValueError(f"{origin!r}: an image origin must be https (http only on loopback)")
+    return origins
+
+
+def _loopback(host: str) -> bool:
+    """Whether ``host`` names this machine: ``localhost`` or a loopback address."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def _int(low: int) -> Callable[[str], int]:
     def parse(raw: str) -> int:
         value = int(raw)
@@ -209,6 +232,23 @@ def _secret(raw: str) -> str:
     if len(raw) < 16 or any(c.isspace() for c in raw):
         raise ValueError("must be at least 16 characters without spaces")
     return raw
+
+
+def _webhook_url(raw: str) -> str:
+    parts = urlsplit(raw)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError("must be an http(s) URL with a host")
+    return raw
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` names this machine: localhost, 127.0.0.0/8 or ::1."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def _writer_block(raw: str) -> int:
@@ -345,6 +385,24 @@ class Settings:
     # (``return_to``) or to pay (``pay_to``), gateway.http.waiting_page; empty:
     # none, both are refused.
     waiting_page_return_origins: frozenset[str] = setting(frozenset(), parse_origins)
+    # Order events POSTed to the shop, signed with the secret (docs/webhooks.md);
+    # unset: no webhook. Plain http is refused beyond loopback unless allowed:
+    # the events carry buyers' ids and a man in the middle could read them.
+    webhook_url: str | None = setting(None, _webhook_url)
+    webhook_secret: str | None = setting(None, _secret)
+    # One POST's whole time, connecting included; past it the event is retried.
+    webhook_timeout_s: float = setting(5.0, _float(0.01))
+    # How long an event may stay undelivered to the webhook before it is
+    # dead-lettered (3 days, as Stripe retries).
+    webhook_max_age_s: float = setting(259_200.0, _float(1.0))
+    webhook_allow_http: bool = setting(False, _bool)
+    # Order events published to this RabbitMQ's durable topic exchange, routing
+    # key the event's type; unset: none.
+    events_amqp_url: str | None = setting(None, _url("amqp", "amqps"))
+    events_amqp_exchange: str = setting("flashsale.events", _text)
+    # Origins a sku's image_url may be on (its display fields); the page's CSP
+    # allows images from them alone. Empty: no sku may have an image.
+    waiting_page_image_origins: frozenset[str] = setting(frozenset(), parse_image_origins)
     # Order events (gateway.usecases.relay): run the relay in this process.
     events_relay: bool = setting(True, _bool)
     # The Redis Stream every event is appended to, and how it is trimmed: to
@@ -374,6 +432,23 @@ class Settings:
             raise SettingsError(
                 f"{env_name('redis_cluster_nodes')} and {env_name('redis_sentinels')}:"
                 " set one of them, not both"
+            )
+        self._check_webhook()
+
+    def _check_webhook(self) -> None:
+        """A webhook needs its secret, and plain http only to loopback or when allowed."""
+        if self.webhook_url is None:
+            return
+        named = f"{env_name('webhook_url')}={masked(self.webhook_url)}"
+        if self.webhook_secret is None:
+            raise SettingsError(f"{named}: needs {env_name('webhook_secret')} to sign events")
+        parts = urlsplit(self.webhook_url)
+        if parts.scheme == "http" and not (
+            self.webhook_allow_http or is_loopback(parts.hostname or "")
+        ):
+            raise SettingsError(
+                f"{named}: plain http to a host that is not loopback; use https,"
+                f" or set {env_name('webhook_allow_http')}=true"
             )
 
 

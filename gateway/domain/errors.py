@@ -112,6 +112,15 @@ class NotConfigured(GatewayError):
     code = "not_configured"
 
 
+class ImageOriginRefused(GatewayError):
+    """A sku's ``image_url`` is on an origin the operator did not list
+    (``GATEWAY_WAITING_PAGE_IMAGE_ORIGINS``): the waiting page's policy would
+    block it. Refused when set, not when shown."""
+
+    status = 422
+    code = "image_origin_not_allowed"
+
+
 class MethodNotAllowed(GatewayError):
     """The route exists but not with this method."""
 

@@ -140,6 +140,25 @@ class WaitingRoom:
 
 
 @dataclass(frozen=True, slots=True)
+class Display:
+    """A sku's display fields, the operator's own words for what is sold (the
+    waiting-room page shows them); each None when not set."""
+
+    title: str | None = None
+    image_url: str | None = None
+    price_text: str | None = None
+
+    def as_json(self) -> dict[str, str]:
+        """The fields set, as the APIs answer them: a field not set is absent, so
+        a sku without them is answered as before they existed."""
+        fields = {"title": self.title, "image_url": self.image_url, "price_text": self.price_text}
+        return {name: value for name, value in fields.items() if value is not None}
+
+
+NO_DISPLAY = Display()
+
+
+@dataclass(frozen=True, slots=True)
 class SkuInfo:
     """What the gateway needs to know of a sku before reserving it."""
 
@@ -152,6 +171,8 @@ class SkuInfo:
     rules: SaleRules = NO_RULES
     # Seconds a buyer has to pay; 0: none, an order is final at its 201.
     payment_window_s: int = 0
+    # Not read by a purchase: cached here so GET /v1/skus/{sku} needs no query.
+    display: Display = NO_DISPLAY
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,6 +190,14 @@ class SkuSettings:
     waiting_room: WaitingRoom | None = None
     strategy: Strategy | None = None
     payment_window_s: int = 0
+    title: str | None = None
+    image_url: str | None = None
+    price_text: str | None = None
+
+    @property
+    def display(self) -> Display:
+        """The display fields."""
+        return Display(self.title, self.image_url, self.price_text)
 
     @property
     def rules(self) -> SaleRules:
@@ -184,6 +213,7 @@ class SkuSettings:
             self.strategy,
             self.rules,
             self.payment_window_s,
+            self.display,
         )
 
     def as_json(self) -> dict[str, object]:
@@ -197,6 +227,9 @@ class SkuSettings:
             "waiting_room": None if self.waiting_room is None else self.waiting_room.as_json(),
             "strategy": None if self.strategy is None else self.strategy.value,
             "payment_window_s": self.payment_window_s,
+            "title": self.title,
+            "image_url": self.image_url,
+            "price_text": self.price_text,
         }
 
 

@@ -11,8 +11,9 @@ from aiohttp import web
 
 from gateway.domain.errors import Forbidden, GatewayError, InvalidRequest, Unauthorized
 from gateway.http import payloads
-from gateway.http.appkeys import ADMIN, ADMIN_TOKENS, RECONCILER
+from gateway.http.appkeys import ADMIN, ADMIN_TOKENS, RECONCILER, WAITING_PAGE
 from gateway.http.views import json_response, read_body
+from gateway.http.waiting_page import check_image_url
 from gateway.usecases.admin import StockAdmin
 
 log = structlog.get_logger(__name__)
@@ -98,6 +99,7 @@ async def _change_sku(
     sku = payloads.identifier(request.match_info["sku"], "sku")
     data = payloads.parse_object(await read_body(request), payloads.SKU_FIELDS)
     fields = payloads.sku_fields(data, partial=not whole)
+    check_image_url(fields.get("image_url"), request.app[WAITING_PAGE].image_origins)
     return await admin.change_sku(sku, fields, create=whole)
 
 
@@ -113,15 +115,18 @@ async def restock(request: web.Request, admin: StockAdmin) -> tuple[Any, dict[st
 
 
 async def sku_report(request: web.Request) -> web.Response:
-    """GET /admin/skus/{sku}: database and Redis stock, pending and sold units."""
+    """GET /admin/skus/{sku}: database and Redis stock, pending and sold units,
+    and the display fields."""
     admin, _ = _admin(request)
-    report = await admin.report(payloads.identifier(request.match_info["sku"], "sku"))
+    sku = payloads.identifier(request.match_info["sku"], "sku")
+    report = await admin.report(sku)
     return json_response(
         {
             "db_stock": report.db_stock,
             "redis_stock": report.redis_stock,
             "pending": report.pending,
             "sold": report.sold,
+            **(await admin.display(sku)).as_json(),
         }
     )
 

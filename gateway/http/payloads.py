@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
@@ -19,6 +19,7 @@ import orjson
 from gateway.domain.errors import DuplicateKey, InvalidRequest
 from gateway.domain.model import Purchase, Strategy, WaitingRoom
 from gateway.domain.rules import OFF, Rate, parse_instant, parse_rate
+from gateway.settings import origin_of
 
 ID_PATTERN = re.compile(r"[A-Za-z0-9._:-]{1,64}")
 MAX_BODY = 4096
@@ -40,6 +41,9 @@ SKU_FIELDS = frozenset(
         "waiting_room",
         "strategy",
         "payment_window_s",
+        "title",
+        "image_url",
+        "price_text",
     }
 )
 ROOM_FIELDS = frozenset({"admit_per_s", "token_ttl_s", "shuffle_at_start"})
@@ -49,6 +53,15 @@ MAX_TOKEN_TTL_S = 86_400
 RESTOCK_FIELDS = frozenset({"delta"})
 # Three days: the longest a sku's units may be held for a buyer who has not paid.
 MAX_PAYMENT_WINDOW_S = 259_200
+# The display fields' bounds, in characters: a heading, a URL as browsers
+# handle them everywhere, and a price with its currency ("¥99", "$12.00").
+MAX_IMAGE_URL = 2048
+DISPLAY_TEXTS = {"title": 200, "price_text": 40}
+# Control characters (C0, DEL, C1) in a display text: a line break or an
+# escape sequence there would reach the page and the logs as is.
+CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+# A URL's characters once encoded (RFC 3986): printable ASCII, no space.
+URL_CHARS = re.compile(r"[!-~]+")
 
 
 def parse_object(body: bytes, allowed: frozenset[str]) -> dict[str, Any]:
@@ -206,9 +219,10 @@ def waiting_room(data: Mapping[str, Any]) -> WaitingRoom | None:
 def sku_fields(data: Mapping[str, Any], *, partial: bool) -> dict[str, Any]:
     """The settings of ``PUT`` (every field; an absent one takes its default:
     ``per_user_limit`` 1, no window, the instance's rates, no waiting room, the
-    gateway's strategy) or ``PATCH /admin/skus/{sku}`` (only the fields given;
-    ``null`` clears one that may be null) as :class:`gateway.domain.model.SkuSettings`
-    attributes. Windows are RFC 3339, rates ``N/s:burst`` or ``"off"``. Raises
+    gateway's strategy, no display fields) or ``PATCH /admin/skus/{sku}`` (only
+    the fields given; ``null`` clears one that may be null) as
+    :class:`gateway.domain.model.SkuSettings` attributes. Windows are RFC 3339,
+    rates ``N/s:burst`` or ``"off"``. Raises
     :class:`InvalidRequest`, also when the window given ends before it starts."""
     named = data.keys() if partial else SKU_FIELDS
     if partial and not named:
@@ -232,10 +246,54 @@ def sku_fields(data: Mapping[str, Any], *, partial: bool) -> dict[str, Any]:
         fields["payment_window_s"] = integer(
             data, "payment_window_s", low=0, high=MAX_PAYMENT_WINDOW_S, default=0
         )
+    fields.update(_display_fields(data, named))
     starts, ends = fields.get("starts_at"), fields.get("ends_at")
     if starts is not None and ends is not None and ends <= starts:
         raise InvalidRequest("ends_at must be after starts_at")
     return fields
+
+
+def _display_fields(data: Mapping[str, Any], named: Iterable[str]) -> dict[str, str | None]:
+    """The display fields among ``named``, each checked (null: none)."""
+    fields: dict[str, str | None] = {}
+    for name in named:
+        if name in DISPLAY_TEXTS:
+            fields[name] = display_text(data.get(name), name, DISPLAY_TEXTS[name])
+        elif name == "image_url":
+            fields[name] = image_url(data.get(name))
+    return fields
+
+
+def display_text(value: object, name: str, longest: int) -> str | None:
+    """A display field's text (``title``, ``price_text``): null, or 1 to
+    ``longest`` characters without control characters; raises :class:`InvalidRequest`."""
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise InvalidRequest(f"{name} must be a string or null")
+    if not 1 <= len(value) <= longest:
+        raise InvalidRequest(f"{name} must be 1 to {longest} characters")
+    if CONTROL.search(value):
+        raise InvalidRequest(f"{name} must not contain control characters")
+    return value
+
+
+def image_url(value: object) -> str | None:
+    """A sku's ``image_url``: null, or an absolute http(s) URL of at most
+    MAX_IMAGE_URL printable ASCII characters, without credentials; whether its
+    origin is allowed is the waiting page's to say
+    (:func:`gateway.http.waiting_page.check_image_url`). Raises :class:`InvalidRequest`."""
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise InvalidRequest("image_url must be a string or null")
+    valid = len(value) <= MAX_IMAGE_URL and URL_CHARS.fullmatch(value) is not None
+    if not valid or origin_of(value) is None:
+        raise InvalidRequest(
+            f"image_url must be an http(s) URL of at most {MAX_IMAGE_URL} printable ASCII"
+            " characters, without credentials"
+        )
+    return value
 
 
 def _instant(data: Mapping[str, Any], name: str) -> datetime | None:

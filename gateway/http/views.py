@@ -192,13 +192,14 @@ def _wait_s(request: web.Request) -> float:
 
 async def get_sku(request: web.Request) -> web.Response:
     """GET /v1/skus/{sku}: what is left to buy, the strategy it sells under, its
-    window and whether it has a waiting room."""
+    window, whether it has a waiting room, and its display fields."""
     sku = payloads.identifier(request.match_info["sku"], "sku")
     available = await request.app[PURCHASES].available(sku)
     purchases = request.app[PURCHASES]
     strategy, rules = await purchases.strategy(sku), await purchases.rules(sku)
     body = {"sku": sku, "available": available, "strategy": strategy.value, **rules.window_json()}
     body["waiting_room"] = await request.app[ADMISSIONS].has_room(sku)
+    body.update((await purchases.display(sku)).as_json())
     return json_response(body)
 
 

@@ -12,6 +12,11 @@ origins of ``GATEWAY_WAITING_PAGE_RETURN_ORIGINS``: the page sends the buyer
 there once admitted. ``pay_to``, on one of the same origins, is where the
 shop takes payment: an order waiting for it links there, with its request id.
 Any other ``return_to`` or ``pay_to`` is a 400 (no open redirect).
+
+A sku's display fields (title, image, price) are the script's to show, from
+``GET /v1/skus/{sku}``; the policy lets images load from the page's own origin
+and from those of ``GATEWAY_WAITING_PAGE_IMAGE_ORIGINS`` alone, and the admin
+API refuses an ``image_url`` on any other (:func:`check_image_url`).
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from importlib.abc import Traversable
 
 from aiohttp import web
 
-from gateway.domain.errors import InvalidRequest
+from gateway.domain.errors import ImageOriginRefused, InvalidRequest
 from gateway.http import payloads
 from gateway.settings import origin_of
 
@@ -44,6 +49,21 @@ def check_return_to(
         raise InvalidRequest(f"{name} must be a URL on an origin the gateway allows")
 
 
+def check_image_url(image_url: str | None, allowed: frozenset[str]) -> None:
+    """Refuse a sku's ``image_url`` off the allowed origins (the page's policy
+    would block it); raises :class:`ImageOriginRefused`."""
+    if image_url is None:
+        return
+    if not allowed:
+        raise ImageOriginRefused(
+            "image_url is not allowed: GATEWAY_WAITING_PAGE_IMAGE_ORIGINS is empty"
+        )
+    if origin_of(image_url) not in allowed:
+        raise ImageOriginRefused(
+            "image_url must be on an origin of GATEWAY_WAITING_PAGE_IMAGE_ORIGINS"
+        )
+
+
 def _sha256(text: str) -> str:
     """A CSP hash source of an inline element's exact text."""
     return "'sha256-" + base64.b64encode(hashlib.sha256(text.encode()).digest()).decode() + "'"
@@ -57,6 +77,7 @@ class WaitingPage:
     etag: str
     headers: dict[str, str]
     return_origins: frozenset[str]
+    image_origins: frozenset[str]
 
     def answer(self, request: web.Request) -> web.Response:
         """``GET /wait/{sku}?user_id=U[&return_to=URL][&pay_to=URL]``: the page, or
@@ -80,10 +101,14 @@ class WaitingPage:
 
     @classmethod
     def build(
-        cls, return_origins: frozenset[str] = frozenset(), pages: Traversable = PAGES_DIR
+        cls,
+        return_origins: frozenset[str] = frozenset(),
+        image_origins: frozenset[str] = frozenset(),
+        pages: Traversable = PAGES_DIR,
     ) -> WaitingPage:
         """Inline ``waiting.css``, ``waiting.js`` and ``texts.json`` into
-        ``waiting.html``, and make the policy that allows exactly them."""
+        ``waiting.html``, and make the policy that allows exactly them (and
+        images from ``image_origins``)."""
         style = (pages / "waiting.css").read_text()
         script = (pages / "waiting.js").read_text()
         # "</" cannot end the data block early: JSON allows "<\/" for it.
@@ -96,9 +121,11 @@ class WaitingPage:
             .replace("{{script}}", script)
         )
         body = html.encode()
+        # data: for the empty favicon, which keeps browsers from asking for /favicon.ico.
+        images = " ".join(["'self'", "data:", *sorted(image_origins)])
         policy = (
             f"default-src 'none'; script-src {_sha256(script)}; style-src {_sha256(style)}; "
-            "connect-src 'self'; img-src data:; base-uri 'none'; form-action 'none'; "
+            f"connect-src 'self'; img-src {images}; base-uri 'none'; form-action 'none'; "
             "frame-ancestors 'none'"
         )
         headers = {
@@ -109,4 +136,10 @@ class WaitingPage:
             "Cache-Control": "public, max-age=300",
         }
         etag = hashlib.sha256(body).hexdigest()[:20]
-        return cls(body=body, etag=etag, headers=headers, return_origins=return_origins)
+        return cls(
+            body=body,
+            etag=etag,
+            headers=headers,
+            return_origins=return_origins,
+            image_origins=image_origins,
+        )

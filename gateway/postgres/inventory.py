@@ -1,9 +1,10 @@
 """The inventory rows: which skus exist, and each sku's settings as an admin sets them.
 
 A sku's row holds its stock, per-user limit, sale window, rate limits, waiting
-room and strategy. An admin change rewrites them under the row's lock (admin
-changes and flushes of the sku queue on it), recording every change of stock
-as a stock movement in the same transaction, so the audit's books balance.
+room and strategy; its display fields have a row of their own in
+``sku_display``. An admin change rewrites them under the inventory row's lock
+(admin changes and flushes of the sku queue on it), recording every change of
+stock as a stock movement in the same transaction, so the audit's books balance.
 Driver errors become :class:`gateway.domain.errors.PostgresUnavailable`.
 """
 
@@ -17,18 +18,22 @@ from typing import Any, NamedTuple
 import asyncpg
 
 from gateway.domain.errors import InvalidRequest
-from gateway.domain.model import SkuInfo, SkuSettings, Strategy, WaitingRoom
+from gateway.domain.model import NO_DISPLAY, Display, SkuInfo, SkuSettings, Strategy, WaitingRoom
 from gateway.domain.rules import Rate, rate_from_db
 from gateway.postgres.database import Connection, as_unavailable
 
+# The display fields come from a table of their own (sql/012_display_fields.sql).
 SKU_INFO = """
 SELECT stock, per_user_limit, room_admit_per_s, room_token_ttl_s, room_shuffle_at_start,
-       starts_at, ends_at, user_rate, client_rate, strategy, payment_window_s
-FROM inventory WHERE sku = $1 AND archived_at IS NULL
+       starts_at, ends_at, user_rate, client_rate, strategy, payment_window_s,
+       title, image_url, price_text
+FROM inventory LEFT JOIN sku_display USING (sku) WHERE sku = $1 AND archived_at IS NULL
 """
 # The same, with the row locked for an admin change. An archived sku is not
 # there for purchases or changes (404 unknown_sku) until a PUT lists it again.
-LOCK_SKU_SETTINGS = SKU_INFO.rstrip() + " FOR UPDATE\n"
+# The inventory row's lock covers its display row too: only admin changes,
+# which take it first, write that one.
+LOCK_SKU_SETTINGS = SKU_INFO.rstrip() + " FOR UPDATE OF inventory\n"
 # Skus sold through a waiting room (gateway.usecases.servable: they need an admission secret).
 WAITING_ROOM_SKUS = """
 SELECT sku FROM inventory WHERE room_admit_per_s IS NOT NULL AND archived_at IS NULL
@@ -104,6 +109,14 @@ UPDATE inventory
 SET room_admit_per_s = $2, room_token_ttl_s = $3, room_shuffle_at_start = $4
 WHERE sku = $1
 """
+SET_DISPLAY = """
+INSERT INTO sku_display (sku, title, image_url, price_text) VALUES ($1, $2, $3, $4)
+ON CONFLICT (sku) DO UPDATE
+SET title = excluded.title, image_url = excluded.image_url, price_text = excluded.price_text
+"""
+DISPLAY = "SELECT title, image_url, price_text FROM sku_display WHERE sku = $1"
+# A sku without display fields keeps no row.
+CLEAR_DISPLAY = "DELETE FROM sku_display WHERE sku = $1"
 RECORD_MOVEMENT = """
 INSERT INTO stock_movements (sku, delta, reason, stock_after) VALUES ($1, $2, $3, $4)
 """
@@ -164,6 +177,9 @@ def _settings_of(row: asyncpg.Record) -> SkuSettings:
         waiting_room=room,
         strategy=None if row["strategy"] is None else Strategy(row["strategy"]),
         payment_window_s=row["payment_window_s"],
+        title=row["title"],
+        image_url=row["image_url"],
+        price_text=row["price_text"],
     )
 
 
@@ -190,6 +206,14 @@ async def _write_settings(con: Connection, sku: str, new: SkuSettings) -> None:
     )
 
 
+async def _write_display(con: Connection, sku: str, shown: Display) -> None:
+    """Write the display fields of ``sku`` (its inventory row is locked)."""
+    if shown == NO_DISPLAY:
+        await con.execute(CLEAR_DISPLAY, sku)
+    else:
+        await con.execute(SET_DISPLAY, sku, shown.title, shown.image_url, shown.price_text)
+
+
 def _rate_text(rate: Rate | str | None) -> str | None:
     """A rate as its column holds it: ``N/s:burst``, ``off`` or NULL."""
     return None if rate is None else str(rate)
@@ -207,6 +231,12 @@ class Inventory:
         with as_unavailable:
             row = await self._pool.fetchrow(SKU_INFO, sku)
         return None if row is None else _settings_of(row).info(sku)
+
+    async def display(self, sku: str) -> Display:
+        """The display fields of ``sku``, archived or not (none without a row)."""
+        with as_unavailable:
+            row = await self._pool.fetchrow(DISPLAY, sku)
+        return NO_DISPLAY if row is None else Display(*row)
 
     async def states(self, *, every: bool = False) -> list[SkuState]:
         """The active skus (``ACTIVE``), by name; ``every`` sku of the inventory,
@@ -276,6 +306,8 @@ class Inventory:
                 if after.starts_at and after.ends_at and after.ends_at <= after.starts_at:
                     raise InvalidRequest("ends_at must be after starts_at")
                 await _write_settings(con, sku, after)
+                if after.display != before.display:
+                    await _write_display(con, sku, after.display)
                 if "stock" in fields:
                     delta = after.stock - before.stock
                     await con.execute(RECORD_MOVEMENT, sku, delta, "set", after.stock)

@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from gateway.domain.errors import UnknownSku
-from gateway.domain.model import StockReport
+from gateway.domain.model import Display, StockReport
 from gateway.postgres.inventory import Inventory
 from gateway.postgres.orders import Orders
 from gateway.redis.reservations import Reservations, StockLoad
@@ -32,6 +32,9 @@ from gateway.usecases.rebuilds import Rebuilds
 from gateway.usecases.servable import Servability
 from gateway.usecases.sold_out import SoldOut
 from gateway.write.sku_locks import SkuLocks
+
+# Fields of a sku's answer left out when not set (null in the change log).
+ANSWERED_WHEN_SET = ("waiting_room", "title", "image_url", "price_text")
 
 
 class StockAdmin:
@@ -82,14 +85,10 @@ class StockAdmin:
                 redis_stock = await self._reset(sku, after.stock, fresh=before is None)
         self._forget(sku)
         shown = after.as_json()
-        answer = {
-            "sku": sku,
-            **shown,
-            "strategy": selling.value,
-            "redis_stock": redis_stock,
-        }
-        if after.waiting_room is None:
-            del answer["waiting_room"]
+        answer = {"sku": sku, **shown, "strategy": selling.value, "redis_stock": redis_stock}
+        for name in ANSWERED_WHEN_SET:
+            if answer[name] is None:
+                del answer[name]
         old = None if before is None else before.as_json()
         change = {name: [None if old is None else old[name], shown[name]] for name in fields}
         done = {"sku": sku, "created": before is None, "set": change}
@@ -172,6 +171,10 @@ class StockAdmin:
             pending=pending,
             sold=sold,
         )
+
+    async def display(self, sku: str) -> Display:
+        """The display fields of ``sku`` (archived or not; none for a sku unknown)."""
+        return await self._inventory.display(sku)
 
     async def _sells_in_redis(self, sku: str) -> bool:
         """Whether ``sku`` sells from a Redis counter; an archived sku (unknown to

@@ -41,6 +41,7 @@ from gateway.domain.errors import (
 from gateway.domain.model import (
     DUPLICATE,
     SOLD_OUT,
+    Display,
     Order,
     Outcome,
     Purchase,
@@ -327,6 +328,11 @@ class Purchases:
     async def rules(self, sku: str) -> SaleRules:
         """The sku's window and own rates; raises UnknownSku."""
         return (await self._catalog.get(sku)).rules
+
+    async def display(self, sku: str) -> Display:
+        """The sku's display fields (from the catalog: no query when cached);
+        raises UnknownSku."""
+        return (await self._catalog.get(sku)).display
 
     def _admit(self) -> None:
         """Refuse a purchase before reserving when draining or the backlog is full."""

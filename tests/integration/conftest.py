@@ -15,6 +15,7 @@ from gateway.lock import LockSubscriber
 from gateway.lock.zk_session import ZkSession
 from gateway.postgres.database import migrate
 from gateway.redis.layout import lock_key
+from testkit.rabbitmq_servers import RabbitServer
 from testkit.redis_cluster import LocalRedisCluster
 from testkit.services import create_database, drop_database
 from testkit.zookeeper_servers import ZooKeeperServer
@@ -69,6 +70,18 @@ def zookeeper_server() -> Iterator[ZooKeeperServer]:
     started once per session on first use and stopped at its end. Tests share it
     under lock names of their own."""
     server = ZooKeeperServer()
+    try:
+        asyncio.run(server.start())
+        yield server
+    finally:
+        asyncio.run(server.close())
+
+
+@pytest.fixture(scope="session")
+def rabbit_server() -> Iterator[RabbitServer]:
+    """A private RabbitMQ node, started once per session on first use, for the
+    tests that stop the broker: the shared one on 5672 is never restarted."""
+    server = RabbitServer()
     try:
         asyncio.run(server.start())
         yield server

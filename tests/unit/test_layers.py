@@ -28,6 +28,8 @@ ALLOWED: dict[str, frozenset[str]] = {
     "strategies": frozenset({"postgres", "domain"}),
     "redis": frozenset({"domain", "lock"}),
     "postgres": frozenset({"domain"}),
+    # The shop's own systems the events go to (webhook, RabbitMQ).
+    "outbound": frozenset({"domain"}),
     "domain": frozenset(),
     # A library of its own: redis-py and asyncpg only.
     "lock": frozenset(),

@@ -1,4 +1,4 @@
-"""Origins of the waiting page's return_to, and their setting."""
+"""Origins of the waiting page's return_to and of its images, and their settings."""
 
 from __future__ import annotations
 
@@ -49,3 +49,29 @@ class TestOrigins:
             parse_origins(raw)
         with pytest.raises(SettingsError, match="GATEWAY_WAITING_PAGE_RETURN_ORIGINS"):
             load({"GATEWAY_WAITING_PAGE_RETURN_ORIGINS": raw})
+
+
+class TestImageOrigins:
+    """GATEWAY_WAITING_PAGE_IMAGE_ORIGINS: origins as return_to's are, https
+    only but on loopback, where a developer's or a test's server runs."""
+
+    def test_https_and_loopback_http_are_taken(self) -> None:
+        """https anywhere; http on 127.0.0.0/8, ::1 and localhost; unset: none."""
+        raw = "https://Img.Shop.Example, http://127.0.0.2:8081, http://[::1]:9000, http://localhost"
+        settings = load({"GATEWAY_WAITING_PAGE_IMAGE_ORIGINS": raw})
+        assert settings.waiting_page_image_origins == {
+            "https://img.shop.example",
+            "http://127.0.0.2:8081",
+            "http://[::1]:9000",
+            "http://localhost",
+        }
+        assert load({}).waiting_page_image_origins == frozenset()
+
+    @pytest.mark.parametrize(
+        "raw", ["http://img.shop.example", "http://10.0.0.1:8081", "https://img.example/x"]
+    )
+    def test_plain_http_off_loopback_stops_the_start(self, raw: str) -> None:
+        """An http origin elsewhere (mixed content, open to swapping on the way)
+        or anything not an origin stops the start with the setting's name."""
+        with pytest.raises(SettingsError, match="GATEWAY_WAITING_PAGE_IMAGE_ORIGINS"):
+            load({"GATEWAY_WAITING_PAGE_IMAGE_ORIGINS": raw})

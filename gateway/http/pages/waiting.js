@@ -441,15 +441,33 @@
     buyBtn.textContent = say("buy");
     payLink.textContent = say("pay");
     show("joining", say("joining"));
-    if ((await resumed()) || (await boughtElsewhere(null))) return;
+    if ((await resumed()) || (await boughtElsewhere(null))) {
+      const r = await call("GET", `/v1/skus/${enc(sku)}`);
+      return r.status === 200 && describe(r.body);
+    }
     const r = await patient("GET", `/v1/skus/${enc(sku)}`);
     if (r.status !== 200) return fail(r);
     const info = r.body;
+    describe(info);
     if (info.ends_at && Date.parse(info.ends_at) <= now()) return show("error", say("ended"));
     if (info.waiting_room) return line(info.starts_at ? Date.parse(info.starts_at) : 0);
     if (info.available <= 0) return soldOut();
     await opening(info.starts_at);
     return admitted(null, null);
+  }
+
+  // What is sold, in the operator's words: set as text, never as markup.
+  function describe(info) {
+    const img = $("wr-image");
+    if (info.title) document.title = $("wr-title").textContent = info.title;
+    if (info.image_url) {
+      img.setAttribute("alt", info.title || sku);
+      img.onerror = () => (img.hidden = true); // blocked or gone: no broken icon
+      img.setAttribute("src", info.image_url);
+      img.hidden = false;
+    }
+    $("wr-price").textContent = info.price_text || "";
+    $("wr-product").hidden = !(info.image_url || info.price_text);
   }
 
   function broken(e) {
