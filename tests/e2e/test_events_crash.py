@@ -1,14 +1,14 @@
 """Order events through a crash, with a real gateway process (issue 32): the
-gateway is SIGKILLed while the sink refuses every event, the sink recovers,
-the gateway restarts, and every event arrives, duplicates only with the same
-``event_id``, each order's versions in order.
-
-The sink refusing is the event stream whose key holds a string, so every
-XADD is answered WRONGTYPE, as a webhook receiver answering 500 is refused.
+gateway is SIGKILLed while the webhook receiver answers 500 and the event
+stream refuses too (its key holds a string: every XADD is answered
+WRONGTYPE); both recover, the gateway restarts, and every event arrives at
+both, duplicates only with the same ``event_id``, each order's versions in
+order.
 """
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections import defaultdict
 from collections.abc import AsyncIterator
@@ -22,8 +22,11 @@ from redis.asyncio import Redis
 from testkit.gateways import GatewayCluster
 from testkit.polling import wait_for
 from testkit.services import REDIS_URL, database_url, drop_database
+from testkit.webhook_receivers import Receiver, receiving
 
 PAYMENT_TOKEN = "test-payment-token-e2e"
+SECRET = "test-webhook-secret-e2e"
+SINKS = 2
 BUYERS = 30
 # Each order's first version, and the second of the paid and the cancelled ones.
 EVENTS_MADE = range(BUYERS + 2 * BUYERS // 3)
@@ -72,24 +75,58 @@ async def on_stream(redis: Redis, key: str) -> list[dict[str, str]]:
     return [{k.decode(): v.decode() for k, v in fields.items()} for _, fields in entries]
 
 
+def check(arrived: list[dict[str, Any]], ids: dict[tuple[str, int], str]) -> None:
+    """Every event there, a duplicate only with its own event_id, each order's
+    versions in order."""
+    highest: dict[str, int] = defaultdict(int)
+    for entry in arrived:
+        order, version = entry["order_id"], int(entry["version"])
+        assert ids[(order, version)] == entry["event_id"], entry
+        assert version <= highest[order] + 1, f"version {version} of {order} came early"
+        highest[order] = max(highest[order], version)
+    assert {(e["order_id"], int(e["version"])) for e in arrived} == set(ids)
+
+
 class TestKilledWhileTheSinkRefuses:
     """SIGKILL with every event refused and owed, then recovery."""
 
-    async def test_every_event_arrives_once_the_sink_and_the_gateway_are_back(
+    async def test_every_event_arrives_once_the_sinks_and_the_gateway_are_back(
         self, own_database: str, key_prefix: str, redis: Redis, sku: str
     ) -> None:
-        """30 orders, 20 of them paid or cancelled: 50 events owed, each order's
-        first refused and retried, the second held behind it; the gateway is
-        SIGKILLed, the stream is made writable, the gateway restarts: every
-        event is on the stream, a duplicate only with its own event_id, each
-        order's versions in order."""
+        """30 orders, 20 of them paid or cancelled: 50 events owed to each sink,
+        each order's first refused (500, WRONGTYPE) and retried, the second
+        held behind it; the gateway is SIGKILLed, the receiver answers 200 and
+        the stream is made writable, the gateway restarts: every event is at
+        the receiver and on the stream, a duplicate only with its own
+        event_id, each order's versions in order."""
         stream = f"{key_prefix}:events"
         await redis.set(stream, "not a stream")
-        settings: dict[str, Any] = {
-            "payment_token": PAYMENT_TOKEN,
-            "events_stream": stream,
-            "events_poll_s": 0.05,
-        }
+        receiver = Receiver(status=500)
+        async with receiving(receiver) as url:
+            settings: dict[str, Any] = {
+                "payment_token": PAYMENT_TOKEN,
+                "events_stream": stream,
+                "events_poll_s": 0.05,
+                "webhook_url": url,
+                "webhook_secret": SECRET,
+            }
+            ids = await self.crash_and_recover(own_database, key_prefix, sku, settings, receiver)
+        assert len(ids) == len(EVENTS_MADE)
+        check([e for e in await on_stream(redis, stream) if e["sku"] == sku], ids)
+        posted = [json.loads(r.body) for r in receiver.received]
+        check([e for e in posted if e["sku"] == sku], ids)
+
+    async def crash_and_recover(
+        self,
+        own_database: str,
+        key_prefix: str,
+        sku: str,
+        settings: dict[str, Any],
+        receiver: Receiver,
+    ) -> dict[tuple[str, int], str]:
+        """The sale with both sinks refusing, the SIGKILL, the recovery; the
+        events written, by (order, version)."""
+        stream = settings["events_stream"]
         async with GatewayCluster(
             1,
             redis_url=REDIS_URL,
@@ -105,11 +142,14 @@ class TestKilledWhileTheSinkRefuses:
             # The later versions wait behind their order's refused first one.
             async def all_refused() -> bool:
                 refused = await count(own_database, REFUSED)
-                return refused == BUYERS and await count(own_database, OWED) == len(EVENTS_MADE)
+                owed = await count(own_database, OWED)
+                return refused == SINKS * BUYERS and owed == SINKS * len(EVENTS_MADE)
 
             await wait_for(all_refused, within=20, what="every first version refused")
             await cluster[0].crash()
-            await redis.delete(stream)
+            receiver.status = 200
+            async with Redis.from_url(REDIS_URL) as redis:
+                await redis.delete(stream)
             await cluster[0].start()
 
             async def relayed() -> bool:
@@ -118,15 +158,6 @@ class TestKilledWhileTheSinkRefuses:
             await wait_for(relayed, within=30, what="every event relayed after the restart")
             con = await asyncpg.connect(own_database)
             try:
-                ids = {(r[0], r[1]): r[2] for r in await con.fetch(EVENTS, sku)}
+                return {(r[0], r[1]): r[2] for r in await con.fetch(EVENTS, sku)}
             finally:
                 await con.close()
-        assert len(ids) == len(EVENTS_MADE)
-        entries = [e for e in await on_stream(redis, stream) if e["sku"] == sku]
-        highest: dict[str, int] = defaultdict(int)
-        for entry in entries:
-            order, version = entry["order_id"], int(entry["version"])
-            assert ids[(order, version)] == entry["event_id"], entry
-            assert version <= highest[order] + 1, f"version {version} of {order} came early"
-            highest[order] = max(highest[order], version)
-        assert {(e["order_id"], int(e["version"])) for e in entries} == set(ids)

@@ -1,8 +1,9 @@
 """Order events end to end, in one gateway on real Redis and PostgreSQL (issue
 32): a sale of 500 units with a payment window, some paid, some cancelled, some
 expired, and a sale without one, give exactly one event per change; each
-order's versions are 1..n with no gap, every one is on the stream, in order
-within its order, and each matches docs/order-event.schema.json."""
+order's versions are 1..n with no gap, every one is on the stream and at a
+loopback webhook receiver (signed), in order within its order, and each
+matches docs/order-event.schema.json."""
 
 from __future__ import annotations
 
@@ -17,13 +18,16 @@ from typing import Any
 import asyncpg
 from redis.asyncio import Redis
 
+from gateway.outbound.webhook import SIGNATURE_HEADER, signature
 from testkit.polling import wait_for
 from testkit.purchases import Client, buy
+from testkit.webhook_receivers import Received, Receiver, receiving
 from tests.integration.test_order_lifecycle import cancel, pay, put_window, start
 
 SCHEMA = Path(__file__).parents[2] / "docs" / "order-event.schema.json"
 UNITS = 500
 CONFIRMED_UNITS = 20
+SECRET = "test-webhook-secret-32"
 EVENTS_OF = """
 SELECT e.order_id::text, e.version, e.type, e.status, e.event_id::text
 FROM order_events e JOIN orders o USING (order_id) WHERE o.sku = ANY($1::text[])
@@ -81,18 +85,66 @@ async def stream_events(redis: Redis, key: str, skus: set[str]) -> list[dict[str
     return found
 
 
-class TestExactlyOneEventPerChange:
-    """A sale with a payment window and one without, every event on the stream."""
+def posted(received: list[Received], skus: set[str]) -> list[dict[str, Any]]:
+    """The events the receiver got for these skus, in arrival order, each
+    checked against its signature."""
+    found = []
+    for request in received:
+        t = int(request.headers[SIGNATURE_HEADER].split(",")[0].removeprefix("t="))
+        assert request.headers[SIGNATURE_HEADER] == signature(SECRET, request.body, t)
+        event: dict[str, Any] = json.loads(request.body)
+        if event["sku"] in skus:
+            found.append(event)
+    return found
 
-    async def test_every_change_is_one_event_and_every_event_is_on_the_stream(
+
+def check_arrivals(
+    events: list[dict[str, Any]], ids: dict[tuple[str, int], str], schema: dict[str, Any]
+) -> None:
+    """Each event valid by the schema and carrying its own event_id; within an
+    order no version before the one below it; every version there."""
+    seen: dict[str, int] = defaultdict(int)
+    for event in events:
+        assert not problems(event, schema), (event, problems(event, schema))
+        key = (event["order_id"], event["version"])
+        assert ids[key] == event["event_id"], "a duplicate with another event_id"
+        assert event["version"] <= seen[event["order_id"]] + 1, "a version came early"
+        seen[event["order_id"]] = max(seen[event["order_id"]], event["version"])
+    assert {(e["order_id"], e["version"]) for e in events} == set(ids)
+
+
+class TestExactlyOneEventPerChange:
+    """A sale with a payment window and one without, every event on the stream
+    and at the webhook receiver."""
+
+    async def test_every_change_is_one_event_on_the_stream_and_at_the_webhook(
         self, start_gateway: Any, events_db: str, sku: str, redis: Redis, key_prefix: str
     ) -> None:
         """500 pending orders: a third paid, a third cancelled, the rest expired,
         and 20 confirmed orders of a sku without a window. Each order has
         versions 1..n, no gap, of the types its changes make; once the relay
-        is done, the stream holds each version (duplicates only with the same
-        event_id) in version order per order, each valid by the schema."""
-        client = await start(start_gateway, database_url=events_db, events_poll_s=0.02)
+        is done, the stream and the webhook receiver hold each version
+        (duplicates only with the same event_id), in version order per order,
+        each valid by the schema and each POST signed."""
+        receiver = Receiver()
+        async with receiving(receiver) as url:
+            client = await start(
+                start_gateway,
+                database_url=events_db,
+                events_poll_s=0.02,
+                webhook_url=url,
+                webhook_secret=SECRET,
+            )
+            rows = await self.sell_and_close(client, events_db, sku)
+        schema = json.loads(SCHEMA.read_text())
+        skus = {sku, f"{sku}-final"}
+        ids = {(row["order_id"], row["version"]): row["event_id"] for row in rows}
+        check_arrivals(await stream_events(redis, f"{key_prefix}:events", skus), ids, schema)
+        check_arrivals(posted(receiver.received, skus), ids, schema)
+
+    async def sell_and_close(self, client: Client, events_db: str, sku: str) -> list[Any]:
+        """The two sales, the payments, cancels and expiries; once every event
+        was relayed, the events of both skus, checked to be one per change."""
         final = f"{sku}-final"
         await put_window(client, sku, UNITS, 600)
         await put_window(client, final, CONFIRMED_UNITS, 0)
@@ -136,14 +188,4 @@ class TestExactlyOneEventPerChange:
             ("confirmed",): CONFIRMED_UNITS,
         }
 
-        schema = json.loads(SCHEMA.read_text())
-        on_stream = await stream_events(redis, f"{key_prefix}:events", {sku, final})
-        ids = {(row["order_id"], row["version"]): row["event_id"] for row in rows}
-        seen: dict[str, int] = defaultdict(int)
-        for event in on_stream:
-            assert not problems(event, schema), (event, problems(event, schema))
-            key = (event["order_id"], event["version"])
-            assert ids[key] == event["event_id"], "a duplicate with another event_id"
-            assert event["version"] <= seen[event["order_id"]] + 1, "a version came early"
-            seen[event["order_id"]] = max(seen[event["order_id"]], event["version"])
-        assert {(e["order_id"], e["version"]) for e in on_stream} == set(ids)
+        return rows
