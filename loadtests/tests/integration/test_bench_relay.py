@@ -18,9 +18,10 @@ from testkit.services import PG_ADMIN_URL, REDIS_URL
 RUN_TIMEOUT_S = 60
 
 
-def test_one_small_round_drains_with_one_and_two_relays(tmp_path: Path) -> None:
-    """One round of 200 events in batches of 32, by one relay and by two: exit 0,
-    a drain and a summary row each, and the table printed."""
+def test_one_small_round_drains_to_the_stream_and_a_webhook(tmp_path: Path) -> None:
+    """One round of 200 events in batches of 32 to the stream and to a loopback
+    webhook receiver, by one relay and by two: exit 0, a drain and a summary
+    row each, and the table printed."""
     out = tmp_path / "relay.json"
     done = subprocess.run(
         [
@@ -31,6 +32,7 @@ def test_one_small_round_drains_with_one_and_two_relays(tmp_path: Path) -> None:
             "--rounds=1",
             "--batches=32",
             "--relays=1,2",
+            "--sinks=stream,webhook",
             "--no-pin",
             f"--pg-url={PG_ADMIN_URL}",
             f"--redis-url={REDIS_URL}",
@@ -44,6 +46,7 @@ def test_one_small_round_drains_with_one_and_two_relays(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stderr[-3000:]
     results = orjson.loads(out.read_bytes())
-    assert [(d["relays"], d["batch"]) for d in results["drains"]] == [(1, 32), (2, 32)]
-    assert [(r["relays"], r["batch"]) for r in results["summary"]] == [(1, 32), (2, 32)]
-    assert "| relays | batch | events/s median (min-max) |" in done.stdout
+    cells = [("stream", 1), ("stream", 2), ("webhook", 1), ("webhook", 2)]
+    assert [(d["sink"], d["relays"]) for d in results["drains"]] == cells
+    assert [(r["sink"], r["relays"]) for r in results["summary"]] == cells
+    assert "| sink | relays | batch | events/s median (min-max) |" in done.stdout
