@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import uuid
 from collections import defaultdict
 from collections.abc import AsyncIterator, Callable, Sequence
 from datetime import UTC, datetime, timedelta
@@ -27,6 +26,7 @@ from gateway.redis.event_stream import SKEW_MARGIN_S, EventStream
 from gateway.settings import Settings
 from gateway.usecases.relay import Relay
 from testkit.commands import run_events
+from testkit.order_events import order_event
 
 # Events a test writes as a status change of each order would: version 1..3.
 VERSIONS = 3
@@ -279,12 +279,12 @@ class TestStreamTrim:
             await redis.xadd(key, {"n": "1"}, id=entry_id)
         # The first batch learns the newest id; the second trims back from it.
         for n in range(2):
-            assert await stream.deliver([event(n)]) == [None]
+            assert await stream.deliver([order_event(n)]) == [None]
         ids = await entry_ids(redis, key)
         assert set(guarded) <= ids
         assert len(ids & set(old)) < 250, "nothing was trimmed"
         owed[0] = None
-        await stream.deliver([event(2)])
+        await stream.deliver([order_event(2)])
         ids = await entry_ids(redis, key)
         assert not set(guarded) <= ids
 
@@ -293,20 +293,3 @@ async def entry_ids(redis: Redis, key: str) -> set[str]:
     """The ids of the stream's entries."""
     entries: list[tuple[bytes, Any]] = await redis.xrange(key)  # type: ignore[assignment]
     return {entry_id.decode() for entry_id, _ in entries}
-
-
-def event(n: int) -> OrderEvent:
-    """A made-up event."""
-    return OrderEvent(
-        seq=n,
-        event_id=str(uuid.uuid4()),
-        type="order.confirmed",
-        order_id=str(uuid.uuid4()),
-        request_id=f"r{n}",
-        sku="sku",
-        user_id=f"u{n}",
-        qty=1,
-        status="confirmed",
-        version=1,
-        occurred_at=datetime.now(UTC),
-    )
