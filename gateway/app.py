@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
@@ -61,7 +62,7 @@ from gateway.lock import LockSubscriber, load_lock_scripts
 from gateway.ops.answer_log import AnswerLog
 from gateway.ops.loop_lag import LoopLag
 from gateway.ops.metrics import BacklogMetrics, Metrics
-from gateway.postgres.database import Pool
+from gateway.postgres.database import Pool, create_pool
 from gateway.postgres.identity import DatabaseIdentity
 from gateway.postgres.inventory import Inventory
 from gateway.postgres.lifecycle import Lifecycle
@@ -81,6 +82,7 @@ from gateway.redis.reservations import Reservations
 from gateway.redis.rooms import Rooms
 from gateway.redis.streams import Streams
 from gateway.resources import (
+    close_pool,
     database_ctx,
     patiently,
     redis_ctx,
@@ -122,6 +124,8 @@ if TYPE_CHECKING:
 BACKLOG_SAMPLE_S = 0.5
 # The sink whose backlog bounds the stream's trim (gateway.outbound.WebhookSink's name).
 WEBHOOK = "webhook"
+# The relay's connections besides one per outbound sink: the stream's and the upkeep's.
+RELAY_CONNECTIONS = 2
 # Longest a stopping gateway waits for its background loops to end once cancelled.
 TASK_STOP_S = 2.0
 
@@ -453,12 +457,13 @@ async def _stop(tasks: list[asyncio.Task[None]]) -> None:
         log.error("background_task_stuck", task=task.get_name())
 
 
-def build_relay(opened: Opened, outbound: Sequence[EventSink]) -> Relay:
+def build_relay(opened: Opened, outbound: Sequence[EventSink], pool: Pool[Any]) -> Relay:
     """The order events' relay to the stream and the ``outbound`` sinks (the
-    webhook, RabbitMQ: ``gateway.outbound.open_sinks``); nothing started. With
-    a webhook, the stream is never trimmed past an event still owed to it."""
+    webhook, RabbitMQ: ``gateway.outbound.open_sinks``) on ``pool``; nothing
+    started. With a webhook, the stream is never trimmed past an event still
+    owed to it."""
     settings = opened.settings
-    outbox = Outbox(opened.pool)
+    outbox = Outbox(pool)
     webhook = any(sink.name == WEBHOOK for sink in outbound)
     stream = EventStream(
         opened.redis,
@@ -480,13 +485,18 @@ async def events_ctx(app: web.Application) -> AsyncIterator[None]:
     """The order events' relay, with GATEWAY_EVENTS_RELAY: the configured sinks
     opened (waiting for a RabbitMQ still starting) and registered in the
     outbox (owed every event from then on), the relay's loops run until the
-    stop, then the sinks closed."""
+    stop, then the sinks closed. The relay has a pool of its own, a
+    connection per sink and one for its upkeep: a claim holds its connection
+    while its batch is out, and a slow receiver must not take the flushes'."""
     opened, tasks = _opened(app), []
     async with contextlib.AsyncExitStack() as stack:
         if opened.settings.events_relay:
             answered = opened.metrics.events.webhook_answer
             outbound = await stack.enter_async_context(sinks_when_ready(opened.settings, answered))
-            relay = build_relay(opened, outbound)
+            size = len(outbound) + RELAY_CONNECTIONS
+            pool = await create_pool(dataclasses.replace(opened.settings, db_pool_size=size))
+            stack.push_async_callback(close_pool, pool)
+            relay = build_relay(opened, outbound, pool)
             await relay.register()
             tasks.append(asyncio.create_task(relay.run(), name="relay"))
         yield
