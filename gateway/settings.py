@@ -123,19 +123,9 @@ def parse_image_origins(raw: str) -> frozenset[str]:
     origins = parse_origins(raw)
     for origin in origins:
         host = urlsplit(origin).hostname or ""
-        if origin.startswith("http:") and not _loopback(host):
+        if origin.startswith("http:") and not is_loopback(host):
             raise ValueError(f"{origin!r}: an image origin must be https (http only on loopback)")
     return origins
-
-
-def _loopback(host: str) -> bool:
-    """Whether ``host`` names this machine: ``localhost`` or a loopback address."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def _int(low: int) -> Callable[[str], int]:
