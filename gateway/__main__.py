@@ -1,9 +1,11 @@
-"""The command line: ``flashsale-gateway [serve|migrate|audit|writer] [--flags]``.
+"""The command line: ``flashsale-gateway [serve|migrate|audit|writer|events] [--flags]``.
 
 ``serve`` (the default) runs the gateway on uvloop without an access log;
 ``migrate`` creates the database if needed and applies the migrations;
 ``audit`` checks the books of every sku (or ``--sku``), see gateway.ops.audit;
-``writer`` runs a queue strategy's stream writer alone until SIGTERM.
+``writer`` runs a queue strategy's stream writer alone until SIGTERM;
+``events`` lists the order events owed to the sinks and replays them, see
+gateway.ops.events_command.
 
 Each exits 2 with one line on stderr, no traceback, when a setting is wrong,
 among them a URL that names something the gateway cannot use (the setting, the
@@ -23,7 +25,7 @@ from aiohttp import web
 from gateway import server, settings
 from gateway.http.appkeys import ADMIN, ORDERS, SETTINGS
 from gateway.http.clients import add_client
-from gateway.ops import audit, logs
+from gateway.ops import audit, events_command, logs
 from gateway.postgres.database import connect, ensure_database, migrate
 
 DEMO_SKU, DEMO_STOCK = "demo", 100
@@ -33,7 +35,10 @@ def build_parser() -> argparse.ArgumentParser:
     """The CLI: one flag per setting, plus the subcommand."""
     parser = argparse.ArgumentParser(prog="flashsale-gateway", description=__doc__)
     parser.add_argument(
-        "command", nargs="?", default="serve", choices=["serve", "migrate", "audit", "writer"]
+        "command",
+        nargs="?",
+        default="serve",
+        choices=["serve", "migrate", "audit", "writer", "events"],
     )
     parser.add_argument(
         "--demo",
@@ -41,6 +46,11 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"create sku {DEMO_SKU!r} with stock {DEMO_STOCK} if it does not exist",
     )
     parser.add_argument("--sku", help="audit: only this sku (default: every sku)")
+    parser.add_argument("--replay", metavar="EVENT_ID", help="events: deliver this event again")
+    parser.add_argument(
+        "--replay-since", metavar="TIME", help="events: deliver every owed event since (RFC 3339)"
+    )
+    parser.add_argument("--sink", help="events: only this sink (stream, webhook, amqp)")
     settings.add_arguments(parser)
     return parser
 
@@ -90,6 +100,9 @@ def _run(args: argparse.Namespace, config: settings.Settings, argv: list[str]) -
     """Run the command ``args`` names; its exit status."""
     if args.command == "audit":
         return audit.run(config, args.sku)
+    if args.command == "events":
+        request = events_command.Request(args.replay, args.replay_since, args.sink)
+        return events_command.run(config, request)
     if args.command == "migrate":
         asyncio.run(run_migrate(config))
         return 0

@@ -7,7 +7,8 @@ locks and change feed) and stop in reverse; the connections' contexts live in
 adapters it works with: :func:`build_gateway` builds the object graph from the
 settings and the opened resources without starting anything (a lone queue
 writer's by :func:`build_flushing`), and the cleanup contexts load the scripts,
-start the background tasks and stop them. A stop begins with the lame duck
+start the background tasks and stop them; the order events' relay has a
+context of its own (:func:`events_ctx`), last. A stop begins with the lame duck
 (``/readyz`` 503, purchases still served, see :func:`lame_duck`); then the
 batcher drains: new purchases get 503, queued batches finish.
 """
@@ -15,13 +16,17 @@ batcher drains: new purchases get 503, queued batches finish.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import contextlib
+import dataclasses
+import functools
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import structlog
 from aiohttp import web
 
+from gateway.domain.events import EventSink
 from gateway.domain.model import Strategy
 from gateway.http import admin_views, payment_views, views
 from gateway.http.admin_tokens import AdminTokens
@@ -57,24 +62,33 @@ from gateway.lock import LockSubscriber, load_lock_scripts
 from gateway.ops.answer_log import AnswerLog
 from gateway.ops.loop_lag import LoopLag
 from gateway.ops.metrics import BacklogMetrics, Metrics
-from gateway.postgres.database import Pool
+from gateway.postgres.database import Pool, create_pool
 from gateway.postgres.identity import DatabaseIdentity
 from gateway.postgres.inventory import Inventory
 from gateway.postgres.lifecycle import Lifecycle
 from gateway.postgres.lookups import Arbitrations, OrderLookups, PriorLookups
 from gateway.postgres.orders import Orders
+from gateway.postgres.outbox import Outbox
 from gateway.postgres.retention import Retention
 from gateway.postgres.sale_gate import PostgresSaleGate
 from gateway.redis.change_feed import ChangeFeed
 from gateway.redis.confirmed_scan import ConfirmedScan
 from gateway.redis.connections import RedisClient
+from gateway.redis.event_stream import EventStream
 from gateway.redis.identity import IdentityStamp
 from gateway.redis.layout import channel
 from gateway.redis.rebuild_lease import RebuildLease
 from gateway.redis.reservations import Reservations
 from gateway.redis.rooms import Rooms
 from gateway.redis.streams import Streams
-from gateway.resources import database_ctx, patiently, redis_ctx, zookeeper_ctx
+from gateway.resources import (
+    close_pool,
+    database_ctx,
+    patiently,
+    redis_ctx,
+    sinks_when_ready,
+    zookeeper_ctx,
+)
 from gateway.settings import Settings
 from gateway.strategies import Deduction
 from gateway.strategies.optimistic import Optimistic
@@ -93,6 +107,7 @@ from gateway.usecases.ports import Batching, Lookups, Marking
 from gateway.usecases.purchases import Purchases
 from gateway.usecases.rebuilds import Rebuilds
 from gateway.usecases.reconciler import Reconciler
+from gateway.usecases.relay import Relay
 from gateway.usecases.sale_gate import SaleGate
 from gateway.usecases.servable import Servability
 from gateway.usecases.sold_out import SoldOut
@@ -107,6 +122,10 @@ if TYPE_CHECKING:
     from gateway.lock.zk_session import ZkSession
 
 BACKLOG_SAMPLE_S = 0.5
+# The sink whose backlog bounds the stream's trim (gateway.outbound.WebhookSink's name).
+WEBHOOK = "webhook"
+# The relay's connections besides one per outbound sink: the stream's and the upkeep's.
+RELAY_CONNECTIONS = 2
 # Longest a stopping gateway waits for its background loops to end once cancelled.
 TASK_STOP_S = 2.0
 
@@ -328,7 +347,7 @@ def _reconciler(
         inventory=inventory,
         stamp=IdentityStamp(opened.redis, settings.key_prefix),
         database=DatabaseIdentity(opened.pool),
-        retention=Retention(opened.pool, settings.release_retention_s),
+        retention=Retention(opened.pool, settings.release_retention_s, settings.events_retention_s),
         locks=flushing.locks,
         timeout_s=settings.reservation_timeout_s,
         interval_s=settings.reconcile_interval_s,
@@ -438,6 +457,52 @@ async def _stop(tasks: list[asyncio.Task[None]]) -> None:
         log.error("background_task_stuck", task=task.get_name())
 
 
+def build_relay(opened: Opened, outbound: Sequence[EventSink], pool: Pool[Any]) -> Relay:
+    """The order events' relay to the stream and the ``outbound`` sinks (the
+    webhook, RabbitMQ: ``gateway.outbound.open_sinks``) on ``pool``; nothing
+    started. With a webhook, the stream is never trimmed past an event still
+    owed to it."""
+    settings = opened.settings
+    outbox = Outbox(pool)
+    webhook = any(sink.name == WEBHOOK for sink in outbound)
+    stream = EventStream(
+        opened.redis,
+        settings.events_stream,
+        max_len=settings.events_stream_max_len,
+        max_age_s=settings.events_stream_max_age_s,
+        webhook_owed=functools.partial(outbox.oldest_owed, WEBHOOK) if webhook else None,
+    )
+    return Relay(
+        outbox=outbox,
+        sinks=[stream, *outbound],
+        observer=opened.metrics.events,
+        batch=settings.events_batch,
+        poll_s=settings.events_poll_s,
+    )
+
+
+async def events_ctx(app: web.Application) -> AsyncIterator[None]:
+    """The order events' relay, with GATEWAY_EVENTS_RELAY: the configured sinks
+    opened (waiting for a RabbitMQ still starting) and registered in the
+    outbox (owed every event from then on), the relay's loops run until the
+    stop, then the sinks closed. The relay has a pool of its own, a
+    connection per sink and one for its upkeep: a claim holds its connection
+    while its batch is out, and a slow receiver must not take the flushes'."""
+    opened, tasks = _opened(app), []
+    async with contextlib.AsyncExitStack() as stack:
+        if opened.settings.events_relay:
+            answered = opened.metrics.events.webhook_answer
+            outbound = await stack.enter_async_context(sinks_when_ready(opened.settings, answered))
+            size = len(outbound) + RELAY_CONNECTIONS
+            pool = await create_pool(dataclasses.replace(opened.settings, db_pool_size=size))
+            stack.push_async_callback(close_pool, pool)
+            relay = build_relay(opened, outbound, pool)
+            await relay.register()
+            tasks.append(asyncio.create_task(relay.run(), name="relay"))
+        yield
+        await _stop(tasks)
+
+
 async def writer_ctx(app: web.Application) -> AsyncIterator[None]:
     """A stream writer on its own (``flashsale-gateway writer``): no HTTP, no batcher."""
     opened = _opened(app)
@@ -504,7 +569,7 @@ def create_app(settings: Settings) -> web.Application:
     app[WAITING_PAGE] = WaitingPage.build(
         settings.waiting_page_return_origins, settings.waiting_page_image_origins
     )
-    app.cleanup_ctx.extend([redis_ctx, database_ctx, zookeeper_ctx, service_ctx])
+    app.cleanup_ctx.extend([redis_ctx, database_ctx, zookeeper_ctx, service_ctx, events_ctx])
     app.on_shutdown.append(drain)
     app.add_routes(views.routes(with_metrics=settings.metrics))
     app.add_routes(admin_views.routes())

@@ -94,6 +94,11 @@ async def database_ctx(app: web.Application) -> AsyncIterator[None]:
         raise
     app[POOL], app[ORDERS] = pool, Orders(pool)
     yield
+    await close_pool(pool)
+
+
+async def close_pool(pool: asyncpg.Pool) -> None:
+    """Close ``pool`` within POOL_CLOSE_S, else cut its connections."""
     try:
         async with asyncio.timeout(POOL_CLOSE_S):
             await pool.close()

@@ -123,19 +123,9 @@ def parse_image_origins(raw: str) -> frozenset[str]:
     origins = parse_origins(raw)
     for origin in origins:
         host = urlsplit(origin).hostname or ""
-        if origin.startswith("http:") and not _loopback(host):
+        if origin.startswith("http:") and not is_loopback(host):
             raise ValueError(f"{origin!r}: an image origin must be https (http only on loopback)")
     return origins
-
-
-def _loopback(host: str) -> bool:
-    """Whether ``host`` names this machine: ``localhost`` or a loopback address."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def _int(low: int) -> Callable[[str], int]:
@@ -403,6 +393,19 @@ class Settings:
     # Origins a sku's image_url may be on (its display fields); the page's CSP
     # allows images from them alone. Empty: no sku may have an image.
     waiting_page_image_origins: frozenset[str] = setting(frozenset(), parse_image_origins)
+    # Order events (gateway.usecases.relay): run the relay in this process.
+    events_relay: bool = setting(True, _bool)
+    # The Redis Stream every event is appended to, and how it is trimmed: to
+    # about this many entries when set, else to this many seconds of entries
+    # (0: never); never past an event still owed to the webhook.
+    events_stream: str = setting("flashsale:events", _text)
+    events_stream_max_len: int = setting(0, _int(0))
+    events_stream_max_age_s: float = setting(86_400.0, _float(0.0))
+    # A delivered event is pruned from the outbox this long after it occurred.
+    events_retention_s: float = setting(604_800.0, _float(1.0))
+    # Events a relay claims per sink and pass, and its pause when none is due.
+    events_batch: int = setting(256, _int(1))
+    events_poll_s: float = setting(0.1, _float(0.01))
 
     def __post_init__(self) -> None:
         if self.lane_index >= self.lane_count:

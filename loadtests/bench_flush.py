@@ -2,7 +2,7 @@
 
     python -m loadtests.bench_flush [--rounds 5] [--batches 32,64,128,256,512]
         [--orders 4096] [--modes per-batch,slice,none] [--no-pin] [--out PATH]
-        [--pg-url URL] [--redis-url URL]
+        [--pg-url URL] [--redis-url URL] [--outbox on|off]
 
 The gateway's own flush path, in this process, on a database and a Redis key
 prefix of its own (``loadtests.lib.harness``, removed at the end): the
@@ -31,6 +31,14 @@ bench runs on uvloop with the gateway's collector thresholds, on the servers'
 core (``loadtests.lib.pinning``: core 1 of two); PostgreSQL and Redis are the
 shared servers, left where the kernel puts them. It prints two Markdown tables
 and writes ``loadtests/results/flush.json``.
+
+``--outbox`` (issue 32): ``on`` (the default) flushes as a gateway does, each
+order's event written by the triggers on ``orders`` and owed to the ``stream``
+sink (no relay runs, so the backlog grows as during a long outage);
+``events`` writes the events but owes them to no sink
+(``sql/010_order_events.sql`` alone); ``off`` disables the triggers on
+``orders``: the flush of the code before the outbox, to measure what the
+events cost.
 """
 
 from __future__ import annotations
@@ -378,6 +386,7 @@ async def measure(
     """Warm up, run the rounds; the raw drains and the round trips."""
     rig = await Rig.open(database_url, redis_url, key_prefix)
     try:
+        await rig.pool.execute(OUTBOX[config.outbox])
         for mode, size in schedule(0, 1, config.modes, config.batches):
             await drain(rig, mode, size, -1, 1)
         trips = await round_trips(rig)
@@ -391,6 +400,15 @@ async def measure(
         return {"round_trips": trips, "servers": servers, "drains": drains}
     finally:
         await rig.close()
+
+
+# What --outbox does to the bench's database before the first drain.
+OUTBOX = {
+    "on": "INSERT INTO event_sinks (name) VALUES ('stream') ON CONFLICT DO NOTHING",
+    "events": "ALTER TABLE order_events DISABLE TRIGGER order_events_owed",
+    "off": "ALTER TABLE orders DISABLE TRIGGER orders_inserted, DISABLE TRIGGER orders_changed,"
+    " DISABLE TRIGGER orders_version",
+}
 
 
 def report(results: dict[str, Any]) -> str:
@@ -445,6 +463,9 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--pg-url", default=PG_URL, help="the server to create its database on")
     parser.add_argument("--redis-url", default=REDIS_URL)
     parser.add_argument("--no-pin", action="store_true", help="leave this process unpinned")
+    parser.add_argument(
+        "--outbox", choices=sorted(OUTBOX), default="on", help="the order events' triggers"
+    )
     parser.add_argument("--out", type=Path, default=RESULTS_DIR / "flush.json")
     return parser.parse_args(argv)
 
@@ -497,6 +518,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "batches": list(config.batches),
             "orders": config.orders,
             "modes": list(config.modes),
+            "outbox": config.outbox,
         },
         "machine": described,
         "pinning": f"{where}; PostgreSQL and Redis shared, {found['servers']}",

@@ -15,20 +15,28 @@ REPO = Path(__file__).resolve().parents[1]
 async def run_audit(settings: Settings, *args: str) -> tuple[int, str, str]:
     """Run ``python -m gateway audit ARGS`` on the stores of ``settings`` (database,
     Redis, key prefix; no other GATEWAY_* inherited); (exit code, stdout, stderr)."""
-    env = gateway_env(
-        {
-            "database_url": settings.database_url,
-            "redis_url": settings.redis_url,
-            "key_prefix": settings.key_prefix,
-        }
-    )
+    stores = {
+        "database_url": settings.database_url,
+        "redis_url": settings.redis_url,
+        "key_prefix": settings.key_prefix,
+    }
+    return await _run_command(stores, "audit", *args)
+
+
+async def run_events(settings: Settings, *args: str) -> tuple[int, str, str]:
+    """Run ``python -m gateway events ARGS`` on the database of ``settings``;
+    (exit code, stdout, stderr)."""
+    return await _run_command({"database_url": settings.database_url}, "events", *args)
+
+
+async def _run_command(stores: dict[str, str], *args: str) -> tuple[int, str, str]:
+    """``python -m gateway ARGS`` with only ``stores`` of the GATEWAY_* settings."""
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
         "gateway",
-        "audit",
         *args,
-        env=env,
+        env=gateway_env(stores),
         cwd=REPO,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,

@@ -150,6 +150,7 @@ def make_settings(database_url: str, key_prefix: str, redis: Redis) -> Callable[
             "database_url": database_url,
             "key_prefix": key_prefix,
             "admin_token": ADMIN_TOKEN,
+            "events_stream": f"{key_prefix}:events",
         }
         base.update(overrides)
         text = {name: value for name, value in base.items() if isinstance(value, str)}

@@ -80,4 +80,11 @@ class EventSink(Protocol):
         """The sink's name: ``stream``, ``webhook`` or ``amqp``."""
         ...
 
+    @property
+    def max_age_s(self) -> float | None:
+        """How long an event may stay undelivered to this sink before the relay
+        dead-letters it (``GATEWAY_WEBHOOK_MAX_AGE_S`` for the webhook); None:
+        retried for as long as it takes."""
+        ...
+
     async def deliver(self, events: Sequence[OrderEvent]) -> Sequence[str | None]: ...

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.multiprocess import MultiProcessCollector
 
+from gateway.ops.event_metrics import EventMetrics
 from gateway.ops.lifecycle_metrics import LifecycleMetrics
 from gateway.ops.request_stats import PURCHASE_ROUTE, RequestCollector, RequestStats
 from gateway.ops.sku_series import SkuSeries
@@ -84,6 +85,7 @@ class Metrics:
         self.streams = StreamMetrics(r, self.skus)
         self.optimistic = OptimisticMetrics(r)
         self.lifecycle = LifecycleMetrics(r)
+        self.events = EventMetrics(r)
 
     def render(self) -> bytes:
         """The exposition text of every metric (of every worker, with several)."""

@@ -1,5 +1,6 @@
 """The alert rules evaluated by Prometheus's own tool: ``promtool test rules``
-runs docs/grafana/alerts_test.yml against docs/grafana/alerts.yml.
+runs docs/grafana/alerts_test.yml against docs/grafana/alerts.yml, and
+deploy/rules/events_test.yml against deploy/rules/events.yml.
 
 promtool is Debian's ``prometheus`` package; it is installed with apt-get when
 missing, as the browser tests install chromium.
@@ -10,11 +11,13 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+from pathlib import Path
 
 from testkit.gateways import REPO
 from testkit.processes import APT_WAIT
 
 RULES_TEST = REPO / "docs" / "grafana" / "alerts_test.yml"
+EVENTS_TEST = REPO / "deploy" / "rules" / "events_test.yml"
 
 
 def promtool() -> str:
@@ -38,15 +41,26 @@ def promtool() -> str:
     return found
 
 
-def test_the_failure_rate_alert_leaves_buyers_gone_out() -> None:
-    """FlashsaleDeductionFailureRateHigh stays silent through a drop of clients
-    gone before their body arrived (client_gone) with nothing unavailable, and
-    fires at one 503 in ten purchases however many buyers went away meanwhile."""
+def rules_pass(tests: Path) -> None:
+    """``promtool test rules`` of ``tests`` passes."""
     result = subprocess.run(
-        [promtool(), "test", "rules", str(RULES_TEST)],
+        [promtool(), "test", "rules", str(tests)],
         capture_output=True,
         text=True,
         timeout=60,
         check=False,
     )
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_failure_rate_alert_leaves_buyers_gone_out() -> None:
+    """FlashsaleDeductionFailureRateHigh stays silent through a drop of clients
+    gone before their body arrived (client_gone) with nothing unavailable, and
+    fires at one 503 in ten purchases however many buyers went away meanwhile."""
+    rules_pass(RULES_TEST)
+
+
+def test_the_events_alert_fires_past_a_minute_behind_for_that_sink_alone() -> None:
+    """FlashsaleEventsBehind stays silent at 60 s and fires at 75 s for the
+    webhook, once however many gateways report it, and not for the stream."""
+    rules_pass(EVENTS_TEST)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections.abc import AsyncIterator, Iterator
 
 import asyncpg
@@ -16,6 +17,7 @@ from gateway.postgres.database import migrate
 from gateway.redis.layout import lock_key
 from testkit.rabbitmq_servers import RabbitServer
 from testkit.redis_cluster import LocalRedisCluster
+from testkit.services import create_database, drop_database
 from testkit.zookeeper_servers import ZooKeeperServer
 from tests.integration.lock_support import Backend, close_pg_pool, open_pg_pool
 
@@ -34,6 +36,19 @@ async def con(database_url: str) -> AsyncIterator[asyncpg.Connection]:
     await migrate(connection)
     yield connection
     await connection.close()
+
+
+@pytest.fixture
+async def events_db() -> AsyncIterator[str]:
+    """A migrated database of this test's own: no other test's events in its
+    outbox, and no other test's relay delivering them."""
+    name = f"flashsale_events_{uuid.uuid4().hex[:8]}"
+    url = await create_database(name)
+    connection = await asyncpg.connect(url)
+    await migrate(connection)
+    await connection.close()
+    yield url
+    await drop_database(name)
 
 
 @pytest.fixture(scope="session")

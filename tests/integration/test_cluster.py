@@ -32,6 +32,7 @@ Client = TestClient[web.Request, web.Application]
 StartGateway = Callable[..., Awaitable[Client]]
 
 ORDERS_OF = "SELECT count(*) FROM orders WHERE sku = ANY($1::text[])"
+ORDER_IDS_OF = "SELECT order_id::text FROM orders WHERE sku = ANY($1::text[])"
 
 
 async def gateways(
@@ -75,8 +76,9 @@ async def test_fifty_skus_sell_exactly_across_every_shard(
     key_prefix: str,
 ) -> None:
     """50 skus, 10 units and 15 buyers each, sold at once through two gateways: every
-    sku sells exactly its stock, no buyer twice, every 201 is a row, and each primary
-    holds some of the skus' keys (the hash tags spread them over the slots).
+    sku sells exactly its stock, no buyer twice, every 201 is a row, each primary
+    holds some of the skus' keys (the hash tags spread them over the slots), and
+    every order's event reaches the event stream.
 
     The 750 buyers arrive over 2 s: they and both gateways share this one
     process's loop, and all at the same instant on a loaded machine (both cores
@@ -94,6 +96,29 @@ async def test_fifty_skus_sell_exactly_across_every_shard(
         assert report.sold == 10, str(report)
     for primary in await redis_cluster.primaries():
         assert await keys_on(primary, key_prefix) > 0, f"no keys on primary {primary.port}"
+    await every_order_on_the_event_stream(redis_cluster, database_url, f"{key_prefix}:events", skus)
+
+
+async def every_order_on_the_event_stream(
+    cluster: LocalRedisCluster, database_url: str, stream: str, skus: Sequence[str]
+) -> None:
+    """Each order of ``skus`` reaches the event stream, one key in one slot of
+    the cluster, appended by the gateways' relays."""
+    con = await asyncpg.connect(database_url)
+    try:
+        orders = {r[0] for r in await con.fetch(ORDER_IDS_OF, skus)}
+    finally:
+        await con.close()
+    client = cluster.client()
+    try:
+
+        async def relayed() -> bool:
+            entries: list[tuple[str, dict[str, str]]] = await client.xrange(stream)  # type: ignore[assignment]
+            return orders <= {fields["order_id"] for _, fields in entries}
+
+        await wait_for(relayed, within=30, what="every order's event on the stream")
+    finally:
+        await client.aclose()
 
 
 async def test_a_primary_killed_mid_sale_oversells_nothing_and_audits_clean(

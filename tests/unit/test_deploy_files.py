@@ -84,7 +84,8 @@ def test_gateways_trust_haproxy_and_outlast_their_stop() -> None:
 
 def test_prometheus_scrapes_every_gateway_and_loads_the_alerts() -> None:
     """One target per gateway service; the rule files it loads are docs/grafana/alerts.yml,
-    deploy/rules/locks.yml (the lease rule of thumb) and deploy/rules/loop.yml."""
+    deploy/rules/locks.yml (the lease rule of thumb), deploy/rules/loop.yml and
+    deploy/rules/events.yml."""
     config = load("deploy/prometheus.yml")
     [job] = [j for j in config["scrape_configs"] if j["job_name"] == "flashsale-gateway"]
     targets = [t for group in job["static_configs"] for t in group["targets"]]
@@ -94,6 +95,7 @@ def test_prometheus_scrapes_every_gateway_and_loads_the_alerts() -> None:
         ROOT / "docs/grafana/alerts.yml",
         ROOT / "deploy/rules/locks.yml",
         ROOT / "deploy/rules/loop.yml",
+        ROOT / "deploy/rules/events.yml",
     ]
     assert load("docs/grafana/alerts.yml")["groups"][0]["rules"]
     [lease] = load("deploy/rules/locks.yml")["groups"][0]["rules"]
@@ -206,6 +208,15 @@ def test_the_event_loop_lag_alert() -> None:
     assert rule["labels"]["severity"] == "warning" and rule["annotations"]["summary"]
 
 
+def test_the_events_behind_alert() -> None:
+    """The oldest event owed to a sink, the max over the instances that all
+    sample it, over 60 s: at once, since the gauge is itself an age."""
+    [rule] = load("deploy/rules/events.yml")["groups"][0]["rules"]
+    assert rule["alert"] == "FlashsaleEventsBehind"
+    assert rule["expr"].strip() == "max by (sink) (flashsale_outbox_oldest_age_seconds) > 60"
+    assert "for" not in rule and rule["labels"]["severity"] == "warning"
+
+
 def _haproxy_seconds(pattern: str) -> list[int]:
     return [int(n) for n in re.findall(pattern, CONFIG.read_text())]
 
@@ -249,7 +260,8 @@ def _exprs(title: str) -> list[str]:
 
 def test_dashboard_panels_for_the_loop_the_queue_strategy_and_haproxy() -> None:
     """The event loop's p50/p99 lag, each of the queue strategy's stream and
-    writer series, HAProxy and the live sale (its row first) have panels; ids
+    writer series, HAProxy, the live sale (its row first) and the order
+    events' outbox, lag and webhook answers have panels; ids
     are unique and no two panels overlap."""
     lag = _exprs("Event loop lag p50 / p99")
     assert [e.split(",")[0] for e in lag] == ["histogram_quantile(0.5", "histogram_quantile(0.99"]
@@ -268,6 +280,10 @@ def test_dashboard_panels_for_the_loop_the_queue_strategy_and_haproxy() -> None:
         "flashsale_sku_held",
         "flashsale_sku_sold",
         "flashsale_sku_confirmed_total",
+        "flashsale_outbox_depth",
+        "flashsale_outbox_oldest_age_seconds",
+        "flashsale_event_delivery_lag_seconds_bucket",
+        "flashsale_webhook_answers_total",
     ):
         assert name in queried, name
     ids = [p["id"] for p in DASHBOARD["panels"]]

@@ -1,0 +1,228 @@
+"""The outbox in PostgreSQL: each sink's owed events claimed, settled, dead-lettered,
+replayed and listed (``sql/010_order_events.sql``, ``sql/011_event_delivery.sql``).
+
+A claim holds its rows, ``FOR UPDATE SKIP LOCKED``, in a transaction that lasts
+while the relay delivers them and ends with their settlement: another relay
+skips them, and a relay that dies mid-delivery (SIGKILL, PostgreSQL restarted)
+leaves its transaction to roll back, so the rows are due again at once, with
+no lease to wait out and no clock to trust. It costs a pool connection per
+sink while a batch is out (a webhook's timeout at worst). A claim takes, of
+each order, only its lowest version still owed to the sink: version n+1 waits
+until n is delivered (or stays behind it while n is a dead letter). Driver
+errors become :class:`gateway.domain.errors.PostgresUnavailable`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import asyncpg
+
+from gateway.domain.events import OrderEvent
+from gateway.postgres.database import Connection, as_unavailable
+
+REGISTER = "INSERT INTO event_sinks (name) VALUES ($1) ON CONFLICT DO NOTHING"
+# Due now, oldest due first, the lowest version owed of each order; another
+# relay's rows are skipped, not waited for.
+CLAIM = """
+WITH claimed AS (
+    SELECT d.seq, d.attempts FROM event_deliveries d
+    WHERE d.sink = $1 AND d.dead_at IS NULL AND d.due_at <= now()
+        AND NOT EXISTS (
+            SELECT 1 FROM event_deliveries p
+            WHERE p.sink = d.sink AND p.order_id = d.order_id AND p.version < d.version)
+    ORDER BY d.due_at, d.seq LIMIT $2
+    FOR UPDATE OF d SKIP LOCKED
+)
+SELECT e.seq, e.event_id::text, e.type, e.order_id::text, e.request_id, e.sku, e.user_id,
+    e.qty, e.status, e.version, e.occurred_at, c.attempts
+FROM claimed c JOIN order_events e ON e.seq = c.seq ORDER BY e.seq
+"""
+# The delivery lag by PostgreSQL's clock alone: now, not the transaction's start.
+DELIVERED = """
+DELETE FROM event_deliveries WHERE sink = $1 AND seq = ANY($2::bigint[])
+RETURNING EXTRACT(EPOCH FROM clock_timestamp() - occurred_at)::float8
+"""
+FAILED = """
+UPDATE event_deliveries d SET attempts = d.attempts + 1, last_error = f.error,
+    due_at = now() + make_interval(secs => f.delay)
+FROM unnest($2::bigint[], $3::float8[], $4::text[]) AS f(seq, delay, error)
+WHERE d.sink = $1 AND d.seq = f.seq
+"""
+DEAD_LETTER = """
+UPDATE event_deliveries SET dead_at = now()
+WHERE sink = $1 AND seq IN (
+    SELECT seq FROM event_deliveries
+    WHERE sink = $1 AND dead_at IS NULL AND owed_since < now() - make_interval(secs => $2)
+    FOR UPDATE SKIP LOCKED)
+"""
+# Due again at once, the dead letter cleared and the max age counted anew. One
+# event takes with it the dead letters of its order's earlier versions, which
+# must be delivered first.
+REPLAY_ONE = """
+WITH e AS (SELECT seq, order_id, version FROM order_events WHERE event_id = $1::uuid)
+UPDATE event_deliveries d
+SET dead_at = NULL, due_at = now(), owed_since = now(), attempts = 0
+FROM e
+WHERE d.order_id = e.order_id AND d.version <= e.version
+    AND (d.seq = e.seq OR d.dead_at IS NOT NULL) AND ($2::text IS NULL OR d.sink = $2)
+"""
+REPLAY_SINCE = """
+UPDATE event_deliveries
+SET dead_at = NULL, due_at = now(), owed_since = now(), attempts = 0
+WHERE occurred_at >= $1 AND ($2::text IS NULL OR sink = $2)
+"""
+OWED = """
+SELECT d.sink, e.event_id::text, e.type, e.order_id::text, e.version, d.attempts,
+    d.last_error, d.dead_at IS NOT NULL AS dead,
+    EXTRACT(EPOCH FROM now() - e.occurred_at)::float8 AS age_s
+FROM event_deliveries d JOIN order_events e ON e.seq = d.seq
+ORDER BY d.sink, d.seq LIMIT $1
+"""
+STATS = """
+SELECT s.name, count(d.seq) FILTER (WHERE d.dead_at IS NULL) AS depth,
+    count(d.seq) FILTER (WHERE d.dead_at IS NOT NULL) AS dead,
+    COALESCE(EXTRACT(EPOCH FROM now() - min(d.occurred_at) FILTER (WHERE d.dead_at IS NULL)),
+        0)::float8 AS oldest_s
+FROM event_sinks s LEFT JOIN event_deliveries d ON d.sink = s.name
+GROUP BY s.name ORDER BY s.name
+"""
+# The oldest event owed to a sink, dead letters included, by the lowest seq:
+# the order of writing, which is occurred_at's but for transactions open at
+# once (a margin on the reader's side covers them).
+OLDEST_OWED = """
+SELECT occurred_at FROM event_deliveries WHERE sink = $1 ORDER BY seq LIMIT 1
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class Owed:
+    """An event owed to a sink, as ``flashsale-gateway events`` lists it."""
+
+    sink: str
+    event_id: str
+    type: str
+    order_id: str
+    version: int
+    attempts: int
+    last_error: str | None
+    dead: bool
+    age_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class SinkStats:
+    """One sink's backlog: events owed and not dead, dead letters, and the age
+    of the oldest owed one (0 when none is)."""
+
+    sink: str
+    depth: int
+    dead: int
+    oldest_s: float
+
+
+def _event(row: asyncpg.Record) -> OrderEvent:
+    return OrderEvent(
+        seq=row["seq"],
+        event_id=row["event_id"],
+        type=row["type"],
+        order_id=row["order_id"],
+        request_id=row["request_id"],
+        sku=row["sku"],
+        user_id=row["user_id"],
+        qty=row["qty"],
+        status=row["status"],
+        version=row["version"],
+        occurred_at=row["occurred_at"],
+    )
+
+
+def _count(status: str) -> int:
+    """The row count of an ``UPDATE n`` or ``DELETE n`` command status."""
+    return int(status.split()[-1])
+
+
+class Claim:
+    """A batch of one sink's events, held until settled (:meth:`Outbox.claim`)."""
+
+    def __init__(self, con: Connection, sink: str, rows: Sequence[asyncpg.Record]) -> None:
+        self._con, self._sink = con, sink
+        self.events = [_event(r) for r in rows]
+        # Failed attempts so far, per event: what the next backoff grows from.
+        self.attempts = [r["attempts"] for r in rows]
+
+    async def settle(
+        self, delivered: Sequence[int], failed: Sequence[tuple[int, float, str]]
+    ) -> list[float]:
+        """Forget the ``delivered`` seqs for this sink; try each ``failed``
+        (seq, delay in seconds, why) again after its delay. Returns the
+        delivered events' lags (from occurred_at to now, PostgreSQL's clock)."""
+        with as_unavailable:
+            lags: list[float] = []
+            if delivered:
+                rows = await self._con.fetch(DELIVERED, self._sink, list(delivered))
+                lags = [r[0] for r in rows]
+            if failed:
+                seqs, delays, errors = zip(*failed, strict=True)
+                await self._con.execute(FAILED, self._sink, seqs, delays, errors)
+        return lags
+
+
+class Outbox:
+    """The outbox's deliveries, for the relay and the ``events`` command."""
+
+    def __init__(self, pool: asyncpg.Pool) -> None:
+        self._pool = pool
+
+    async def _execute(self, query: str, *args: Any) -> str:
+        with as_unavailable:
+            async with self._pool.acquire() as con:
+                return str(await con.execute(query, *args))
+
+    async def _fetch(self, query: str, *args: Any) -> list[asyncpg.Record]:
+        with as_unavailable:
+            async with self._pool.acquire() as con:
+                return list(await con.fetch(query, *args))
+
+    async def register(self, sink: str) -> None:
+        """Owe ``sink`` every event written from now on."""
+        await self._execute(REGISTER, sink)
+
+    @asynccontextmanager
+    async def claim(self, sink: str, limit: int) -> AsyncIterator[Claim]:
+        """Hold up to ``limit`` events due for ``sink`` (distinct orders) while
+        the body delivers and settles them; the rows go back to due if it
+        raises or the gateway dies. Raises PostgresUnavailable."""
+        with as_unavailable:
+            async with self._pool.acquire() as con, con.transaction():
+                yield Claim(con, sink, await con.fetch(CLAIM, sink, limit))
+
+    async def dead_letter(self, sink: str, max_age_s: float) -> int:
+        """Dead-letter what ``sink`` was owed longer than ``max_age_s``; how many."""
+        return _count(await self._execute(DEAD_LETTER, sink, max_age_s))
+
+    async def replay(self, event_id: str, sink: str | None = None) -> int:
+        """Make one event due again (for ``sink``, else every sink it is owed to),
+        with its order's earlier dead letters; how many deliveries it revived."""
+        return _count(await self._execute(REPLAY_ONE, event_id, sink))
+
+    async def replay_since(self, since: datetime, sink: str | None = None) -> int:
+        """Make every owed event that occurred at or after ``since`` due again."""
+        return _count(await self._execute(REPLAY_SINCE, since, sink))
+
+    async def owed(self, limit: int) -> list[Owed]:
+        """The events owed to a sink, undelivered or dead, by sink and age."""
+        return [Owed(*r) for r in await self._fetch(OWED, limit)]
+
+    async def stats(self) -> list[SinkStats]:
+        """Each registered sink's backlog (gauges, sampled)."""
+        return [SinkStats(*r) for r in await self._fetch(STATS)]
+
+    async def oldest_owed(self, sink: str) -> datetime | None:
+        """When the oldest event owed to ``sink`` occurred; None: nothing owed."""
+        rows = await self._fetch(OLDEST_OWED, sink)
+        return rows[0][0] if rows else None

@@ -1,0 +1,121 @@
+"""The event stream: the sink that appends each order event to one Redis Stream.
+
+Every event is one entry of ``GATEWAY_EVENTS_STREAM`` (default
+``flashsale:events``) whose fields are the event's (``OrderEvent.fields``),
+read by consumer groups (XREADGROUP, XACK; README, "Events"). One key, so one
+slot of a Redis Cluster: a batch is one pipeline to one node. A batch's last
+XADD trims the stream, approximately (``~``, whole macro nodes):
+
+- by length (``GATEWAY_EVENTS_STREAM_MAX_LEN``) when set, else by age
+  (``GATEWAY_EVENTS_STREAM_MAX_AGE_S``, counted back from the newest entry's
+  id, Redis's clock);
+- and never past an event still owed to the webhook, when one is configured:
+  the MINID stays :data:`SKEW_MARGIN_S` before the oldest owed event's
+  occurred_at (PostgreSQL's clock), and a length trim waits while any is owed.
+  When that cannot be known (PostgreSQL down), the batch does not trim.
+
+Driver errors are answered per event, never raised (``EventSink``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Awaitable, Callable, Sequence
+from datetime import datetime
+from typing import Any
+
+from redis.exceptions import RedisError
+
+from gateway.domain.errors import Unavailable
+from gateway.domain.events import OrderEvent
+from gateway.lock import connection_errors
+from gateway.redis.connections import RedisClient
+
+# An entry's id is Redis's clock when it was appended, at or after its event
+# occurred by PostgreSQL's. Two hosts' clocks disagree by well under this
+# (NTP keeps them within milliseconds), so a MINID this far before the event
+# never trims its entry.
+SKEW_MARGIN_S = 60.0
+
+# When the oldest event still owed to the webhook occurred; None: none is.
+OwedFloor = Callable[[], Awaitable[datetime | None]]
+
+
+def _ms(entry_id: str | bytes) -> int:
+    """The milliseconds part of a stream entry id (as a client decoding replies
+    or not answers it)."""
+    text = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+    return int(text.partition("-")[0])
+
+
+class EventStream:
+    """The ``stream`` sink (``EventSink``): XADD, never dead-lettered.
+
+    Args:
+        redis: the gateway's client.
+        key: the stream's key (``GATEWAY_EVENTS_STREAM``).
+        max_len: entries kept, approximately; 0: trim by age.
+        max_age_s: seconds of entries kept, by their ids; 0: never trimmed by age.
+        webhook_owed: the oldest event owed to the webhook, with a webhook sink
+            configured; None without one.
+    """
+
+    name = "stream"
+    max_age_s: float | None = None
+
+    def __init__(
+        self,
+        redis: RedisClient,
+        key: str,
+        *,
+        max_len: int,
+        max_age_s: float,
+        webhook_owed: OwedFloor | None,
+    ) -> None:
+        self._redis, self._key = redis, key
+        self._max_len, self._keep_ms = max_len, math.floor(max_age_s * 1000)
+        self._webhook_owed = webhook_owed
+        # The newest entry's milliseconds: where an age trim counts back from.
+        self._newest_ms: int | None = None
+
+    async def deliver(self, events: Sequence[OrderEvent]) -> Sequence[str | None]:
+        """Append each event; None for each appended, else why not."""
+        if not events:
+            return []
+        trim = await self._trim()
+        pipe = self._redis.pipeline(transaction=False)
+        for i, event in enumerate(events):
+            last = i == len(events) - 1
+            pipe.xadd(self._key, event.fields(), **(trim if last else {}))  # type: ignore[arg-type]
+        try:
+            with connection_errors():
+                replies = await pipe.execute(raise_on_error=False)
+        except RedisError as exc:
+            return [f"redis: {type(exc).__name__}"] * len(events)
+        answers: list[str | None] = []
+        for reply in replies:
+            if isinstance(reply, Exception):
+                answers.append(f"redis: {reply}")
+            else:
+                answers.append(None)
+                self._newest_ms = max(self._newest_ms or 0, _ms(reply))
+        return answers
+
+    async def _trim(self) -> dict[str, Any]:
+        """The trim arguments of a batch's last XADD; empty: no trim."""
+        floor_ms: int | None = None
+        if self._webhook_owed is not None:
+            try:
+                owed = await self._webhook_owed()
+            except Unavailable:
+                return {}
+            if owed is not None:
+                floor_ms = math.floor((owed.timestamp() - SKEW_MARGIN_S) * 1000)
+        if self._max_len:
+            return {} if floor_ms is not None else {"maxlen": self._max_len}
+        if not self._keep_ms or self._newest_ms is None:
+            return {}
+        bound = self._newest_ms - self._keep_ms
+        if floor_ms is not None:
+            bound = min(bound, floor_ms)
+        return {"minid": bound} if bound > 0 else {}

@@ -1,0 +1,191 @@
+"""Order events end to end, in one gateway on real Redis and PostgreSQL (issue
+32): a sale of 500 units with a payment window, some paid, some cancelled, some
+expired, and a sale without one, give exactly one event per change; each
+order's versions are 1..n with no gap, every one is on the stream and at a
+loopback webhook receiver (signed), in order within its order, and each
+matches docs/order-event.schema.json."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from collections import defaultdict
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+from redis.asyncio import Redis
+
+from gateway.outbound.webhook import SIGNATURE_HEADER, signature
+from testkit.polling import wait_for
+from testkit.purchases import Client, buy
+from testkit.webhook_receivers import Received, Receiver, receiving
+from tests.integration.test_order_lifecycle import cancel, pay, put_window, start
+
+SCHEMA = Path(__file__).parents[2] / "docs" / "order-event.schema.json"
+UNITS = 500
+CONFIRMED_UNITS = 20
+SECRET = "test-webhook-secret-32"
+EVENTS_OF = """
+SELECT e.order_id::text, e.version, e.type, e.status, e.event_id::text
+FROM order_events e JOIN orders o USING (order_id) WHERE o.sku = ANY($1::text[])
+ORDER BY e.order_id, e.version
+"""
+OWED_OF = """
+SELECT count(*) FROM event_deliveries d JOIN order_events e USING (seq)
+WHERE e.sku = ANY($1::text[])
+"""
+
+
+def problems(event: dict[str, Any], schema: dict[str, Any]) -> list[str]:
+    """What of ``event`` the schema refuses, checked by hand (no jsonschema in
+    the lock file): required and extra fields, types, enums, bounds, formats."""
+    found = [f"missing {name}" for name in schema["required"] if name not in event]
+    found += [f"extra {name}" for name in event if name not in schema["properties"]]
+    for name, rule in schema["properties"].items():
+        value = event.get(name)
+        if value is None:
+            continue
+        if "enum" in rule and value not in rule["enum"]:
+            found.append(f"{name}={value!r} not in its enum")
+        kind = {"string": str, "integer": int}.get(rule.get("type", ""))
+        if kind is not None and (not isinstance(value, kind) or isinstance(value, bool)):
+            found.append(f"{name}={value!r} is not {rule['type']}")
+            continue
+        if value in ("", None) or (isinstance(value, int) and value < rule.get("minimum", value)):
+            found.append(f"{name}={value!r} out of bounds")
+        if rule.get("format") == "uuid":
+            uuid.UUID(value)
+        if rule.get("format") == "date-time" and datetime.fromisoformat(value).tzinfo is None:
+            found.append(f"{name}={value!r} has no offset")
+    return found
+
+
+async def sell(client: Client, sku: str, units: int) -> list[str]:
+    """One purchase per buyer until ``units`` are sold; the request ids (rid part)."""
+    rids = [f"r{i}" for i in range(units)]
+    for start_at in range(0, units, 50):
+        chunk = range(start_at, min(start_at + 50, units))
+        answers = await asyncio.gather(*(buy(client, sku, f"u{i}", rids[i]) for i in chunk))
+        assert {status for status, _ in answers} == {201}, answers
+    return rids
+
+
+async def stream_events(redis: Redis, key: str, skus: set[str]) -> list[dict[str, Any]]:
+    """The entries of the event stream of these skus, in stream order, as events."""
+    entries: list[tuple[bytes, dict[bytes, bytes]]] = await redis.xrange(key)  # type: ignore[assignment]
+    found = []
+    for _, fields in entries:
+        event: dict[str, Any] = {k.decode(): v.decode() for k, v in fields.items()}
+        if event["sku"] in skus:
+            event["qty"], event["version"] = int(event["qty"]), int(event["version"])
+            found.append(event)
+    return found
+
+
+def posted(received: list[Received], skus: set[str]) -> list[dict[str, Any]]:
+    """The events the receiver got for these skus, in arrival order, each
+    checked against its signature."""
+    found = []
+    for request in received:
+        t = int(request.headers[SIGNATURE_HEADER].split(",")[0].removeprefix("t="))
+        assert request.headers[SIGNATURE_HEADER] == signature(SECRET, request.body, t)
+        event: dict[str, Any] = json.loads(request.body)
+        if event["sku"] in skus:
+            found.append(event)
+    return found
+
+
+def check_arrivals(
+    events: list[dict[str, Any]], ids: dict[tuple[str, int], str], schema: dict[str, Any]
+) -> None:
+    """Each event valid by the schema and carrying its own event_id; within an
+    order no version before the one below it; every version there."""
+    seen: dict[str, int] = defaultdict(int)
+    for event in events:
+        assert not problems(event, schema), (event, problems(event, schema))
+        key = (event["order_id"], event["version"])
+        assert ids[key] == event["event_id"], "a duplicate with another event_id"
+        assert event["version"] <= seen[event["order_id"]] + 1, "a version came early"
+        seen[event["order_id"]] = max(seen[event["order_id"]], event["version"])
+    assert {(e["order_id"], e["version"]) for e in events} == set(ids)
+
+
+class TestExactlyOneEventPerChange:
+    """A sale with a payment window and one without, every event on the stream
+    and at the webhook receiver."""
+
+    async def test_every_change_is_one_event_on_the_stream_and_at_the_webhook(
+        self, start_gateway: Any, events_db: str, sku: str, redis: Redis, key_prefix: str
+    ) -> None:
+        """500 pending orders: a third paid, a third cancelled, the rest expired,
+        and 20 confirmed orders of a sku without a window. Each order has
+        versions 1..n, no gap, of the types its changes make; once the relay
+        is done, the stream and the webhook receiver hold each version
+        (duplicates only with the same event_id), in version order per order,
+        each valid by the schema and each POST signed."""
+        receiver = Receiver()
+        async with receiving(receiver) as url:
+            client = await start(
+                start_gateway,
+                database_url=events_db,
+                events_poll_s=0.02,
+                webhook_url=url,
+                webhook_secret=SECRET,
+            )
+            rows = await self.sell_and_close(client, events_db, sku)
+        schema = json.loads(SCHEMA.read_text())
+        skus = {sku, f"{sku}-final"}
+        ids = {(row["order_id"], row["version"]): row["event_id"] for row in rows}
+        check_arrivals(await stream_events(redis, f"{key_prefix}:events", skus), ids, schema)
+        check_arrivals(posted(receiver.received, skus), ids, schema)
+
+    async def sell_and_close(self, client: Client, events_db: str, sku: str) -> list[Any]:
+        """The two sales, the payments, cancels and expiries; once every event
+        was relayed, the events of both skus, checked to be one per change."""
+        final = f"{sku}-final"
+        await put_window(client, sku, UNITS, 600)
+        await put_window(client, final, CONFIRMED_UNITS, 0)
+        rids = await sell(client, sku, UNITS)
+        await sell(client, final, CONFIRMED_UNITS)
+        third = UNITS // 3
+        paid = await asyncio.gather(*(pay(client, sku, r, f"p-{r}") for r in rids[:third]))
+        cancelled = await asyncio.gather(*(cancel(client, sku, r) for r in rids[third : 2 * third]))
+        assert {s for s, _ in paid} == {s for s, _ in cancelled} == {200}
+        con = await asyncpg.connect(events_db)
+        try:
+            await con.execute(
+                "UPDATE orders SET pay_by = now() WHERE sku = $1 AND status = 'pending_payment'",
+                sku,
+            )
+
+            async def settled() -> bool:
+                pending = await con.fetchval(
+                    "SELECT count(*) FROM orders WHERE sku = $1 AND status = 'pending_payment'",
+                    sku,
+                )
+                owed: int = await con.fetchval(OWED_OF, [sku, final])
+                return pending == 0 and owed == 0
+
+            await wait_for(settled, within=30, what="every order closed, every event relayed")
+            rows = await con.fetch(EVENTS_OF, [sku, final])
+        finally:
+            await con.close()
+
+        versions: dict[str, list[tuple[int, str]]] = defaultdict(list)
+        for row in rows:
+            versions[row["order_id"]].append((row["version"], row["type"]))
+        kinds: dict[tuple[str, ...], int] = defaultdict(int)
+        for order_versions in versions.values():
+            assert [v for v, _ in order_versions] == list(range(1, len(order_versions) + 1))
+            kinds[tuple(t.removeprefix("order.") for _, t in order_versions)] += 1
+        assert kinds == {
+            ("pending_payment", "paid"): third,
+            ("pending_payment", "cancelled"): third,
+            ("pending_payment", "expired"): UNITS - 2 * third,
+            ("confirmed",): CONFIRMED_UNITS,
+        }
+
+        return rows

@@ -1,0 +1,295 @@
+"""The relay and its outbox on a real PostgreSQL (issue 32), each test on a
+database of its own: two relays share the work without sending an event twice
+in one pass; retries keep each order's versions in order; an event past its
+sink's max age is dead-lettered, listed by ``flashsale-gateway events`` and
+delivered once replayed; pruning keeps what is owed; and the stream sink never
+trims past an event still owed to the webhook."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import defaultdict
+from collections.abc import AsyncIterator, Callable, Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import asyncpg
+import pytest
+from redis.asyncio import Redis
+from redis.backoff import ConstantBackoff
+
+from gateway.domain.events import OrderEvent
+from gateway.postgres.outbox import Outbox
+from gateway.postgres.retention import Retention
+from gateway.redis.event_stream import SKEW_MARGIN_S, EventStream
+from gateway.settings import Settings
+from gateway.usecases.relay import Relay
+from testkit.commands import run_events
+from testkit.order_events import order_event
+
+# Events a test writes as a status change of each order would: version 1..3.
+VERSIONS = 3
+WRITE_EVENTS = """
+INSERT INTO order_events (order_id, version, type, request_id, sku, user_id, qty, status)
+SELECT o.id, v, 'order.' || s, o.id::text || '.' || v, 'sku', 'u' || o.n, 1, s
+FROM (SELECT gen_random_uuid() AS id, n FROM generate_series(1, $1) n) o,
+    generate_series(1, $2) v,
+    LATERAL (SELECT (ARRAY['pending_payment', 'paid', 'paid'])[v] AS s) st
+ORDER BY v, o.n
+"""
+
+
+class Recorder:
+    """A sink that records what it was handed, pass by pass, and refuses what
+    ``refuse`` says (an event's seq and its attempt, from 1)."""
+
+    def __init__(
+        self,
+        name: str = "stream",
+        max_age_s: float | None = None,
+        taken: list[OrderEvent] | None = None,
+    ) -> None:
+        self.name, self.max_age_s = name, max_age_s
+        self.passes: list[list[OrderEvent]] = []
+        # What the sink took, in order (shared by the sinks of relays side by side).
+        self.taken: list[OrderEvent] = [] if taken is None else taken
+        self.tries: dict[int, int] = defaultdict(int)
+        self.refuse: Callable[[OrderEvent, int], bool] = lambda event, attempt: False
+        self.barrier: asyncio.Barrier | None = None
+        # Events handed over before the version below them was taken.
+        self.early: list[OrderEvent] = []
+
+    async def deliver(self, events: Sequence[OrderEvent]) -> Sequence[str | None]:
+        """Record, wait a while for the other relay's pass when asked to, answer."""
+        self.passes.append(list(events))
+        below = {(e.order_id, e.version) for e in self.taken}
+        self.early += [
+            e for e in events if e.version > 1 and (e.order_id, e.version - 1) not in below
+        ]
+        if self.barrier is not None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.barrier.wait(), timeout=1)
+        answers: list[str | None] = []
+        for event in events:
+            self.tries[event.seq] += 1
+            if self.refuse(event, self.tries[event.seq]):
+                answers.append("refused")
+            else:
+                self.taken.append(event)
+                answers.append(None)
+        return answers
+
+
+class Observed:
+    """The relay's observer, kept."""
+
+    def __init__(self) -> None:
+        self.lags: list[float] = []
+        self.failures = 0
+
+    def delivered(self, sink: str, lags_s: Sequence[float]) -> None:
+        self.lags += lags_s
+
+    def failed(self, sink: str, count: int) -> None:
+        self.failures += count
+
+    def sample(self, stats: object) -> None:
+        """Not looked at here."""
+
+
+@pytest.fixture
+async def pool(events_db: str) -> AsyncIterator[asyncpg.Pool]:
+    """A pool on the test's database."""
+    p = await asyncpg.create_pool(events_db, min_size=1, max_size=6)
+    assert p is not None
+    yield p
+    await p.close()
+
+
+def relay(pool: asyncpg.Pool, sink: Recorder, batch: int = 10) -> Relay:
+    """A relay to ``sink`` retrying at once (the backoff is not under test here)."""
+    return Relay(
+        outbox=Outbox(pool),
+        sinks=[sink],
+        observer=Observed(),
+        batch=batch,
+        poll_s=0.01,
+        backoff=ConstantBackoff(0),
+    )
+
+
+def in_order(taken: Sequence[OrderEvent]) -> bool:
+    """Each order's versions were taken 1, 2, 3, ... in that order."""
+    seen: dict[str, int] = defaultdict(int)
+    for event in taken:
+        if event.version != seen[event.order_id] + 1:
+            return False
+        seen[event.order_id] = event.version
+    return True
+
+
+async def drain(r: Relay, sink: Recorder, passes: int = 100) -> None:
+    """Passes of ``r`` until one claims nothing, at most ``passes``."""
+    for _ in range(passes):
+        if not await r.relay_once(sink):
+            return
+    raise AssertionError(f"still claiming after {passes} passes")
+
+
+class TestSharing:
+    """Two relays on one outbox."""
+
+    async def test_two_relays_never_send_one_event_in_the_same_pass(
+        self, pool: asyncpg.Pool
+    ) -> None:
+        """Passes run side by side, each holding its batch until the other
+        claimed too: the two batches of a pass are disjoint, every event is
+        taken exactly once, none of an order before the version below it."""
+        taken: list[OrderEvent] = []
+        a, b = Recorder(taken=taken), Recorder(taken=taken)
+        relay_a, relay_b = relay(pool, a), relay(pool, b)
+        await relay_a.register()
+        await pool.execute(WRITE_EVENTS, 30, VERSIONS)
+        both = 0
+        for _ in range(100):
+            a.barrier = b.barrier = asyncio.Barrier(2)
+            got = await asyncio.gather(relay_a.relay_once(a), relay_b.relay_once(b))
+            if not any(got):
+                break
+            if all(got):
+                both += 1
+                assert not {e.seq for e in a.passes[-1]} & {e.seq for e in b.passes[-1]}
+        handed = [e.seq for p in a.passes + b.passes for e in p]
+        assert len(handed) == len(set(handed)) == len(taken) == 30 * VERSIONS
+        assert both >= 3, "the relays never claimed side by side"
+        assert not a.early and not b.early and in_order(taken)
+        assert await pool.fetchval("SELECT count(*) FROM event_deliveries") == 0
+
+
+class TestRetries:
+    """A sink that refuses some first attempts."""
+
+    async def test_per_order_order_is_kept_under_retries(self, pool: asyncpg.Pool) -> None:
+        """Every version 1 and 2 of every other order is refused once: each order's
+        versions still reach the sink 1, 2, 3, none before the one below it was
+        delivered, and the refusals are counted and recorded."""
+        sink = Recorder()
+        r = relay(pool, sink, batch=7)
+        await r.register()
+        await pool.execute(WRITE_EVENTS, 20, VERSIONS)
+        odd = {
+            row["order_id"]
+            for row in await pool.fetch("SELECT DISTINCT order_id::text FROM order_events")
+        }
+        refused = set(sorted(odd)[::2])
+        sink.refuse = lambda e, attempt: e.order_id in refused and e.version < 3 and attempt == 1
+        await drain(r, sink)
+        assert len(sink.taken) == 20 * VERSIONS
+        assert in_order(sink.taken) and not sink.early
+        assert sum(sink.tries.values()) == 20 * VERSIONS + len(refused) * 2
+        assert await pool.fetchval("SELECT count(*) FROM event_deliveries") == 0
+
+
+class TestDeadLetters:
+    """A sink with a max age, refusing everything for a while."""
+
+    async def test_an_old_event_is_dead_lettered_listed_and_replayed(
+        self, pool: asyncpg.Pool, events_db: str, make_settings: Callable[..., Settings]
+    ) -> None:
+        """Owed past the sink's max age, an event is dead-lettered by the upkeep
+        and no longer tried; ``events`` lists it and exits 1; ``--replay`` makes
+        it due again, and once the sink takes it ``events`` lists nothing, exit 0."""
+        sink = Recorder(name="webhook", max_age_s=0.2)
+        sink.refuse = lambda e, attempt: True
+        r = relay(pool, sink)
+        await r.register()
+        await pool.execute(WRITE_EVENTS, 1, 1)
+        event_id = await pool.fetchval("SELECT event_id::text FROM order_events")
+        assert await r.relay_once(sink) == 1
+        await pool.execute("UPDATE event_deliveries SET owed_since = now() - interval '1 s'")
+        await r.upkeep()
+        assert await r.relay_once(sink) == 0
+        settings = make_settings(database_url=events_db)
+        code, out, _ = await run_events(settings)
+        assert code == 1 and f"webhook\tdead\t{event_id}" in out, out
+        assert "sink webhook: 0 owed, 1 dead" in out
+        code, out, _ = await run_events(settings, "--replay", event_id)
+        assert code == 0 and "replayed 1" in out, out
+        sink.refuse = lambda e, attempt: False
+        await drain(r, sink)
+        assert [e.event_id for e in sink.taken] == [event_id]
+        code, out, _ = await run_events(settings)
+        assert code == 0 and event_id not in out, out
+        code, _, err = await run_events(settings, "--replay", event_id)
+        assert code == 1
+        code, _, err = await run_events(settings, "--replay-since", "yesterday")
+        assert code == 2 and "events" in err
+
+
+class TestPruning:
+    """The reconciler's pruning pass over the outbox."""
+
+    async def test_pruning_keeps_owed_events_and_deletes_delivered_old_ones(
+        self, pool: asyncpg.Pool
+    ) -> None:
+        """Of events older than the retention, the delivered ones go and the one
+        still owed stays; younger delivered ones stay too."""
+        sink = Recorder()
+        r = relay(pool, sink)
+        await r.register()
+        await pool.execute(WRITE_EVENTS, 4, 1)
+        owed = await pool.fetchval("SELECT min(seq) FROM order_events")
+        sink.refuse = lambda e, attempt: e.seq == owed
+        await r.relay_once(sink)
+        await pool.execute("UPDATE event_deliveries SET due_at = now() + interval '1 hour'")
+        await pool.execute(WRITE_EVENTS, 2, 1)
+        await drain(r, sink)
+        # The first four are an hour old; the owed one (still refused) among them.
+        await pool.execute(
+            "UPDATE order_events SET occurred_at = now() - interval '1 hour' WHERE seq <= $1",
+            owed + 3,
+        )
+        pruned = await Retention(pool, 3600, events_retention_s=60).prune()
+        assert pruned.order_events == 3
+        left = {r["seq"] for r in await pool.fetch("SELECT seq FROM order_events")}
+        assert left == {owed, owed + 4, owed + 5}
+
+
+class TestStreamTrim:
+    """The event stream's trim, with a webhook still owed events."""
+
+    async def test_the_trim_never_passes_an_event_owed_to_the_webhook(
+        self, redis: Redis, key_prefix: str
+    ) -> None:
+        """Trimmed by age to about the newest entry, the stream keeps every entry
+        from the skew margin before the oldest event owed to the webhook, while
+        older ones go; with nothing owed, those go too."""
+        key = f"{key_prefix}:events"
+        now_ms = int(datetime.now(UTC).timestamp() * 1000)
+        owed: list[datetime | None] = [datetime.now(UTC) - timedelta(seconds=5)]
+
+        async def oldest() -> datetime | None:
+            return owed[0]
+
+        stream = EventStream(redis, key, max_len=0, max_age_s=0.001, webhook_owed=oldest)
+        old = [f"{now_ms - 3_600_000 + i}-0" for i in range(250)]
+        guarded = [f"{now_ms - int(SKEW_MARGIN_S * 1000) + 1_000 + i}-0" for i in range(50)]
+        for entry_id in old + guarded:
+            await redis.xadd(key, {"n": "1"}, id=entry_id)
+        # The first batch learns the newest id; the second trims back from it.
+        for n in range(2):
+            assert await stream.deliver([order_event(n)]) == [None]
+        ids = await entry_ids(redis, key)
+        assert set(guarded) <= ids
+        assert len(ids & set(old)) < 250, "nothing was trimmed"
+        owed[0] = None
+        await stream.deliver([order_event(2)])
+        ids = await entry_ids(redis, key)
+        assert not set(guarded) <= ids
+
+
+async def entry_ids(redis: Redis, key: str) -> set[str]:
+    """The ids of the stream's entries."""
+    entries: list[tuple[bytes, Any]] = await redis.xrange(key)  # type: ignore[assignment]
+    return {entry_id.decode() for entry_id, _ in entries}
