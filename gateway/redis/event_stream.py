@@ -22,7 +22,6 @@ from __future__ import annotations
 import math
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
-from typing import Any
 
 from redis.exceptions import RedisError
 
@@ -30,6 +29,7 @@ from gateway.domain.errors import Unavailable
 from gateway.domain.events import OrderEvent
 from gateway.lock import connection_errors
 from gateway.redis.connections import RedisClient
+from gateway.redis.scripts import commands_many
 
 # An entry's id is Redis's clock when it was appended, at or after its event
 # occurred by PostgreSQL's. Two hosts' clocks disagree by well under this
@@ -83,13 +83,17 @@ class EventStream:
         if not events:
             return []
         trim = await self._trim()
-        pipe = self._redis.pipeline(transaction=False)
-        for i, event in enumerate(events):
-            last = i == len(events) - 1
-            pipe.xadd(self._key, event.fields(), **(trim if last else {}))  # type: ignore[arg-type]
+        commands: list[list[str | bytes | int | float]] = []
+        for event in events:
+            command: list[str | bytes | int | float] = ["XADD", self._key, "*"]
+            for name, value in event.fields().items():
+                command += (name, value)
+            commands.append(command)
+        # The trim rides on the batch's last XADD: XADD key MAXLEN|MINID ~ n * ...
+        commands[-1][2:3] = [*trim, "*"]
         try:
             with connection_errors():
-                replies = await pipe.execute(raise_on_error=False)
+                replies = await commands_many(self._redis, commands)
         except RedisError as exc:
             return [f"redis: {type(exc).__name__}"] * len(events)
         answers: list[str | None] = []
@@ -101,21 +105,21 @@ class EventStream:
                 self._newest_ms = max(self._newest_ms or 0, _ms(reply))
         return answers
 
-    async def _trim(self) -> dict[str, Any]:
+    async def _trim(self) -> list[str | int]:
         """The trim arguments of a batch's last XADD; empty: no trim."""
         floor_ms: int | None = None
         if self._webhook_owed is not None:
             try:
                 owed = await self._webhook_owed()
             except Unavailable:
-                return {}
+                return []
             if owed is not None:
                 floor_ms = math.floor((owed.timestamp() - SKEW_MARGIN_S) * 1000)
         if self._max_len:
-            return {} if floor_ms is not None else {"maxlen": self._max_len}
+            return [] if floor_ms is not None else ["MAXLEN", "~", self._max_len]
         if not self._keep_ms or self._newest_ms is None:
-            return {}
+            return []
         bound = self._newest_ms - self._keep_ms
         if floor_ms is not None:
             bound = min(bound, floor_ms)
-        return {"minid": bound} if bound > 0 else {}
+        return ["MINID", "~", bound] if bound > 0 else []

@@ -57,23 +57,31 @@ async def evalsha_many(redis: RedisClient, calls: Sequence[Call]) -> list[Any]:
     while another node's calls went through). Raises a
     ``RedisError`` when the connection fails, after the client's own retries
     (which send the calls again: a reserve call is recognised by its call key)."""
+    # Not pipe.evalsha on a cluster: a cluster pipeline refuses it, since it
+    # cannot know the keys share a slot; execute_command routes EVALSHA by its keys.
+    return await commands_many(
+        redis, [("EVALSHA", sha, len(keys), *keys, *args) for sha, keys, args in calls]
+    )
+
+
+async def commands_many(redis: RedisClient, commands: Sequence[Sequence[ScriptArg]]) -> list[Any]:
+    """Send ``commands`` in one round trip, packed by hiredis on a single Redis
+    (a cluster's pipeline routes each by its key); per command its reply or
+    the ``ResponseError`` Redis answered. Raises a ``RedisError`` when the
+    connection fails, after the client's own retries (which send every command
+    again)."""
     if not isinstance(redis, Redis):
-        # Not pipe.evalsha: a cluster pipeline refuses it, since it cannot know
-        # the keys share a slot; execute_command routes EVALSHA by its keys.
         pipe = redis.pipeline(transaction=False)
-        for sha, keys, args in calls:
-            pipe.execute_command("EVALSHA", sha, len(keys), *keys, *args)
+        for command in commands:
+            pipe.execute_command(*command)
         return await pipe.execute(raise_on_error=False)
     # hiredis's stub types the command as a 1-tuple; it takes any length.
-    packed = b"".join(
-        hiredis.pack_command(("EVALSHA", sha, len(keys), *keys, *args))  # type: ignore[arg-type]
-        for sha, keys, args in calls
-    )
+    packed = b"".join(hiredis.pack_command(tuple(c)) for c in commands)  # type: ignore[arg-type]
     pool = redis.connection_pool
     conn = await pool.get_connection()  # type: ignore[no-untyped-call]
     try:
         replies: list[Any] = await conn.retry.call_with_retry(
-            lambda: _exchange(conn, packed, len(calls)), lambda _: conn.disconnect()
+            lambda: _exchange(conn, packed, len(commands)), lambda _: conn.disconnect()
         )
         return replies
     finally:
