@@ -64,7 +64,10 @@ WHERE sink = $1 AND seq IN (
 # event takes with it the dead letters of its order's earlier versions, which
 # must be delivered first.
 REPLAY_ONE = """
-WITH e AS (SELECT seq, order_id, version FROM order_events WHERE event_id = $1::uuid)
+WITH e AS (
+    SELECT e.seq, e.order_id, e.version FROM event_deliveries o
+    JOIN order_events e ON e.seq = o.seq WHERE e.event_id = $1::uuid LIMIT 1
+)
 UPDATE event_deliveries d
 SET dead_at = NULL, due_at = now(), owed_since = now(), attempts = 0
 FROM e
