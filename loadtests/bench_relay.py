@@ -13,7 +13,7 @@ that answers at once; ``webhook-50ms``, to one that answers after 50 ms
 (``loadtests.lib.webhook_target``, a process of its own on the load
 generator's core; ``--slow-events`` events: at most 64 POSTs in flight make
 it slow by design). Each drain writes the events to the outbox untimed (one
-INSERT; its trigger owes each to the one sink registered), then runs R
+INSERT per 100, as flushes write them; its trigger owes them to the one sink registered), then runs R
 relays side by side, each claiming batches of B, pass after pass until none
 claims anything, timed from the first claim to the last settle. It checks
 that the outbox owes nothing, and that the stream holds every event once.
@@ -57,12 +57,16 @@ from testkit.ports import free_port
 from testkit.processes import die_with_parent, stop_process
 from testkit.services import create_database, drop_database
 
+# $2 events from the $1-th: one statement, as one flush writes its batch's.
 WRITE = """
 INSERT INTO order_events (order_id, version, type, request_id, sku, user_id, qty, status)
 SELECT gen_random_uuid(), 1, 'order.confirmed', 'bench.' || n, 'bench', 'u' || n, 1, 'confirmed'
-FROM generate_series(1, $1) n
+FROM generate_series($1::int, $1::int + $2::int - 1) n
 """
-CLEAR = "TRUNCATE order_events, event_deliveries, event_sinks"
+# Events a flush writes at once: its batch (GATEWAY_BATCH_MAX is 256; a sale
+# in stock flushes smaller ones).
+FLUSH_EVENTS = 100
+CLEAR = "TRUNCATE order_events, event_deliveries, event_batches, event_sinks"
 REGISTER = "INSERT INTO event_sinks (name) VALUES ($1)"
 SECRET = "bench-webhook-secret"
 # The webhook sinks' receivers: how long each takes to answer, in ms.
@@ -88,7 +92,8 @@ async def drain(pool: asyncpg.Pool, sink: EventSink, events: int, relays: int, b
     """One drain of ``events`` to ``sink`` by ``relays`` relays; its events a second."""
     await pool.execute(CLEAR)
     await pool.execute(REGISTER, sink.name)
-    await pool.execute(WRITE, events)
+    for first in range(0, events, FLUSH_EVENTS):
+        await pool.execute(WRITE, first, min(FLUSH_EVENTS, events - first))
     workers = [
         Relay(outbox=Outbox(pool), sinks=[sink], observer=Quiet(), batch=batch, poll_s=0.01)
         for _ in range(relays)
@@ -101,7 +106,7 @@ async def drain(pool: asyncpg.Pool, sink: EventSink, events: int, relays: int, b
     started = time.perf_counter()
     await asyncio.gather(*(loop(r) for r in workers))
     elapsed = time.perf_counter() - started
-    owed = await pool.fetchval("SELECT count(*) FROM event_deliveries")
+    owed = await pool.fetchval("SELECT count(*) FROM events_owed")
     if owed:
         raise RuntimeError(f"a drain to {sink.name} left {owed} events owed")
     return events / elapsed

@@ -35,12 +35,41 @@ WITH claimed AS (
         AND NOT EXISTS (
             SELECT 1 FROM event_deliveries p
             WHERE p.sink = d.sink AND p.order_id = d.order_id AND p.version < d.version)
+        -- A later version waits out every batch older than it: its order's
+        -- first version may be in one.
+        AND (d.version = 1 OR NOT EXISTS (
+            SELECT 1 FROM event_batches b WHERE b.sink = d.sink AND b.first_seq < d.seq))
     ORDER BY d.due_at, d.seq LIMIT $2
     FOR UPDATE OF d SKIP LOCKED
 )
 SELECT e.seq, e.event_id::text, e.type, e.order_id::text, e.request_id, e.sku, e.user_id,
     e.qty, e.status, e.version, e.occurred_at, c.attempts
 FROM claimed c JOIN order_events e ON e.seq = c.seq ORDER BY e.seq
+"""
+# The oldest batch not held by another relay; the claim takes them one by one
+# until it has enough events (a batch is a flush's new orders, one order each).
+BATCH = """
+SELECT first_seq, cardinality(seqs) FROM event_batches
+WHERE sink = $1 AND first_seq > $2 ORDER BY first_seq LIMIT 1 FOR UPDATE SKIP LOCKED
+"""
+TAKE_BATCHES = """
+WITH taken AS (
+    DELETE FROM event_batches WHERE sink = $1 AND first_seq = ANY($2::bigint[]) RETURNING seqs
+)
+SELECT e.seq, e.event_id::text, e.type, e.order_id::text, e.request_id, e.sku, e.user_id,
+    e.qty, e.status, e.version, e.occurred_at, 0 AS attempts
+FROM taken t CROSS JOIN LATERAL unnest(t.seqs) AS u(seq) JOIN order_events e ON e.seq = u.seq
+ORDER BY e.seq
+"""
+# A batch's events a sink refused: owed one by one from now on, since their
+# write (the max age counts from there, as for any event).
+REFUSED_FROM_BATCH = """
+INSERT INTO event_deliveries
+    (sink, seq, order_id, version, occurred_at, owed_since, attempts, due_at, last_error)
+SELECT $1, e.seq, e.order_id, e.version, e.occurred_at, e.occurred_at, 1,
+    now() + make_interval(secs => f.delay), f.error
+FROM unnest($2::bigint[], $3::float8[], $4::text[]) AS f(seq, delay, error)
+JOIN order_events e ON e.seq = f.seq
 """
 # The delivery lag by PostgreSQL's clock alone: now, not the transaction's start.
 DELIVERED = """
@@ -83,7 +112,7 @@ OWED = """
 SELECT d.sink, e.event_id::text, e.type, e.order_id::text, e.version, d.attempts,
     d.last_error, d.dead_at IS NOT NULL AS dead,
     EXTRACT(EPOCH FROM now() - e.occurred_at)::float8 AS age_s
-FROM event_deliveries d JOIN order_events e ON e.seq = d.seq
+FROM events_owed d JOIN order_events e ON e.seq = d.seq
 ORDER BY d.sink, d.seq LIMIT $1
 """
 STATS = """
@@ -91,14 +120,17 @@ SELECT s.name, count(d.seq) FILTER (WHERE d.dead_at IS NULL) AS depth,
     count(d.seq) FILTER (WHERE d.dead_at IS NOT NULL) AS dead,
     COALESCE(EXTRACT(EPOCH FROM now() - min(d.occurred_at) FILTER (WHERE d.dead_at IS NULL)),
         0)::float8 AS oldest_s
-FROM event_sinks s LEFT JOIN event_deliveries d ON d.sink = s.name
+FROM event_sinks s LEFT JOIN events_owed d ON d.sink = s.name
 GROUP BY s.name ORDER BY s.name
 """
 # The oldest event owed to a sink, dead letters included, by the lowest seq:
 # the order of writing, which is occurred_at's but for transactions open at
 # once (a margin on the reader's side covers them).
 OLDEST_OWED = """
-SELECT occurred_at FROM event_deliveries WHERE sink = $1 ORDER BY seq LIMIT 1
+SELECT least(
+    (SELECT occurred_at FROM event_deliveries WHERE sink = $1 ORDER BY seq LIMIT 1),
+    (SELECT e.occurred_at FROM event_batches b JOIN order_events e ON e.seq = b.first_seq
+     WHERE b.sink = $1 ORDER BY b.first_seq LIMIT 1))
 """
 
 
@@ -144,19 +176,42 @@ def _event(row: asyncpg.Record) -> OrderEvent:
     )
 
 
+async def _take_batches(con: Connection, sink: str, room: int) -> list[asyncpg.Record]:
+    """Take the oldest batches no other relay holds, one by one while their
+    events fit in ``room`` (the first one whatever its size); their events."""
+    taken: list[int] = []
+    after, count = -1, 0
+    while room > 0:
+        row = await con.fetchrow(BATCH, sink, after)
+        if row is None or (taken and count + row[1] > room):
+            break
+        taken.append(row[0])
+        after, count = row[0], count + row[1]
+    return list(await con.fetch(TAKE_BATCHES, sink, taken)) if taken else []
+
+
 def _count(status: str) -> int:
     """The row count of an ``UPDATE n`` or ``DELETE n`` command status."""
     return int(status.split()[-1])
 
 
 class Claim:
-    """A batch of one sink's events, held until settled (:meth:`Outbox.claim`)."""
+    """A batch of one sink's events, held until settled (:meth:`Outbox.claim`):
+    those owed one by one, then those of whole batches (``fresh``, never tried)."""
 
-    def __init__(self, con: Connection, sink: str, rows: Sequence[asyncpg.Record]) -> None:
+    def __init__(
+        self,
+        con: Connection,
+        sink: str,
+        owed: Sequence[asyncpg.Record],
+        fresh: Sequence[asyncpg.Record],
+    ) -> None:
         self._con, self._sink = con, sink
+        rows = [*owed, *fresh]
         self.events = [_event(r) for r in rows]
         # Failed attempts so far, per event: what the next backoff grows from.
         self.attempts = [r["attempts"] for r in rows]
+        self._fresh = frozenset(r["seq"] for r in fresh)
 
     async def settle(
         self, delivered: Sequence[int], failed: Sequence[tuple[int, float, str]]
@@ -166,13 +221,29 @@ class Claim:
         delivered events' lags (from occurred_at to now, PostgreSQL's clock)."""
         with as_unavailable:
             lags: list[float] = []
-            if delivered:
-                rows = await self._con.fetch(DELIVERED, self._sink, list(delivered))
+            owed = [seq for seq in delivered if seq not in self._fresh]
+            if owed:
+                rows = await self._con.fetch(DELIVERED, self._sink, owed)
                 lags = [r[0] for r in rows]
-            if failed:
-                seqs, delays, errors = zip(*failed, strict=True)
-                await self._con.execute(FAILED, self._sink, seqs, delays, errors)
+            if len(owed) < len(delivered):
+                # A batch's events went with its row, deleted by the claim.
+                now = await self._con.fetchval("SELECT clock_timestamp()")
+                taken = self._fresh.intersection(delivered)
+                lags += [
+                    (now - e.occurred_at).total_seconds() for e in self.events if e.seq in taken
+                ]
+            await self._refused(failed)
         return lags
+
+    async def _refused(self, failed: Sequence[tuple[int, float, str]]) -> None:
+        """Record the refusals: a row per event owed one by one, a new one for
+        an event of a batch."""
+        again = [f for f in failed if f[0] not in self._fresh]
+        first = [f for f in failed if f[0] in self._fresh]
+        for query, rows in ((FAILED, again), (REFUSED_FROM_BATCH, first)):
+            if rows:
+                seqs, delays, errors = zip(*rows, strict=True)
+                await self._con.execute(query, self._sink, seqs, delays, errors)
 
 
 class Outbox:
@@ -202,7 +273,10 @@ class Outbox:
         raises or the gateway dies. Raises PostgresUnavailable."""
         with as_unavailable:
             async with self._pool.acquire() as con, con.transaction():
-                yield Claim(con, sink, await con.fetch(CLAIM, sink, limit))
+                # The events owed one by one first: a later version that waits
+                # out an older batch must see the batches this claim takes.
+                owed = await con.fetch(CLAIM, sink, limit)
+                yield Claim(con, sink, owed, await _take_batches(con, sink, limit - len(owed)))
 
     async def dead_letter(self, sink: str, max_age_s: float) -> int:
         """Dead-letter what ``sink`` was owed longer than ``max_age_s``; how many."""

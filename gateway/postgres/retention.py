@@ -24,13 +24,15 @@ PRUNE_RATE_BUCKETS = "DELETE FROM rate_buckets WHERE expires_at < now()"
 PRUNE_RELEASED = """
 DELETE FROM released_reservations WHERE released_at < now() - make_interval(secs => $1)
 """
-# An event delivered to every sink it was owed to (no delivery row left,
-# sql/011_event_delivery.sql) and older than GATEWAY_EVENTS_RETENTION_S: found
-# by the BRIN index on occurred_at, deleted a bounded batch at a time.
+# An event delivered to every sink it was owed to (no delivery row left, and
+# older than every batch still owed, sql/011_event_delivery.sql) and older
+# than GATEWAY_EVENTS_RETENTION_S: found by the BRIN index on occurred_at,
+# deleted a bounded batch at a time.
 PRUNE_EVENTS = """
 DELETE FROM order_events WHERE seq IN (
     SELECT e.seq FROM order_events e
     WHERE e.occurred_at < now() - make_interval(secs => $1)
+        AND e.seq < (SELECT COALESCE(min(first_seq), 'Infinity'::numeric) FROM event_batches)
         AND NOT EXISTS (SELECT 1 FROM event_deliveries d WHERE d.seq = e.seq)
     LIMIT $2)
 """

@@ -30,7 +30,7 @@ SINKS = 2
 BUYERS = 30
 # Each order's first version, and the second of the paid and the cancelled ones.
 EVENTS_MADE = range(BUYERS + 2 * BUYERS // 3)
-OWED = "SELECT count(*) FROM event_deliveries"
+OWED = "SELECT count(*) FROM events_owed"
 REFUSED = "SELECT count(*) FROM event_deliveries WHERE attempts >= 1"
 EVENTS = "SELECT order_id::text, version, event_id::text FROM order_events WHERE sku = $1"
 

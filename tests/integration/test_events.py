@@ -34,7 +34,7 @@ FROM order_events e JOIN orders o USING (order_id) WHERE o.sku = ANY($1::text[])
 ORDER BY e.order_id, e.version
 """
 OWED_OF = """
-SELECT count(*) FROM event_deliveries d JOIN order_events e USING (seq)
+SELECT count(*) FROM events_owed d JOIN order_events e USING (seq)
 WHERE e.sku = ANY($1::text[])
 """
 

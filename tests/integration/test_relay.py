@@ -164,7 +164,7 @@ class TestSharing:
         assert len(handed) == len(set(handed)) == len(taken) == 30 * VERSIONS
         assert both >= 3, "the relays never claimed side by side"
         assert not a.early and not b.early and in_order(taken)
-        assert await pool.fetchval("SELECT count(*) FROM event_deliveries") == 0
+        assert await pool.fetchval("SELECT count(*) FROM events_owed") == 0
 
 
 class TestRetries:
@@ -188,7 +188,7 @@ class TestRetries:
         assert len(sink.taken) == 20 * VERSIONS
         assert in_order(sink.taken) and not sink.early
         assert sum(sink.tries.values()) == 20 * VERSIONS + len(refused) * 2
-        assert await pool.fetchval("SELECT count(*) FROM event_deliveries") == 0
+        assert await pool.fetchval("SELECT count(*) FROM events_owed") == 0
 
 
 class TestDeadLetters:
