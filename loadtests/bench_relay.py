@@ -12,9 +12,9 @@ the :class:`~gateway.outbound.WebhookSink` POSTing to a loopback receiver
 that answers at once; ``webhook-50ms``, to one that answers after 50 ms
 (``loadtests.lib.webhook_target``, a process of its own on the load
 generator's core; ``--slow-events`` events: at most 64 POSTs in flight make
-it slow by design). Each drain writes the events to the outbox untimed (one
-INSERT per 100, as flushes write them; its trigger owes them to the one sink registered), then runs R
-relays side by side, each claiming batches of B, pass after pass until none
+it slow by design). Each drain writes the events to the outbox untimed (an
+INSERT per 100, as flushes write them; its trigger owes them to the one sink
+registered), then runs R relays side by side, each claiming batches of B, pass after pass until none
 claims anything, timed from the first claim to the last settle. It checks
 that the outbox owes nothing, and that the stream holds every event once.
 Every (sink, relays, batch size) is one drain per round, ``--rounds``
