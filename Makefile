@@ -19,6 +19,9 @@ UV      := uv==0.13.9
 GATEWAY_ADMIN_TOKEN ?= dev-admin-token
 GATEWAY_ADMISSION_SECRET ?= dev-admission-secret
 GATEWAY_PAYMENT_TOKEN ?= dev-payment-token
+# make run publishes the order events to the RabbitMQ services.sh made sure of
+# (not exported: the tests choose their own broker, vhost and exchange).
+GATEWAY_EVENTS_AMQP_URL ?= amqp://guest:guest@127.0.0.1:5672/
 
 export GATEWAY_DATABASE_URL ?= postgresql://postgres@127.0.0.1:5432/flashsale
 export GATEWAY_REDIS_URL ?= redis://127.0.0.1:6379/0
@@ -53,9 +56,11 @@ run: $(SERVING) services
 	@echo "admission secret: $(GATEWAY_ADMISSION_SECRET)  (signs waiting-room admission tokens; dev only)"
 	@echo "payment token:    $(GATEWAY_PAYMENT_TOKEN)  (pay and cancel orders: Authorization: Bearer $(GATEWAY_PAYMENT_TOKEN))"
 	@echo "waiting-room page: http://127.0.0.1:$${GATEWAY_PORT:-8080}/wait/demo?user_id=alice"
+	@echo "order events:     Redis stream flashsale:events; RabbitMQ exchange flashsale.events at $(GATEWAY_EVENTS_AMQP_URL); a webhook with GATEWAY_WEBHOOK_URL and GATEWAY_WEBHOOK_SECRET (docs/webhooks.md)"
 	$(BIN)/flashsale-gateway migrate
 	GATEWAY_ADMIN_TOKEN='$(GATEWAY_ADMIN_TOKEN)' GATEWAY_ADMISSION_SECRET='$(GATEWAY_ADMISSION_SECRET)' \
-		GATEWAY_PAYMENT_TOKEN='$(GATEWAY_PAYMENT_TOKEN)' exec $(BIN)/flashsale-gateway serve --demo
+		GATEWAY_PAYMENT_TOKEN='$(GATEWAY_PAYMENT_TOKEN)' GATEWAY_EVENTS_AMQP_URL='$(GATEWAY_EVENTS_AMQP_URL)' \
+		exec $(BIN)/flashsale-gateway serve --demo
 
 lint: $(STAMP)
 	$(BIN)/ruff check gateway tests loadtests testkit

@@ -46,6 +46,7 @@ _OWNED_SETTINGS = (
     "GATEWAY_DATABASE_URL",
     "GATEWAY_REDIS_URL",
     "GATEWAY_KEY_PREFIX",
+    "GATEWAY_EVENTS_STREAM",
     "GATEWAY_ADMIN_TOKEN",
 )
 
@@ -207,6 +208,8 @@ class Harness:
                 "GATEWAY_DATABASE_URL": database_url,
                 "GATEWAY_REDIS_URL": self.redis_url,
                 "GATEWAY_KEY_PREFIX": f"{self.key_prefix}:{name}",
+                # Under the run's prefix, so the run's keys go with it at the end.
+                "GATEWAY_EVENTS_STREAM": f"{self.key_prefix}:{name}:events",
                 "GATEWAY_ADMIN_TOKEN": token,
             }
         )
