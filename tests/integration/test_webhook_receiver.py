@@ -1,6 +1,6 @@
-"""The receiver of docs/webhooks.md, run as written against what the webhook
-sink sends: a good request is kept, a tampered body, a wrong secret and a
-stale signature are refused."""
+"""The receivers of docs/webhooks.md and of README's "Events", run as written
+against what the webhook sink sends: a good request is kept, a tampered body,
+a wrong secret and a stale signature are refused."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from testkit.order_events import order_events
 from testkit.webhook_receivers import serving
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "webhooks.md"
+README = DOC.parents[1] / "README.md"
 SECRET = "receiver-test-secret-0123456789"
 
 
@@ -68,3 +69,22 @@ def test_verify_refuses_a_tampered_body_a_wrong_secret_and_a_stale_signature() -
     for bad in ("", "t=abc,v1=00", "v1=00", f"t={now}", good.replace("v1=", "v0=")):
         assert not verify(SECRET, body, bad), bad
     assert SIGNATURE_HEADER == "Flashsale-Signature"
+
+
+def test_the_readmes_verify_holds_for_the_sinks_signature_alone() -> None:
+    """README's few lines accept the signature the sink sends for a body now,
+    and refuse another body, another secret, a signature 301 s old and a
+    malformed header."""
+    (block,) = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
+    names: dict[str, Any] = {"__name__": "webhook_receiver_readme"}
+    exec(compile(block, str(README), "exec"), names)
+    verify = names["verify"]
+    body = order_events(1)[0].body()
+    now = int(time.time())
+    good = signature(SECRET, body, now)
+    assert verify(SECRET, body, good)
+    assert not verify(SECRET, body.replace(b'"qty":1', b'"qty":9'), good)
+    assert not verify("wrong-secret-0123456789", body, good)
+    assert not verify(SECRET, body, signature(SECRET, body, now - 301))
+    for bad in ("", "t=abc,v1=00", f"t={now}", good.replace("v1=", "v0=")):
+        assert not verify(SECRET, body, bad), bad
