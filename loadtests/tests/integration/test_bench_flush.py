@@ -5,15 +5,12 @@ measures speed."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import orjson
 
 from loadtests.lib.flush_report import MODES
-from loadtests.lib.options import REPO_ROOT
-from testkit.services import PG_ADMIN_URL, REDIS_URL
+from loadtests.tests.integration.runs import run_bench
 
 # A subprocess: the bench pins itself and sets the collector's thresholds.
 RUN_TIMEOUT_S = 60
@@ -22,26 +19,15 @@ RUN_TIMEOUT_S = 60
 def test_one_small_round_drains_every_mode_and_writes_its_results(tmp_path: Path) -> None:
     """One round of one batch of 32 a mode: exit 0, a drain and a row per mode."""
     out = tmp_path / "flush.json"
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "loadtests.bench_flush",
-            "--rounds=1",
-            "--batches=32",
-            "--orders=32",
-            "--no-pin",
-            f"--pg-url={PG_ADMIN_URL}",
-            f"--redis-url={REDIS_URL}",
-            f"--out={out}",
-        ],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=RUN_TIMEOUT_S,
-        check=False,
+    done = run_bench(
+        "bench_flush",
+        "--rounds=1",
+        "--batches=32",
+        "--orders=32",
+        "--no-pin",
+        f"--out={out}",
+        timeout_s=RUN_TIMEOUT_S,
     )
-    assert done.returncode == 0, done.stderr[-3000:]
     results = orjson.loads(out.read_bytes())
     assert sorted(d["mode"] for d in results["drains"]) == sorted(MODES)
     assert all(d["batch"] == 32 and d["batches"] == 1 for d in results["drains"])

@@ -5,14 +5,11 @@ measures speed."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import orjson
 
-from loadtests.lib.options import REPO_ROOT
-from testkit.services import PG_ADMIN_URL, REDIS_URL
+from loadtests.tests.integration.runs import run_bench
 
 # A subprocess: the bench pins itself and runs on uvloop.
 RUN_TIMEOUT_S = 60
@@ -23,28 +20,17 @@ def test_one_small_round_drains_to_the_stream_and_a_webhook(tmp_path: Path) -> N
     webhook receiver, by one relay and by two: exit 0, a drain and a summary
     row each, and the table printed."""
     out = tmp_path / "relay.json"
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "loadtests.bench_relay",
-            "--events=200",
-            "--rounds=1",
-            "--batches=32",
-            "--relays=1,2",
-            "--sinks=stream,webhook",
-            "--no-pin",
-            f"--pg-url={PG_ADMIN_URL}",
-            f"--redis-url={REDIS_URL}",
-            f"--out={out}",
-        ],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=RUN_TIMEOUT_S,
-        check=False,
+    done = run_bench(
+        "bench_relay",
+        "--events=200",
+        "--rounds=1",
+        "--batches=32",
+        "--relays=1,2",
+        "--sinks=stream,webhook",
+        "--no-pin",
+        f"--out={out}",
+        timeout_s=RUN_TIMEOUT_S,
     )
-    assert done.returncode == 0, done.stderr[-3000:]
     results = orjson.loads(out.read_bytes())
     cells = [("stream", 1), ("stream", 2), ("webhook", 1), ("webhook", 2)]
     assert [(d["sink"], d["relays"]) for d in results["drains"]] == cells
