@@ -23,11 +23,17 @@ ADMIN_HEADERS = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 
 
 async def put_sku(
-    client: Client, sku: str, stock: int, limit: int = 1, strategy: str | None = None
+    client: Client,
+    sku: str,
+    stock: int,
+    limit: int = 1,
+    strategy: str | None = None,
+    **fields: Any,
 ) -> None:
     """Create or reset a sku through the admin API (asserts a 200); with ``strategy``
-    the sku sells under that strategy instead of the gateway's."""
-    body: dict[str, Any] = {"stock": stock, "per_user_limit": limit}
+    the sku sells under that strategy instead of the gateway's; ``fields`` are
+    any other of the PUT's fields (``starts_at``, ``waiting_room`` ...)."""
+    body: dict[str, Any] = {"stock": stock, "per_user_limit": limit, **fields}
     if strategy is not None:
         body["strategy"] = strategy
     resp = await client.put(f"/admin/skus/{sku}", json=body, headers=ADMIN_HEADERS)

@@ -25,7 +25,7 @@ from redis.asyncio import Redis
 
 from gateway.redis.layout import RoomKeys
 from testkit.browser import TEXTS, StartGateway, assert_clean, gateway
-from testkit.purchases import ADMIN_HEADERS, orders_of, put_sku
+from testkit.purchases import orders_of, put_sku
 from testkit.rooms import join, put_room_sku
 from tests.e2e.conftest import PHONE, OpenBuyer
 
@@ -229,13 +229,13 @@ class TestSkusOfEveryKind:
         countdown; once the window opens the buyer is let in."""
         client, origin = await gateway(start_gateway)
         starts = datetime.now(UTC) + timedelta(seconds=3)
-        body = {
-            "stock": 5,
-            "starts_at": starts.isoformat(),
-            "waiting_room": {"admit_per_s": 100, "token_ttl_s": 60},
-        }
-        resp = await client.put(f"/admin/skus/{sku}", json=body, headers=ADMIN_HEADERS)
-        assert resp.status == 200, await resp.text()
+        await put_sku(
+            client,
+            sku,
+            5,
+            starts_at=starts.isoformat(),
+            waiting_room={"admit_per_s": 100, "token_ttl_s": 60},
+        )
         buyer = await buyers(origin)
         await buyer.open(f"/wait/{sku}?user_id=buyer")
         await buyer.reach("not_started", audit=False)  # for 3 s
@@ -254,9 +254,7 @@ class TestSkusOfEveryKind:
         while the countdown ticks."""
         client, origin = await gateway(start_gateway)
         starts = datetime.now(UTC) + timedelta(days=30)
-        body = {"stock": 5, "starts_at": starts.isoformat()}
-        resp = await client.put(f"/admin/skus/{sku}", json=body, headers=ADMIN_HEADERS)
-        assert resp.status == 200, await resp.text()
+        await put_sku(client, sku, 5, starts_at=starts.isoformat())
         buyer = await buyers(origin)
         await buyer.open(f"/wait/{sku}?user_id=buyer")
         await buyer.reach("not_started")

@@ -19,7 +19,7 @@ import pytest
 from playwright.async_api import Route
 
 from testkit.browser import TEXTS, Buyer, StartGateway, assert_clean, gateway
-from testkit.purchases import ADMIN_HEADERS, orders_of, put_sku
+from testkit.purchases import orders_of, put_sku
 from testkit.rooms import join, put_room_sku
 from tests.e2e.conftest import OpenBuyer
 
@@ -126,9 +126,7 @@ class TestFarOffSale:
         than offering Buy after Retry-After."""
         client, origin = await gateway(start_gateway)
         starts = datetime.now(UTC) + timedelta(days=30)
-        body = {"stock": 5, "starts_at": starts.isoformat()}
-        resp = await client.put(f"/admin/skus/{sku}", json=body, headers=ADMIN_HEADERS)
-        assert resp.status == 200, await resp.text()
+        await put_sku(client, sku, 5, starts_at=starts.isoformat())
         buyer = await buyers(origin)
 
         async def without_start(route: Route) -> None:
@@ -274,9 +272,7 @@ class TestWithoutRoom:
         which buys."""
         client, origin = await gateway(start_gateway)
         starts = datetime.now(UTC) + timedelta(seconds=3)
-        body = {"stock": 5, "starts_at": starts.isoformat()}
-        resp = await client.put(f"/admin/skus/{sku}", json=body, headers=ADMIN_HEADERS)
-        assert resp.status == 200, await resp.text()
+        await put_sku(client, sku, 5, starts_at=starts.isoformat())
         buyer = await buyers(origin)
         await buyer.open(f"/wait/{sku}?user_id=buyer")
         await buyer.reach("not_started", audit=False)  # for 3 s

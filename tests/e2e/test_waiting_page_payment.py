@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from testkit.browser import TEXTS, Buyer, StartGateway, assert_clean, gateway
-from testkit.purchases import ADMIN_HEADERS, Client, buy, look_up, orders_of
+from testkit.purchases import Client, buy, look_up, orders_of, put_sku
 from tests.e2e.conftest import PHONE, OpenBuyer
 
 # The first browser test's set-up may install chromium with apt-get (minutes on
@@ -31,13 +31,6 @@ PAYMENT_TOKEN = "test-payment-token"
 PAY_HEADERS = {"Authorization": f"Bearer {PAYMENT_TOKEN}"}
 # A shop's payment page: only linked to, never loaded, so no request leaves the gateway.
 SHOP = "https://shop.example"
-
-
-async def put_window(client: Client, sku: str, stock: int, window_s: int) -> None:
-    """Create the sku with a payment window of ``window_s`` seconds."""
-    body = {"stock": stock, "payment_window_s": window_s}
-    resp = await client.put(f"/admin/skus/{sku}", json=body, headers=ADMIN_HEADERS)
-    assert resp.status == 200, await resp.text()
 
 
 async def order_of(client: Client, rid: str, user: str) -> dict[str, Any]:
@@ -78,7 +71,7 @@ class TestPaymentWindow:
             expiry_sweep_s=0.05,
             waiting_page_return_origins=frozenset({SHOP}),
         )
-        await put_window(client, sku, stock=1, window_s=5)
+        await put_sku(client, sku, 1, payment_window_s=5)
         buyer = await buyers(origin, viewport=PHONE)
         await buyer.open(f"/wait/{sku}?user_id=buyer&pay_to={SHOP}/pay")
         rid = await bought(buyer, sku, audit=False)  # for 5 s
@@ -123,7 +116,7 @@ class TestPaymentWindow:
             payment_token=PAYMENT_TOKEN,
             waiting_page_return_origins=frozenset({SHOP}),
         )
-        await put_window(client, sku, stock=3, window_s=600)
+        await put_sku(client, sku, 3, payment_window_s=600)
         buyer = await buyers(origin)
         await buyer.open(f"/wait/{sku}?user_id=buyer&pay_to={SHOP}/pay")
         rid = await bought(buyer, sku)
@@ -158,7 +151,7 @@ class TestPaymentWindow:
         as cancelled, in words, as soon as the tab is shown again (the page looks
         the order up then, not only every 30 s), with Try again offered."""
         client, origin = await gateway(start_gateway, payment_token=PAYMENT_TOKEN)
-        await put_window(client, sku, stock=2, window_s=600)
+        await put_sku(client, sku, 2, payment_window_s=600)
         buyer = await buyers(origin)
         await buyer.open(f"/wait/{sku}?user_id=buyer")
         rid = await bought(buyer, sku)
@@ -181,7 +174,7 @@ class TestPaymentWindow:
         client, origin = await gateway(
             start_gateway, payment_token=PAYMENT_TOKEN, expiry_sweep_s=0.05
         )
-        await put_window(client, sku, stock=1, window_s=3)
+        await put_sku(client, sku, 1, payment_window_s=3)
         buyer = await buyers(origin)
         await buyer.open(f"/wait/{sku}?user_id=buyer")
         await buyer.reach("admitted")
@@ -207,15 +200,11 @@ class TestPaymentWindow:
         client, origin = await gateway(
             start_gateway, payment_token=PAYMENT_TOKEN, expiry_sweep_s=0.05
         )
-        body = {
-            "stock": 1,
-            "payment_window_s": 2,
-            "waiting_room": {"admit_per_s": 100, "token_ttl_s": 8},
-        }
         # The turn's token (8 s) outlasts the window (2 s): Try again comes while
         # it is still live, so only the ended turn lets the buyer in again.
-        resp = await client.put(f"/admin/skus/{sku}", json=body, headers=ADMIN_HEADERS)
-        assert resp.status == 200, await resp.text()
+        await put_sku(
+            client, sku, 1, payment_window_s=2, waiting_room={"admit_per_s": 100, "token_ttl_s": 8}
+        )
         buyer = await buyers(origin)
         await buyer.open(f"/wait/{sku}?user_id=buyer")
         rid = await bought(buyer, sku)
