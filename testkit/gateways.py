@@ -56,10 +56,15 @@ def gateway_env(settings: Mapping[str, str | int | float]) -> dict[str, str]:
     """The process environment: ours minus any GATEWAY_* inherited, plus ``settings``.
 
     ``settings`` keys are setting names (``redis_url``) or full variable names
-    (``GATEWAY_REDIS_URL``).
+    (``GATEWAY_REDIS_URL``). With a ``key_prefix`` the event stream is
+    ``<key_prefix>:events`` unless ``settings`` names one.
     """
     env = {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")}
     env["PYTHONUNBUFFERED"] = "1"
+    if "key_prefix" in settings:
+        # The order events go to a stream under the test's own prefix, deleted
+        # with its keys, never to the shared Redis's flashsale:events.
+        env["GATEWAY_EVENTS_STREAM"] = f"{settings['key_prefix']}:events"
     for key, value in settings.items():
         name = key if key.startswith("GATEWAY_") else f"GATEWAY_{key.upper()}"
         env[name] = str(value)

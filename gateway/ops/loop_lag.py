@@ -13,6 +13,7 @@ after the fact the lag alone could not.
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import sys
 import threading
@@ -27,6 +28,9 @@ log = structlog.get_logger(__name__)
 INTERVAL_S = 0.1
 # The calling thread's scheduler statistics (a pread of it costs a few µs).
 SCHEDSTAT = "/proc/thread-self/schedstat"
+# Each CPU's time in clock ticks, steal among it (a pread of it costs ~20 µs).
+PROC_STAT = "/proc/stat"
+TICKS_PER_S = os.sysconf("SC_CLK_TCK")
 # Innermost frames of a stalled loop's stack put in the log line.
 STACK_FRAMES = 12
 
@@ -36,11 +40,11 @@ class LoopLag:
     (0: no report, no thread).
 
     Each lag is told to ``observe`` with its own part: the lag less the time the
-    loop thread spent runnable but waiting for a CPU over the interval (Linux's
-    ``/proc/thread-self/schedstat``). On a machine short of CPU a timer runs
-    late through no fault of the process; a call that blocks or a long
-    computation on the loop is the process's own. Where schedstat is missing
-    the whole lag counts as its own.
+    loop thread could not run over the interval (:class:`Unscheduled`: runnable
+    but waiting for a CPU, or its virtual CPU held by the hypervisor). On a
+    machine short of CPU a timer runs late through no fault of the process; a
+    call that blocks or a long computation on the loop is the process's own.
+    Where Linux's counters are missing the whole lag counts as its own.
     """
 
     def __init__(
@@ -62,17 +66,17 @@ class LoopLag:
         if self._stall_report_s > 0:
             watcher = _StallWatcher(self, threading.get_ident(), self._stall_report_s)
             watcher.start()
-        waited = _RunQueueWait()
+        unscheduled = Unscheduled()
         try:
             while True:
                 due = loop.time() + self._interval_s
-                before = waited.seconds()
+                unscheduled.since_last()
                 await asyncio.sleep(self._interval_s)
                 self._beat = time.monotonic()
                 lag = max(0.0, loop.time() - due)
-                self._observe(lag, max(0.0, lag - (waited.seconds() - before)))
+                self._observe(lag, max(0.0, lag - unscheduled.since_last()))
         finally:
-            waited.close()
+            unscheduled.close()
             if watcher is not None:
                 watcher.stop()
 
@@ -82,33 +86,74 @@ class LoopLag:
         return self._beat
 
 
-class _RunQueueWait:
-    """How long the calling thread has waited for a CPU, in all (0 where unknown)."""
+class Unscheduled:
+    """Time the calling thread could not run through no fault of its own: its
+    wait on the guest's run queue (``schedstat``) and, in a virtual machine,
+    the time the hypervisor held a virtual CPU (``steal`` in ``/proc/stat``;
+    of the CPU that lost most, since the thread may have run on either).
 
-    def __init__(self) -> None:
-        try:
-            # Opened by the loop's thread: the descriptor stays that thread's.
-            self._fd: int | None = os.open(SCHEDSTAT, os.O_RDONLY)
-        except OSError:
-            self._fd = None
+    Each unknown part counts 0. Steal is counted in clock ticks (10 ms); a
+    wait on a run queue during steal may be counted twice, which only ever
+    excuses a lag, never blames one.
+    """
 
-    def seconds(self) -> float:
-        if self._fd is None:
-            return 0.0
+    def __init__(self, schedstat: str = SCHEDSTAT, stat: str = PROC_STAT) -> None:
+        # Opened by the loop's thread: /proc/thread-self stays that thread's.
+        self._fds = {path: _open(path) for path in (schedstat, stat)}
+        self._schedstat, self._stat = schedstat, stat
+        self._waited = self._read_waited()
+        self._stolen = self._read_stolen()
+
+    def since_last(self) -> float:
+        """Seconds unscheduled since the previous call (or since created)."""
+        waited, stolen = self._read_waited(), self._read_stolen()
+        most = max(
+            (now - before for now, before in zip(stolen, self._stolen, strict=False)), default=0
+        )
+        seconds = max(0.0, waited - self._waited) + max(0, most) / TICKS_PER_S
+        self._waited, self._stolen = waited, stolen
+        return seconds
+
+    def _read(self, path: str) -> bytes | None:
+        fd = self._fds[path]
+        return None if fd is None else os.pread(fd, 16_384, 0)
+
+    def _read_waited(self) -> float:
+        text = self._read(self._schedstat)
         # "<ns on a CPU> <ns waiting on a run queue> <timeslices>"
-        return int(os.pread(self._fd, 128, 0).split()[1]) / 1e9
+        return 0.0 if text is None else int(text.split()[1]) / 1e9
+
+    def _read_stolen(self) -> list[int]:
+        text = self._read(self._stat)
+        if text is None:
+            return []
+        # "cpuN user nice system idle iowait irq softirq steal ...", per CPU.
+        return [
+            int(line.split()[8])
+            for line in text.splitlines()
+            if line.startswith(b"cpu") and not line.startswith(b"cpu ")
+        ]
 
     def close(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
+        for fd in self._fds.values():
+            if fd is not None:
+                os.close(fd)
+        self._fds = dict.fromkeys(self._fds)
+
+
+def _open(path: str) -> int | None:
+    try:
+        return os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
 
 
 class _StallWatcher(threading.Thread):
     """Samples the loop thread's stack once per stall longer than ``threshold_s``.
 
-    It only reads the heartbeat and, during a stall, the loop thread's frames;
-    it never touches the loop or its objects."""
+    It only reads the heartbeat and, during a stall, the loop thread's frames
+    and whether the collector is running; it never touches the loop or its
+    objects."""
 
     def __init__(self, lag: LoopLag, loop_thread: int, threshold_s: float) -> None:
         super().__init__(name="loop-stall-watcher", daemon=True)
@@ -116,9 +161,20 @@ class _StallWatcher(threading.Thread):
         self._loop_thread = loop_thread
         self._threshold_s = threshold_s
         self._stopped = threading.Event()
+        # The generation being collected, or None: a stall inside a collection
+        # shows whatever line allocated last, so the report names the collector.
+        self._collecting: int | None = None
+
+    def _on_collection(self, phase: str, info: dict[str, int]) -> None:
+        self._collecting = info["generation"] if phase == "start" else None
+
+    def start(self) -> None:
+        gc.callbacks.append(self._on_collection)
+        super().start()
 
     def stop(self) -> None:
         self._stopped.set()
+        gc.callbacks.remove(self._on_collection)
 
     def run(self) -> None:
         reported = 0.0
@@ -130,4 +186,9 @@ class _StallWatcher(threading.Thread):
             reported = beat
             frame = sys._current_frames().get(self._loop_thread)
             stack = traceback.format_stack(frame)[-STACK_FRAMES:] if frame else []
-            log.warning("event_loop_stalled", seconds=round(stalled, 3), stack="".join(stack))
+            log.warning(
+                "event_loop_stalled",
+                seconds=round(stalled, 3),
+                collecting=self._collecting,
+                stack="".join(stack),
+            )

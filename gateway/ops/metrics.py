@@ -108,15 +108,16 @@ class LoopMetrics:
         )
         self.loop_own_lag = Histogram(
             "flashsale_event_loop_own_lag_seconds",
-            "That lag less the time the loop's thread waited for a CPU: what this"
-            " process caused (a blocking call, a long computation), not the machine.",
+            "That lag less the time the loop's thread waited for a CPU or was stolen"
+            " by the hypervisor: what this process caused (a blocking call, a long"
+            " computation), not the machine.",
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
 
     def lagged(self, seconds: float, own: float) -> None:
-        """The loop ran its lag timer ``seconds`` late, ``own`` of them not
-        waiting for a CPU."""
+        """The loop ran its lag timer ``seconds`` late, ``own`` of them while its
+        thread could have run."""
         self.loop_lag.observe(seconds)
         self.loop_own_lag.observe(own)
 

@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import threading
 import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
 
+import pytest
 from structlog.testing import capture_logs
 
-from gateway.ops.loop_lag import LoopLag
+from gateway.ops.loop_lag import TICKS_PER_S, LoopLag, Unscheduled
 from testkit.polling import wait_for
 
 
@@ -55,3 +60,68 @@ async def test_without_a_stall_report_no_watcher_thread_runs() -> None:
     assert not any(t.name == "loop-stall-watcher" for t in threading.enumerate())
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
+
+
+class _Stalls:
+    """A cycle whose finaliser holds the loop: collected, it stalls inside the collector."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.me = self
+
+    def __del__(self) -> None:
+        time.sleep(self.seconds)
+
+
+async def test_a_stall_inside_a_collection_is_reported_as_the_collectors() -> None:
+    """A full collection that runs a slow finaliser stalls the loop; the stall's
+    log line names the generation being collected (a stack alone would blame
+    whatever line allocated last)."""
+    lags: list[float] = []
+    lag = LoopLag(lambda seconds, _own: lags.append(seconds), interval_s=0.02, stall_report_s=0.15)
+    with capture_logs() as logs:
+        task = asyncio.create_task(lag.run())
+        await wait_for(lambda: len(lags) >= 3, within=5, what="the timer runs")
+        _Stalls(0.4)
+        gc.collect()
+        await wait_for(lambda: max(lags) > 0.3, within=5, what="the stall is measured")
+        _block_the_loop_for(0.4)
+        await wait_for(lambda: len(_stall_logs(logs)) == 2, within=5, what="both stalls logged")
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    first, second = _stall_logs(logs)
+    assert first["collecting"] == 2 and "__del__" in first["stack"]
+    assert second["collecting"] is None and "_block_the_loop_for" in second["stack"]
+
+
+def _stall_logs(logs: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    return [e for e in logs if e["event"] == "event_loop_stalled"]
+
+
+def _write(path: Path, text: str) -> None:
+    path.write_text(text)
+
+
+def test_unscheduled_time_is_the_run_queue_wait_plus_the_most_stolen_cpu(tmp_path: Path) -> None:
+    """Between two reads: the thread's run-queue wait (ns) plus the steal of the
+    CPU that lost most (clock ticks); the all-CPU line is not a CPU."""
+    schedstat, stat = tmp_path / "schedstat", tmp_path / "stat"
+    cpus = "cpu  1 0 1 9 0 0 0 {all} 0 0\ncpu0 1 0 1 9 0 0 0 {a} 0 0\ncpu1 1 0 1 9 0 0 0 {b} 0 0\n"
+    _write(schedstat, "5000 1000000000 7\n")
+    _write(stat, cpus.format(all=30, a=10, b=20) + "intr 1 2 3\n")
+    unscheduled = Unscheduled(str(schedstat), str(stat))
+    try:
+        assert unscheduled.since_last() == 0.0
+        _write(schedstat, "9000 1250000000 9\n")
+        _write(stat, cpus.format(all=1000, a=15, b=20 + TICKS_PER_S // 2) + "intr 1 2 3\n")
+        assert unscheduled.since_last() == pytest.approx(0.25 + 0.5)
+        assert unscheduled.since_last() == 0.0, "a second read counts from the first"
+    finally:
+        unscheduled.close()
+
+
+def test_unscheduled_time_is_zero_where_linux_does_not_tell_it(tmp_path: Path) -> None:
+    """Without the files (not Linux, a locked-down /proc) nothing is excused."""
+    unscheduled = Unscheduled(str(tmp_path / "none"), str(tmp_path / "neither"))
+    assert unscheduled.since_last() == 0.0
+    unscheduled.close()
