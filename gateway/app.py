@@ -471,6 +471,7 @@ def build_relay(opened: Opened, outbound: Sequence[EventSink], pool: Pool[Any]) 
         max_len=settings.events_stream_max_len,
         max_age_s=settings.events_stream_max_age_s,
         webhook_owed=functools.partial(outbox.oldest_owed, WEBHOOK) if webhook else None,
+        replicas=settings.stream_replicas,
     )
     return Relay(
         outbox=outbox,

@@ -401,6 +401,10 @@ class Settings:
     events_stream: str = setting("flashsale:events", _text)
     events_stream_max_len: int = setting(0, _int(0))
     events_stream_max_age_s: float = setting(86_400.0, _float(0.0))
+    # Replicas an append must reach (WAIT) before its events count as
+    # delivered, so a failover cannot lose them; unset: 1 with Sentinels or a
+    # Cluster, 0 on a single Redis (stream_replicas).
+    events_stream_replicas: int | None = setting(None, _int(0))
     # A delivered event is pruned from the outbox this long after it occurred.
     events_retention_s: float = setting(604_800.0, _float(1.0))
     # Events a relay claims per sink and pass, and its pause when none is due.
@@ -424,6 +428,13 @@ class Settings:
                 " set one of them, not both"
             )
         self._check_webhook()
+
+    @property
+    def stream_replicas(self) -> int:
+        """The replicas an event stream append waits for (events_stream_replicas)."""
+        if self.events_stream_replicas is not None:
+            return self.events_stream_replicas
+        return 1 if self.redis_sentinels or self.redis_cluster_nodes else 0
 
     def _check_webhook(self) -> None:
         """A webhook needs its secret, and plain http only to loopback or when allowed."""

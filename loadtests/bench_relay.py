@@ -3,6 +3,7 @@
     python -m loadtests.bench_relay [--events 10000] [--slow-events 2000]
         [--rounds 3] [--sinks stream,webhook,webhook-50ms] [--batches 256]
         [--relays 1,2] [--no-pin] [--out PATH] [--pg-url URL] [--redis-url URL]
+        [--stream-replicas N]
 
 The gateway's own :class:`~gateway.usecases.relay.Relay` with its sinks, in
 this process (uvloop, on the servers' core, ``loadtests.lib.pinning``), on a
@@ -113,10 +114,15 @@ async def drain(pool: asyncpg.Pool, sink: EventSink, events: int, relays: int, b
 
 
 @contextlib.asynccontextmanager
-async def opened(name: str, redis: Redis, key: str, url: str | None) -> AsyncIterator[EventSink]:
-    """The sink a cell drains to: the stream, or a webhook POSTing to ``url``."""
+async def opened(
+    name: str, redis: Redis, key: str, url: str | None, replicas: int
+) -> AsyncIterator[EventSink]:
+    """The sink a cell drains to: the stream (each batch waiting for
+    ``replicas``), or a webhook POSTing to ``url``."""
     if url is None:
-        yield EventStream(redis, key, max_len=0, max_age_s=86_400.0, webhook_owed=None)
+        yield EventStream(
+            redis, key, max_len=0, max_age_s=86_400.0, webhook_owed=None, replicas=replicas
+        )
         return
     webhook = WebhookSink(Settings(webhook_url=url, webhook_secret=SECRET), lambda _: None)
     try:
@@ -157,7 +163,7 @@ async def rounds(
         shift = round_ % len(cells)
         for name, relays, batch in cells[shift:] + cells[:shift]:
             events = config.slow_events if name == "webhook-50ms" else config.events
-            async with opened(name, redis, key, urls.get(name)) as sink:
+            async with opened(name, redis, key, urls.get(name), config.stream_replicas) as sink:
                 rate = await drain(pool, sink, events, relays, batch)
             if name == "stream" and await redis.xlen(key) != events:
                 raise RuntimeError("the stream does not hold every event once")
@@ -246,6 +252,12 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--no-pin", action="store_true", help="leave the bench unpinned")
     parser.add_argument("--pg-url", default=PG_URL, help="the server to create its database on")
     parser.add_argument("--redis-url", default=REDIS_URL)
+    parser.add_argument(
+        "--stream-replicas",
+        type=int,
+        default=0,
+        help="replicas each stream batch waits for (WAIT; the Redis needs them)",
+    )
     parser.add_argument("--out", type=Path, default=RESULTS_DIR / "relay.json")
     return parser.parse_args(argv)
 

@@ -1,9 +1,13 @@
-"""Order events made up for the sinks' tests: each of its own order unless asked."""
+"""Order events made up for the sinks' tests (each of its own order unless
+asked), and the check of what a sink received."""
 
 from __future__ import annotations
 
 import uuid
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
+from typing import Any
 
 from gateway.domain.events import EVENT_TYPES, OrderEvent
 
@@ -32,3 +36,24 @@ def order_events(count: int, first: int = 1) -> list[OrderEvent]:
         order_event(seq, type_=EVENT_TYPES[seq % len(EVENT_TYPES)])
         for seq in range(first, first + count)
     ]
+
+
+# Each event of a sku's orders, as the sinks' checks key them.
+EVENTS_OF_SKU = "SELECT order_id::text, version, event_id::text FROM order_events WHERE sku = $1"
+
+
+def check_arrivals(
+    arrived: Sequence[Mapping[str, Any]], ids: Mapping[tuple[str, int], str]
+) -> None:
+    """``arrived`` (in arrival order; a stream's text fields or a webhook's
+    JSON) holds every event of ``ids`` ((order_id, version) -> event_id); a
+    duplicate only with its own event_id; within an order no version before
+    the one below it."""
+    highest: dict[str, int] = defaultdict(int)
+    for entry in arrived:
+        order, version = entry["order_id"], int(entry["version"])
+        assert ids[(order, version)] == entry["event_id"], f"another event_id: {entry}"
+        assert version <= highest[order] + 1, f"version {version} of {order} came early"
+        highest[order] = max(highest[order], version)
+    missing = set(ids) - {(e["order_id"], int(e["version"])) for e in arrived}
+    assert not missing, f"{len(missing)} events never arrived, e.g. {sorted(missing)[:3]}"

@@ -20,6 +20,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
+from types import FrameType
 
 import structlog
 
@@ -31,6 +32,8 @@ SCHEDSTAT = "/proc/thread-self/schedstat"
 # Each CPU's time in clock ticks, steal among it (a pread of it costs ~20 µs).
 PROC_STAT = "/proc/stat"
 TICKS_PER_S = os.sysconf("SC_CLK_TCK")
+# A loop thread on a CPU less than this share of a stall was asleep, not working.
+POLLING_BUSY = 0.1
 # Innermost frames of a stalled loop's stack put in the log line.
 STACK_FRAMES = 12
 
@@ -64,7 +67,10 @@ class LoopLag:
         loop = asyncio.get_running_loop()
         watcher = None
         if self._stall_report_s > 0:
-            watcher = _StallWatcher(self, threading.get_ident(), self._stall_report_s)
+            # The frame that drives the loop: the loop thread's innermost Python
+            # frame whenever the loop runs its own code (on uvloop, C: its poll).
+            driver = sys._getframe().f_back
+            watcher = StallWatcher(self, driver, self._stall_report_s)
             watcher.start()
         unscheduled = Unscheduled()
         try:
@@ -148,17 +154,28 @@ def _open(path: str) -> int | None:
         return None
 
 
-class _StallWatcher(threading.Thread):
+class StallWatcher(threading.Thread):
     """Samples the loop thread's stack once per stall longer than ``threshold_s``.
 
-    It only reads the heartbeat and, during a stall, the loop thread's frames
-    and whether the collector is running; it never touches the loop or its
-    objects."""
+    It only reads the heartbeat and, during a stall, the loop thread's frames,
+    its CPU time and whether the collector is running; it never touches the
+    loop or its objects. Created by the loop's thread.
 
-    def __init__(self, lag: LoopLag, loop_thread: int, threshold_s: float) -> None:
+    A stall is logged ``polling`` when the loop thread was in the loop's own
+    code (no frame of ours above ``driver``) and nearly off the CPU since the
+    watcher's last look, taken on time: asleep in its poll past its timer
+    while this thread ran, which only the machine does (a host that did not
+    run an idle virtual CPU). A call that blocks shows its frame; a long
+    computation in C (a huge reply decoded) shows CPU time; a stopped process
+    delays the watcher too.
+    """
+
+    def __init__(self, lag: LoopLag, driver: FrameType | None, threshold_s: float) -> None:
         super().__init__(name="loop-stall-watcher", daemon=True)
         self._lag = lag
-        self._loop_thread = loop_thread
+        self._loop_thread = threading.get_ident()
+        self._driver = driver
+        self._cpu_path = f"/proc/self/task/{threading.get_native_id()}/schedstat"
         self._threshold_s = threshold_s
         self._stopped = threading.Event()
         # The generation being collected, or None: a stall inside a collection
@@ -178,17 +195,47 @@ class _StallWatcher(threading.Thread):
 
     def run(self) -> None:
         reported = 0.0
-        while not self._stopped.wait(self._threshold_s / 2):
-            beat = self._lag.beat
-            stalled = time.monotonic() - beat
-            if stalled < self._threshold_s or beat == reported:
-                continue
-            reported = beat
-            frame = sys._current_frames().get(self._loop_thread)
-            stack = traceback.format_stack(frame)[-STACK_FRAMES:] if frame else []
-            log.warning(
-                "event_loop_stalled",
-                seconds=round(stalled, 3),
-                collecting=self._collecting,
-                stack="".join(stack),
-            )
+        fd = _open(self._cpu_path)
+        try:
+            on_cpu, looked = _cpu_s(fd), time.monotonic()
+            period = self._threshold_s / 2
+            while not self._stopped.wait(period):
+                now, was_on_cpu = time.monotonic(), on_cpu
+                on_cpu = _cpu_s(fd)
+                # Share of the time since the last look the loop thread ran, and
+                # whether this thread looked on time (a stopped or descheduled
+                # process delays both threads: that stall is not excused).
+                busy = (
+                    None
+                    if on_cpu is None or was_on_cpu is None
+                    else (on_cpu - was_on_cpu) / max(now - looked, 1e-6)
+                )
+                on_time = now - looked <= 1.5 * period
+                looked = now
+                beat = self._lag.beat
+                stalled = now - beat
+                if stalled < self._threshold_s or beat == reported:
+                    continue
+                reported = beat
+                frame = sys._current_frames().get(self._loop_thread)
+                stack = traceback.format_stack(frame)[-STACK_FRAMES:] if frame else []
+                log.warning(
+                    "event_loop_stalled",
+                    seconds=round(stalled, 3),
+                    collecting=self._collecting,
+                    polling=(
+                        on_time
+                        and frame is self._driver
+                        and busy is not None
+                        and busy < POLLING_BUSY
+                    ),
+                    stack="".join(stack),
+                )
+        finally:
+            if fd is not None:
+                os.close(fd)
+
+
+def _cpu_s(fd: int | None) -> float | None:
+    """A thread's time on a CPU so far (its schedstat), or None where unknown."""
+    return None if fd is None else int(os.pread(fd, 128, 0).split()[0]) / 1e9

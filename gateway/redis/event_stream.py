@@ -14,6 +14,15 @@ XADD trims the stream, approximately (``~``, whole macro nodes):
   occurred_at (PostgreSQL's clock), and a length trim waits while any is owed.
   When that cannot be known (PostgreSQL down), the batch does not trim.
 
+With ``replicas`` (``GATEWAY_EVENTS_STREAM_REPLICAS``; 1 by default with
+Sentinels or a Cluster) the batch ends with ``WAIT replicas`` on the same
+connection: its events count as delivered only once that many replicas hold
+them, so a failover to a replica cannot lose an event the outbox forgot.
+Replication is asynchronous; without the WAIT, an append acknowledged by a
+primary that dies a millisecond later is gone from the promoted replica.
+When fewer replicas answer within :data:`REPLICA_WAIT_MS` the batch is
+refused and retried (its entries may then appear twice, with one event_id).
+
 Driver errors are answered per event, never raised (``EventSink``).
 """
 
@@ -36,6 +45,8 @@ from gateway.redis.scripts import commands_many
 # (NTP keeps them within milliseconds), so a MINID this far before the event
 # never trims its entry.
 SKEW_MARGIN_S = 60.0
+# How long a batch waits for its replicas before it is refused and retried.
+REPLICA_WAIT_MS = 1000
 
 # When the oldest event still owed to the webhook occurred; None: none is.
 OwedFloor = Callable[[], Awaitable[datetime | None]]
@@ -58,6 +69,8 @@ class EventStream:
         max_age_s: seconds of entries kept, by their ids; 0: never trimmed by age.
         webhook_owed: the oldest event owed to the webhook, with a webhook sink
             configured; None without one.
+        replicas: replicas each batch must reach (WAIT); 0: the primary's
+            answer is enough.
     """
 
     name = "stream"
@@ -71,8 +84,9 @@ class EventStream:
         max_len: int,
         max_age_s: float,
         webhook_owed: OwedFloor | None,
+        replicas: int = 0,
     ) -> None:
-        self._redis, self._key = redis, key
+        self._redis, self._key, self._replicas = redis, key, replicas
         self._max_len, self._keep_ms = max_len, math.floor(max_age_s * 1000)
         self._webhook_owed = webhook_owed
         # The newest entry's milliseconds: where an age trim counts back from.
@@ -91,19 +105,30 @@ class EventStream:
             commands.append(command)
         # The trim rides on the batch's last XADD: XADD key MAXLEN|MINID ~ n * ...
         commands[-1][2:3] = [*trim, "*"]
+        if self._replicas:
+            commands.append(["WAIT", self._replicas, REPLICA_WAIT_MS])
         try:
             with connection_errors():
-                replies = await commands_many(self._redis, commands)
+                replies = await commands_many(self._redis, commands, node_of=self._key)
         except RedisError as exc:
             return [f"redis: {type(exc).__name__}"] * len(events)
+        short = self._short_of_replicas(replies.pop()) if self._replicas else None
         answers: list[str | None] = []
         for reply in replies:
             if isinstance(reply, Exception):
                 answers.append(f"redis: {reply}")
             else:
-                answers.append(None)
+                answers.append(short)
                 self._newest_ms = max(self._newest_ms or 0, _ms(reply))
         return answers
+
+    def _short_of_replicas(self, reached: int | Exception) -> str | None:
+        """Why a batch whose WAIT answered ``reached`` is not delivered; None: it is."""
+        if isinstance(reached, Exception):
+            return f"redis: WAIT: {reached}"
+        if reached < self._replicas:
+            return f"redis: on {reached} of {self._replicas} replicas after {REPLICA_WAIT_MS} ms"
+        return None
 
     async def _trim(self) -> list[str | int]:
         """The trim arguments of a batch's last XADD; empty: no trim."""

@@ -64,16 +64,20 @@ async def evalsha_many(redis: RedisClient, calls: Sequence[Call]) -> list[Any]:
     )
 
 
-async def commands_many(redis: RedisClient, commands: Sequence[Sequence[ScriptArg]]) -> list[Any]:
+async def commands_many(
+    redis: RedisClient, commands: Sequence[Sequence[ScriptArg]], *, node_of: str | None = None
+) -> list[Any]:
     """Send ``commands`` in one round trip, packed by hiredis on a single Redis
-    (a cluster's pipeline routes each by its key); per command its reply or
-    the ``ResponseError`` Redis answered. Raises a ``RedisError`` when the
-    connection fails, after the client's own retries (which send every command
-    again)."""
+    (a cluster's pipeline routes each by its key, or every one to the node of
+    ``node_of``: a keyless WAIT must follow its writes on their connection);
+    per command its reply or the ``ResponseError`` Redis answered. Raises a
+    ``RedisError`` when the connection fails, after the client's own retries
+    (which send every command again)."""
     if not isinstance(redis, Redis):
         pipe = redis.pipeline(transaction=False)
+        routed = {} if node_of is None else {"target_nodes": redis.get_node_from_key(node_of)}
         for command in commands:
-            pipe.execute_command(*command)
+            pipe.execute_command(*command, **routed)
         return await pipe.execute(raise_on_error=False)
     # hiredis's stub types the command as a 1-tuple; it takes any length.
     packed = b"".join(hiredis.pack_command(tuple(c)) for c in commands)  # type: ignore[arg-type]

@@ -1,5 +1,5 @@
-"""Checks of a scenario beyond the invariants: reconciliation done, and the story
-of every request id a check named."""
+"""Checks of a scenario beyond the invariants: reconciliation done, every order
+event relayed, and the story of every request id a check named."""
 
 from __future__ import annotations
 
@@ -11,7 +11,9 @@ import asyncpg
 from gateway.ops.audit import SkuAudit
 from testkit.driver import CONFIRMED, SOLD_OUT, DriverSummary
 from testkit.invariants import InvariantReport
+from testkit.order_events import EVENTS_OF_SKU, check_arrivals
 from testkit.polling import wait_for
+from testkit.redis_servers import redis_client
 from tests.chaos.stacks import Stack
 
 # The only final answers a first-wave buyer may get: each buys once, with one request id.
@@ -35,6 +37,36 @@ async def quiesce(stack: Stack, sku: str, within: float = 20.0) -> SkuAudit:
         raise TimeoutError(
             f"reconciliation unfinished after {within:.0f}s (ledger not empty or drift): {seen}"
         ) from None
+
+
+async def every_event_relayed(stack: Stack, sku: str, within: float = 30.0) -> None:
+    """Every order of ``sku`` has its event, and every event reached the
+    gateways' stream (``<key prefix>:events``) whatever the fault did to the
+    relays on the way: a duplicate only with its own event_id, each order's
+    versions in order (check_arrivals)."""
+    con = await asyncpg.connect(stack.database_url, timeout=5)
+    try:
+        orders = await con.fetchval("SELECT count(*) FROM orders WHERE sku = $1", sku)
+        ids = {(r[0], r[1]): r[2] for r in await con.fetch(EVENTS_OF_SKU, sku)}
+    finally:
+        await con.close()
+    assert len({order for order, version in ids if version == 1}) == orders, (
+        f"{orders} orders, {len(ids)} events: an order without its event"
+    )
+    arrived: list[dict[str, str]] = []
+
+    async def relayed() -> bool:
+        async with redis_client(await stack.redis_address()) as r:
+            entries: list[tuple[str, dict[str, str]]] = await r.xrange(  # type: ignore[assignment]
+                f"{stack.key_prefix}:events"
+            )
+        arrived[:] = [fields for _, fields in entries if fields["sku"] == sku]
+        return {(e["order_id"], int(e["version"])) for e in arrived} >= set(ids)
+
+    try:
+        await wait_for(relayed, within=within, what="every event on the stream", interval=0.2)
+    finally:
+        check_arrivals(arrived, ids)
 
 
 async def explain(stack: Stack, report: InvariantReport, summaries: Sequence[DriverSummary]) -> str:

@@ -14,6 +14,7 @@ import pytest
 from gateway.redis.layout import ledger
 from testkit.gateways import SIGTERM_EXIT_S
 from testkit.postgres_servers import PostgresCluster
+from tests.chaos.checks import every_event_relayed
 from tests.chaos.faults import first_sent_to, young_batch_on
 from tests.chaos.reporting import Diagnostics
 from tests.chaos.sale import LOCKS, SKU, run_scenario, settings_for
@@ -32,7 +33,7 @@ async def test_gateway_killed_with_batches_in_flight(
     (batch wait 400 ms): those reservations are orphaned in the ledger. Their
     buyers retry on gateway 1 (in_progress) until its reconciler settles them after
     the reservation timeout (stock and buyer given back); they buy again and the
-    whole stock sells."""
+    whole stock sells. Gateway 1's relay delivers every order's event."""
     settings = settings_for(lock, batch_wait_ms=400, batch_max=1000)
     async with proxied_stack(pg, diagnostics, settings) as stack:
         orphaned = []
@@ -44,7 +45,8 @@ async def test_gateway_killed_with_batches_in_flight(
             return f"SIGKILL gw0 with {len(left)} reservations in its batch"
 
         ready = young_batch_on(stack, SKU, younger_than_ms=200)
-        await run_scenario(stack, f"6 gateway SIGKILL [{lock}]", sigkill, ready=ready)
+        run = await run_scenario(stack, f"6 gateway SIGKILL [{lock}]", sigkill, ready=ready)
+        await every_event_relayed(stack, run.sku)
         assert stack.gateways[0].returncode == -signal.SIGKILL
         assert orphaned, "the kill orphaned no reservation: the fault missed its target"
         assert stack.gateways.log_lines("reservations_settled"), "nobody settled the orphans"
@@ -59,7 +61,8 @@ async def test_gateway_sigterm_drains_mid_sale(
     """Gateway 0 gets SIGTERM mid-sale while a batch of its reservations is queued
     (batch wait 300 ms): it answers new purchases 503 (clients move to gateway 1),
     flushes and settles what it queued (its "draining" log counts it), and exits 0
-    within its drain bound (3 s); nobody is left without an answer."""
+    within its drain bound (3 s); nobody is left without an answer, and every
+    order's event reaches the stream."""
     settings = settings_for(lock, batch_wait_ms=300, batch_max=1000)
     async with proxied_stack(pg, diagnostics, settings) as stack:
 
@@ -74,6 +77,7 @@ async def test_gateway_sigterm_drains_mid_sale(
             return f"SIGTERM gw0 with a batch queued, exit {status} after {took:.1f}s"
 
         ready = young_batch_on(stack, SKU, younger_than_ms=150)
-        await run_scenario(stack, f"6 gateway SIGTERM [{lock}]", sigterm, ready=ready)
+        run = await run_scenario(stack, f"6 gateway SIGTERM [{lock}]", sigterm, ready=ready)
+        await every_event_relayed(stack, run.sku)
         (draining,) = stack.gateways[0].log_events("draining")
         assert draining["queued"] >= 1, f"nothing was queued at SIGTERM: {draining}"

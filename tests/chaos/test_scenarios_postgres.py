@@ -14,6 +14,7 @@ from testkit.driver import (
     ClientPolicy,
 )
 from testkit.postgres_servers import PostgresCluster
+from tests.chaos.checks import every_event_relayed
 from tests.chaos.faults import sleep_fault
 from tests.chaos.reporting import Diagnostics
 from tests.chaos.sale import LOCKS, SalePlan, run_scenario, settings_for
@@ -30,7 +31,8 @@ async def test_postgres_restarts_mid_sale(
 ) -> None:
     """PostgreSQL restarts (fast shutdown) mid-sale: open connections break,
     flushes in progress fail with 503 and give their reservations back, clients
-    retry, and the pools reconnect once it is back. Nothing confirmed is lost."""
+    retry, and the pools reconnect once it is back. Nothing confirmed is lost,
+    and every order's event reaches the stream."""
     async with proxied_stack(pg, diagnostics, settings_for(lock)) as stack:
 
         async def restart(stack: Stack, sku: str) -> str:
@@ -38,7 +40,8 @@ async def test_postgres_restarts_mid_sale(
             await stack.pg.restart("fast")
             return f"postgres fast restart ({time.monotonic() - started:.1f}s)"
 
-        await run_scenario(stack, f"5 postgres restart [{lock}]", restart)
+        run = await run_scenario(stack, f"5 postgres restart [{lock}]", restart)
+        await every_event_relayed(stack, run.sku)
 
 
 @pytest.mark.chaos
@@ -51,7 +54,8 @@ async def test_postgres_unreachable_for_five_seconds(
     drops the connections that lost data): flushes fail and their buyers get 503
     with Retry-After; the reservations come back (compensation: given back at once,
     or settled by the reconciler from the order rows), and once the link heals the
-    sale resumes and the whole stock sells."""
+    sale resumes and the whole stock sells; every order's event reaches the
+    stream."""
     async with proxied_stack(pg, diagnostics, settings_for(lock)) as stack:
 
         async def blackhole(stack: Stack, sku: str) -> str:
@@ -69,3 +73,4 @@ async def test_postgres_unreachable_for_five_seconds(
         assert run.first is not None
         answers = run.first.attempts_by()
         assert answers["503"] >= 1, f"no buyer was told 503 during the outage: {answers}"
+        await every_event_relayed(stack, run.sku)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections import defaultdict
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -20,6 +19,7 @@ import pytest
 from redis.asyncio import Redis
 
 from testkit.gateways import GatewayCluster
+from testkit.order_events import EVENTS_OF_SKU, check_arrivals
 from testkit.polling import wait_for
 from testkit.services import REDIS_URL, database_url, drop_database
 from testkit.webhook_receivers import Receiver, receiving
@@ -32,7 +32,6 @@ BUYERS = 30
 EVENTS_MADE = range(BUYERS + 2 * BUYERS // 3)
 OWED = "SELECT count(*) FROM events_owed"
 REFUSED = "SELECT count(*) FROM event_deliveries WHERE attempts >= 1"
-EVENTS = "SELECT order_id::text, version, event_id::text FROM order_events WHERE sku = $1"
 
 
 @pytest.fixture
@@ -75,18 +74,6 @@ async def on_stream(redis: Redis, key: str) -> list[dict[str, str]]:
     return [{k.decode(): v.decode() for k, v in fields.items()} for _, fields in entries]
 
 
-def check(arrived: list[dict[str, Any]], ids: dict[tuple[str, int], str]) -> None:
-    """Every event there, a duplicate only with its own event_id, each order's
-    versions in order."""
-    highest: dict[str, int] = defaultdict(int)
-    for entry in arrived:
-        order, version = entry["order_id"], int(entry["version"])
-        assert ids[(order, version)] == entry["event_id"], entry
-        assert version <= highest[order] + 1, f"version {version} of {order} came early"
-        highest[order] = max(highest[order], version)
-    assert {(e["order_id"], int(e["version"])) for e in arrived} == set(ids)
-
-
 class TestKilledWhileTheSinkRefuses:
     """SIGKILL with every event refused and owed, then recovery."""
 
@@ -112,9 +99,9 @@ class TestKilledWhileTheSinkRefuses:
             }
             ids = await self.crash_and_recover(own_database, key_prefix, sku, settings, receiver)
         assert len(ids) == len(EVENTS_MADE)
-        check([e for e in await on_stream(redis, stream) if e["sku"] == sku], ids)
+        check_arrivals([e for e in await on_stream(redis, stream) if e["sku"] == sku], ids)
         posted = [json.loads(r.body) for r in receiver.received]
-        check([e for e in posted if e["sku"] == sku], ids)
+        check_arrivals([e for e in posted if e["sku"] == sku], ids)
 
     async def crash_and_recover(
         self,
@@ -158,6 +145,6 @@ class TestKilledWhileTheSinkRefuses:
             await wait_for(relayed, within=30, what="every event relayed after the restart")
             con = await asyncpg.connect(own_database)
             try:
-                return {(r[0], r[1]): r[2] for r in await con.fetch(EVENTS, sku)}
+                return {(r[0], r[1]): r[2] for r in await con.fetch(EVENTS_OF_SKU, sku)}
             finally:
                 await con.close()

@@ -27,6 +27,29 @@ def test_defaults() -> None:
 
 
 @pytest.mark.parametrize(
+    ("env", "replicas"),
+    [
+        ({}, 0),
+        ({"GATEWAY_REDIS_SENTINELS": "127.0.0.1:26379"}, 1),
+        ({"GATEWAY_REDIS_CLUSTER_NODES": "127.0.0.1:7000"}, 1),
+        ({"GATEWAY_REDIS_SENTINELS": "127.0.0.1:26379", "GATEWAY_EVENTS_STREAM_REPLICAS": "0"}, 0),
+        ({"GATEWAY_EVENTS_STREAM_REPLICAS": "2"}, 2),
+    ],
+)
+def test_a_stream_append_waits_for_a_replica_where_redis_fails_over(
+    env: dict[str, str], replicas: int
+) -> None:
+    """Unset, GATEWAY_EVENTS_STREAM_REPLICAS is 1 with Sentinels or a Cluster (a
+    failover could lose an append the primary alone held), 0 on one Redis."""
+    assert load(env).stream_replicas == replicas
+
+
+def test_a_negative_replica_count_is_refused() -> None:
+    with pytest.raises(ValueError, match="GATEWAY_EVENTS_STREAM_REPLICAS"):
+        load({"GATEWAY_EVENTS_STREAM_REPLICAS": "-1"})
+
+
+@pytest.mark.parametrize(
     "url",
     [
         "https://shop.example/hooks",

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import hashlib
+import sys
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -13,7 +15,7 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
-from gateway.ops.loop_lag import TICKS_PER_S, LoopLag, Unscheduled
+from gateway.ops.loop_lag import TICKS_PER_S, LoopLag, StallWatcher, Unscheduled
 from testkit.polling import wait_for
 
 
@@ -90,8 +92,37 @@ async def test_a_stall_inside_a_collection_is_reported_as_the_collectors() -> No
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
     first, second = _stall_logs(logs)
-    assert first["collecting"] == 2 and "__del__" in first["stack"]
+    assert first["collecting"] == 2
     assert second["collecting"] is None and "_block_the_loop_for" in second["stack"]
+    assert not first["polling"] and not second["polling"]
+
+
+def _stall(*, on_cpu: bool) -> None:
+    """Hold this thread 0.5 s in C calls under a watcher that takes this frame
+    for the loop's driver: asleep (as a loop in its poll) or computing."""
+    lag = LoopLag(lambda seconds, _own: None)
+    watcher = StallWatcher(lag, sys._getframe(), 0.15)
+    watcher.start()
+    try:
+        deadline = time.monotonic() + 0.5
+        while time.monotonic() < deadline:
+            if on_cpu:
+                hashlib.pbkdf2_hmac("sha256", b"key", b"salt", 5_000)
+            else:
+                time.sleep(0.01)
+    finally:
+        watcher.stop()
+        watcher.join()
+
+
+def test_a_stall_asleep_in_the_loops_own_code_is_logged_as_polling() -> None:
+    """A loop thread found in the loop's own frame and nearly off the CPU was
+    asleep in its poll (polling: the machine's doing); in that frame but on
+    the CPU (a long C computation) it was not."""
+    with capture_logs() as logs:
+        _stall(on_cpu=False)
+        _stall(on_cpu=True)
+    assert [e["polling"] for e in _stall_logs(logs)] == [True, False], logs
 
 
 def _stall_logs(logs: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
