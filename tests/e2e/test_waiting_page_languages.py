@@ -51,12 +51,24 @@ LOST: Answer = (-1, {}, {})
 Expected = str | tuple[str, dict[str, str]]
 
 
-def at(seconds: float) -> str:
-    """An ISO 8601 UTC instant ``seconds`` from now."""
-    return (datetime.now(UTC) + timedelta(seconds=seconds)).isoformat()
+@dataclass(frozen=True)
+class At:
+    """An instant ``seconds`` from when the answer holding it is given (the
+    paths are built at import, many minutes before a loaded run walks them)."""
+
+    seconds: float
+
+    def text(self) -> str:
+        """The instant in ISO 8601 UTC, counted from now."""
+        return (datetime.now(UTC) + timedelta(seconds=self.seconds)).isoformat()
 
 
-def sku_info(room: bool, available: int = 5, **window: str) -> Answer:
+def at(seconds: float) -> At:
+    """An instant ``seconds`` from the answer's time."""
+    return At(seconds)
+
+
+def sku_info(room: bool, available: int = 5, **window: At) -> Answer:
     """``GET /v1/skus/{sku}``'s answer."""
     body = {
         "sku": "kick-desk",
@@ -208,7 +220,8 @@ class FakeApi:
         if answer is LOST:
             await route.abort()
             return
-        status, body, headers = answer
+        status, fields, headers = answer
+        body = {k: v.text() if isinstance(v, At) else v for k, v in fields.items()}
         await route.fulfill(status=status, body=orjson.dumps(body), headers=headers,
                             content_type="application/json")  # fmt: skip
 
