@@ -168,15 +168,22 @@ def passed_into_young_batch(
     and a batch wait of 400 ms: its sku's owner has a batch filling (as in
     :func:`young_batch_on`) and was passed a purchase since the last poll, so
     that purchase waits in the batch and the worker that passed it awaits the
-    owner's answer."""
-    young = young_batch_on(stack, sku, younger_than_ms=200, gateway=gateway)
-    seen: list[float] = []
+    owner's answer.
+
+    The pass must have joined *this* batch: the batch's oldest reservation was
+    already there at the last poll (no flush in between; the ledger is read
+    before the counter), else a pass into the batch before, flushed since, made
+    a loaded run's fault miss."""
+    seen: list[tuple[float, float | None]] = []
 
     async def ready() -> bool:
+        mine = [e for e in ledger(await stack.ledger(sku)) if first_sent_to(e, gateway)]
+        oldest = min((e.reserved_at_ms for e in mine), default=None)
+        young = oldest is not None and time.time() * 1000 - oldest < 200
         passed = metric(await scrape(stack.gateways[gateway].url), "flashsale_lane_passed_total")
-        fresh = bool(seen) and passed > seen[-1]
-        seen.append(passed)
-        return fresh and await young()
+        fresh = bool(seen) and passed > seen[-1][0] and seen[-1][1] == oldest
+        seen.append((passed, oldest))
+        return fresh and young
 
     return ready
 
