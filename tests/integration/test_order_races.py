@@ -39,8 +39,10 @@ from testkit.purchases import ADMIN_HEADERS, Client, buy
 PAYMENT_TOKEN = "test-payment-token"
 PAY_HEADERS = {"Authorization": f"Bearer {PAYMENT_TOKEN}"}
 RACES = 1000
-# Deadlines from 250 ms before the payments start to 250 ms after: before, at and after.
-SPREAD_MS = 250
+# Deadlines from a second before the payments start to a second after: before,
+# at and after. A loaded run's test process (its heap, the in-process gateway's)
+# paused for longer than 250 ms at once, so every payment came after every deadline.
+SPREAD_MS = 1000
 
 
 @pytest.fixture
