@@ -162,10 +162,10 @@ def young_batch_on(
 
 
 def passed_into_young_batch(
-    stack: Stack, sku: str, gateway: int = 0
+    stack: Stack, sku: str, gateway: int = 0, younger_than_ms: float = 400
 ) -> Callable[[], Awaitable[bool]]:
     """A ``ready`` condition for a gateway of several workers (gateway.write.lanes)
-    and a batch wait of 400 ms: its sku's owner has a batch filling (as in
+    and a batch wait of twice ``younger_than_ms``: its sku's owner has a batch filling (as in
     :func:`young_batch_on`) and was passed a purchase since the last poll, so
     that purchase waits in the batch and the worker that passed it awaits the
     owner's answer.
@@ -179,7 +179,7 @@ def passed_into_young_batch(
     async def ready() -> bool:
         mine = [e for e in ledger(await stack.ledger(sku)) if first_sent_to(e, gateway)]
         oldest = min((e.reserved_at_ms for e in mine), default=None)
-        young = oldest is not None and time.time() * 1000 - oldest < 200
+        young = oldest is not None and time.time() * 1000 - oldest < younger_than_ms
         passed = metric(await scrape(stack.gateways[gateway].url), "flashsale_lane_passed_total")
         fresh = bool(seen) and passed > seen[-1][0] and seen[-1][1] == oldest
         seen.append((passed, oldest))

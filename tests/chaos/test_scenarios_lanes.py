@@ -29,9 +29,13 @@ from tests.chaos.stacks import Stack, proxied_stack, sentinel_stack
 
 WORKERS = 2
 OWNER = owner_of(SKU, WORKERS)
-# Batches that fill for 400 ms: a fault aimed by passed_into_young_batch finds
-# what the other worker passed the owner still queued there.
-FILLING = settings_for("redis", workers=WORKERS, batch_wait_ms=400, batch_max=1000)
+# Batches that fill for 800 ms: a fault aimed by passed_into_young_batch finds
+# what the other worker passed the owner still queued there, though a loaded
+# machine's polls are slow (400 ms batches left a burned run no two polls in one
+# batch). Reservations wait out a batch and its flush before they count as orphans.
+FILLING = settings_for(
+    "redis", workers=WORKERS, batch_wait_ms=800, batch_max=1000, reservation_timeout_s=2
+)
 
 
 async def run_aimed_at_passed(stack: Stack, name: str, fault: Fault) -> ScenarioRun:
@@ -56,7 +60,7 @@ async def test_the_skus_owner_worker_killed_with_purchases_passed_to_it(
     pg: PostgresCluster, diagnostics: Diagnostics
 ) -> None:
     """Gateway 0's owner of the sku is SIGKILLed while its batch fills (batch wait
-    400 ms) with purchases the other worker passed it: the other worker loses
+    800 ms) with purchases the other worker passed it: the other worker loses
     its link and answers those buyers 503 (OutcomeUnknown), their reservations
     left in the ledger; the supervisor stops it too, and gateway 0 is started
     again. The buyers retry, the reconciler settles the orphans, and the sale
@@ -133,7 +137,7 @@ async def test_redis_failover_with_purchases_passed_to_the_owner(
     pg: PostgresCluster, diagnostics: Diagnostics
 ) -> None:
     """The Redis primary is SIGKILLed while gateway 0's owner of the sku has a
-    batch filling (batch wait 400 ms) with purchases the other worker passed it,
+    batch filling (batch wait 800 ms) with purchases the other worker passed it,
     and Sentinel promotes the replica, which may lack the newest reservations.
     The owner's flush of that batch fails with Redis gone, and its 503 travels
     back over the lane to the buyers the other worker holds; they retry on the
