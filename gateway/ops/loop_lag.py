@@ -27,8 +27,9 @@ import structlog
 log = structlog.get_logger(__name__)
 
 INTERVAL_S = 0.1
-# The calling thread's scheduler statistics (a pread of it costs a few µs).
-SCHEDSTAT = "/proc/thread-self/schedstat"
+# The process's threads, each with its scheduler statistics (``<tid>/schedstat``;
+# a pread of one costs a few µs).
+TASKS = "/proc/self/task"
 # Each CPU's time in clock ticks, steal among it (a pread of it costs ~20 µs).
 PROC_STAT = "/proc/stat"
 TICKS_PER_S = os.sysconf("SC_CLK_TCK")
@@ -43,8 +44,8 @@ class LoopLag:
     (0: no report, no thread).
 
     Each lag is told to ``observe`` with its own part: the lag less the time the
-    loop thread could not run over the interval (:class:`Unscheduled`: runnable
-    but waiting for a CPU, or its virtual CPU held by the hypervisor). On a
+    process could not run over the interval (:class:`Unscheduled`: a thread
+    runnable but waiting for a CPU, or a virtual CPU held by the hypervisor). On a
     machine short of CPU a timer runs late through no fault of the process; a
     call that blocks or a long computation on the loop is the process's own.
     Where Linux's counters are missing the whole lag counts as its own.
@@ -75,8 +76,9 @@ class LoopLag:
         unscheduled = Unscheduled()
         try:
             while True:
+                # The unscheduled time counts from the previous tick's read: only
+                # the observe call lies between that read and this due time.
                 due = loop.time() + self._interval_s
-                unscheduled.since_last()
                 await asyncio.sleep(self._interval_s)
                 self._beat = time.monotonic()
                 lag = max(0.0, loop.time() - due)
@@ -93,58 +95,86 @@ class LoopLag:
 
 
 class Unscheduled:
-    """Time the calling thread could not run through no fault of its own: its
+    """Time the process could not run through no fault of its own: its threads'
     wait on the guest's run queue (``schedstat``) and, in a virtual machine,
     the time the hypervisor held a virtual CPU (``steal`` in ``/proc/stat``;
-    of the CPU that lost most, since the thread may have run on either).
+    of the CPU that lost most, since the loop may have run on either).
 
-    Each unknown part counts 0. Steal is counted in clock ticks (10 ms); a
-    wait on a run queue during steal may be counted twice, which only ever
-    excuses a lag, never blames one.
+    Every thread's wait counts, not only the loop's: a thread handed the
+    interpreter's lock (the stall watcher, an executor's thread) holds the
+    loop until it gets a CPU, and that wait is the machine's, not the
+    process's. A CI run on a loaded machine found the loop stalled 0.2 s in
+    plain Python (redis-py packing a command) though its own thread had not
+    waited for a CPU: a hand-over of that lock waiting on another thread.
+
+    Each unknown part counts 0; a thread counts from the first read that
+    finds it. Steal is counted in clock ticks (10 ms); a wait on a run queue
+    during steal may be counted twice, which only ever excuses a lag, never
+    blames one.
     """
 
-    def __init__(self, schedstat: str = SCHEDSTAT, stat: str = PROC_STAT) -> None:
-        # Opened by the loop's thread: /proc/thread-self stays that thread's.
-        self._fds = {path: _open(path) for path in (schedstat, stat)}
-        self._schedstat, self._stat = schedstat, stat
+    def __init__(self, tasks: str = TASKS, stat: str = PROC_STAT) -> None:
+        self._tasks = tasks
+        # Each thread's schedstat, open while the thread lives (tid: fd).
+        self._schedstats: dict[str, int] = {}
+        self._stat = _open(stat)
         self._waited = self._read_waited()
         self._stolen = self._read_stolen()
 
     def since_last(self) -> float:
         """Seconds unscheduled since the previous call (or since created)."""
         waited, stolen = self._read_waited(), self._read_stolen()
+        queued = sum(
+            max(0.0, now - self._waited[tid]) for tid, now in waited.items() if tid in self._waited
+        )
         most = max(
             (now - before for now, before in zip(stolen, self._stolen, strict=False)), default=0
         )
-        seconds = max(0.0, waited - self._waited) + max(0, most) / TICKS_PER_S
         self._waited, self._stolen = waited, stolen
-        return seconds
+        return queued + max(0, most) / TICKS_PER_S
 
-    def _read(self, path: str) -> bytes | None:
-        fd = self._fds[path]
-        return None if fd is None else os.pread(fd, 16_384, 0)
-
-    def _read_waited(self) -> float:
-        text = self._read(self._schedstat)
-        # "<ns on a CPU> <ns waiting on a run queue> <timeslices>"
-        return 0.0 if text is None else int(text.split()[1]) / 1e9
+    def _read_waited(self) -> dict[str, float]:
+        """Each live thread's seconds on a run queue so far."""
+        try:
+            tids = set(os.listdir(self._tasks))
+        except OSError:
+            return {}
+        for gone in self._schedstats.keys() - tids:
+            os.close(self._schedstats.pop(gone))
+        waited = {}
+        for tid in tids:
+            fd = self._schedstats.get(tid)
+            if fd is None:
+                fd = _open(f"{self._tasks}/{tid}/schedstat")
+                if fd is None:
+                    continue
+                self._schedstats[tid] = fd
+            try:
+                # "<ns on a CPU> <ns waiting on a run queue> <timeslices>"
+                fields = os.pread(fd, 128, 0).split()
+            except OSError:  # the thread ended since the listing
+                continue
+            if len(fields) > 1:
+                waited[tid] = int(fields[1]) / 1e9
+        return waited
 
     def _read_stolen(self) -> list[int]:
-        text = self._read(self._stat)
-        if text is None:
+        if self._stat is None:
             return []
         # "cpuN user nice system idle iowait irq softirq steal ...", per CPU.
         return [
             int(line.split()[8])
-            for line in text.splitlines()
+            for line in os.pread(self._stat, 16_384, 0).splitlines()
             if line.startswith(b"cpu") and not line.startswith(b"cpu ")
         ]
 
     def close(self) -> None:
-        for fd in self._fds.values():
-            if fd is not None:
-                os.close(fd)
-        self._fds = dict.fromkeys(self._fds)
+        for fd in self._schedstats.values():
+            os.close(fd)
+        self._schedstats.clear()
+        if self._stat is not None:
+            os.close(self._stat)
+            self._stat = None
 
 
 def _open(path: str) -> int | None:
@@ -222,6 +252,7 @@ class StallWatcher(threading.Thread):
                 log.warning(
                     "event_loop_stalled",
                     seconds=round(stalled, 3),
+                    on_cpu=None if busy is None else round(busy, 2),
                     collecting=self._collecting,
                     polling=(
                         on_time

@@ -4,13 +4,15 @@
 deployments give one interface (``RedisClient``) to the adapters: every key of a
 sku carries the ``{sku}`` hash tag, so a script, a pipeline or a MULTI over one
 sku's keys lands on one cluster node, and redis-py's ``RedisCluster`` routes it
-there (following MOVED and refreshing its slot map after a failover).
+there (following MOVED and refreshing its slot map after a failover, at most
+every :data:`RELEARN_S`: :class:`PacedCluster`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import socket
+import time
 from collections.abc import Awaitable
 from typing import Any, TypeAlias
 from urllib.parse import urlsplit
@@ -32,6 +34,51 @@ from gateway.lock import connection_errors
 from gateway.settings import Misconfigured, Settings
 
 RedisClient: TypeAlias = Redis | RedisCluster
+
+
+# How often a cluster client may learn the cluster's topology again. redis-py
+# 8.1.0 learns it (CLUSTER SLOTS of a node, then COMMAND) before each retry of
+# each command that met a connection error, with no pause: while a primary is
+# down, every command for its slots. tests/integration/test_cluster_soak.py's
+# gateway learned it 225 times in its three failovers, which took it 7.6 s of
+# CPU over the test (4.1 s paced), enough that a loaded CI run saw its timers
+# run 0.25 s late.
+RELEARN_S = 0.1
+
+
+class PacedCluster(RedisCluster):
+    """A ``RedisCluster`` that learns the topology again at most every :data:`RELEARN_S`.
+
+    The commands that find the slot map stale meanwhile wait for the one
+    learning it, then use what it learned; one that finds it stale again
+    within :data:`RELEARN_S` of the last learning waits out the rest. Reads
+    redis-py's own flag of a stale map (``_initialize``): the release is
+    pinned, and ``tests/integration/test_redis_cluster_pacing.py`` fails when
+    the flag changes meaning.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._pace = asyncio.Lock()
+        self._learned_at = -RELEARN_S
+
+    async def initialize(
+        self,
+        additional_startup_nodes_info: list[tuple[str, int]] | None = None,
+        last_failed_node_name: str | None = None,
+    ) -> RedisCluster:
+        if not self._initialize:
+            return self
+        async with self._pace:
+            if self._initialize:
+                wait = self._learned_at + RELEARN_S - time.monotonic()
+                if wait > 0:
+                    await asyncio.sleep(wait)
+                try:
+                    await super().initialize(additional_startup_nodes_info, last_failed_node_name)
+                finally:
+                    self._learned_at = time.monotonic()
+        return self
 
 
 class _SentinelBlockingPool(SentinelConnectionPool, BlockingConnectionPool):
@@ -58,7 +105,7 @@ def create_redis(settings: Settings) -> RedisClient:
     """
     if settings.redis_cluster_nodes:
         seeds = [ClusterNode(host, port) for host, port in settings.redis_cluster_nodes]
-        return RedisCluster(
+        return PacedCluster(
             startup_nodes=seeds, max_connections=settings.redis_pool_size, **_CONNECTION
         )
     if list(settings.redis_sentinels):

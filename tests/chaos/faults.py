@@ -162,18 +162,22 @@ def young_batch_on(
 
 
 def passed_into_young_batch(
-    stack: Stack, sku: str, gateway: int = 0, younger_than_ms: float = 400
+    stack: Stack, sku: str, younger_than_ms: float, gateway: int = 0
 ) -> Callable[[], Awaitable[bool]]:
-    """A ``ready`` condition for a gateway of several workers (gateway.write.lanes)
-    and a batch wait of twice ``younger_than_ms``: its sku's owner has a batch filling (as in
-    :func:`young_batch_on`) and was passed a purchase since the last poll, so
-    that purchase waits in the batch and the worker that passed it awaits the
-    owner's answer.
+    """A ``ready`` condition for a gateway of several workers (gateway.write.lanes):
+    its sku's owner was passed a purchase since the last poll and has flushed
+    nothing since, its oldest reservation younger than ``younger_than_ms`` (a
+    little under the batch wait: no flush of it due or running). So that
+    purchase waits in the filling batch and the worker that passed it awaits
+    the owner's answer.
 
-    The pass must have joined *this* batch: the batch's oldest reservation was
-    already there at the last poll (no flush in between; the ledger is read
-    before the counter), else a pass into the batch before, flushed since, made
-    a loaded run's fault miss."""
+    No flush in between: the gateway's oldest reservation was already there at
+    the last poll (the ledger is read before the counter); else a pass into the
+    batch before, flushed since, made a loaded run's fault miss. The age is the
+    oldest's, which may be a batch's still being flushed, waiting for the
+    flush lock: the next batch's oldest shows only after that, already aged by
+    the wait, so a bound of half the batch wait left a loaded run no poll in
+    time."""
     seen: list[tuple[float, float | None]] = []
 
     async def ready() -> bool:

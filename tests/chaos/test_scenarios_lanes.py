@@ -18,6 +18,7 @@ import pytest
 
 from gateway.ops.audit import Finding
 from gateway.write.lanes import owner_of
+from testkit.driver import ClientPolicy
 from testkit.gateways import SIGTERM_EXIT_S
 from testkit.metrics import metric, scrape
 from testkit.polling import wait_for
@@ -29,12 +30,14 @@ from tests.chaos.stacks import Stack, proxied_stack, sentinel_stack
 
 WORKERS = 2
 OWNER = owner_of(SKU, WORKERS)
-# Batches that fill for 800 ms: a fault aimed by passed_into_young_batch finds
-# what the other worker passed the owner still queued there, though a loaded
-# machine's polls are slow (400 ms batches left a burned run no two polls in one
-# batch). Reservations wait out a batch and its flush before they count as orphans.
+# Batches that fill for 2 s, aimed at while under 1.8 s old: a fault aimed by
+# passed_into_young_batch finds what the other worker passed the owner still
+# queued there, though a loaded machine's polls are slow and a flush waiting for
+# the lock ages the next batch before it shows (800 ms batches aimed at under
+# 400 ms left CI's run no poll in time). Reservations wait out a batch and its
+# flush before they count as orphans; a buyer waits out both too.
 FILLING = settings_for(
-    "redis", workers=WORKERS, batch_wait_ms=800, batch_max=1000, reservation_timeout_s=2
+    "redis", workers=WORKERS, batch_wait_ms=2000, batch_max=1000, reservation_timeout_s=5
 )
 
 
@@ -42,12 +45,13 @@ async def run_aimed_at_passed(stack: Stack, name: str, fault: Fault) -> Scenario
     """:func:`run_scenario` with ``fault`` early in the sale (5 % sold), once gw0's
     owner of the sku has a batch filling with a purchase its other worker has
     just passed it (:func:`passed_into_young_batch`). Twice the default sale,
-    arriving as densely over twice the time: on a loaded machine (a CPU burner on
-    the servers' core) one poll of that condition took long enough for the
-    default's stock to sell out before it held, and a sparser wave left nothing
-    awaiting the owner by the time the fault struck."""
-    ready = passed_into_young_batch(stack, SKU)
-    plan = SalePlan(stock=200, users=340, spread_s=6.0, trigger=0.05)
+    arriving over four times as long: the stock lasts several batches past the
+    first flush, so slow polls still find one young, and the buyers' attempts
+    outlast a batch and its flush."""
+    ready = passed_into_young_batch(stack, SKU, younger_than_ms=1800)
+    plan = SalePlan(
+        stock=200, users=340, spread_s=12.0, trigger=0.05, policy=ClientPolicy(attempt_timeout_s=8)
+    )
     return await run_scenario(stack, name, fault, plan, ready=ready)
 
 
@@ -60,7 +64,7 @@ async def test_the_skus_owner_worker_killed_with_purchases_passed_to_it(
     pg: PostgresCluster, diagnostics: Diagnostics
 ) -> None:
     """Gateway 0's owner of the sku is SIGKILLed while its batch fills (batch wait
-    800 ms) with purchases the other worker passed it: the other worker loses
+    2 s) with purchases the other worker passed it: the other worker loses
     its link and answers those buyers 503 (OutcomeUnknown), their reservations
     left in the ledger; the supervisor stops it too, and gateway 0 is started
     again. The buyers retry, the reconciler settles the orphans, and the sale
@@ -137,7 +141,7 @@ async def test_redis_failover_with_purchases_passed_to_the_owner(
     pg: PostgresCluster, diagnostics: Diagnostics
 ) -> None:
     """The Redis primary is SIGKILLed while gateway 0's owner of the sku has a
-    batch filling (batch wait 800 ms) with purchases the other worker passed it,
+    batch filling (batch wait 2 s) with purchases the other worker passed it,
     and Sentinel promotes the replica, which may lack the newest reservations.
     The owner's flush of that batch fails with Redis gone, and its 503 travels
     back over the lane to the buyers the other worker holds; they retry on the

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import hashlib
+import shutil
 import sys
 import threading
 import time
@@ -133,22 +134,37 @@ def _write(path: Path, text: str) -> None:
     path.write_text(text)
 
 
-def test_unscheduled_time_is_the_run_queue_wait_plus_the_most_stolen_cpu(tmp_path: Path) -> None:
-    """Between two reads: the thread's run-queue wait (ns) plus the steal of the
-    CPU that lost most (clock ticks); the all-CPU line is not a CPU."""
-    schedstat, stat = tmp_path / "schedstat", tmp_path / "stat"
+def test_unscheduled_time_is_every_threads_run_queue_wait_plus_the_most_stolen_cpu(
+    tmp_path: Path,
+) -> None:
+    """Between two reads: the run-queue wait (ns) of every thread seen at both
+    (one handed the interpreter's lock holds the loop while it waits), plus the
+    steal of the CPU that lost most (clock ticks); the all-CPU line is not a CPU."""
+    tasks, stat = tmp_path / "task", tmp_path / "stat"
     cpus = "cpu  1 0 1 9 0 0 0 {all} 0 0\ncpu0 1 0 1 9 0 0 0 {a} 0 0\ncpu1 1 0 1 9 0 0 0 {b} 0 0\n"
-    _write(schedstat, "5000 1000000000 7\n")
+    _schedstat(tasks, "100", "5000 1000000000 7\n")
+    _schedstat(tasks, "101", "10 300000000 1\n")
     _write(stat, cpus.format(all=30, a=10, b=20) + "intr 1 2 3\n")
-    unscheduled = Unscheduled(str(schedstat), str(stat))
+    unscheduled = Unscheduled(str(tasks), str(stat))
     try:
         assert unscheduled.since_last() == 0.0
-        _write(schedstat, "9000 1250000000 9\n")
+        _schedstat(tasks, "100", "9000 1250000000 9\n")
+        _schedstat(tasks, "101", "20 400000000 2\n")
+        # Born since the last read: its wait so far is not known to fall in the interval.
+        _schedstat(tasks, "102", "10 900000000 1\n")
         _write(stat, cpus.format(all=1000, a=15, b=20 + TICKS_PER_S // 2) + "intr 1 2 3\n")
-        assert unscheduled.since_last() == pytest.approx(0.25 + 0.5)
+        assert unscheduled.since_last() == pytest.approx(0.25 + 0.1 + 0.5)
         assert unscheduled.since_last() == 0.0, "a second read counts from the first"
+        shutil.rmtree(tasks / "101")
+        _schedstat(tasks, "102", "10 950000000 1\n")
+        assert unscheduled.since_last() == pytest.approx(0.05), "an ended thread is let go"
     finally:
         unscheduled.close()
+
+
+def _schedstat(tasks: Path, tid: str, text: str) -> None:
+    (tasks / tid).mkdir(parents=True, exist_ok=True)
+    _write(tasks / tid / "schedstat", text)
 
 
 def test_unscheduled_time_is_zero_where_linux_does_not_tell_it(tmp_path: Path) -> None:
