@@ -71,8 +71,16 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
             terminalreporter.write_line(line)
 
 
-def _open_fds() -> int:
-    return len(os.listdir("/proc/self/fd"))
+def _open_fds() -> set[tuple[str, str]]:
+    """This process's open descriptors, each with what it is open on (a socket's
+    inode): a test that closed one and leaked another leaves as many as it found."""
+    found = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            found.add((fd, os.readlink(f"/proc/self/fd/{fd}")))
+        except OSError:  # closed since the listing (the listing's own descriptor)
+            continue
+    return found
 
 
 # A test's report carries what the collector closed after it, so the controller
@@ -94,12 +102,14 @@ async def _collect_leftovers_on_the_tests_loop(
     "unclosed socket" and "loop is closed" in whichever later test the collector
     happens to run in, and that test fails for another file's leftovers (CI saw a
     rebuild test fail on five connections to another test's Redis). So when a
-    test leaves descriptors open, collect at once, on its loop, and list what was
-    closed under its name at the end of the run. Leaks the collector cannot reach
-    are counted by tests/integration/test_connection_leaks.py."""
+    test leaves a descriptor open that was not open before (compared by what
+    each is open on: a test that leaks one and closes another leaves the count
+    even), collect at once, on its loop, and list what was closed under its
+    name at the end of the run. Leaks the collector cannot reach are counted by
+    tests/integration/test_connection_leaks.py."""
     before = _open_fds()
     yield
-    if _open_fds() <= before:
+    if _open_fds() <= before:  # nothing opened that was not open before
         return
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", ResourceWarning)
