@@ -118,6 +118,35 @@ async def _collect_leftovers_on_the_tests_loop(
         request.node.user_properties.append((LEFTOVER_PROPERTY, str(warning.message)))
 
 
+# What was open when each test's setup began (pytest_runtest_setup).
+_FDS_AT_SETUP = pytest.StashKey[set[tuple[str, str]]]()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    item.stash[_FDS_AT_SETUP] = _open_fds()
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item: pytest.Item) -> None:
+    """The second net: collect what a test left once its fixtures and its loop
+    are gone, before pytest looks for unraisable exceptions, and name the test.
+
+    A connection a test's task still held when the fixture above looked is
+    freed only when the loop is closed and its tasks are dropped; left to a
+    later test's collection, it failed that test (a cluster sale in a CI run
+    with a core burned). Runs after the fixtures' teardown (the runner's
+    hook) and before pytest's own (trylast too, registered first, so called
+    last)."""
+    if _open_fds() <= item.stash.get(_FDS_AT_SETUP, set()):
+        return
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ResourceWarning)
+        gc.collect()
+    for warning in caught:
+        item.user_properties.append((LEFTOVER_PROPERTY, str(warning.message)))
+
+
 @pytest.fixture(scope="session")
 def run_id() -> str:
     """A short id unique to this test session."""
