@@ -33,7 +33,8 @@ TASKS = "/proc/self/task"
 # Each CPU's time in clock ticks, steal among it (a pread of it costs ~20 µs).
 PROC_STAT = "/proc/stat"
 TICKS_PER_S = os.sysconf("SC_CLK_TCK")
-# A loop thread on a CPU less than this share of a stall was asleep, not working.
+# A loop thread running or queued for a CPU less than this share of a stall was
+# asleep, neither working nor kept from working.
 POLLING_BUSY = 0.1
 # Innermost frames of a stalled loop's stack put in the log line.
 STACK_FRAMES = 12
@@ -192,11 +193,12 @@ class StallWatcher(threading.Thread):
     loop or its objects. Created by the loop's thread.
 
     A stall is logged ``polling`` when the loop thread was in the loop's own
-    code (no frame of ours above ``driver``) and nearly off the CPU since the
-    watcher's last look, taken on time: asleep in its poll past its timer
-    while this thread ran, which only the machine does (a host that did not
-    run an idle virtual CPU). A call that blocks shows its frame; a long
-    computation in C (a huge reply decoded) shows CPU time; a stopped process
+    code (no frame of ours above ``driver``), neither on a CPU nor queued for
+    one nearly all the time since the watcher's last look, taken on time:
+    asleep in its poll past its timer while this thread ran, which only the
+    machine does (a host that did not run an idle virtual CPU). A call that
+    blocks shows its frame; a long computation in C (a huge reply decoded)
+    shows CPU time, or a wait for a CPU on a loaded machine; a stopped process
     delays the watcher too.
     """
 
@@ -227,18 +229,23 @@ class StallWatcher(threading.Thread):
         reported = 0.0
         fd = _open(self._cpu_path)
         try:
-            on_cpu, looked = _cpu_s(fd), time.monotonic()
+            times, looked = _schedstat(fd), time.monotonic()
             period = self._threshold_s / 2
             while not self._stopped.wait(period):
-                now, was_on_cpu = time.monotonic(), on_cpu
-                on_cpu = _cpu_s(fd)
-                # Share of the time since the last look the loop thread ran, and
-                # whether this thread looked on time (a stopped or descheduled
-                # process delays both threads: that stall is not excused).
-                busy = (
-                    None
-                    if on_cpu is None or was_on_cpu is None
-                    else (on_cpu - was_on_cpu) / max(now - looked, 1e-6)
+                now, before = time.monotonic(), times
+                times = _schedstat(fd)
+                # Shares of the time since the last look the loop thread ran and
+                # ran or waited for a CPU (a computation on a loaded machine is
+                # queued, not asleep), and whether this thread looked on time (a
+                # stopped or descheduled process delays both: not excused).
+                elapsed = max(now - looked, 1e-6)
+                busy, wanted = (
+                    (None, None)
+                    if times is None or before is None
+                    else (
+                        (times[0] - before[0]) / elapsed,
+                        (sum(times) - sum(before)) / elapsed,
+                    )
                 )
                 on_time = now - looked <= 1.5 * period
                 looked = now
@@ -257,8 +264,8 @@ class StallWatcher(threading.Thread):
                     polling=(
                         on_time
                         and frame is self._driver
-                        and busy is not None
-                        and busy < POLLING_BUSY
+                        and wanted is not None
+                        and wanted < POLLING_BUSY
                     ),
                     stack="".join(stack),
                 )
@@ -267,6 +274,10 @@ class StallWatcher(threading.Thread):
                 os.close(fd)
 
 
-def _cpu_s(fd: int | None) -> float | None:
-    """A thread's time on a CPU so far (its schedstat), or None where unknown."""
-    return None if fd is None else int(os.pread(fd, 128, 0).split()[0]) / 1e9
+def _schedstat(fd: int | None) -> tuple[float, float] | None:
+    """A thread's seconds on a CPU and queued for one so far (its schedstat), or
+    None where unknown."""
+    if fd is None:
+        return None
+    on_cpu, queued = os.pread(fd, 128, 0).split()[:2]
+    return int(on_cpu) / 1e9, int(queued) / 1e9

@@ -117,9 +117,10 @@ def _stall(*, on_cpu: bool) -> None:
 
 
 def test_a_stall_asleep_in_the_loops_own_code_is_logged_as_polling() -> None:
-    """A loop thread found in the loop's own frame and nearly off the CPU was
-    asleep in its poll (polling: the machine's doing); in that frame but on
-    the CPU (a long C computation) it was not."""
+    """A loop thread found in the loop's own frame, neither on a CPU nor queued
+    for one, was asleep in its poll (polling: the machine's doing); in that
+    frame computing in C it was not, though a loaded machine kept it queued
+    most of the time (a CI run with a core burned gave it 7 % of a CPU)."""
     with capture_logs() as logs:
         _stall(on_cpu=False)
         _stall(on_cpu=True)
