@@ -100,17 +100,17 @@ async def test_a_stall_inside_a_collection_is_reported_as_the_collectors() -> No
 
 def _stall(*, on_cpu: bool) -> None:
     """Hold this thread 0.5 s in C calls under a watcher that takes this frame
-    for the loop's driver: asleep (as a loop in its poll) or computing."""
+    for the loop's driver: asleep in one call (as a loop in its poll) or computing."""
     lag = LoopLag(lambda seconds, _own: None)
     watcher = StallWatcher(lag, sys._getframe(), 0.15)
     watcher.start()
     try:
+        if not on_cpu:
+            time.sleep(0.5)
+            return
         deadline = time.monotonic() + 0.5
         while time.monotonic() < deadline:
-            if on_cpu:
-                hashlib.pbkdf2_hmac("sha256", b"key", b"salt", 5_000)
-            else:
-                time.sleep(0.01)
+            hashlib.pbkdf2_hmac("sha256", b"key", b"salt", 5_000)
     finally:
         watcher.stop()
         watcher.join()
@@ -120,11 +120,20 @@ def test_a_stall_asleep_in_the_loops_own_code_is_logged_as_polling() -> None:
     """A loop thread found in the loop's own frame, neither on a CPU nor queued
     for one, was asleep in its poll (polling: the machine's doing); in that
     frame computing in C it was not, though a loaded machine kept it queued
-    most of the time (a CI run with a core burned gave it 7 % of a CPU)."""
+    most of the time (a CI run with a core burned gave it 7 % of a CPU).
+
+    Polling also needs the watcher to have looked on time, which a loaded
+    machine may not let it do (then nothing is excused): the asleep stall is
+    tried up to three times."""
     with capture_logs() as logs:
-        _stall(on_cpu=False)
         _stall(on_cpu=True)
-    assert [e["polling"] for e in _stall_logs(logs)] == [True, False], logs
+        computing = _stall_logs(logs)
+        for _ in range(3):
+            _stall(on_cpu=False)
+            if _stall_logs(logs)[-1]["polling"]:
+                break
+    assert [e["polling"] for e in computing] == [False], computing
+    assert _stall_logs(logs)[-1]["polling"], _stall_logs(logs)
 
 
 def _stall_logs(logs: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
