@@ -1,8 +1,8 @@
 """The suite's lag check: a gateway process whose event loop stalled fails its test.
 
 Every gateway process the suite starts (testkit.gateways) is read at
-readiness and at its close: a timer run more than 500 ms late in between fails
-the test. Here a gateway's loop is held still for 1.2 s (SIGSTOP, then
+readiness and at its close: a timer run more than 1 s late in between fails
+the test. Here a gateway's loop is held still for 2 s (SIGSTOP, then
 SIGCONT, sent directly so the guard is not told it was on purpose).
 """
 
@@ -24,7 +24,7 @@ async def test_a_gateway_whose_loop_stalled_fails_its_test(
     database_url: str, key_prefix: str
 ) -> None:
     """flashsale_event_loop_lag_seconds is exported with the operator's buckets, and
-    closing a gateway whose loop ran a timer 1.2 s late raises the guard's error."""
+    closing a gateway whose loop ran a timer 2 s late raises the guard's error."""
     gateways = GatewayCluster(
         1, redis_url=REDIS_URL, database_url=database_url, key_prefix=key_prefix
     )
@@ -35,7 +35,7 @@ async def test_a_gateway_whose_loop_stalled_fails_its_test(
             assert f'flashsale_event_loop_lag_seconds_bucket{{le="{le}"}}' in found, le
         assert await gateways[0].lag_report() is None, "an idle gateway does not stall"
         gateways[0].kill(signal.SIGSTOP)
-        await asyncio.sleep(1.2)  # the stall itself: the fault this test makes
+        await asyncio.sleep(2.0)  # the stall itself: the fault this test makes
         gateways[0].kill(signal.SIGCONT)
     except BaseException:
         await gateways.close()
