@@ -109,13 +109,7 @@ async def _collect_leftovers_on_the_tests_loop(
     tests/integration/test_connection_leaks.py."""
     before = _open_fds()
     yield
-    if _open_fds() <= before:  # nothing opened that was not open before
-        return
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", ResourceWarning)
-        gc.collect()
-    for warning in caught:
-        request.node.user_properties.append((LEFTOVER_PROPERTY, str(warning.message)))
+    _collect_leftovers(request.node, before)
 
 
 # What was open when each test's setup began (pytest_runtest_setup).
@@ -138,7 +132,13 @@ def pytest_runtest_teardown(item: pytest.Item) -> None:
     with a core burned). Runs after the fixtures' teardown (the runner's
     hook) and before pytest's own (trylast too, registered first, so called
     last)."""
-    if _open_fds() <= item.stash.get(_FDS_AT_SETUP, set()):
+    _collect_leftovers(item, item.stash.get(_FDS_AT_SETUP, set()))
+
+
+def _collect_leftovers(item: pytest.Item, before: set[tuple[str, str]]) -> None:
+    """When a descriptor is open that was not ``before``, collect the garbage and
+    list what the collector closed under ``item``'s name."""
+    if _open_fds() <= before:
         return
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", ResourceWarning)

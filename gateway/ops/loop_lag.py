@@ -151,12 +151,11 @@ class Unscheduled:
                     continue
                 self._schedstats[tid] = fd
             try:
-                # "<ns on a CPU> <ns waiting on a run queue> <timeslices>"
-                fields = os.pread(fd, 128, 0).split()
-            except OSError:  # the thread ended since the listing
+                times = _schedstat(fd)
+            except (OSError, ValueError):  # the thread ended since the listing
                 continue
-            if len(fields) > 1:
-                waited[tid] = int(fields[1]) / 1e9
+            if times is not None:
+                waited[tid] = times[1]
         return waited
 
     def _read_stolen(self) -> list[int]:
@@ -279,5 +278,6 @@ def _schedstat(fd: int | None) -> tuple[float, float] | None:
     None where unknown."""
     if fd is None:
         return None
+    # "<ns on a CPU> <ns waiting on a run queue> <timeslices>"
     on_cpu, queued = os.pread(fd, 128, 0).split()[:2]
     return int(on_cpu) / 1e9, int(queued) / 1e9
