@@ -40,6 +40,13 @@ WHERE request_id = $1 AND status = 'pending_payment' AND pay_by > now()
 RETURNING {ORDER_COLUMNS}, o.payment_id
 """
 ORDER = f"SELECT {ORDER_COLUMNS}, o.payment_id FROM orders o WHERE request_id = $1"
+# The order as a payment that did not pay it finds it, and the order its
+# payment id is for already, if any (sql/013_payments.sql).
+PAYING = f"""
+SELECT {ORDER_COLUMNS}, o.payment_id,
+    (SELECT p.request_id FROM payments p WHERE p.payment_id = $2) AS payment_for
+FROM orders o WHERE request_id = $1
+"""
 # $1 the orders, $2 'cancelled' (before pay_by) or 'expired' (at or after it),
 # $3 the gateway's strategy (a sku without its own sells under it). The stock
 # and the movements are written by the same statement as the transition; the
@@ -126,6 +133,8 @@ class Paying:
     payment_id: str | None
     # This payment paid it now (not a payment sent again).
     won: bool = False
+    # The payment's id is already another order's (paid or refused late).
+    taken: bool = False
 
 
 class Lifecycle:
@@ -138,16 +147,19 @@ class Lifecycle:
     async def pay(self, request_id: str, payment_id: str) -> Paying | None:
         """Pay the order if it is pending and its deadline not reached: then the
         order, paid; else the order as it stands (None: no such order). Raises
-        :class:`PaymentIdTaken` when ``payment_id`` paid another order."""
+        :class:`PaymentIdTaken` when ``payment_id`` is another order's."""
         with as_unavailable:
             try:
                 row = await self._pool.fetchrow(PAY, request_id, payment_id)
             except asyncpg.UniqueViolationError:
-                raise PaymentIdTaken(f"payment {payment_id!r} paid another order") from None
+                raise _taken(payment_id) from None
             if row is not None:
                 return Paying(order_of(row), row["payment_id"], won=True)
-            row = await self._pool.fetchrow(ORDER, request_id)
-        return None if row is None else Paying(order_of(row), row["payment_id"])
+            row = await self._pool.fetchrow(PAYING, request_id, payment_id)
+        if row is None:
+            return None
+        taken = row["payment_for"] not in (None, request_id)
+        return Paying(order_of(row), row["payment_id"], taken=taken)
 
     async def cancel(self, request_id: str) -> Closed | None:
         """Cancel the order if it is pending and its deadline not reached, with
@@ -215,11 +227,15 @@ class Lifecycle:
         return None if row is None else order_of(row)
 
     async def record_late(self, payment_id: str, order: Order) -> None:
-        """Record a payment that came after its order closed, for a refund."""
+        """Record a payment that came after its order closed, for a refund.
+        Raises :class:`PaymentIdTaken` when ``payment_id`` is another order's."""
         with as_unavailable:
-            await self._pool.execute(
-                RECORD_LATE, payment_id, order.request_id, order.order_id, order.status
-            )
+            try:
+                await self._pool.execute(
+                    RECORD_LATE, payment_id, order.request_id, order.order_id, order.status
+                )
+            except asyncpg.UniqueViolationError:
+                raise _taken(payment_id) from None
 
     async def late_payments(self, after: str, limit: int) -> list[dict[str, str]]:
         """One page of the late payments, by payment id after ``after``."""
@@ -235,6 +251,11 @@ class Lifecycle:
             }
             for r in rows
         ]
+
+
+def _taken(payment_id: str) -> PaymentIdTaken:
+    # payments' primary key refused the claim (sql/013_payments.sql's trigger).
+    return PaymentIdTaken(f"payment {payment_id!r} is another order's")
 
 
 async def _closed(

@@ -38,6 +38,7 @@ from gateway.domain.errors import (
     OrderCancelled,
     OrderExpired,
     OrderPaid,
+    PaymentIdTaken,
     Unavailable,
     UnknownSku,
 )
@@ -107,11 +108,14 @@ class OrderLifecycle:
 
         Raises :class:`NotFound`, :class:`AlreadyPaid` (paid with another id),
         :class:`OrderExpired` / :class:`OrderCancelled` (the payment is recorded
-        for a refund), :class:`NoPaymentWindow`, :class:`PaymentIdTaken`."""
+        for a refund), :class:`NoPaymentWindow`, :class:`PaymentIdTaken` (the
+        id is another order's, paid or refused late, whatever this order's state)."""
         for _ in range(_LOOKS):
             found = await self._db.pay(request_id, payment_id)
             if found is None:
                 raise NotFound(f"no order for request {request_id!r}")
+            if found.taken:
+                raise PaymentIdTaken(f"payment {payment_id!r} is another order's")
             order = found.order
             if order.status == OrderStatus.PAID:
                 if found.payment_id != payment_id:
