@@ -41,14 +41,34 @@ def parse_rate(text: str) -> Rate:
     return Rate(per_s, burst)
 
 
+# The instants every layer can hold, the offset applied: Python's datetime
+# stops at years 1 and 9999 (an offset past either end, or a conversion to UTC
+# or to the epoch, raises), PostgreSQL's timestamptz before year 1 is BC, which
+# asyncpg cannot read back. A sale's window lies well inside.
+EARLIEST = datetime(2000, 1, 1, tzinfo=UTC)
+LATEST = datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=UTC)
+_INSTANT = re.compile(r"\d{4}-\d\d-\d\d[Tt ]\d\d:\d\d:\d\d(\.\d+)?([Zz]|[+-]\d\d:\d\d)", re.ASCII)
+_RANGE = "between 2000-01-01T00:00:00Z and 9999-12-31T23:59:59Z"
+
+
 def parse_instant(text: str) -> datetime:
     """An RFC 3339 date-time with its offset (``Z`` or ``+hh:mm``) as an aware
-    datetime; raises ValueError for anything else, a naive time included."""
+    datetime in UTC, between :data:`EARLIEST` and :data:`LATEST`; raises
+    ValueError for anything else, a naive time included."""
     # RFC 3339 allows a lower-case "t"/"z" and a space for "T"; fromisoformat
-    # takes all of these from Python 3.11, but not a missing offset.
-    if not re.fullmatch(r"\d{4}-\d\d-\d\d[Tt ]\d\d:\d\d:\d\d(\.\d+)?([Zz]|[+-]\d\d:\d\d)", text):
+    # takes all of these from Python 3.11, but not a missing offset. ASCII
+    # digits only: \d would take any script's digits, which fromisoformat refuses.
+    if not _INSTANT.fullmatch(text):
         raise ValueError("must be an RFC 3339 date-time with an offset")
-    return datetime.fromisoformat(text.upper().replace(" ", "T"))
+    try:
+        instant = datetime.fromisoformat(text.upper().replace(" ", "T")).astimezone(UTC)
+    except (ValueError, OverflowError):
+        # A date that does not exist (February 30th), or one the offset takes
+        # past year 1 or 9999.
+        raise ValueError(f"must be a real date-time {_RANGE}") from None
+    if not EARLIEST <= instant <= LATEST:
+        raise ValueError(f"must be {_RANGE}")
+    return instant
 
 
 def rfc3339(instant: datetime) -> str:

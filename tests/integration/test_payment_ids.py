@@ -8,16 +8,15 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import uuid
 from pathlib import Path
 from typing import Any
 
 import asyncpg
 import pytest
 
-from gateway.postgres.database import SQL_DIR, migrate
+from gateway.postgres.database import migrate
+from testkit.migrations import migrated_before
 from testkit.purchases import Client, buy, put_sku
-from testkit.services import create_database, drop_database
 from tests.integration.test_order_lifecycle import cancel, pay, put_window, start
 
 # Concurrent rounds per race: each races two uses of one new payment id.
@@ -241,17 +240,7 @@ class TestUpgrade:
         late payment. After: X is A's alone (B's record, which a refund would
         have paid out of A's money, is gone), Y stays C's, and the rule holds
         from then on."""
-        before = tmp_path / "sql"
-        (before / "functions").mkdir(parents=True)
-        for path in SQL_DIR.iterdir():
-            if path.is_file() and path.name.endswith(".sql") and path.name < "013":
-                (before / path.name).write_text(path.read_text())
-        for path in (SQL_DIR / "functions").iterdir():
-            (before / "functions" / path.name).write_text(path.read_text())
-        name = f"flashsale_upgrade_{uuid.uuid4().hex[:8]}"
-        con = await asyncpg.connect(await create_database(name))
-        try:
-            await migrate(con, before)
+        async with migrated_before("013", tmp_path) as con:
             await con.execute(
                 "INSERT INTO inventory (sku, stock, payment_window_s) VALUES ('s', 0, 60);"
                 "INSERT INTO orders (request_id, sku, user_id, qty, status, payment_id) VALUES"
@@ -260,13 +249,10 @@ class TestUpgrade:
                 "INSERT INTO late_payments (payment_id, request_id, reason) VALUES"
                 " ('pay-x', 'b', 'cancelled'), ('pay-y', 'c', 'expired')"
             )
-            assert await migrate(con) == ["013_payments"]
+            assert "013_payments" in await migrate(con)
             rows = await con.fetch("SELECT payment_id, request_id FROM payments ORDER BY 1")
             assert [tuple(r) for r in rows] == [("pay-x", "a"), ("pay-y", "c")]
             late = await con.fetch("SELECT payment_id, request_id FROM late_payments")
             assert [tuple(r) for r in late] == [("pay-y", "c")]
             with pytest.raises(asyncpg.UniqueViolationError):
                 await con.execute("UPDATE orders SET payment_id = 'pay-y' WHERE request_id = 'b'")
-        finally:
-            await con.close()
-            await drop_database(name)

@@ -4,11 +4,15 @@ TIME, through an in-process gateway on real Redis and PostgreSQL."""
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
+import asyncpg
 import pytest
 from redis.asyncio import Redis
 
+from gateway.postgres.database import migrate
+from testkit.migrations import migrated_before
 from testkit.polling import wait_for
 from testkit.purchases import ADMIN_HEADERS, buy, put_rules, redis_state
 
@@ -147,6 +151,78 @@ class TestSaleWindow:
         assert resp.status == 400 and body["error"] == "invalid_request", body
         assert detail in body["detail"]
         assert (await client.get(f"/v1/skus/{sku}")).status == 404
+
+
+# Instants a window must refuse: before year 1 or past 9999 once the offset is
+# applied, and inside Python's range but before 2000.
+OUT_OF_RANGE = (
+    "0001-01-01T00:00:00Z",
+    "0001-01-01T00:00:00+01:00",
+    "9999-12-31T23:59:59-01:00",
+    "1999-12-31T23:59:59Z",
+)
+
+
+class TestWindowRange:
+    """Issue 38: an instant no layer can hold never enters, so a sku is never
+    broken for good by its own window."""
+
+    @pytest.mark.parametrize("instant", OUT_OF_RANGE)
+    @pytest.mark.parametrize("field", ["starts_at", "ends_at"])
+    async def test_put_and_patch_refuse_it_and_the_sku_sells_on(
+        self, start_gateway: Any, sku: str, field: str, instant: str
+    ) -> None:
+        """A PUT creating the sku with it, and a PATCH of a sku on sale: 400
+        invalid_request naming the range (not a 200 that breaks every later
+        read, not a 503 a client retries forever); nothing is created or
+        changed, and the sku answers and sells as before."""
+        client = await start_gateway()
+        resp = await client.put(
+            f"/admin/skus/{sku}", json={"stock": 5, field: instant}, headers=ADMIN_HEADERS
+        )
+        body = await resp.json()
+        assert (resp.status, body["error"]) == (400, "invalid_request"), body
+        assert "2000-01-01T00:00:00Z" in body["detail"]
+        assert (await client.get(f"/v1/skus/{sku}")).status == 404
+        await put_rules(client, sku, 5)
+        resp = await client.patch(
+            f"/admin/skus/{sku}", json={"stock": 7, field: instant}, headers=ADMIN_HEADERS
+        )
+        assert (resp.status, (await resp.json())["error"]) == (400, "invalid_request")
+        resp = await client.get(f"/v1/skus/{sku}")
+        assert resp.status == 200 and (await resp.json())["available"] == 5
+        status, _ = await buy(client, sku, "amy", f"{sku}.a")
+        assert status == 201
+
+    async def test_the_database_refuses_it_to_any_writer(self, con: Any, sku: str) -> None:
+        """The floor under the door: a window out of range written by SQL by hand
+        fails the inventory's CHECK."""
+        await con.execute("INSERT INTO inventory (sku, stock) VALUES ($1, 1)", sku)
+        for column in ("starts_at", "ends_at"):
+            for value in OUT_OF_RANGE:
+                with pytest.raises(asyncpg.CheckViolationError):
+                    await con.execute(
+                        f"UPDATE inventory SET {column} = $2::text::timestamptz WHERE sku = $1",
+                        sku,
+                        value,
+                    )
+
+    async def test_the_migration_keeps_each_stored_window_meaning(self, tmp_path: Path) -> None:
+        """Windows stored out of range before 014 are brought in range with their
+        meaning kept: a start long ago is no start, an end long ago an end at
+        2000 (still ended), an end past 9999 no end; each is readable after."""
+        async with migrated_before("014", tmp_path) as con:
+            await con.execute(
+                "INSERT INTO inventory (sku, stock, starts_at, ends_at) VALUES"
+                " ('old', 1, '0001-01-01Z', '0001-06-01Z'),"
+                " ('far', 1, '2026-01-01Z', '10000-01-01T00:30:00Z')"
+            )
+            assert "014_window_range" in await migrate(con)
+            rows = await con.fetch("SELECT sku, starts_at, ends_at FROM inventory ORDER BY sku")
+        assert [tuple(r) for r in rows] == [
+            ("far", datetime(2026, 1, 1, tzinfo=UTC), None),
+            ("old", None, datetime(2000, 1, 1, tzinfo=UTC)),
+        ]
 
 
 class TestRateLimits:

@@ -6,7 +6,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from gateway.domain.rules import Rate, effective, parse_instant, parse_rate, rfc3339
+from gateway.domain.rules import Rate, effective, epoch_ms, parse_instant, parse_rate, rfc3339
 from gateway.settings import SettingsError, load
 
 
@@ -58,3 +58,34 @@ class TestInstants:
         """A naive time would mean each gateway's own zone: refused like garbage."""
         with pytest.raises(ValueError):
             parse_instant(text)
+
+    @pytest.mark.parametrize(
+        "text",
+        [
+            "0001-01-01T00:00:00Z",
+            "0001-01-01T00:00:00+01:00",
+            "9999-12-31T23:59:59-01:00",
+            "1999-12-31T23:59:59.999Z",
+            "2000-01-01T00:30:00+01:00",
+            "2026-02-30T09:00:00Z",
+            "٢٠٢٦-12-01T09:00:00Z",
+        ],
+    )
+    def test_an_instant_no_layer_can_hold_is_refused(self, text: str) -> None:
+        """Issue 38: a window's instant must hold in Python, in PostgreSQL and as
+        epoch milliseconds, its offset applied: years 2000 to 9999 in UTC, ASCII
+        digits, a real date; anything else is refused as it enters."""
+        with pytest.raises(ValueError):
+            parse_instant(text)
+
+    def test_the_ends_of_the_range_are_taken(self) -> None:
+        """The first and last instants of the range parse, and each is shown
+        and turned into epoch milliseconds without an error."""
+        for text, shown in [
+            ("2000-01-01T00:00:00Z", "2000-01-01T00:00:00.000Z"),
+            ("9999-12-31T23:59:59.999+00:00", "9999-12-31T23:59:59.999Z"),
+            ("2000-01-01T01:00:00+01:00", "2000-01-01T00:00:00.000Z"),
+        ]:
+            instant = parse_instant(text)
+            assert rfc3339(instant) == shown
+            assert epoch_ms(instant) is not None
