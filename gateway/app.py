@@ -558,7 +558,9 @@ def create_app(settings: Settings) -> web.Application:
     proxies = TrustedProxies(settings.trusted_proxies)
     answers = AnswerLog(metrics.stats)
     answer = answering(proxies, metrics, answers, timed=settings.metrics)
-    middleware = gateway_middleware(answer, {**views.QUERIES, **admin_views.QUERIES})
+    middleware = gateway_middleware(
+        answer, {**views.QUERIES, **admin_views.QUERIES, **payment_views.QUERIES}
+    )
     app = web.Application(middlewares=[middleware], client_max_size=MAX_BODY)
     app[ANSWER] = answer
     app[SETTINGS] = settings

@@ -306,6 +306,20 @@ class OrderCancelled(GatewayError):
     code = "order_cancelled"
 
 
+class OrderRefunded(GatewayError):
+    """The order was refunded: it takes no payment, nor a cancel."""
+
+    status = 409
+    code = "order_refunded"
+
+
+class OrderNotPaid(GatewayError):
+    """A refund of an order that is not paid (pending, cancelled, expired)."""
+
+    status = 409
+    code = "order_not_paid"
+
+
 class NoPaymentWindow(GatewayError):
     """The order's sku had no payment window: it was final at its 201."""
 

@@ -43,10 +43,19 @@ class OrderEvent:
     status: str
     version: int
     occurred_at: datetime
+    # Each None where it does not apply, and then left out of the event: the
+    # payment (paid, refunded, payment.*), the deadline (pending_payment), the
+    # caller's reason or the window's end (cancelled, expired, refunded,
+    # payment.*), and who made the change (every event written since 015).
+    payment_id: str | None = None
+    pay_by: datetime | None = None
+    reason: str | None = None
+    cause: str | None = None
 
     def fields(self) -> dict[str, str | int]:
-        """The event as a sink sees it: every field but ``seq``."""
-        return {
+        """The event as a sink sees it: every field but ``seq``, those that do not
+        apply left out."""
+        found: dict[str, str | int] = {
             "event_id": self.event_id,
             "type": self.type,
             "order_id": self.order_id,
@@ -58,6 +67,15 @@ class OrderEvent:
             "version": self.version,
             "occurred_at": rfc3339(self.occurred_at),
         }
+        if self.payment_id is not None:
+            found["payment_id"] = self.payment_id
+        if self.pay_by is not None:
+            found["pay_by"] = rfc3339(self.pay_by)
+        if self.reason is not None:
+            found["reason"] = self.reason
+        if self.cause is not None:
+            found["cause"] = self.cause
+        return found
 
     def body(self) -> bytes:
         """The event's JSON, as POSTed to a webhook and published to RabbitMQ."""

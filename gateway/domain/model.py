@@ -48,6 +48,24 @@ class OrderStatus(StrEnum):
     PAID = "paid"
     CANCELLED = "cancelled"  # its units went back on sale
     EXPIRED = "expired"  # not paid by pay_by: its units went back on sale
+    REFUNDED = "refunded"  # paid (or confirmed), then refunded; restocked or not
+
+
+# The statuses an order may be refunded from.
+REFUNDABLE = frozenset({OrderStatus.PAID, OrderStatus.CONFIRMED})
+
+
+class Cause(StrEnum):
+    """Who made an order's change (``orders.cause``, an event's ``cause``)."""
+
+    BUYER = "buyer"  # the purchase, or a cancel with the payment token
+    PAYMENT = "payment"  # a pay, or a refund with the payment token
+    SWEEP = "sweep"  # an expiry at pay_by
+    ADMIN = "admin"  # a cancel or a refund with the admin token
+
+
+# An expiry's reason, as its event carries it.
+WINDOW_ELAPSED = "payment_window_elapsed"
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +98,19 @@ class Order:
             "qty": self.qty,
             "pay_by": self.pay_by,
         }
+
+
+@dataclass(frozen=True, slots=True)
+class Closed:
+    """An order a cancel, an expiry or a refund closed. ``owed``: its return is
+    still to be given to Redis; ``units``: what that return puts back on sale
+    (its qty, or 0 for a refund without restock, which only frees its buyer)."""
+
+    order: Order
+    owed: bool
+    units: int
+    # The payment of a refunded order (None if it had none: confirmed).
+    payment_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

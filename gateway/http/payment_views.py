@@ -1,23 +1,45 @@
-"""HTTP handlers of an order's payment and cancel, for the shop's payment
-service: ``POST /v1/orders/{request_id}/pay`` and ``/cancel``, authorised by
-``Authorization: Bearer <GATEWAY_PAYMENT_TOKEN>`` (not the admin token), and
-the late payments an admin refunds (``GET /admin/late-payments``)."""
+"""HTTP handlers of the shop's payment service: an order's pay, cancel and
+refund, a buyer's orders, and the late payments it refunds. Authorised by
+``Authorization: Bearer <GATEWAY_PAYMENT_TOKEN>`` (not the admin token).
+An admin cancels or refunds an order through ``POST /admin/orders/{request_id}/
+cancel`` and ``/refund`` (the admin token, logged as an admin change; its event
+says ``cause: admin``), and lists the late payments as the payment service does
+(``GET /admin/late-payments``)."""
 
 from __future__ import annotations
 
 import hmac
+import re
+from typing import Any
 
 from aiohttp import web
 
 from gateway.domain.errors import InvalidRequest, PaymentUnauthorized
+from gateway.domain.model import Cause, OrderStatus
+from gateway.domain.payments import LateStatus, OrderCursor
 from gateway.http import payloads
-from gateway.http.admin_views import check_admin
+from gateway.http.admin_views import admin_change, check_admin
 from gateway.http.appkeys import LIFECYCLE, SETTINGS
 from gateway.http.views import json_response, read_body
+from gateway.usecases.admin import StockAdmin
 
 PAY_FIELDS = frozenset({"payment_id"})
-# Late payments listed per page at most.
+CANCEL_FIELDS = frozenset({"reason"})
+REFUND_FIELDS = frozenset({"restock", "reason"})
+# The caller's words on a cancel or a refund, carried by its event.
+REASON_MAX = 200
+# Items listed per page at most, and when ``limit`` is not given.
 PAGE_MAX = 1000
+PAGE_DEFAULT = 100
+# The query parameters each route takes (by its path).
+_PAGE = frozenset({"status", "after", "limit"})
+QUERIES = {
+    "/admin/late-payments": _PAGE,
+    "/v1/late-payments": _PAGE,
+    "/v1/orders": _PAGE | {"user_id", "sku"},
+}
+# A page cursor or limit: ASCII digits only (str.isdigit takes other scripts').
+_DIGITS = re.compile(r"[0-9]{1,18}")
 
 
 def _check_payer(request: web.Request) -> None:
@@ -42,31 +64,132 @@ async def pay(request: web.Request) -> web.Response:
 
 
 async def cancel(request: web.Request) -> web.Response:
-    """POST /v1/orders/{request_id}/cancel: 200 cancelled, its units back on sale."""
+    """POST /v1/orders/{request_id}/cancel ``{"reason"?}``: 200 cancelled, its
+    units back on sale."""
     _check_payer(request)
+    return json_response(await _cancel(request, Cause.BUYER))
+
+
+async def refund(request: web.Request) -> web.Response:
+    """POST /v1/orders/{request_id}/refund ``{"restock": bool, "reason"?}``: 200
+    refunded, its units back on sale with ``restock``."""
+    _check_payer(request)
+    return json_response(await _refund(request, Cause.PAYMENT))
+
+
+@admin_change
+async def admin_cancel(request: web.Request, _: StockAdmin) -> tuple[Any, dict[str, Any]]:
+    """POST /admin/orders/{request_id}/cancel: an admin's cancel."""
+    order = await _cancel(request, Cause.ADMIN)
+    return order, {"request_id": order["request_id"], "status": order["status"]}
+
+
+@admin_change
+async def admin_refund(request: web.Request, _: StockAdmin) -> tuple[Any, dict[str, Any]]:
+    """POST /admin/orders/{request_id}/refund: an admin's refund."""
+    order = await _refund(request, Cause.ADMIN)
+    return order, {"request_id": order["request_id"], "status": order["status"]}
+
+
+async def _cancel(request: web.Request, cause: Cause) -> dict[str, Any]:
     request_id = payloads.identifier(request.match_info["request_id"], "request_id")
-    payloads.parse_object(await read_body(request) or b"{}", frozenset())
-    order = await request.app[LIFECYCLE].cancel(request_id)
-    return json_response(order.as_json())
+    data = payloads.parse_object(await read_body(request) or b"{}", CANCEL_FIELDS)
+    reason = payloads.display_text(data.get("reason"), "reason", REASON_MAX)
+    order = await request.app[LIFECYCLE].cancel(request_id, reason=reason, cause=cause)
+    return order.as_json()
+
+
+async def _refund(request: web.Request, cause: Cause) -> dict[str, Any]:
+    request_id = payloads.identifier(request.match_info["request_id"], "request_id")
+    data = payloads.parse_object(await read_body(request), REFUND_FIELDS)
+    restock = data.get("restock")
+    if not isinstance(restock, bool):
+        raise InvalidRequest("restock is required: true (the units go back on sale) or false")
+    reason = payloads.display_text(data.get("reason"), "reason", REASON_MAX)
+    closed = await request.app[LIFECYCLE].refund(
+        request_id, restock=restock, reason=reason, cause=cause
+    )
+    return {**closed.order.as_json(), "payment_id": closed.payment_id}
 
 
 async def late_payments(request: web.Request) -> web.Response:
-    """GET /admin/late-payments[?after=PAYMENT_ID&limit=N]: payments refused
-    after their order expired or was cancelled, to refund, by payment id."""
+    """GET /v1/late-payments?status=owed|refunded|all&after=CURSOR&limit=N: the
+    payments refused after their order closed, oldest first, and ``next``."""
+    _check_payer(request)
+    return await _late_page(request)
+
+
+async def admin_late_payments(request: web.Request) -> web.Response:
+    """GET /admin/late-payments: the same list, for an admin."""
     check_admin(request)
-    after = request.query.get("after")
-    if after is not None:
-        payloads.identifier(after, "after")
-    limit = payloads.integer(
-        {"limit": _int(request.query.get("limit", "100"))}, "limit", low=1, high=PAGE_MAX
+    return await _late_page(request)
+
+
+async def _late_page(request: web.Request) -> web.Response:
+    query = request.query
+    raw = query.get("status", LateStatus.ALL)
+    try:
+        status = LateStatus(raw)
+    except ValueError:
+        raise InvalidRequest("status must be one of owed, refunded, all") from None
+    after = _number(query.get("after"), "after", 0, high=None)
+    page = await request.app[LIFECYCLE].late_payments(status, after, _limit(query.get("limit")))
+    return json_response({"late_payments": [p.as_json() for p in page.items], "next": page.next})
+
+
+async def refund_late(request: web.Request) -> web.Response:
+    """POST /v1/late-payments/{payment_id}/refund: 200 refunded, idempotent."""
+    _check_payer(request)
+    payment_id = payloads.identifier(request.match_info["payment_id"], "payment_id")
+    late = await request.app[LIFECYCLE].refund_late(payment_id)
+    shown = late.as_json()
+    return json_response({k: shown[k] for k in ("payment_id", "order_id", "status", "refunded_at")})
+
+
+async def buyer_orders(request: web.Request) -> web.Response:
+    """GET /v1/orders?user_id=U[&sku=&status=&after=&limit=]: a buyer's orders,
+    newest first, and ``next``."""
+    _check_payer(request)
+    query = request.query
+    if "user_id" not in query:
+        raise InvalidRequest("user_id is required")
+    user_id = payloads.identifier(query["user_id"], "user_id")
+    sku = query.get("sku")
+    if sku is not None:
+        payloads.identifier(sku, "sku")
+    status = None
+    if "status" in query:
+        try:
+            status = OrderStatus(query["status"])
+        except ValueError:
+            shown = ", ".join(s.value for s in OrderStatus)
+            raise InvalidRequest(f"status must be one of {shown}") from None
+    before = None
+    if "after" in query:
+        try:
+            before = OrderCursor.parse(query["after"])
+        except ValueError as exc:
+            raise InvalidRequest(f"after {exc}") from None
+    page = await request.app[LIFECYCLE].buyer_orders(
+        user_id, sku=sku, status=status, before=before, limit=_limit(query.get("limit"))
     )
-    page = await request.app[LIFECYCLE].late_payments(after or "", limit)
-    return json_response({"late_payments": page})
+    return json_response({"orders": [o.as_json() for o in page.items], "next": page.next})
 
 
-def _int(raw: str) -> int | str:
-    """A query's integer, or the text itself for payloads.integer to refuse."""
-    return int(raw) if raw.isdigit() and len(raw) <= 9 else raw
+def _limit(raw: str | None) -> int:
+    return _number(raw, "limit", PAGE_DEFAULT, low=1, high=PAGE_MAX)
+
+
+def _number(raw: str | None, name: str, default: int, *, low: int = 0, high: int | None) -> int:
+    """A query's integer: ASCII digits from ``low`` to ``high``, ``default`` when
+    absent; raises :class:`InvalidRequest`."""
+    if raw is None:
+        return default
+    value = int(raw) if _DIGITS.fullmatch(raw) else None
+    if value is None or value < low or (high is not None and value > high):
+        bound = "" if high is None else f" to {high}"
+        raise InvalidRequest(f"{name} must be an integer from {low}{bound}")
+    return value
 
 
 def routes() -> list[web.RouteDef]:
@@ -74,5 +197,11 @@ def routes() -> list[web.RouteDef]:
     return [
         web.post("/v1/orders/{request_id}/pay", pay),
         web.post("/v1/orders/{request_id}/cancel", cancel),
-        web.get("/admin/late-payments", late_payments),
+        web.post("/v1/orders/{request_id}/refund", refund),
+        web.get("/v1/orders", buyer_orders),
+        web.get("/v1/late-payments", late_payments),
+        web.post("/v1/late-payments/{payment_id}/refund", refund_late),
+        web.get("/admin/late-payments", admin_late_payments),
+        web.post("/admin/orders/{request_id}/cancel", admin_cancel),
+        web.post("/admin/orders/{request_id}/refund", admin_refund),
     ]

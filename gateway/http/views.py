@@ -280,7 +280,6 @@ async def metrics(request: web.Request) -> web.Response:
 QUERIES = {
     "/v1/orders/{request_id}": frozenset({"user_id", "wait"}),
     "/wait/{sku}": frozenset({"user_id", "return_to", "pay_to", "lang"}),
-    "/admin/late-payments": frozenset({"after", "limit"}),
 }
 
 

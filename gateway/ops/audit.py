@@ -9,12 +9,15 @@ Definitions, per sku (one SQL statement, so one snapshot even during a sale):
 
 - ``provided`` = sum of ``stock_movements.delta`` of the admin's movements: the
   net units the admin ever made available (an order's return, reason
-  ``expired`` or ``cancelled``, is not provided: it gives back what was).
+  ``expired``, ``cancelled`` or ``refunded``, is not provided: it gives back
+  what was).
   ``restock`` records ``+n``; ``set`` records the new stock minus the remaining
   stock it replaced (read under the row lock), so a reset provides the
   difference or takes it back. Computed from the movement log alone,
   independently of ``inventory.stock`` and of ``orders``.
-- ``sold`` = sum of ``orders.qty`` of orders ``confirmed`` or ``paid``;
+- ``sold`` = sum of ``orders.qty`` of orders ``confirmed`` or ``paid``, and
+  of those ``refunded`` without restock (their units left the stock for good;
+  a refund with restock is a return, like a cancel's);
   ``held`` = the same of orders ``pending_payment`` (their units are held until
   paid, cancelled or expired); ``orders`` = the count of these live orders;
   ``users`` = the number of their distinct buyers. An expired or cancelled
@@ -65,15 +68,16 @@ from gateway.settings import Misconfigured, Settings
 BOOKS = """
 WITH movements AS (
     SELECT sku, SUM(delta) AS provided FROM stock_movements
-    WHERE ($1::text IS NULL OR sku = $1) AND reason NOT IN ('expired', 'cancelled')
+    WHERE ($1::text IS NULL OR sku = $1) AND reason NOT IN ('expired', 'cancelled', 'refunded')
     GROUP BY sku
 ), sales AS (
-    SELECT sku, count(*) AS orders,
-        COALESCE(SUM(qty) FILTER (WHERE status IN ('confirmed', 'paid')), 0) AS sold,
+    SELECT sku, count(*) FILTER (WHERE status <> 'refunded') AS orders,
+        COALESCE(SUM(qty) FILTER (WHERE status <> 'pending_payment'), 0) AS sold,
         COALESCE(SUM(qty) FILTER (WHERE status = 'pending_payment'), 0) AS held,
-        count(DISTINCT user_id) AS users
+        count(DISTINCT user_id) FILTER (WHERE status <> 'refunded') AS users
     FROM orders WHERE ($1::text IS NULL OR sku = $1)
-        AND status IN ('confirmed', 'pending_payment', 'paid')
+        AND (status IN ('confirmed', 'pending_payment', 'paid')
+            OR (status = 'refunded' AND NOT restocked))
     GROUP BY sku
 ), repeat_buyers AS (
     SELECT sku, count(*) AS duplicate_users FROM (

@@ -17,13 +17,19 @@ class LifecycleMetrics:
     def __init__(self, r: CollectorRegistry) -> None:
         self._closed = Counter(
             "flashsale_orders_closed",
-            "Orders this gateway moved out of pending_payment, by the status they took.",
+            "Orders this gateway closed (out of pending_payment, or refunded), by the status"
+            " they took.",
             ["status"],
             registry=r,
         )
         self._late_payments = Counter(
             "flashsale_late_payments",
             "Payments refused after their order expired or was cancelled (listed for refund).",
+            registry=r,
+        )
+        self._late_refunded = Counter(
+            "flashsale_late_payments_refunded",
+            "Late payments this gateway marked refunded.",
             registry=r,
         )
         self._pending = Gauge(
@@ -52,6 +58,10 @@ class LifecycleMetrics:
     def late_payment(self) -> None:
         """A payment came after its order closed."""
         self._late_payments.inc()
+
+    def late_refunded(self) -> None:
+        """A late payment was marked refunded."""
+        self._late_refunded.inc()
 
     def sample(self, pending: int, units: int) -> None:
         """Orders pending payment now, and the units they hold."""

@@ -21,12 +21,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 import asyncpg
 
 from gateway.domain.errors import PaymentIdTaken
-from gateway.domain.model import Order, OrderStatus, Strategy
-from gateway.domain.rules import rfc3339
+from gateway.domain.model import WINDOW_ELAPSED, Cause, Closed, Order, OrderStatus, Strategy
+from gateway.domain.payments import BuyerOrder, LatePayment, LateStatus, OrderCursor
 from gateway.postgres.database import Connection, as_unavailable
 from gateway.postgres.orders import order_of
 
@@ -35,7 +36,8 @@ _RESERVING = "('reserve-batch', 'queue')"
 ORDER_COLUMNS = "o.order_id::text, o.request_id, o.sku, o.user_id, o.qty, o.status, o.pay_by"
 
 PAY = f"""
-UPDATE orders o SET status = 'paid', payment_id = $2, closed_at = now(), synced_at = now()
+UPDATE orders o SET status = 'paid', payment_id = $2, closed_at = now(), synced_at = now(),
+    cause = 'payment', reason = NULL
 WHERE request_id = $1 AND status = 'pending_payment' AND pay_by > now()
 RETURNING {ORDER_COLUMNS}, o.payment_id
 """
@@ -47,20 +49,31 @@ SELECT {ORDER_COLUMNS}, o.payment_id,
     (SELECT p.request_id FROM payments p WHERE p.payment_id = $2) AS payment_for
 FROM orders o WHERE request_id = $1
 """
-# $1 the orders, $2 'cancelled' (before pay_by) or 'expired' (at or after it),
-# $3 the gateway's strategy (a sku without its own sells under it). The stock
-# and the movements are written by the same statement as the transition; the
+# What a closed order's return puts back on sale: its units, but none for a
+# refund without restock (its return only frees the buyer).
+UNITS = "CASE WHEN o.restocked IS FALSE THEN 0 ELSE o.qty END"
+# Every status whose return may be owed to Redis (implies orders_owed's predicate).
+RETURNED = "('expired', 'cancelled', 'refunded')"
+# $1 the orders; $2 the status they take: 'cancelled' (pending, before pay_by),
+# 'expired' (pending, at or after it) or 'refunded' (paid or confirmed); $3 the
+# gateway's strategy (a sku without its own sells under it); $4 the reason,
+# $5 the cause (both for the event); $6 a refund's restock. The stock and the
+# movements are written by the same statement as the transition; the
 # movements' stock_after counts the orders of a sku one after another.
 CLOSE = f"""
 WITH closed AS (
-    UPDATE orders o SET status = $2, closed_at = now(),
+    UPDATE orders o SET status = $2, closed_at = now(), reason = $4, cause = $5,
+        restocked = CASE WHEN $2 = 'refunded' THEN $6::boolean END,
         synced_at = CASE WHEN COALESCE(i.strategy, $3) IN {_RESERVING} THEN NULL ELSE now() END
     FROM inventory i
-    WHERE o.request_id = ANY($1::text[]) AND i.sku = o.sku AND o.status = 'pending_payment'
-        AND CASE WHEN $2 = 'expired' THEN o.pay_by <= now() ELSE o.pay_by > now() END
-    RETURNING {ORDER_COLUMNS}, o.synced_at IS NULL AS owed
+    WHERE o.request_id = ANY($1::text[]) AND i.sku = o.sku
+        AND CASE $2
+            WHEN 'expired' THEN o.status = 'pending_payment' AND o.pay_by <= now()
+            WHEN 'cancelled' THEN o.status = 'pending_payment' AND o.pay_by > now()
+            ELSE o.status IN ('paid', 'confirmed') END
+    RETURNING {ORDER_COLUMNS}, o.payment_id, o.synced_at IS NULL AS owed, {UNITS} AS units
 ), totals AS (
-    SELECT sku, sum(qty)::bigint AS total FROM closed GROUP BY sku
+    SELECT sku, sum(units)::bigint AS total FROM closed GROUP BY sku HAVING sum(units) > 0
 ), back AS (
     UPDATE inventory i SET stock = i.stock + t.total, version = i.version + 1,
         updated_at = now()
@@ -68,9 +81,10 @@ WITH closed AS (
     RETURNING i.sku, i.stock
 ), moved AS (
     INSERT INTO stock_movements (sku, delta, reason, stock_after)
-    SELECT c.sku, c.qty, $2, b.stock - t.total
-        + sum(c.qty) OVER (PARTITION BY c.sku ORDER BY c.request_id)
+    SELECT c.sku, c.units, $2, b.stock - t.total
+        + sum(c.units) OVER (PARTITION BY c.sku ORDER BY c.request_id)
     FROM closed c JOIN back b ON b.sku = c.sku JOIN totals t ON t.sku = c.sku
+    WHERE c.units > 0
 )
 SELECT * FROM closed
 """
@@ -86,8 +100,8 @@ LOCK_SKUS = "SELECT 1 FROM inventory WHERE sku = ANY($1::text[]) ORDER BY sku FO
 # Returns a gateway committed and has not yet given back to Redis (it crashed
 # between the two, or Redis failed), closed at least $1 seconds ago.
 OWED = f"""
-SELECT {ORDER_COLUMNS} FROM orders o
-WHERE status IN ('expired', 'cancelled') AND synced_at IS NULL
+SELECT {ORDER_COLUMNS}, {UNITS} AS units FROM orders o
+WHERE status IN {RETURNED} AND synced_at IS NULL
     AND closed_at <= now() - make_interval(secs => $1)
 ORDER BY closed_at LIMIT $2
 """
@@ -106,23 +120,59 @@ SELECT COALESCE(sum(qty), 0)::bigint,
     COALESCE(EXTRACT(EPOCH FROM min(pay_by) - now()), 0)::float8
 FROM orders WHERE sku = $1 AND status = 'pending_payment'
 """
+# A late payment, recorded once, and its event (payment.late) as the order's
+# next version: an event of the order, in its order, though its status stays.
 RECORD_LATE = """
-INSERT INTO late_payments (payment_id, request_id, order_id, reason)
-VALUES ($1, $2, $3::uuid, $4) ON CONFLICT (payment_id) DO NOTHING
+WITH late AS (
+    INSERT INTO late_payments (payment_id, request_id, order_id, reason)
+    VALUES ($1, $2, $3::uuid, $4) ON CONFLICT (payment_id) DO NOTHING
+    RETURNING payment_id, request_id, reason
+), bumped AS (
+    UPDATE orders o SET version = o.version + 1 FROM late l WHERE o.request_id = l.request_id
+    RETURNING o.order_id, o.version, o.request_id, o.sku, o.user_id, o.qty, o.status,
+        l.payment_id, l.reason
+)
+INSERT INTO order_events (order_id, version, type, request_id, sku, user_id, qty, status,
+    payment_id, reason, cause)
+SELECT order_id, version, 'payment.late', request_id, sku, user_id, qty, status,
+    payment_id, reason, 'payment'
+FROM bumped
 """
-LATE_PAYMENTS = """
-SELECT payment_id, request_id, order_id::text, reason, received_at FROM late_payments
-WHERE payment_id > $1 ORDER BY payment_id LIMIT $2
+LATE_COLUMNS = "seq, payment_id, request_id, order_id::text, reason, received_at, refunded_at"
+# $1 the seq after which the page starts, $2 'owed', 'refunded' or 'all'.
+LATE_PAYMENTS = f"""
+SELECT {LATE_COLUMNS} FROM late_payments
+WHERE seq > $1 AND ($2 = 'all' OR ($2 = 'owed') = (refunded_at IS NULL))
+ORDER BY seq LIMIT $3
 """
-
-
-@dataclass(frozen=True, slots=True)
-class Closed:
-    """An order a cancel or an expiry closed; ``owed``: its units are still to
-    be given back to the Redis counter."""
-
-    order: Order
-    owed: bool
+LATE_PAYMENT = f"SELECT {LATE_COLUMNS} FROM late_payments WHERE payment_id = $1"
+# A late payment marked refunded, once, with its event (payment.refunded).
+REFUND_LATE = f"""
+WITH refunded AS (
+    UPDATE late_payments SET refunded_at = now() WHERE payment_id = $1 AND refunded_at IS NULL
+    RETURNING {LATE_COLUMNS}
+), bumped AS (
+    UPDATE orders o SET version = o.version + 1 FROM refunded r WHERE o.request_id = r.request_id
+    RETURNING o.order_id, o.version, o.request_id, o.sku, o.user_id, o.qty, o.status,
+        r.payment_id, r.reason
+), events AS (
+    INSERT INTO order_events (order_id, version, type, request_id, sku, user_id, qty, status,
+        payment_id, reason, cause)
+    SELECT order_id, version, 'payment.refunded', request_id, sku, user_id, qty, status,
+        payment_id, reason, 'payment'
+    FROM bumped
+)
+SELECT * FROM refunded
+"""
+# A page of a buyer's orders, newest first, made before the cursor ($4, $5).
+BUYER_ORDERS = f"""
+SELECT {ORDER_COLUMNS}, o.payment_id, o.created_at FROM orders o
+WHERE o.user_id = $1 AND ($2::text IS NULL OR o.sku = $2)
+    AND ($3::text IS NULL OR o.status = $3) AND (o.created_at, o.order_id) < ($4, $5::uuid)
+ORDER BY o.created_at DESC, o.order_id DESC LIMIT $6
+"""
+# Where the first page starts: before every order.
+_NEWEST = OrderCursor(datetime.max.replace(tzinfo=UTC), "ffffffff-ffff-ffff-ffff-ffffffffffff")
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,21 +211,41 @@ class Lifecycle:
         taken = row["payment_for"] not in (None, request_id)
         return Paying(order_of(row), row["payment_id"], taken=taken)
 
-    async def cancel(self, request_id: str) -> Closed | None:
+    async def cancel(self, request_id: str, reason: str | None, cause: Cause) -> Closed | None:
         """Cancel the order if it is pending and its deadline not reached, with
         its units back on sale; None when it was not (it lost, or is unknown)."""
-        closed = await self._close([request_id], OrderStatus.CANCELLED)
+        closed = await self._close([request_id], OrderStatus.CANCELLED, reason, cause)
         return closed[0] if closed else None
 
     async def expire(self, request_id: str) -> Closed | None:
         """Expire the order if it is pending and its deadline reached."""
-        closed = await self._close([request_id], OrderStatus.EXPIRED)
+        closed = await self._close([request_id], OrderStatus.EXPIRED, WINDOW_ELAPSED, Cause.SWEEP)
         return closed[0] if closed else None
 
-    async def _close(self, request_ids: Sequence[str], status: OrderStatus) -> list[Closed]:
+    async def refund(
+        self, request_id: str, *, restock: bool, reason: str | None, cause: Cause
+    ) -> Closed | None:
+        """Refund the order if it is paid or confirmed; with ``restock`` its units
+        go back on sale as a cancel's do. None when it was not refundable."""
+        closed = await self._close(
+            [request_id], OrderStatus.REFUNDED, reason, cause, restock=restock
+        )
+        return closed[0] if closed else None
+
+    async def _close(
+        self,
+        request_ids: Sequence[str],
+        status: OrderStatus,
+        reason: str | None,
+        cause: Cause,
+        *,
+        restock: bool = True,
+    ) -> list[Closed]:
         with as_unavailable:
             async with self._pool.acquire() as con, con.transaction():
-                return await _closed(con, request_ids, status, self._default)
+                return await _closed(
+                    con, request_ids, status, self._default, reason, cause, restock
+                )
 
     async def expire_due(self, limit: int) -> list[Closed]:
         """Expire up to ``limit`` orders whose deadline passed, in one transaction;
@@ -187,13 +257,15 @@ class Lifecycle:
                     return []
                 await con.execute(LOCK_SKUS, sorted({r["sku"] for r in due}))
                 rids = [r["request_id"] for r in due]
-                return await _closed(con, rids, OrderStatus.EXPIRED, self._default)
+                return await _closed(
+                    con, rids, OrderStatus.EXPIRED, self._default, WINDOW_ELAPSED, Cause.SWEEP, True
+                )
 
-    async def owed(self, older_than_s: float, limit: int) -> list[Order]:
-        """Closed orders whose units were not yet given back to Redis."""
+    async def owed(self, older_than_s: float, limit: int) -> list[Closed]:
+        """Closed orders whose return was not yet given to Redis."""
         with as_unavailable:
             rows = await self._pool.fetch(OWED, older_than_s, limit)
-        return [order_of(r) for r in rows]
+        return [Closed(order_of(r), True, r["units"]) for r in rows]
 
     async def mark_synced(self, request_ids: Sequence[str]) -> None:
         """Record that Redis got these orders' units back."""
@@ -220,37 +292,69 @@ class Lifecycle:
         assert row is not None  # an aggregate without GROUP BY answers one row
         return row[0], row[1]
 
-    async def order(self, request_id: str) -> Order | None:
-        """The order of ``request_id`` as it stands."""
+    async def order(self, request_id: str) -> Paying | None:
+        """The order of ``request_id`` as it stands, and its payment id."""
         with as_unavailable:
             row = await self._pool.fetchrow(ORDER, request_id)
-        return None if row is None else order_of(row)
+        return None if row is None else Paying(order_of(row), row["payment_id"])
 
-    async def record_late(self, payment_id: str, order: Order) -> None:
-        """Record a payment that came after its order closed, for a refund.
-        Raises :class:`PaymentIdTaken` when ``payment_id`` is another order's."""
+    async def record_late(self, payment_id: str, order: Order) -> bool:
+        """Record a payment that came after its order closed, for a refund, with
+        its event; whether it was recorded now (not before). Raises
+        :class:`PaymentIdTaken` when ``payment_id`` is another order's."""
         with as_unavailable:
             try:
-                await self._pool.execute(
+                done = await self._pool.execute(
                     RECORD_LATE, payment_id, order.request_id, order.order_id, order.status
                 )
             except asyncpg.UniqueViolationError:
                 raise _taken(payment_id) from None
+        return done != "INSERT 0 0"
 
-    async def late_payments(self, after: str, limit: int) -> list[dict[str, str]]:
-        """One page of the late payments, by payment id after ``after``."""
+    async def late_payments(self, status: LateStatus, after: int, limit: int) -> list[LatePayment]:
+        """A page of the late payments of ``status``, oldest first, after ``after``."""
         with as_unavailable:
-            rows = await self._pool.fetch(LATE_PAYMENTS, after, limit)
-        return [
-            {
-                "payment_id": r["payment_id"],
-                "request_id": r["request_id"],
-                "order_id": r["order_id"],
-                "reason": r["reason"],
-                "received_at": rfc3339(r["received_at"]),
-            }
-            for r in rows
-        ]
+            rows = await self._pool.fetch(LATE_PAYMENTS, after, status.value, limit)
+        return [_late(r) for r in rows]
+
+    async def refund_late(self, payment_id: str) -> tuple[LatePayment, bool] | None:
+        """Mark a late payment refunded: it, and whether it was marked now (False:
+        it was already); None for an unknown payment id."""
+        with as_unavailable:
+            row = await self._pool.fetchrow(REFUND_LATE, payment_id)
+            if row is not None:
+                return _late(row), True
+            row = await self._pool.fetchrow(LATE_PAYMENT, payment_id)
+        return None if row is None else (_late(row), False)
+
+    async def buyer_orders(
+        self,
+        user_id: str,
+        *,
+        sku: str | None,
+        status: OrderStatus | None,
+        before: OrderCursor | None,
+        limit: int,
+    ) -> list[BuyerOrder]:
+        """A page of ``user_id``'s orders, newest first, made before ``before``."""
+        start = before or _NEWEST
+        with as_unavailable:
+            rows = await self._pool.fetch(
+                BUYER_ORDERS, user_id, sku, status, start.created_at, start.order_id, limit
+            )
+        return [BuyerOrder(order_of(r), r["payment_id"], r["created_at"]) for r in rows]
+
+
+def _late(row: asyncpg.Record) -> LatePayment:
+    return LatePayment(
+        row["seq"],
+        row["payment_id"],
+        row["request_id"],
+        row["order_id"],
+        row["reason"],
+        row["received_at"],
+        row["refunded_at"],
+    )
 
 
 def _taken(payment_id: str) -> PaymentIdTaken:
@@ -259,7 +363,15 @@ def _taken(payment_id: str) -> PaymentIdTaken:
 
 
 async def _closed(
-    con: Connection, request_ids: Sequence[str], status: OrderStatus, default: str
+    con: Connection,
+    request_ids: Sequence[str],
+    status: OrderStatus,
+    default: str,
+    reason: str | None,
+    cause: Cause,
+    restock: bool,
 ) -> list[Closed]:
-    rows = await con.fetch(CLOSE, list(request_ids), status.value, default)
-    return [Closed(order_of(r), r["owed"]) for r in rows]
+    rows = await con.fetch(
+        CLOSE, list(request_ids), status.value, default, reason, cause.value, restock
+    )
+    return [Closed(order_of(r), r["owed"], r["units"], r["payment_id"]) for r in rows]

@@ -64,15 +64,16 @@ SELECT * FROM unnest($1::text[], $2::bigint[]) ON CONFLICT DO NOTHING
 # when it gives them, so a counter loaded meanwhile must not count them yet.
 SKU_STOCK = """
 SELECT stock - COALESCE((
-    SELECT sum(qty) FROM orders
-    WHERE sku = $1 AND status IN ('expired', 'cancelled') AND synced_at IS NULL), 0)
+    SELECT sum(CASE WHEN restocked IS FALSE THEN 0 ELSE qty END) FROM orders
+    WHERE sku = $1 AND status IN ('expired', 'cancelled', 'refunded') AND synced_at IS NULL), 0)
 FROM inventory WHERE sku = $1
 """
 # The inventory's stock and, from the same snapshot, the returns SKU_STOCK
 # leaves out as owed (a row of NULLs when none is).
 STOCK_AND_OWED = """
-SELECT i.stock, o.request_id, o.qty FROM inventory i
-LEFT JOIN orders o ON o.sku = i.sku AND o.status IN ('expired', 'cancelled')
+SELECT i.stock, o.request_id, CASE WHEN o.restocked IS FALSE THEN 0 ELSE o.qty END AS qty
+FROM inventory i
+LEFT JOIN orders o ON o.sku = i.sku AND o.status IN ('expired', 'cancelled', 'refunded')
     AND o.synced_at IS NULL
 WHERE i.sku = $1
 """

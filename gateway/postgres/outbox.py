@@ -26,9 +26,13 @@ from gateway.domain.events import OrderEvent
 from gateway.postgres.database import Connection, as_unavailable
 
 REGISTER = "INSERT INTO event_sinks (name) VALUES ($1) ON CONFLICT DO NOTHING"
+# An event as a sink gets it (gateway.domain.events.OrderEvent).
+EVENT_COLUMNS = """e.seq, e.event_id::text, e.type, e.order_id::text, e.request_id, e.sku,
+    e.user_id, e.qty, e.status, e.version, e.occurred_at, e.payment_id, e.pay_by, e.reason,
+    e.cause"""
 # Due now, oldest due first, the lowest version owed of each order; another
 # relay's rows are skipped, not waited for.
-CLAIM = """
+CLAIM = f"""
 WITH claimed AS (
     SELECT d.seq, d.attempts FROM event_deliveries d
     WHERE d.sink = $1 AND d.dead_at IS NULL AND d.due_at <= now()
@@ -42,8 +46,7 @@ WITH claimed AS (
     ORDER BY d.due_at, d.seq LIMIT $2
     FOR UPDATE OF d SKIP LOCKED
 )
-SELECT e.seq, e.event_id::text, e.type, e.order_id::text, e.request_id, e.sku, e.user_id,
-    e.qty, e.status, e.version, e.occurred_at, c.attempts
+SELECT {EVENT_COLUMNS}, c.attempts
 FROM claimed c JOIN order_events e ON e.seq = c.seq ORDER BY e.seq
 """
 # The oldest batch not held by another relay; the claim takes them one by one
@@ -52,12 +55,11 @@ BATCH = """
 SELECT first_seq, cardinality(seqs) FROM event_batches
 WHERE sink = $1 AND first_seq > $2 ORDER BY first_seq LIMIT 1 FOR UPDATE SKIP LOCKED
 """
-TAKE_BATCHES = """
+TAKE_BATCHES = f"""
 WITH taken AS (
     DELETE FROM event_batches WHERE sink = $1 AND first_seq = ANY($2::bigint[]) RETURNING seqs
 )
-SELECT e.seq, e.event_id::text, e.type, e.order_id::text, e.request_id, e.sku, e.user_id,
-    e.qty, e.status, e.version, e.occurred_at, 0 AS attempts
+SELECT {EVENT_COLUMNS}, 0 AS attempts
 FROM taken t CROSS JOIN LATERAL unnest(t.seqs) AS u(seq) JOIN order_events e ON e.seq = u.seq
 ORDER BY e.seq
 """
@@ -173,6 +175,10 @@ def _event(row: asyncpg.Record) -> OrderEvent:
         status=row["status"],
         version=row["version"],
         occurred_at=row["occurred_at"],
+        payment_id=row["payment_id"],
+        pay_by=row["pay_by"],
+        reason=row["reason"],
+        cause=row["cause"],
     )
 
 

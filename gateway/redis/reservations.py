@@ -42,6 +42,7 @@ from gateway.domain.model import (
     DUPLICATE,
     IN_PROGRESS,
     SOLD_OUT,
+    Closed,
     Order,
     Outcome,
     Purchase,
@@ -412,12 +413,12 @@ class Reservations:
         keys = self.keys(sku)
         return int(await self._call(self._settle, (*keys.all(), keys.rebuild), args))
 
-    async def return_units(self, sku: str, orders: Iterable[Order]) -> int:
-        """Give closed orders' units back to the sale, each order once
-        (return_units.lua); returns how many were given back now."""
+    async def return_units(self, sku: str, closed: Iterable[Closed]) -> int:
+        """Give closed orders' units back to the sale and free their buyers, each
+        order once (return_units.lua); returns how many were given back now."""
         args: list[str | int] = [self._channel, sku, self._retention_ms]
-        for order in orders:
-            args += (order.request_id, order.user_id, order.qty)
+        for c in closed:
+            args += (c.order.request_id, c.order.user_id, c.units)
         keys = self.keys(sku)
         return int(
             await self._call(self._return_units, (keys.stock, keys.buyers, keys.returned), args)

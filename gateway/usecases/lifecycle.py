@@ -37,13 +37,16 @@ from gateway.domain.errors import (
     NotFound,
     OrderCancelled,
     OrderExpired,
+    OrderNotPaid,
     OrderPaid,
+    OrderRefunded,
     PaymentIdTaken,
     Unavailable,
     UnknownSku,
 )
-from gateway.domain.model import SOLD_OUT, Order, OrderStatus, Outcome, Result
-from gateway.postgres.lifecycle import Closed, Lifecycle
+from gateway.domain.model import SOLD_OUT, Cause, Closed, Order, OrderStatus, Outcome, Result
+from gateway.domain.payments import BuyerOrder, LatePayment, LateStatus, OrderCursor, Page
+from gateway.postgres.lifecycle import Lifecycle
 from gateway.redis.reservations import Reservations
 from gateway.redis.rooms import Rooms
 from gateway.usecases.catalog import Catalog
@@ -61,9 +64,18 @@ SAMPLE_EVERY_S = 5.0
 # then looked at again: twice is enough, the second look sees it closed.
 _LOOKS = 3
 
+# A payment of an order closed so: refused, and recorded for a refund.
 _CLOSED_AS: dict[str, type[GatewayError]] = {
     OrderStatus.EXPIRED: OrderExpired,
     OrderStatus.CANCELLED: OrderCancelled,
+    OrderStatus.REFUNDED: OrderRefunded,
+}
+# A cancel of an order that is not pending.
+_NOT_CANCELLED: dict[str, type[GatewayError]] = {
+    OrderStatus.PAID: OrderPaid,
+    OrderStatus.EXPIRED: OrderExpired,
+    OrderStatus.REFUNDED: OrderRefunded,
+    OrderStatus.CONFIRMED: NoPaymentWindow,
 }
 
 
@@ -75,6 +87,9 @@ class LifecycleObserver(Protocol):
 
     def late_payment(self) -> None:
         """A payment came after its order closed."""
+
+    def late_refunded(self) -> None:
+        """A late payment was marked refunded."""
 
     def sample(self, pending: int, units: int) -> None:
         """Orders pending payment now, and the units they hold."""
@@ -107,9 +122,10 @@ class OrderLifecycle:
         """Pay the order: the order, paid (again, for the same ``payment_id``).
 
         Raises :class:`NotFound`, :class:`AlreadyPaid` (paid with another id),
-        :class:`OrderExpired` / :class:`OrderCancelled` (the payment is recorded
-        for a refund), :class:`NoPaymentWindow`, :class:`PaymentIdTaken` (the
-        id is another order's, paid or refused late, whatever this order's state)."""
+        :class:`OrderExpired` / :class:`OrderCancelled` / :class:`OrderRefunded`
+        (a payment other than the refunded one is recorded for a refund),
+        :class:`NoPaymentWindow`, :class:`PaymentIdTaken` (the id is another
+        order's, paid or refused late, whatever this order's state)."""
         for _ in range(_LOOKS):
             found = await self._db.pay(request_id, payment_id)
             if found is None:
@@ -123,44 +139,97 @@ class OrderLifecycle:
                 if found.won:
                     self._metrics.closed(OrderStatus.PAID)
                 return order
-            if order.status == OrderStatus.CONFIRMED:
-                raise NoPaymentWindow("the order was final at its 201")
-            refused = _CLOSED_AS.get(order.status)
-            if refused is not None:
-                await self._db.record_late(payment_id, order)
-                self._metrics.late_payment()
-                raise refused(f"the order is {order.status}; payment recorded for a refund")
+            if order.status != OrderStatus.PENDING_PAYMENT:
+                await self._refuse_payment(order, found.payment_id, payment_id)
             # Pending past its deadline: no sweep took it yet. Expire it here.
             await self._give_back(await self._expired(request_id))
         raise Unavailable("the order kept changing; retry")
 
-    async def cancel(self, request_id: str) -> Order:
+    async def _refuse_payment(self, order: Order, paid_by: str | None, payment_id: str) -> None:
+        """Refuse a payment of an order that takes none: a payment of a closed
+        order (but the one a refund returned) is recorded for a refund."""
+        if order.status == OrderStatus.CONFIRMED:
+            raise NoPaymentWindow("the order was final at its 201")
+        if order.status == OrderStatus.REFUNDED and paid_by == payment_id:
+            raise OrderRefunded("the order was refunded, this payment with it")
+        if await self._db.record_late(payment_id, order):
+            self._metrics.late_payment()
+        raise _CLOSED_AS[order.status](
+            f"the order is {order.status}; payment recorded for a refund"
+        )
+
+    async def cancel(self, request_id: str, *, reason: str | None, cause: Cause) -> Order:
         """Cancel the order, its units back on sale: the order, cancelled (again,
         for a cancel sent again). Raises :class:`NotFound`, :class:`OrderPaid`,
-        :class:`OrderExpired`, :class:`NoPaymentWindow`."""
+        :class:`OrderExpired`, :class:`OrderRefunded`, :class:`NoPaymentWindow`."""
         for _ in range(_LOOKS):
-            closed = await self._db.cancel(request_id)
+            closed = await self._db.cancel(request_id, reason, cause)
             if closed is not None:
                 self._metrics.closed(OrderStatus.CANCELLED)
                 await self._give_back([closed])
                 return closed.order
-            order = await self._db.order(request_id)
-            if order is None:
+            found = await self._db.order(request_id)
+            if found is None:
                 raise NotFound(f"no order for request {request_id!r}")
-            if order.status == OrderStatus.CANCELLED:
-                return order
-            if order.status == OrderStatus.PAID:
-                raise OrderPaid("the order is paid")
-            if order.status == OrderStatus.EXPIRED:
-                raise OrderExpired("the order expired")
-            if order.status == OrderStatus.CONFIRMED:
-                raise NoPaymentWindow("the order was final at its 201")
+            if found.order.status == OrderStatus.CANCELLED:
+                return found.order
+            refused = _NOT_CANCELLED.get(found.order.status)
+            if refused is not None:
+                raise refused(f"the order is {found.order.status}")
             await self._give_back(await self._expired(request_id))
         raise Unavailable("the order kept changing; retry")
 
-    async def late_payments(self, after: str, limit: int) -> list[dict[str, str]]:
-        """One page of the late payments to refund, by payment id after ``after``."""
-        return await self._db.late_payments(after, limit)
+    async def refund(
+        self, request_id: str, *, restock: bool, reason: str | None, cause: Cause
+    ) -> Closed:
+        """Refund a paid order (or a confirmed one, without a window): with
+        ``restock`` its units go back on sale as a cancel's do, exactly once.
+        A refund sent again answers the refunded order as it stands. Raises
+        :class:`NotFound`, :class:`OrderNotPaid` (pending, cancelled, expired)."""
+        closed = await self._db.refund(request_id, restock=restock, reason=reason, cause=cause)
+        if closed is not None:
+            self._metrics.closed(OrderStatus.REFUNDED)
+            await self._give_back([closed])
+            return closed
+        found = await self._db.order(request_id)
+        if found is None:
+            raise NotFound(f"no order for request {request_id!r}")
+        if found.order.status != OrderStatus.REFUNDED:
+            raise OrderNotPaid(f"the order is {found.order.status}")
+        return Closed(found.order, owed=False, units=0, payment_id=found.payment_id)
+
+    async def late_payments(self, status: LateStatus, after: int, limit: int) -> Page[LatePayment]:
+        """A page of the late payments of ``status``, oldest first, after the
+        cursor ``after`` (0: from the first), and the next page's cursor."""
+        found = await self._db.late_payments(status, after, limit + 1)
+        page = found[:limit]
+        return Page(page, str(page[-1].seq) if len(found) > limit else None)
+
+    async def refund_late(self, payment_id: str) -> LatePayment:
+        """Mark a late payment refunded (again: as it stands); raises :class:`NotFound`."""
+        found = await self._db.refund_late(payment_id)
+        if found is None:
+            raise NotFound(f"no late payment {payment_id!r}")
+        late, now = found
+        if now:
+            self._metrics.late_refunded()
+        return late
+
+    async def buyer_orders(
+        self,
+        user_id: str,
+        *,
+        sku: str | None,
+        status: OrderStatus | None,
+        before: OrderCursor | None,
+        limit: int,
+    ) -> Page[BuyerOrder]:
+        """A page of a buyer's orders, newest first, and the next page's cursor."""
+        found = await self._db.buyer_orders(
+            user_id, sku=sku, status=status, before=before, limit=limit + 1
+        )
+        page = found[:limit]
+        return Page(page, str(page[-1].cursor) if len(found) > limit else None)
 
     async def _expired(self, request_id: str) -> list[Closed]:
         closed = await self._db.expire(request_id)
@@ -183,7 +252,7 @@ class OrderLifecycle:
         owed = await self._db.owed(OWED_GRACE_S, SWEEP_BATCH)
         if owed:
             log.warning("returns_finished", count=len(owed))
-            await self._give_back(Closed(order, True) for order in owed)
+            await self._give_back(owed)
         return expired
 
     async def run(self) -> None:
@@ -213,20 +282,20 @@ class OrderLifecycle:
         record it, and end the waiting-room turns they spent. A failure leaves
         them owed: a later sweep gives them."""
         closed = list(closed)
-        by_sku: dict[str, list[Order]] = defaultdict(list)
+        by_sku: dict[str, list[Closed]] = defaultdict(list)
         for c in closed:
             if c.owed:
-                by_sku[c.order.sku].append(c.order)
+                by_sku[c.order.sku].append(c)
             else:
                 self._observe(c.order)
-        for sku, orders in by_sku.items():
+        for sku, owed in by_sku.items():
             try:
-                await self._reservations.return_units(sku, orders)
-                for order in orders:
-                    self._observe(order)
-                await self._db.mark_synced([o.request_id for o in orders])
+                await self._reservations.return_units(sku, owed)
+                for c in owed:
+                    self._observe(c.order)
+                await self._db.mark_synced([c.order.request_id for c in owed])
             except Unavailable as exc:
-                log.warning("return_owed", sku=sku, count=len(orders), error=str(exc))
+                log.warning("return_owed", sku=sku, count=len(owed), error=str(exc))
         await self._end_turns(closed)
 
     async def _end_turns(self, closed: Sequence[Closed]) -> None:

@@ -20,7 +20,7 @@ from redis.asyncio import Redis
 from structlog.testing import capture_logs
 
 from gateway.domain.errors import OrderExpired
-from gateway.domain.model import Order, Strategy
+from gateway.domain.model import Cause, Order, Strategy
 from gateway.http.appkeys import LIFECYCLE, ORDERS, RECONCILER, REDIS, RESERVATIONS
 from gateway.ops.audit import Finding, audit
 from gateway.ops.lifecycle_metrics import LifecycleMetrics
@@ -213,7 +213,9 @@ class TestCommitThenRedis:
         assert (await buy(client, sku, "ann", "a1"))[0] == 201
         keys = SkuKeys.of(key_prefix, sku)
         # The dying gateway's half: PostgreSQL's commit, and nothing more.
-        closed = await Lifecycle(pool, Strategy.RESERVE_BATCH).cancel(f"{sku}.a1")
+        closed = await Lifecycle(pool, Strategy.RESERVE_BATCH).cancel(
+            f"{sku}.a1", None, Cause.BUYER
+        )
         assert closed is not None and closed.owed
         assert await redis.get(keys.stock) == b"1"
         resp = await client.post("/admin/reconcile", headers=ADMIN_HEADERS)
@@ -226,7 +228,7 @@ class TestCommitThenRedis:
             return bool(synced) and await redis.get(keys.stock) == b"2"
 
         await wait_for(given_back, within=10, what="the owed return given back")
-        assert await client.app[RESERVATIONS].return_units(sku, [closed.order]) == 0
+        assert await client.app[RESERVATIONS].return_units(sku, [closed]) == 0
         assert await redis.get(keys.stock) == b"2"
 
     async def test_redis_loses_the_sale_while_units_are_held_and_owed(
@@ -246,7 +248,9 @@ class TestCommitThenRedis:
         await put_window(client, sku, 3, 60, "reserve-batch")
         for user in ("bea", "cal", "dot"):
             assert (await buy(client, sku, user, user))[0] == 201
-        closed = await Lifecycle(pool, Strategy.RESERVE_BATCH).cancel(f"{sku}.dot")
+        closed = await Lifecycle(pool, Strategy.RESERVE_BATCH).cancel(
+            f"{sku}.dot", None, Cause.BUYER
+        )
         assert closed is not None
         for key in await redis.keys(f"{key_prefix}:{{{sku}}}:*"):
             await redis.delete(key)
@@ -318,7 +322,7 @@ class TestReturnAgainstReconcile:
             catalog=Catalog(Inventory(pool)),
         )
         with capture_logs() as logs:
-            order = await cancelling.cancel(f"{sku}.a1")
+            order = await cancelling.cancel(f"{sku}.a1", reason=None, cause=Cause.BUYER)
             resp = await client.post("/admin/reconcile", headers=ADMIN_HEADERS)
         assert order.status == "cancelled"
         assert drifts == [0]
@@ -348,7 +352,9 @@ class TestReturnAgainstReconcile:
 
         async def stock_after_a_cancel(of: str) -> int | None:
             if not cancels:
-                cancels.append((await lifecycle.cancel(f"{sku}.a1")).status)
+                cancels.append(
+                    (await lifecycle.cancel(f"{sku}.a1", reason=None, cause=Cause.BUYER)).status
+                )
             stock: int | None = await read_stock(of)
             return stock
 
@@ -379,9 +385,11 @@ class TestReturnAgainstReconcile:
         client = await start_gateway(payment_token=PAYMENT_TOKEN, reconcile_interval_s=3600)
         await put_window(client, sku, 2, 60, "reserve-batch")
         assert (await buy(client, sku, "ann", "a1"))[0] == 201
-        closed = await Lifecycle(pool, Strategy.RESERVE_BATCH).cancel(f"{sku}.a1")
+        closed = await Lifecycle(pool, Strategy.RESERVE_BATCH).cancel(
+            f"{sku}.a1", None, Cause.BUYER
+        )
         assert closed is not None and closed.owed
-        assert await client.app[RESERVATIONS].return_units(sku, [closed.order]) == 1
+        assert await client.app[RESERVATIONS].return_units(sku, [closed]) == 1
         stock = SkuKeys.of(key_prefix, sku).stock
         with capture_logs() as logs:
             resp = await client.post("/admin/reconcile", headers=ADMIN_HEADERS)

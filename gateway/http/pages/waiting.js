@@ -358,13 +358,13 @@
   // The request id of this buyer's order, whichever of this browser's tabs
   // bought it: localStorage is shared by the origin's tabs and stays on this
   // device; the lookup answers the buyer alone. Shown when it stands (an
-  // expired or cancelled order may be bought again), unless the view moved on.
+  // expired, cancelled or refunded order may be bought again), unless the view moved on.
   async function boughtElsewhere(rid) {
     const other = localStorage.getItem(key("bought"));
     if (!other || other === rid) return false;
     const view = views;
     const r = await lookUp(other, "");
-    if (views !== view || r.status !== 200 || ["expired", "cancelled"].includes(r.body.status)) return false;
+    if (views !== view || r.status !== 200 || ["expired", "cancelled", "refunded"].includes(r.body.status)) return false;
     sessionStorage.setItem(key("request_id"), other);
     sessionStorage.setItem(key("sent"), "1");
     ordered(r.body);
