@@ -13,18 +13,20 @@ from gateway.domain.errors import InvalidRequest, PaymentUnauthorized
 from gateway.http import payloads
 from gateway.http.admin_views import check_admin
 from gateway.http.appkeys import LIFECYCLE, SETTINGS
+from gateway.http.params import header, query_int
 from gateway.http.views import json_response, read_body
 
 PAY_FIELDS = frozenset({"payment_id"})
 # Late payments listed per page at most.
 PAGE_MAX = 1000
+PAGE_DEFAULT = 100
 
 
 def _check_payer(request: web.Request) -> None:
     """Raise :class:`PaymentUnauthorized` unless the payment token is given
     (compared in constant time); none configured opens nothing."""
     token = request.app[SETTINGS].payment_token
-    given = request.headers.get("Authorization", "").encode()
+    given = (header(request.headers, "Authorization") or "").encode()
     if token is None or not hmac.compare_digest(given, f"Bearer {token}".encode()):
         raise PaymentUnauthorized("missing or wrong payment bearer token")
 
@@ -57,16 +59,9 @@ async def late_payments(request: web.Request) -> web.Response:
     after = request.query.get("after")
     if after is not None:
         payloads.identifier(after, "after")
-    limit = payloads.integer(
-        {"limit": _int(request.query.get("limit", "100"))}, "limit", low=1, high=PAGE_MAX
-    )
+    limit = query_int(request.query, "limit", low=1, high=PAGE_MAX, default=PAGE_DEFAULT)
     page = await request.app[LIFECYCLE].late_payments(after or "", limit)
     return json_response({"late_payments": page})
-
-
-def _int(raw: str) -> int | str:
-    """A query's integer, or the text itself for payloads.integer to refuse."""
-    return int(raw) if raw.isdigit() and len(raw) <= 9 else raw
 
 
 def routes() -> list[web.RouteDef]:
