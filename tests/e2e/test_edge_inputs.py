@@ -216,8 +216,9 @@ class TestErrorWords:
     """Error details are the contract's words, not a library's."""
 
     async def test_an_offset_out_of_range_names_no_python_type(self, edge: Edge, sku: str) -> None:
-        """``starts_at`` with a ``+24:00`` offset: the detail says the range,
-        not ``timedelta(hours=24)``."""
+        """``starts_at`` with a ``+24:00`` offset: the detail says what is taken,
+        not ``timedelta(hours=24)`` (fixed on main by issue 38.2's parsing of
+        instants; kept here as item 4's case)."""
         answer = await edge.call(
             "PUT",
             f"/admin/skus/{sku}",
@@ -225,8 +226,8 @@ class TestErrorWords:
             **_admin(),
         )
         detail = refused(answer)["detail"]
+        assert detail.startswith("starts_at must be"), detail
         assert "timedelta" not in detail
-        assert "offset within 23:59" in detail
 
 
 class TestQueueMismatch:
