@@ -69,6 +69,14 @@ class UnknownSku(NotFound):
     code = "unknown_sku"
 
 
+class UndecodableBody(InvalidRequest):
+    """The body's bytes do not decode as its Content-Encoding (or its chunked
+    framing) says: what is left of the request cannot be told from the next
+    one, so the connection is closed after the answer."""
+
+    close_connection = True
+
+
 class DuplicateKey(InvalidRequest):
     """A JSON object of the body names one field twice: which value is meant is
     not for the gateway to guess."""
@@ -126,6 +134,14 @@ class MethodNotAllowed(GatewayError):
 
     status = 405
     code = "method_not_allowed"
+
+
+class ExpectationFailed(GatewayError):
+    """An ``Expect`` header other than ``100-continue``, the one expectation
+    HTTP/1.1 defines."""
+
+    status = 417
+    code = "expectation_failed"
 
 
 class TooLarge(GatewayError):

@@ -12,6 +12,7 @@ from aiohttp import web
 from gateway.domain.errors import Forbidden, GatewayError, InvalidRequest, Unauthorized
 from gateway.http import payloads
 from gateway.http.appkeys import ADMIN, ADMIN_TOKENS, RECONCILER, WAITING_PAGE
+from gateway.http.params import header, query_int
 from gateway.http.views import json_response, read_body
 from gateway.http.waiting_page import check_image_url
 from gateway.usecases.admin import StockAdmin
@@ -38,7 +39,7 @@ def _admin(request: web.Request) -> tuple[StockAdmin, str]:
     tokens = request.app[ADMIN_TOKENS]
     if not tokens.configured:
         raise Forbidden("admin routes are off: GATEWAY_ADMIN_TOKEN(_FILE) is not set")
-    fingerprint = tokens.check(request.headers.get("Authorization", ""))
+    fingerprint = tokens.check(header(request.headers, "Authorization") or "")
     if fingerprint is None:
         raise Unauthorized("missing or wrong bearer token")
     return request.app[ADMIN], fingerprint
@@ -148,16 +149,8 @@ async def list_skus(request: web.Request) -> web.Response:
     after = query.get("after")
     if after is not None:
         payloads.identifier(after, "after")
-    return json_response(await admin.skus(status, after or "", _limit(query.get("limit"))))
-
-
-def _limit(raw: str | None) -> int:
-    """The ``?limit=`` of a page: 1 to PAGE_MAX, PAGE_DEFAULT when absent."""
-    if raw is None:
-        return PAGE_DEFAULT
-    if not (raw.isascii() and raw.isdigit() and len(raw) <= 4) or not 1 <= int(raw) <= PAGE_MAX:
-        raise InvalidRequest(f"limit must be an integer from 1 to {PAGE_MAX}")
-    return int(raw)
+    limit = query_int(query, "limit", low=1, high=PAGE_MAX, default=PAGE_DEFAULT)
+    return json_response(await admin.skus(status, after or "", limit))
 
 
 @admin_change

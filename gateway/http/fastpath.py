@@ -32,8 +32,9 @@ from typing import cast
 
 from aiohttp import hdrs, web
 
-from gateway.domain.errors import ClientGone
+from gateway.domain.errors import ClientGone, ExpectationFailed, GatewayError, TooLarge
 from gateway.http.appkeys import ADMISSIONS, ANSWER, PURCHASES
+from gateway.http.payloads import MAX_BODY
 from gateway.http.views import buy
 from gateway.ops.request_stats import PURCHASE_ROUTE
 
@@ -65,6 +66,17 @@ def fast_path(app: web.Application, handle: ServerHandler) -> ServerHandler:
         ):
             # An application runner's server builds web.Request objects.
             return await answer(cast(web.Request, request), purchase, PURCHASE_ROUTE)
+        refusal = _expectation(request)
+        if refusal is not None:
+            # Answered before the application, whose expect handler would
+            # write "100 Continue" (or a text/plain 417) ahead of the middleware.
+            # Whether the client sends its body now is its guess: the body
+            # is not waited for, and the connection closes after the answer.
+            request.content.feed_eof()
+            refusal.close_connection = True
+            route = await _route_of(app, request)
+            refused = functools.partial(_raise, refusal)
+            return await answer(cast(web.Request, request), refused, route)
         try:
             return await handle(request)
         except ConnectionResetError as exc:
@@ -79,6 +91,27 @@ def fast_path(app: web.Application, handle: ServerHandler) -> ServerHandler:
     return serve
 
 
-async def _raise(error: ClientGone, request: web.Request) -> web.StreamResponse:
+def _expectation(request: web.BaseRequest) -> GatewayError | None:
+    """The refusal of a request's ``Expect`` header, or None to go on: any
+    expectation but ``100-continue`` is a 417, and a declared body over
+    MAX_BODY a 413 before the client is told to send it."""
+    expect = request.headers.get(hdrs.EXPECT)
+    if expect is None:
+        return None
+    if expect.lower() != "100-continue":
+        return ExpectationFailed("the only expectation taken is 100-continue")
+    if (request.content_length or 0) > MAX_BODY:
+        return TooLarge(f"body over {MAX_BODY} bytes")
+    return None
+
+
+async def _route_of(app: web.Application, request: web.BaseRequest) -> str:
+    """The canonical route of a request the router has not seen yet, for the
+    metrics' label (an unknown path is ``unmatched``, as the middleware counts it)."""
+    resource = (await app.router.resolve(cast(web.Request, request))).route.resource
+    return resource.canonical if resource is not None else "unmatched"
+
+
+async def _raise(error: GatewayError, request: web.Request) -> web.StreamResponse:
     """A handler that fails with ``error``."""
     raise error

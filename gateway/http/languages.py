@@ -13,6 +13,7 @@ a tag of Simplified Chinese.
 from __future__ import annotations
 
 from gateway.domain.errors import InvalidRequest
+from gateway.domain.numerals import ascii_decimal
 
 ENGLISH = "en"
 SIMPLIFIED_CHINESE = "zh-Hans"
@@ -45,11 +46,9 @@ def _quality(params: str) -> float:
     for param in params.split(";"):
         name, _, value = param.strip().partition("=")
         if name.lower() == "q":
-            try:
-                q = float(value)
-            except ValueError:
-                return 0.0
-            return q if 0.0 <= q <= 1.0 else 0.0
+            # RFC 9110's qvalue is ASCII digits; anything else is malformed.
+            q = ascii_decimal(value.strip(), longest=5)
+            return q if q is not None and q <= 1.0 else 0.0
     return 1.0
 
 

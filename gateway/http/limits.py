@@ -39,6 +39,7 @@ from typing import Any, Protocol, cast
 import orjson
 import structlog
 from aiohttp import web
+from aiohttp.http_exceptions import ContentEncodingError
 from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_request import BaseRequest
 
@@ -53,6 +54,10 @@ MAX_FIELD_SIZE = 4096
 # Browsers send about 15, a balancer adds a few.
 MAX_HEADERS = 48
 BACKLOG = 1024
+
+# The detail of a body in an encoding the parser cannot decode (br without
+# Brotli, zstd without its module): the encodings every install decodes.
+UNDECODED = "Content-Encoding must be gzip, deflate or none"
 
 _CODES = {
     400: "invalid_request",
@@ -174,6 +179,10 @@ class LimitedHandler(RequestHandler):
         if request.writer.output_size > 0:
             raise ConnectionError("a response was already sent on this connection")
         body: dict[str, str] = {"error": _CODES.get(status, "invalid_request")}
+        if isinstance(exc, ContentEncodingError):
+            # aiohttp's words name a module to install ("Please install
+            # `Brotli`"): the client is told what it may send instead.
+            message = UNDECODED
         if message:
             body["detail"] = message
         resp = web.Response(body=orjson.dumps(body), status=status, content_type="application/json")

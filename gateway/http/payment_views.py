@@ -9,7 +9,7 @@ says ``cause: admin``), and lists the late payments as the payment service does
 from __future__ import annotations
 
 import hmac
-import re
+from collections.abc import Mapping
 from typing import Any
 
 from aiohttp import web
@@ -20,6 +20,7 @@ from gateway.domain.payments import LateStatus, OrderCursor
 from gateway.http import payloads
 from gateway.http.admin_views import admin_change, check_admin
 from gateway.http.appkeys import LIFECYCLE, SETTINGS
+from gateway.http.params import header, query_int
 from gateway.http.views import json_response, read_body
 from gateway.usecases.admin import StockAdmin
 
@@ -38,15 +39,15 @@ QUERIES = {
     "/v1/late-payments": _PAGE,
     "/v1/orders": _PAGE | {"user_id", "sku"},
 }
-# A page cursor or limit: ASCII digits only (str.isdigit takes other scripts').
-_DIGITS = re.compile(r"[0-9]{1,18}")
+# The last seq a cursor may name (a bigint).
+SEQ_MAX = 2**63 - 1
 
 
 def _check_payer(request: web.Request) -> None:
     """Raise :class:`PaymentUnauthorized` unless the payment token is given
     (compared in constant time); none configured opens nothing."""
     token = request.app[SETTINGS].payment_token
-    given = request.headers.get("Authorization", "").encode()
+    given = (header(request.headers, "Authorization") or "").encode()
     if token is None or not hmac.compare_digest(given, f"Bearer {token}".encode()):
         raise PaymentUnauthorized("missing or wrong payment bearer token")
 
@@ -132,8 +133,8 @@ async def _late_page(request: web.Request) -> web.Response:
         status = LateStatus(raw)
     except ValueError:
         raise InvalidRequest("status must be one of owed, refunded, all") from None
-    after = _number(query.get("after"), "after", 0, high=None)
-    page = await request.app[LIFECYCLE].late_payments(status, after, _limit(query.get("limit")))
+    after = query_int(query, "after", low=0, high=SEQ_MAX, default=0)
+    page = await request.app[LIFECYCLE].late_payments(status, after, _limit(query))
     return json_response({"late_payments": [p.as_json() for p in page.items], "next": page.next})
 
 
@@ -171,25 +172,13 @@ async def buyer_orders(request: web.Request) -> web.Response:
         except ValueError as exc:
             raise InvalidRequest(f"after {exc}") from None
     page = await request.app[LIFECYCLE].buyer_orders(
-        user_id, sku=sku, status=status, before=before, limit=_limit(query.get("limit"))
+        user_id, sku=sku, status=status, before=before, limit=_limit(query)
     )
     return json_response({"orders": [o.as_json() for o in page.items], "next": page.next})
 
 
-def _limit(raw: str | None) -> int:
-    return _number(raw, "limit", PAGE_DEFAULT, low=1, high=PAGE_MAX)
-
-
-def _number(raw: str | None, name: str, default: int, *, low: int = 0, high: int | None) -> int:
-    """A query's integer: ASCII digits from ``low`` to ``high``, ``default`` when
-    absent; raises :class:`InvalidRequest`."""
-    if raw is None:
-        return default
-    value = int(raw) if _DIGITS.fullmatch(raw) else None
-    if value is None or value < low or (high is not None and value > high):
-        bound = "" if high is None else f" to {high}"
-        raise InvalidRequest(f"{name} must be an integer from {low}{bound}")
-    return value
+def _limit(query: Mapping[str, str]) -> int:
+    return query_int(query, "limit", low=1, high=PAGE_MAX, default=PAGE_DEFAULT)
 
 
 def routes() -> list[web.RouteDef]:

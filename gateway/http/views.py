@@ -13,6 +13,7 @@ from gateway.domain.errors import (
     InvalidRequest,
     NotFound,
     TooLarge,
+    UndecodableBody,
 )
 from gateway.domain.model import Outcome, Result
 from gateway.domain.rules import rfc3339
@@ -32,6 +33,7 @@ from gateway.http.appkeys import (
 )
 from gateway.http.clients import current_client
 from gateway.http.middlewares import OUTCOME
+from gateway.http.params import header, query_decimal
 from gateway.http.prebuilt import DirectAnswers, Written
 from gateway.ops.metrics import CONTENT_TYPE
 from gateway.usecases.admission import Admissions, Place
@@ -71,11 +73,20 @@ def json_response(
 async def read_body(request: web.Request) -> bytes:
     """The body, refusing more than :data:`payloads.MAX_BODY` before reading it
     when the length is declared. Raises :class:`ClientGone` when the client
-    went away first."""
+    went away first, :class:`UndecodableBody` when the body's bytes do not
+    decode as its Content-Encoding (or chunked framing) says."""
     if (request.content_length or 0) > payloads.MAX_BODY:
         raise TooLarge(f"body over {payloads.MAX_BODY} bytes")
     try:
         return await request.read()
+    except web.RequestPayloadError:
+        # The client's bytes, not a fault of ours. The body is ended here: with
+        # its error left in place, aiohttp's read of what remains after the
+        # answer raises it again, and logs it as unhandled.
+        request.content.feed_eof()
+        raise UndecodableBody(
+            "the body does not decode as its Content-Encoding or chunked framing says"
+        ) from None
     except TimeoutError:
         # Set by the read deadline (gateway.http.limits): the client stalled.
         raise ClientGone("the body did not arrive in time") from None
@@ -138,9 +149,9 @@ async def buy(
     ``request.app``)."""
     body = await read_body(request)
     headers = request.headers
-    p = payloads.purchase(body, headers.get("Idempotency-Key"))
+    p = payloads.purchase(body, header(headers, "Idempotency-Key"))
     # Checked whatever the sku does with it (tests/e2e/test_contract.py).
-    token = payloads.admission_token(headers.get("Admission-Token"))
+    token = payloads.admission_token(header(headers, "Admission-Token"))
     if admissions.open_door(p.sku):
         # The client address is worked out only if a client rate limit applies:
         # nothing is parsed or allocated for it on the sold-out path.
@@ -158,7 +169,7 @@ async def get_order(request: web.Request) -> web.Response:
     unknown request id's 404, byte for byte: only the buyer learns anything."""
     request_id = payloads.identifier(request.match_info["request_id"], "request_id")
     buyer = request.query.get("user_id")
-    wait_s = _wait_s(request)
+    wait_s = query_decimal(request.query, "wait", high=MAX_WAIT_S, default=0.0)
     result = None
     if buyer is not None:
         user_id = payloads.identifier(buyer, "user_id")
@@ -174,20 +185,6 @@ def order_response(result: Result) -> web.Response:
     if result.outcome is Outcome.CONFIRMED and result.order is not None:
         return json_response(result.order.as_json())
     return purchase_response(result)
-
-
-def _wait_s(request: web.Request) -> float:
-    """The ``?wait=S`` of a long poll: seconds, 0 to MAX_WAIT_S; 0 when absent."""
-    raw = request.query.get("wait")
-    if raw is None:
-        return 0.0
-    try:
-        wait = float(raw)
-    except ValueError:
-        raise InvalidRequest("wait must be a number of seconds") from None
-    if not 0 <= wait <= MAX_WAIT_S:
-        raise InvalidRequest(f"wait must be from 0 to {MAX_WAIT_S:g} seconds")
-    return wait
 
 
 async def get_sku(request: web.Request) -> web.Response:

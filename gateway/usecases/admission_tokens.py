@@ -19,6 +19,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
+from gateway.domain.numerals import ascii_int
+
 # Longer than any token we sign: refused before any hashing.
 MAX_TOKEN = 160
 
@@ -57,11 +59,17 @@ class Signer:
         or None when it is malformed or its signature is not ours."""
         if len(token) > MAX_TOKEN:
             return None
+        if not token.isascii():
+            # A byte that is not UTF-8 arrives as a lone surrogate, which
+            # encode() below would raise on: no token we sign holds one.
+            return None
         ticket, _, rest = token.partition(".")
         expires, _, given = rest.partition(".")
-        if not (ticket.isalnum() and ticket.isascii() and expires.isdigit() and given):
+        # The expiry as sign() writes it and no other way (no leading zero): a
+        # signed token has one spelling.
+        expires_ms = ascii_int(expires, canonical=True)
+        if not (ticket.isalnum() and expires_ms is not None and given):
             return None
-        expires_ms = int(expires)
         matched = False
         for key in self._keys:
             # Every key is tried, so the time taken does not tell which one matched.

@@ -2,18 +2,24 @@
 
 Cached in-process because every purchase needs it; a sku change announced on
 pub/sub drops the entry. Unknown skus are remembered briefly so a storm of
-requests for a sku that does not exist costs one query per interval.
+requests for a sku that does not exist costs one query per interval; at most
+:data:`UNKNOWN_MAX` of them, the least recently asked for forgotten first, since
+anyone may name a new one with every request.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections import OrderedDict
 
 from gateway.domain.errors import UnknownSku
 from gateway.domain.model import SkuInfo, Strategy
 from gateway.postgres.inventory import Inventory
 
 UNKNOWN_TTL_S = 1.0
+# Unknown skus remembered at once: a storm for a few of them is what the
+# memory is for; thousands of distinct names each cost a query regardless.
+UNKNOWN_MAX = 1024
 
 
 class Catalog:
@@ -25,7 +31,8 @@ class Catalog:
         self._inventory = inventory
         self.default_strategy = default_strategy
         self._known: dict[str, SkuInfo] = {}
-        self._unknown: dict[str, float] = {}
+        # Least recently asked for first (an LRU).
+        self._unknown: OrderedDict[str, float] = OrderedDict()
 
     async def get(self, sku: str) -> SkuInfo:
         """The sku's info; raises :class:`UnknownSku` when it does not exist."""
@@ -34,13 +41,27 @@ class Catalog:
             return info
         now = asyncio.get_running_loop().time()
         if self._unknown.get(sku, 0.0) > now:
+            self._unknown.move_to_end(sku)
             raise UnknownSku(f"no sku {sku!r}")
         found = await self._inventory.sku_info(sku)
         if found is None:
-            self._unknown[sku] = now + UNKNOWN_TTL_S
+            self._remember_unknown(sku, now + UNKNOWN_TTL_S)
             raise UnknownSku(f"no sku {sku!r}")
         self._known[sku] = found
         return found
+
+    def _remember_unknown(self, sku: str, until: float) -> None:
+        """Remember ``sku`` as unknown until ``until``, forgetting the least
+        recently asked for beyond UNKNOWN_MAX."""
+        self._unknown[sku] = until
+        self._unknown.move_to_end(sku)
+        if len(self._unknown) > UNKNOWN_MAX:
+            self._unknown.popitem(last=False)
+
+    @property
+    def unknown_remembered(self) -> int:
+        """How many unknown skus are remembered now."""
+        return len(self._unknown)
 
     def cached(self, sku: str) -> SkuInfo | None:
         """The sku's info if this instance has it at hand, without I/O."""

@@ -165,7 +165,7 @@ class Purchases:
         if isinstance(reply, Result):
             return reply
         if queued and reply.kind in ("ok", "in_progress", "busy"):
-            return await self._queued(purchase, reply.kind)
+            return await self._queued(purchase, reply.kind, replayable=replayable)
         if reply.kind == "ok":
             # Stamped by Redis's clock, like every reservation of every instance,
             # or by this attempt's arrival if earlier: a release PostgreSQL
@@ -309,17 +309,35 @@ class Purchases:
             return (await self._stocks.stock(info.sku) or 0) <= 0
         return await self._reservations.exhausted(info.sku)
 
-    async def _queued(self, purchase: Purchase, kind: str) -> Result:
+    async def _queued(self, purchase: Purchase, kind: str, *, replayable: bool) -> Result:
         """The answer of the queue strategy once enqueue.lua ran: 202 as soon
         as the purchase is in the stream (now, or by an earlier request with
-        this id), 503 when the stream was full."""
+        this id), 503 when the stream was full; 422 at once when the client's
+        request id already made another purchase's order (of another sku,
+        which Redis's per-sku records cannot tell), as the other strategies
+        answer it."""
         if kind == "busy":
             self._observer.shed_one()
             raise Unavailable("queue full")
         # Already durable: a failure here is a 503 whose retry answers 202.
         # Also on a retry, in case the first request died before this.
         await self._streams.remember(purchase.request_id, purchase.sku, purchase.user_id)
+        if replayable:
+            await self._refuse_reused(purchase)
         return Result(Outcome.ACCEPTED, request_id=purchase.request_id)
+
+    async def _refuse_reused(self, purchase: Purchase) -> None:
+        """Raise IdempotencyMismatch when the request id already has an order
+        for another purchase. The entry queued for it is refused by its flush
+        (the order rows are the arbiter), which gives its units back; this
+        only tells the client now instead of at its lookup. Without PostgreSQL
+        the 202 stands and the lookup says it later, as before."""
+        try:
+            order = await self._orders.order(purchase.request_id)
+        except Unavailable:
+            return
+        if order is not None:
+            _replayed(order, purchase)
 
     async def strategy(self, sku: str) -> Strategy:
         """The strategy ``sku`` sells under; raises UnknownSku."""

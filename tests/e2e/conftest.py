@@ -1,4 +1,5 @@
-"""Fixtures of the browser tests: Debian's chromium, and buyers' tabs on the page.
+"""Fixtures of the browser tests: Debian's chromium, and buyers' tabs on the page;
+and the error-level log lines of a gateway served in the test's process.
 
 ``chromium`` is found, or installed with apt-get, once per session. ``buyers``
 opens tabs of one browser launched for the test; when the test fails, every
@@ -9,11 +10,13 @@ under ``test-artifacts/waiting-page/<test>/``.
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
-from collections.abc import AsyncIterator, Awaitable, Callable, Generator
+from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Iterator
 from typing import Any
 
 import pytest
+import structlog
 from playwright.async_api import async_playwright
 
 from testkit.browser import ARTIFACTS, Buyer, chromium_executable, write_shots
@@ -69,3 +72,18 @@ async def buyers(chromium: str, request: pytest.FixtureRequest) -> AsyncIterator
                     await asyncio.to_thread(write_shots, ARTIFACTS / name / f"buyer-{i}", shots)
         finally:
             await browser.close()
+
+
+@pytest.fixture
+def error_lines(caplog: pytest.LogCaptureFixture) -> Iterator[Callable[[], list[str]]]:
+    """A function: the log lines at error level or above so far, structlog's
+    and aiohttp's (its server logs an exception it caught as ``Unhandled
+    exception``), of a gateway served in this process."""
+    with structlog.testing.capture_logs() as lines:
+
+        def errors() -> list[str]:
+            found = [str(line) for line in lines if line.get("log_level") in ("error", "critical")]
+            found += [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+            return found
+
+        yield errors
