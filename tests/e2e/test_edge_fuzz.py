@@ -94,7 +94,18 @@ HEADERS = [
     "Accept-Encoding",
     "Range",
 ]
-QUERY_NAMES = ["limit", "after", "status", "wait", "user_id", "lang", "return_to", "pay_to", "x"]
+QUERY_NAMES = [
+    "limit",
+    "after",
+    "status",
+    "wait",
+    "user_id",
+    "sku",
+    "lang",
+    "return_to",
+    "pay_to",
+    "x",
+]
 
 
 def routes(sku: str) -> list[tuple[str, str]]:
@@ -119,6 +130,12 @@ def routes(sku: str) -> list[tuple[str, str]]:
         ("POST", "/v1/orders/r1/pay"),
         ("POST", "/v1/orders/r1/cancel"),
         ("GET", "/admin/late-payments"),
+        ("POST", "/v1/orders/r1/refund"),
+        ("GET", "/v1/orders"),
+        ("GET", "/v1/late-payments"),
+        ("POST", "/v1/late-payments/p1/refund"),
+        ("POST", "/admin/orders/r1/cancel"),
+        ("POST", "/admin/orders/r1/refund"),
         ("GET", "/nowhere"),
     ]
 
@@ -129,6 +146,7 @@ def bodies(sku: str) -> dict[str, bytes]:
         "/v1/purchase": orjson.dumps({"sku": sku, "user_id": "u1"}),
         "queue": orjson.dumps({"user_id": "u1"}),
         "pay": orjson.dumps({"payment_id": "p1"}),
+        "orders/r1/refund": orjson.dumps({"restock": True, "reason": "returned"}),
         "restock": orjson.dumps({"delta": 1}),
         "skus": orjson.dumps({"stock": 1}),
     }
