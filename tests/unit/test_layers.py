@@ -25,7 +25,7 @@ ALLOWED: dict[str, frozenset[str]] = {
     "ops": frozenset({"redis", "postgres", "domain", "lock"}),
     "usecases": frozenset({"write", "strategies", "redis", "postgres", "domain", "lock"}),
     "write": frozenset({"redis", "postgres", "domain", "lock"}),
-    "strategies": frozenset({"postgres", "domain"}),
+    "strategies": frozenset({"postgres", "domain", "lock"}),
     "redis": frozenset({"domain", "lock"}),
     "postgres": frozenset({"domain"}),
     # The shop's own systems the events go to (webhook, RabbitMQ).
