@@ -1,4 +1,4 @@
-"""The receivers of docs/webhooks.md and of README's "Events", run as written
+"""The receivers of docs/events.md and of README's "Events", run as written
 against what the webhook sink sends: a good request is kept, a tampered body,
 a wrong secret and a stale signature are refused."""
 
@@ -17,7 +17,7 @@ from gateway.settings import load
 from testkit.order_events import order_events
 from testkit.webhook_receivers import serving
 
-DOC = Path(__file__).resolve().parents[2] / "docs" / "webhooks.md"
+DOC = Path(__file__).resolve().parents[2] / "docs" / "events.md"
 README = DOC.parents[1] / "README.md"
 SECRET = "receiver-test-secret-0123456789"
 
@@ -25,7 +25,7 @@ SECRET = "receiver-test-secret-0123456789"
 def documented_receiver() -> dict[str, Any]:
     """The names the doc's one Python block defines, with SECRET set to ours."""
     blocks = re.findall(r"```python\n(.*?)```", DOC.read_text(), re.S)
-    assert len(blocks) == 1, "docs/webhooks.md has one receiver example"
+    assert len(blocks) == 1, "docs/events.md has one receiver example"
     names: dict[str, Any] = {"__name__": "webhook_receiver_doc"}
     exec(compile(blocks[0], str(DOC), "exec"), names)
     names["SECRET"] = SECRET
