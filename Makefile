@@ -56,7 +56,7 @@ run: $(SERVING) services
 	@echo "admission secret: $(GATEWAY_ADMISSION_SECRET)  (signs waiting-room admission tokens; dev only)"
 	@echo "payment token:    $(GATEWAY_PAYMENT_TOKEN)  (pay and cancel orders: Authorization: Bearer $(GATEWAY_PAYMENT_TOKEN))"
 	@echo "waiting-room page: http://127.0.0.1:$${GATEWAY_PORT:-8080}/wait/demo?user_id=alice"
-	@echo "order events:     Redis stream flashsale:events; RabbitMQ exchange flashsale.events at $(GATEWAY_EVENTS_AMQP_URL); a webhook with GATEWAY_WEBHOOK_URL and GATEWAY_WEBHOOK_SECRET (docs/webhooks.md)"
+	@echo "order events:     Redis stream flashsale:events; RabbitMQ exchange flashsale.events at $(GATEWAY_EVENTS_AMQP_URL); a webhook with GATEWAY_WEBHOOK_URL and GATEWAY_WEBHOOK_SECRET (docs/events.md)"
 	$(BIN)/flashsale-gateway migrate
 	GATEWAY_ADMIN_TOKEN='$(GATEWAY_ADMIN_TOKEN)' GATEWAY_ADMISSION_SECRET='$(GATEWAY_ADMISSION_SECRET)' \
 		GATEWAY_PAYMENT_TOKEN='$(GATEWAY_PAYMENT_TOKEN)' GATEWAY_EVENTS_AMQP_URL='$(GATEWAY_EVENTS_AMQP_URL)' \

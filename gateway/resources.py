@@ -21,6 +21,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from gateway.domain.events import EventSink
 from gateway.http.appkeys import ORDERS, POOL, REDIS, SETTINGS, ZOOKEEPER
 from gateway.lock import create_fence_sequence
+from gateway.lock.backoff import pause
 from gateway.outbound import OnAnswer, open_sinks
 from gateway.postgres.database import create_pool, migrate
 from gateway.postgres.orders import Orders
@@ -31,9 +32,6 @@ from gateway.settings import Misconfigured, Settings
 POOL_CLOSE_S = 2.0
 # Pause between two start-up attempts while a dependency is down: 0.1 s, doubling to 2 s.
 STARTUP_BACKOFF = ExponentialBackoff(cap=2.0, base=0.1)
-# redis-py's backoff doubles as 2**failures, which overflows a float past about
-# 1,000 failures: the count stops here, long after the pause reached its cap.
-DOUBLINGS = 30
 
 T = TypeVar("T")
 log = structlog.get_logger(__name__)
@@ -69,16 +67,16 @@ async def patiently(what: str, wait_s: float, attempt: Callable[[], Awaitable[T]
         except (OSError, RedisConnectionError, asyncpg.CannotConnectNowError, Misconfigured) as exc:
             if isinstance(exc, Misconfigured) and exc.final:
                 raise
-            pause = STARTUP_BACKOFF.compute(failures)
-            if asyncio.get_running_loop().time() + pause > deadline:
+            wait = pause(STARTUP_BACKOFF, failures)
+            if asyncio.get_running_loop().time() + wait > deadline:
                 raise
             if isinstance(exc, Misconfigured):
                 found = {"setting": exc.setting, "url": exc.url, "found": exc.found}
             else:
                 found = {"cause": repr(exc)}
             log.warning("waiting_for_dependency", dependency=what, **found)
-            await asyncio.sleep(pause)
-            failures = min(failures + 1, DOUBLINGS)
+            await asyncio.sleep(wait)
+            failures += 1
 
 
 async def database_ctx(app: web.Application) -> AsyncIterator[None]:

@@ -375,7 +375,7 @@ class Settings:
     # (``return_to``) or to pay (``pay_to``), gateway.http.waiting_page; empty:
     # none, both are refused.
     waiting_page_return_origins: frozenset[str] = setting(frozenset(), parse_origins)
-    # Order events POSTed to the shop, signed with the secret (docs/webhooks.md);
+    # Order events POSTed to the shop, signed with the secret (docs/events.md);
     # unset: no webhook. Plain http is refused beyond loopback unless allowed:
     # the events carry buyers' ids and a man in the middle could read them.
     webhook_url: str | None = setting(None, _webhook_url)

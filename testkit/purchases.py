@@ -40,6 +40,15 @@ async def put_sku(
     assert resp.status == 200, await resp.text()
 
 
+async def admin(
+    client: Client, method: str, path: str, body: Any, token: str = ADMIN_TOKEN
+) -> tuple[int, Any]:
+    """One admin request; (status, JSON body)."""
+    headers = {"Authorization": f"Bearer {token}"}
+    resp = await client.request(method, path, json=body, headers=headers)
+    return resp.status, await resp.json()
+
+
 async def buy(
     client: Client, sku: str, user: str, rid: str | None = None, qty: int = 1
 ) -> tuple[int, dict[str, Any]]:

@@ -36,12 +36,11 @@ from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.connection import AbstractConnection
 from redis.backoff import ExponentialBackoff
 
+from gateway.lock.backoff import pause
+
 # Pause before reconnecting after a failure: 50 ms, doubling to 1 s; back to
 # 50 ms once connected.
 _RECONNECT_BACKOFF = ExponentialBackoff(cap=1.0, base=0.05)
-# redis-py's backoff doubles as 2**failures, which overflows a float past about
-# 1,000 failures: the count stops here, long after the pause reached its cap.
-_DOUBLINGS = 30
 
 
 class Connections(Protocol):
@@ -252,8 +251,8 @@ class LockSubscriber:
                 self._up = False
                 if self._closed:
                     return
-                await asyncio.sleep(_RECONNECT_BACKOFF.compute(failures))
-                failures = min(failures + 1, _DOUBLINGS)
+                await asyncio.sleep(pause(_RECONNECT_BACKOFF, failures))
+                failures += 1
 
     async def _connect(self) -> AbstractConnection:
         async with self._io:

@@ -10,7 +10,7 @@ the exchange again by itself; what failed meanwhile the relay retries.
 Published without ``mandatory``: an event the broker confirmed is delivered
 even when no queue is bound to its routing key, and the broker drops it. A
 topic exchange's subscribers choose the types they bind; a type nobody binds
-must not hold the outbox back forever (docs/webhooks.md says to bind a durable
+must not hold the outbox back forever (docs/events.md says to bind a durable
 queue before events flow).
 """
 

@@ -2,7 +2,7 @@
 
 A 2xx is a delivery; anything else (a redirect is not followed), a connection
 error or a timeout is not, and the relay retries it. The signature lets the
-receiver check that the body is ours and fresh (docs/webhooks.md):
+receiver check that the body is ours and fresh (docs/events.md):
 ``Flashsale-Signature: t=<unix seconds>,v1=<hex HMAC-SHA256 of "<t>.<body>">``.
 """
 

@@ -19,13 +19,10 @@ from redis.backoff import FullJitterBackoff
 
 from gateway.domain.errors import Contended
 from gateway.domain.model import Purchase, Result
+from gateway.lock.backoff import pause
 from gateway.postgres.database import Connection
 from gateway.settings import Settings
 from gateway.strategies.rows import Rows
-
-# redis-py's backoff doubles as 2**failures, which overflows a float past about
-# 1,000 failures: a larger budget's later retries pause as this one's, at the cap.
-DOUBLINGS = 30
 
 READ_VERSION = "SELECT stock, version FROM inventory WHERE sku = $1"
 TAKE_STOCK_AT_VERSION = """
@@ -77,7 +74,7 @@ class Optimistic:
         when every attempt of the budget lost one."""
         for attempt in range(self._attempts):
             if attempt:
-                await asyncio.sleep(self._backoff.compute(min(attempt - 1, DOUBLINGS)))
+                await asyncio.sleep(pause(self._backoff, attempt - 1))
                 if self._observer is not None:
                     self._observer.optimistic_retry()
             try:

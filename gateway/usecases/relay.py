@@ -31,6 +31,7 @@ from redis.backoff import AbstractBackoff, EqualJitterBackoff, ExponentialBackof
 
 from gateway.domain.errors import Unavailable
 from gateway.domain.events import EventSink
+from gateway.lock.backoff import DOUBLINGS, pause
 from gateway.postgres.outbox import Claim, Outbox, SinkStats
 
 log = structlog.get_logger(__name__)
@@ -41,9 +42,6 @@ log = structlog.get_logger(__name__)
 DELIVERY_BACKOFF = EqualJitterBackoff(cap=600.0, base=1.0)
 # A loop whose pass failed (PostgreSQL down) looks again after 0.1 s, doubling to 5 s.
 OUTAGE_BACKOFF = ExponentialBackoff(cap=5.0, base=0.1)
-# redis-py's backoff doubles as 2**failures, which overflows a float past about
-# 1,000 failures: the count stops here, long after the pause reached its cap.
-DOUBLINGS = 30
 # How often the upkeep dead-letters and samples.
 UPKEEP_S = 1.0
 
@@ -121,7 +119,7 @@ class Relay:
             if why is None:
                 delivered.append(event.seq)
             else:
-                delay = self._backoff.compute(min(attempts, DOUBLINGS))
+                delay = pause(self._backoff, attempts)
                 failed.append((event.seq, delay, why))
         lags = await claim.settle(delivered, failed)
         self._observer.delivered(sink.name, lags)
@@ -139,12 +137,12 @@ class Relay:
                 failures = 0
             except Unavailable as exc:
                 log.warning("relay_failed", sink=sink.name, error=str(exc))
-                await asyncio.sleep(OUTAGE_BACKOFF.compute(failures))
-                failures = min(failures + 1, DOUBLINGS)
+                await asyncio.sleep(pause(OUTAGE_BACKOFF, failures))
+                failures += 1
                 continue
             except Exception:
                 log.exception("relay_failed", sink=sink.name)
-                await asyncio.sleep(OUTAGE_BACKOFF.compute(DOUBLINGS))
+                await asyncio.sleep(pause(OUTAGE_BACKOFF, DOUBLINGS))
                 continue
             await asyncio.sleep(0 if claimed >= self._batch else self._poll_s)
 

@@ -31,6 +31,7 @@ from redis.exceptions import RedisError
 from gateway.domain.errors import Unavailable
 from gateway.domain.model import Verdict
 from gateway.lock import LockError
+from gateway.lock.backoff import pause
 from gateway.postgres.inventory import Inventory
 from gateway.redis.streams import Depth, Entry, StreamGone, Streams
 from gateway.write.flusher import Flusher
@@ -41,9 +42,6 @@ log = structlog.get_logger(__name__)
 DISCOVER_S = 1.0
 # Pause after a failed batch: 50 ms, doubling to 2 s; back to 50 ms after one commits.
 RETRY_BACKOFF = ExponentialBackoff(cap=2.0, base=0.05)
-# redis-py's backoff doubles as 2**failures, which overflows a float past about
-# 1,000 failures: the count stops here, long after the pause reached its cap.
-DOUBLINGS = 30
 
 
 class WriterObserver(Protocol):
@@ -153,8 +151,8 @@ class QueueWriter:
                     exc_info=None if expected else exc,
                 )
                 retry = True
-                await asyncio.sleep(RETRY_BACKOFF.compute(failures))
-                failures = min(failures + 1, DOUBLINGS)
+                await asyncio.sleep(pause(RETRY_BACKOFF, failures))
+                failures += 1
 
     async def _apply(self, sku: str, entries: list[Entry]) -> None:
         """Commit a batch, then record its refusals and acknowledge it."""

@@ -1,6 +1,6 @@
-"""The alert rules evaluated by Prometheus's own tool: ``promtool test rules``
-runs docs/grafana/alerts_test.yml against docs/grafana/alerts.yml, and
-deploy/rules/events_test.yml against deploy/rules/events.yml.
+"""The alert rules evaluated by Prometheus's own tool: ``promtool check rules``
+accepts every file Prometheus loads (each ``*.yml`` of deploy/rules/), and
+``promtool test rules`` runs the tests of deploy/rules/tests/ against them.
 
 promtool is Debian's ``prometheus`` package; it is installed with apt-get when
 missing, as the browser tests install chromium.
@@ -16,8 +16,11 @@ from pathlib import Path
 from testkit.gateways import REPO
 from testkit.processes import APT_WAIT
 
-RULES_TEST = REPO / "docs" / "grafana" / "alerts_test.yml"
-EVENTS_TEST = REPO / "deploy" / "rules" / "events_test.yml"
+RULES = REPO / "deploy" / "rules"
+RULES_TEST = RULES / "tests" / "sale_test.yml"
+EVENTS_TEST = RULES / "tests" / "events_test.yml"
+LOOP_TEST = RULES / "tests" / "loop_test.yml"
+LOCKS_TEST = RULES / "tests" / "locks_test.yml"
 
 
 def promtool() -> str:
@@ -41,10 +44,10 @@ def promtool() -> str:
     return found
 
 
-def rules_pass(tests: Path) -> None:
-    """``promtool test rules`` of ``tests`` passes."""
+def rules_pass(tests: Path, command: str = "test") -> None:
+    """``promtool <command> rules`` of ``tests`` passes."""
     result = subprocess.run(
-        [promtool(), "test", "rules", str(tests)],
+        [promtool(), command, "rules", str(tests)],
         capture_output=True,
         text=True,
         timeout=60,
@@ -64,3 +67,31 @@ def test_the_events_alert_fires_past_a_minute_behind_for_that_sink_alone() -> No
     """FlashsaleEventsBehind stays silent at 60 s and fires at 75 s for the
     webhook, once however many gateways report it, and not for the stream."""
     rules_pass(EVENTS_TEST)
+
+
+def test_every_file_prometheus_loads_is_a_rule_file() -> None:
+    """Each ``*.yml`` of deploy/rules/ (deploy/prometheus.yml's glob) passes
+    ``promtool check rules``: no test file or other YAML lies among them."""
+    for path in sorted(RULES.glob("*.yml")):
+        rules_pass(path, "check")
+
+
+def test_the_loop_lag_alert_fires_for_the_late_loop_after_a_minute() -> None:
+    """FlashsaleEventLoopLagHigh stays silent while the p99 lag is within 50 ms,
+    and fires for the one instance whose p99 passed 100 ms for a minute."""
+    rules_pass(LOOP_TEST)
+
+
+def test_the_lease_alert_fires_for_the_instance_holding_past_a_third() -> None:
+    """FlashsaleLockHoldNearLease waits five minutes, then fires for the one
+    instance whose p99 hold passed a third of its lease."""
+    rules_pass(LOCKS_TEST)
+
+
+def test_every_rule_file_has_its_tests() -> None:
+    """Each rule file of deploy/rules/ has ``tests/<name>_test.yml``, and each
+    of those is run above."""
+    names = sorted(p.stem for p in RULES.glob("*.yml"))
+    assert sorted(p.stem.removesuffix("_test") for p in (RULES / "tests").glob("*.yml")) == names
+    tested = {RULES_TEST, EVENTS_TEST, LOOP_TEST, LOCKS_TEST}
+    assert {p.stem.removesuffix("_test") for p in tested} == set(names)

@@ -4,7 +4,7 @@ never ``unavailable``: over raw sockets against a real gateway process (issue 33
 The issue's reproduction: ``POST /v1/purchase`` announcing ``Content-Length: 50``,
 7 bytes of body, then a close; three times, plus one body that stalls past the
 read deadline. Each used to count as ``unavailable``, the outcome that drives the
-critical alert ``FlashsaleDeductionFailureRateHigh`` (docs/grafana/alerts.yml).
+critical alert ``FlashsaleDeductionFailureRateHigh`` (deploy/rules/sale.yml).
 """
 
 from __future__ import annotations

@@ -34,7 +34,7 @@ from tests.e2e.conftest import PHONE, OpenBuyer
 pytestmark = pytest.mark.timeout(600)
 
 # WAITING_PAGE_SHOTS=docs saves the happy path's waiting, admitted and confirmed
-# screenshots there: docs/waiting-page.md's pictures are taken by this test.
+# screenshots there: docs/waiting-rooms.md's pictures are taken by this test.
 SHOTS_DIR = os.environ.get("WAITING_PAGE_SHOTS")
 
 

@@ -2,7 +2,7 @@
 chromium, via Playwright) against a real gateway: a sku's display fields shown
 as text, never as markup; its image loaded from a listed origin alone (the
 page's policy blocks any other); a sku without them named as before
-(docs/waiting-page.md).
+(docs/waiting-rooms.md).
 
 The images come from small servers on loopback ports of their own, so each is
 another origin than the gateway's, and each counts what it was asked for.

@@ -31,7 +31,7 @@ from tests.e2e.conftest import PHONE, OpenBuyer
 pytestmark = pytest.mark.timeout(600)
 
 SHOP = "https://shop.example"
-# WAITING_PAGE_SHOTS=docs saves SHOTS there (docs/waiting-page.md's pictures of
+# WAITING_PAGE_SHOTS=docs saves SHOTS there (docs/waiting-rooms.md's pictures of
 # them), by path and language, light and dark.
 SHOTS_DIR = os.environ.get("WAITING_PAGE_SHOTS")
 SHOTS = {
@@ -271,7 +271,7 @@ async def walk(buyer: Buyer, path: Path, lang: str) -> None:
 
 
 async def keep_shots(buyer: Buyer, path: Path, language: str) -> None:
-    """Under WAITING_PAGE_SHOTS, the views of this path that docs/waiting-page.md shows."""
+    """Under WAITING_PAGE_SHOTS, the views of this path that docs/waiting-rooms.md shows."""
     for (name, lang, scheme), png in SHOTS.items():
         if SHOTS_DIR and (name, lang) == (path.name, language):
             await buyer.page.emulate_media(color_scheme=scheme)  # type: ignore[arg-type]

@@ -3,7 +3,7 @@ chromium, via Playwright), against a real gateway on the shared Redis and
 PostgreSQL: an admission that expires before any click, other tabs of a buyer
 who already bought, a sale a month off refused at Buy, the progress bar in dark
 mode, 429s ridden out and a window not yet open on a sku without a room
-(docs/waiting-page.md).
+(docs/waiting-rooms.md).
 
 Each wait is bounded and on a condition (``data-state``, an enabled button).
 """

@@ -1,7 +1,7 @@
 """The waiting-room page after the 201 of a sku with a payment window, in a real
 browser (Debian's chromium, via Playwright), against a real gateway on the
 shared Redis and PostgreSQL: the deadline, its countdown and the shop's pay
-link; then paid, cancelled or expired, and another try (docs/waiting-page.md).
+link; then paid, cancelled or expired, and another try (docs/waiting-rooms.md).
 
 Windows of a few seconds and a sweep every 50 ms let an order expire within
 a test; every wait is bounded and on a condition (``data-state``, an element).
@@ -25,7 +25,7 @@ from tests.e2e.conftest import PHONE, OpenBuyer
 pytestmark = pytest.mark.timeout(600)
 
 # WAITING_PAGE_SHOTS=docs saves the pending and expired views there
-# (docs/waiting-page.md's pictures of them).
+# (docs/waiting-rooms.md's pictures of them).
 SHOTS_DIR = os.environ.get("WAITING_PAGE_SHOTS")
 PAYMENT_TOKEN = "test-payment-token"
 PAY_HEADERS = {"Authorization": f"Bearer {PAYMENT_TOKEN}"}

@@ -3,31 +3,17 @@ real in-process gateway writes, on real Redis and PostgreSQL."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
 from typing import Any
 
 from structlog.contextvars import merge_contextvars
 from structlog.testing import capture_logs
 
 from gateway.http.admin_tokens import fingerprint
-from testkit.purchases import ADMIN_TOKEN, Client
+from testkit.logs import events
+from testkit.purchases import ADMIN_TOKEN, admin
 
 ROOM = {"admit_per_s": 5, "token_ttl_s": 60, "shuffle_at_start": False}
 WINDOW = {"starts_at": "2030-01-01T10:00:00.000Z", "ends_at": "2030-01-01T12:00:00.000Z"}
-
-
-async def admin(
-    client: Client, method: str, path: str, body: Any, token: str = ADMIN_TOKEN
-) -> tuple[int, Any]:
-    """One admin request; (status, JSON body)."""
-    headers = {"Authorization": f"Bearer {token}"}
-    resp = await client.request(method, path, json=body, headers=headers)
-    return resp.status, await resp.json()
-
-
-def events(logs: Sequence[Mapping[str, Any]], name: str) -> list[Mapping[str, Any]]:
-    """The captured lines of one event."""
-    return [line for line in logs if line["event"] == name]
 
 
 class TestAdminTrail:

@@ -106,7 +106,7 @@ async def test_a_nack_is_not_a_delivery(channel: AbstractChannel, exchange: str)
 
 async def test_an_event_no_queue_takes_is_delivered(exchange: str) -> None:
     """Published without mandatory: with nothing bound, the broker confirms and
-    drops it, and it counts as delivered (docs/webhooks.md says to bind first)."""
+    drops it, and it counts as delivered (docs/events.md says to bind first)."""
     sink = await AmqpSink.open(amqp_settings(exchange))
     try:
         assert list(await sink.deliver(order_events(1))) == [None]

@@ -10,8 +10,8 @@ from typing import Any
 from structlog.contextvars import merge_contextvars
 from structlog.testing import capture_logs
 
-from testkit.purchases import Client
-from tests.integration.test_admin_changes import admin, events
+from testkit.logs import events
+from testkit.purchases import Client, admin
 
 IMAGES = "https://img.shop.example"
 DESK = {

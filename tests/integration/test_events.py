@@ -20,10 +20,10 @@ from redis.asyncio import Redis
 
 from gateway.outbound.webhook import SIGNATURE_HEADER, signature
 from testkit.order_events import check_arrivals
+from testkit.order_lifecycle import cancel, pay, put_window, start
 from testkit.polling import wait_for
 from testkit.purchases import Client, buy
 from testkit.webhook_receivers import Received, Receiver, receiving
-from tests.integration.test_order_lifecycle import cancel, pay, put_window, start
 
 SCHEMA = Path(__file__).parents[2] / "docs" / "order-event.schema.json"
 UNITS = 500

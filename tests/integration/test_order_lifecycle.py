@@ -17,44 +17,12 @@ from redis.asyncio import Redis
 from gateway.domain.model import Strategy
 from gateway.redis.layout import SkuKeys
 from testkit import rooms
+from testkit.order_lifecycle import cancel, pay, put_window, start
 from testkit.polling import wait_for
 from testkit.purchases import ADMIN_HEADERS, Client, buy, client_metric
 from testkit.rooms import SECRET
 
-PAYMENT_TOKEN = "test-payment-token"
-PAY_HEADERS = {"Authorization": f"Bearer {PAYMENT_TOKEN}"}
 STRATEGIES = [s.value for s in Strategy]
-
-
-async def start(start_gateway: Any, **overrides: Any) -> Client:
-    """A gateway that takes payments and sweeps every 50 ms."""
-    client: Client = await start_gateway(
-        payment_token=PAYMENT_TOKEN, expiry_sweep_s=0.05, **overrides
-    )
-    return client
-
-
-async def put_window(
-    client: Client, sku: str, stock: int, window_s: int, strategy: str | None = None
-) -> None:
-    """Create the sku with a payment window."""
-    body: dict[str, Any] = {"stock": stock, "payment_window_s": window_s, "strategy": strategy}
-    resp = await client.put(f"/admin/skus/{sku}", json=body, headers=ADMIN_HEADERS)
-    assert resp.status == 200, await resp.text()
-
-
-async def pay(client: Client, sku: str, rid: str, payment_id: str) -> tuple[int, Any]:
-    """``POST /v1/orders/<sku>.<rid>/pay``."""
-    resp = await client.post(
-        f"/v1/orders/{sku}.{rid}/pay", json={"payment_id": payment_id}, headers=PAY_HEADERS
-    )
-    return resp.status, await resp.json()
-
-
-async def cancel(client: Client, sku: str, rid: str) -> tuple[int, Any]:
-    """``POST /v1/orders/<sku>.<rid>/cancel``."""
-    resp = await client.post(f"/v1/orders/{sku}.{rid}/cancel", headers=PAY_HEADERS)
-    return resp.status, await resp.json()
 
 
 async def status_of(client: Client, sku: str, rid: str, user: str) -> str:

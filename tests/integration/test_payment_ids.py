@@ -16,8 +16,8 @@ import pytest
 
 from gateway.postgres.database import migrate
 from testkit.migrations import migrated_before
+from testkit.order_lifecycle import cancel, pay, put_window, start
 from testkit.purchases import Client, buy, put_sku
-from tests.integration.test_order_lifecycle import cancel, pay, put_window, start
 
 # Concurrent rounds per race: each races two uses of one new payment id.
 ROUNDS = 40

@@ -1,4 +1,4 @@
-"""The receivers of docs/webhooks.md and of README's "Events", run as written
+"""The receivers of docs/events.md, the whole one and "In short"'s few lines, run as written
 against what the webhook sink sends: a good request is kept, a tampered body,
 a wrong secret and a stale signature are refused."""
 
@@ -17,15 +17,14 @@ from gateway.settings import load
 from testkit.order_events import order_events
 from testkit.webhook_receivers import serving
 
-DOC = Path(__file__).resolve().parents[2] / "docs" / "webhooks.md"
-README = DOC.parents[1] / "README.md"
+DOC = Path(__file__).resolve().parents[2] / "docs" / "events.md"
 SECRET = "receiver-test-secret-0123456789"
 
 
 def documented_receiver() -> dict[str, Any]:
     """The names the doc's one Python block defines, with SECRET set to ours."""
     blocks = re.findall(r"```python\n(.*?)```", DOC.read_text(), re.S)
-    assert len(blocks) == 1, "docs/webhooks.md has one receiver example"
+    assert len(blocks) == 1, "docs/events.md has one receiver example"
     names: dict[str, Any] = {"__name__": "webhook_receiver_doc"}
     exec(compile(blocks[0], str(DOC), "exec"), names)
     names["SECRET"] = SECRET
@@ -71,13 +70,13 @@ def test_verify_refuses_a_tampered_body_a_wrong_secret_and_a_stale_signature() -
     assert SIGNATURE_HEADER == "Flashsale-Signature"
 
 
-def test_the_readmes_verify_holds_for_the_sinks_signature_alone() -> None:
-    """README's few lines accept the signature the sink sends for a body now,
-    and refuse another body, another secret, a signature 301 s old and a
-    malformed header."""
-    (block,) = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
+def test_the_short_verify_holds_for_the_sinks_signature_alone() -> None:
+    """The few lines of docs/events.md's "In short" accept the signature the
+    sink sends for a body now, and refuse another body, another secret, a
+    signature 301 s old and a malformed header."""
+    (block,) = re.findall(r"```python verify\n(.*?)```", DOC.read_text(), re.S)
     names: dict[str, Any] = {"__name__": "webhook_receiver_readme"}
-    exec(compile(block, str(README), "exec"), names)
+    exec(compile(block, str(DOC), "exec"), names)
     verify = names["verify"]
     body = order_events(1)[0].body()
     now = int(time.time())

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from gateway.resources import DOUBLINGS as STARTUP_DOUBLINGS
+from gateway.lock.backoff import pause
 from gateway.resources import STARTUP_BACKOFF
 from gateway.usecases.tracking import POLL_BACKOFF
-from gateway.write.writer import DOUBLINGS as WRITER_DOUBLINGS
 from gateway.write.writer import RETRY_BACKOFF
 
 
@@ -18,7 +17,8 @@ def test_the_doubling_pauses_start_and_stop_where_they_did() -> None:
 
 
 def test_a_long_outage_keeps_pausing_at_the_cap() -> None:
-    """The count of failures stops at DOUBLINGS (redis-py's 2**failures overflows
-    a float past about 1,000), where the pause is already the cap."""
-    assert STARTUP_BACKOFF.compute(STARTUP_DOUBLINGS) == 2.0
-    assert RETRY_BACKOFF.compute(WRITER_DOUBLINGS) == 2.0
+    """``pause`` stops the count of failures at DOUBLINGS (redis-py's 2**failures
+    overflows a float past about 1,000), where the pause is already the cap."""
+    assert pause(STARTUP_BACKOFF, 100_000) == 2.0
+    assert pause(RETRY_BACKOFF, 100_000) == 2.0
+    assert [pause(RETRY_BACKOFF, n) for n in range(3)] == [0.05, 0.1, 0.2]

@@ -6,7 +6,7 @@
 // answers its buyer alone): an order with a payment window is watched until it
 // is paid, cancelled or expired. #waiting-room's data-state (and data-position,
 // data-order-id, data-order-status, data-pay-by, data-starts-at) say where the
-// buyer stands; docs/waiting-page.md.
+// buyer stands; docs/waiting-rooms.md.
 "use strict";
 (() => {
   const T = JSON.parse(document.getElementById("wr-texts").textContent);
