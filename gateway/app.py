@@ -39,6 +39,7 @@ from gateway.http.appkeys import (
     BATCHER,
     LANES,
     LIFECYCLE,
+    LIMIT_GROUPS,
     METRICS,
     ORDERS,
     POOL,
@@ -66,6 +67,7 @@ from gateway.postgres.database import Pool, create_pool
 from gateway.postgres.identity import DatabaseIdentity
 from gateway.postgres.inventory import Inventory
 from gateway.postgres.lifecycle import Lifecycle
+from gateway.postgres.limit_groups import LimitGroups
 from gateway.postgres.lookups import Arbitrations, OrderLookups, PriorLookups
 from gateway.postgres.orders import Orders
 from gateway.postgres.outbox import Outbox
@@ -76,7 +78,7 @@ from gateway.redis.confirmed_scan import ConfirmedScan
 from gateway.redis.connections import RedisClient
 from gateway.redis.event_stream import EventStream
 from gateway.redis.identity import IdentityStamp
-from gateway.redis.layout import channel
+from gateway.redis.layout import KeyTags, channel
 from gateway.redis.rebuild_lease import RebuildLease
 from gateway.redis.reservations import Reservations
 from gateway.redis.rooms import Rooms
@@ -101,7 +103,9 @@ from gateway.usecases.admission_tokens import Signer
 from gateway.usecases.catalog import Catalog
 from gateway.usecases.deductions import Deductions
 from gateway.usecases.doubt import RedisDoubt, window_for
+from gateway.usecases.group_tags import GroupTags
 from gateway.usecases.lifecycle import HeldUnits, OrderLifecycle
+from gateway.usecases.limit_groups import LimitGroupsAdmin
 from gateway.usecases.marking import SoldOutMarking
 from gateway.usecases.ports import Batching, Lookups, Marking
 from gateway.usecases.purchases import Purchases
@@ -155,6 +159,10 @@ class Flushing:
     flusher: Flusher
     streams: Streams
     doubt: RedisDoubt
+    # Each grouped sku's limit group, which tags its Redis keys, kept as
+    # PostgreSQL says by group_tags.
+    tags: KeyTags
+    group_tags: GroupTags
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,12 +185,14 @@ class Gateway:
     feed: ChangeFeed
     lag: LoopLag
     writer: QueueWriter | None
+    limit_groups: LimitGroupsAdmin
 
 
 def build_flushing(opened: Opened) -> Flushing:
     """The reservations, the flush locks and the flusher on ``opened``; nothing started."""
     settings, metrics, redis = opened.settings, opened.metrics, opened.redis
-    reservations = Reservations(redis, settings, on_noscript=metrics.scripts.reloaded)
+    tags = KeyTags()
+    reservations = Reservations(redis, settings, on_noscript=metrics.scripts.reloaded, tags=tags)
     lock_subscriber = LockSubscriber(redis, client_name=f"{settings.key_prefix}-lock-sub")
     locks = sku_locks(settings, redis, opened.pool, lock_subscriber, metrics.lock, opened.zookeeper)
     doubt = RedisDoubt(window_for(settings.reconcile_interval_s))
@@ -193,8 +203,9 @@ def build_flushing(opened: Opened) -> Flushing:
         observer=metrics.flushes,
         on_redis_failure=doubt.failed,
     )
-    streams = Streams(redis, settings)
-    return Flushing(reservations, lock_subscriber, locks, flusher, streams, doubt)
+    streams = Streams(redis, settings, tags)
+    group_tags = GroupTags(tags=tags, store=LimitGroups(opened.pool))
+    return Flushing(reservations, lock_subscriber, locks, flusher, streams, doubt, tags, group_tags)
 
 
 def build_gateway(opened: Opened) -> Gateway:
@@ -203,19 +214,20 @@ def build_gateway(opened: Opened) -> Gateway:
     flushing = build_flushing(opened)
     reservations, locks = flushing.reservations, flushing.locks
     inventory = Inventory(opened.pool)
-    catalog, soldout = Catalog(inventory, settings.strategy), SoldOut()
+    tags = flushing.tags
+    catalog, soldout = Catalog(inventory, settings.strategy, tags), SoldOut()
     batcher = _batcher(settings, flushing)
     lanes = _lanes(settings, metrics, batcher)
-    lease = RebuildLease(opened.redis, settings, on_noscript=metrics.scripts.reloaded)
+    lease = RebuildLease(opened.redis, settings, on_noscript=metrics.scripts.reloaded, tags=tags)
     rebuilds = Rebuilds(lease, orders, metrics.rebuilds, share=settings.rebuild_share)
-    scan = ConfirmedScan(opened.redis, settings.key_prefix)
+    scan = ConfirmedScan(opened.redis, settings.key_prefix, tags)
     marking = SoldOutMarking(soldout, lease, scan, metrics.purchases)
     batching: Batching = batcher if lanes is None else lanes
     purchases = _purchases(opened, flushing, catalog, soldout, marking, rebuilds, batching)
-    rooms = Rooms(opened.redis, settings, on_noscript=metrics.scripts.reloaded)
+    rooms = Rooms(opened.redis, settings, on_noscript=metrics.scripts.reloaded, tags=tags)
     servability = Servability(settings, inventory)
     reconciler = _reconciler(opened, flushing, inventory, catalog, rebuilds)
-    subscribers = (soldout, catalog, reconciler)
+    subscribers = (soldout, catalog, reconciler, flushing.group_tags)
     feed = ChangeFeed(opened.redis, channel(settings.key_prefix), subscribers=subscribers)
     return Gateway(
         flushing=flushing,
@@ -236,6 +248,7 @@ def build_gateway(opened: Opened) -> Gateway:
             soldout=soldout,
             servability=servability,
             rebuilds=rebuilds,
+            groups=LimitGroups(opened.pool),
         ),
         reconciler=reconciler,
         tracker=OrderTracker(orders=orders, streams=flushing.streams),
@@ -252,6 +265,9 @@ def build_gateway(opened: Opened) -> Gateway:
         # Any sku may be put on the queue strategy: the writer serves those
         # whose stream exists, found once a second.
         writer=_writer(opened, flushing) if settings.queue_writer else None,
+        limit_groups=LimitGroupsAdmin(
+            store=LimitGroups(opened.pool), announcer=reservations, catalog=catalog
+        ),
     )
 
 
@@ -399,6 +415,7 @@ async def service_ctx(app: web.Application) -> AsyncIterator[None]:
     flushing = gateway.flushing
     opened.metrics.lock.set_lease(opened.settings.lock_lease_s)
     await _load_scripts(opened, flushing)
+    await flushing.group_tags.load()
     await gateway.lease.load_scripts()
     await gateway.reconciler.adopt_database()
     if gateway.lanes is not None:
@@ -414,6 +431,7 @@ async def service_ctx(app: web.Application) -> AsyncIterator[None]:
     await gateway.rebuilds.close()
     await flushing.lock_subscriber.aclose()
     await _stop(tasks)
+    await flushing.group_tags.close()
 
 
 def _publish(app: web.Application, gateway: Gateway) -> None:
@@ -424,6 +442,7 @@ def _publish(app: web.Application, gateway: Gateway) -> None:
     app[SERVABILITY], app[ADMIN] = gateway.servability, gateway.admin
     app[RECONCILER], app[TRACKER] = gateway.reconciler, gateway.tracker
     app[LIFECYCLE] = gateway.lifecycle
+    app[LIMIT_GROUPS] = gateway.limit_groups
 
 
 def _background(
@@ -510,6 +529,8 @@ async def writer_ctx(app: web.Application) -> AsyncIterator[None]:
     flushing = build_flushing(opened)
     writer = _writer(opened, flushing)
     await _load_scripts(opened, flushing)
+    # Alone, it hears no change feed: the groups as they are at its start.
+    await flushing.group_tags.load()
     task = asyncio.create_task(writer.run(), name="queue-writer")
     yield
     await _stop([task])

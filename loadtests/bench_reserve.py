@@ -22,7 +22,7 @@ from collections.abc import Awaitable, Callable
 
 from redis.asyncio import Redis
 
-from gateway.domain.model import Purchase
+from gateway.domain.model import Purchase, SkuInfo
 from gateway.redis.layout import SkuKeys
 from gateway.redis.reservations import ReserveCalls, ReserveEntry
 from gateway.redis.scripts import Script, ScriptArg, read_script
@@ -38,7 +38,7 @@ Shape = Callable[[Redis, Script, ReserveCalls, list[Purchase]], Awaitable[None]]
 
 def _entries(batch: list[Purchase]) -> list[ReserveEntry]:
     """The gateway's entries for ``batch``: no buckets, nothing to verify."""
-    return [ReserveEntry(p, "", "", HEAD, False) for p in batch]
+    return [ReserveEntry(p, "", "", HEAD, SkuInfo(p.sku, 1), False) for p in batch]
 
 
 async def pipelined(
@@ -92,7 +92,7 @@ async def main() -> None:
     await script.load(redis)
     # The gateway's own builder of KEYS and ARGV, so the bench speaks the
     # script's current contract (a copy of it here fell behind once).
-    calls = ReserveCalls(Settings(key_prefix=prefix), lambda sku: SkuKeys.of(prefix, sku))
+    calls = ReserveCalls(Settings(key_prefix=prefix))
     results: dict[tuple[str, int], list[float]] = {}
     try:
         for n in range(rounds):

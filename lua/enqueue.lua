@@ -24,7 +24,7 @@
 local bound = tonumber(table.remove(ARGV))
 local rejected = table.remove(KEYS)
 local stream = table.remove(KEYS)
-local first, per_entry = 8, 6
+local first, per_entry = 10, 6
 
 if redis.call("XLEN", stream) >= bound then
   local busy = {}

@@ -15,12 +15,17 @@
 --                  incomplete; absent otherwise
 -- KEYS[7..] token buckets "tokens|at_ms" of the entries' users and clients
 --           (<prefix>:{sku}:rl:u:<user>, <prefix>:{sku}:rl:c:<address>)
+-- KEYS[ARGV[9]..] a sku in a limit group: the buyers, pending and done hashes of
+--           each other sku of its group, three by three (the group's slot)
 -- ARGV[1] retention in ms: a reservation keeps the four sku keys that long
 -- ARGV[2] starts_at, ARGV[3] ends_at: the sale window in ms since the epoch,
 --         "" for none; decided against this Redis's TIME, not the caller's clock
 -- ARGV[4] user rate (tokens/s, 0 = off), ARGV[5] user burst
 -- ARGV[6] client rate (tokens/s, 0 = off), ARGV[7] client burst
--- ARGV[8..] six per entry: request_id, user_id, qty (>= 1), the index in
+-- ARGV[8] the limit group's per_user_limit, 0 for a sku in no group
+-- ARGV[9] the index in KEYS of the first of the group's other hashes (past
+--         the last key when there are none)
+-- ARGV[10..] six per entry: request_id, user_id, qty (>= 1), the index in
 --           KEYS of the user's bucket and of the client's bucket (0: none),
 --           verified (1: PostgreSQL holds no order of this request id or buyer,
 --           checked by the caller after an "unverified" reply; else 0)
@@ -45,12 +50,17 @@
 --                                          anything but sold out)
 --   {"rate_limited", ms_to_a_token}        a bucket of the user or client is empty
 --   {"duplicate"}                          this user already reserved or bought
+--   {"group_limit"}                        the units this user holds across the
+--                                          sku's limit group (a reservation or a
+--                                          confirmed order in each sku's buyers
+--                                          hash) and qty pass the group's limit
 --   {"sold_out", exhausted}                too little stock; exhausted is 1 when
 --                                          stock is 0 and nothing is pending
 --
 -- The request id is checked first, so a replay gets its outcome whatever the
 -- window and the limits; the buyer is checked before the decrement, so repeat
--- clicks never drain stock. A request turned away by the window or a missing
+-- clicks never drain stock; the limit group is checked after the buyer, before
+-- the stock. A request turned away by the window or a missing
 -- key takes no token, nor does an unverified one; any other attempt takes one
 -- from each of its buckets,
 -- all or none. Sold out beats rate limited: nobody is told to come back for
@@ -81,6 +91,7 @@ end
 local counter = redis.call("GET", KEYS[1])
 local stock = counter and tonumber(counter)
 local taken = 0
+local group_limit, members_at = tonumber(ARGV[8]), tonumber(ARGV[9])
 local rates = {tonumber(ARGV[4]), tonumber(ARGV[6])}
 local bursts = {tonumber(ARGV[5]), tonumber(ARGV[7])}
 
@@ -115,6 +126,29 @@ local function take(bucket_keys)
     end
   end
   return 0
+end
+
+-- The units a user holds in the group's other skus: the qty of the reservation
+-- (ledger) or confirmed order (done) their buyers hash names, sku by sku. A sku
+-- holds at most one of a user's (one order per buyer); this sku holds none,
+-- since the user passed the buyers check.
+local function group_held(user)
+  local held = 0
+  for k = members_at, #KEYS, 3 do
+    local rid = redis.call("HGET", KEYS[k], user)
+    if rid then
+      local units
+      local record = redis.call("HGET", KEYS[k + 1], rid)
+      if record then
+        units = string.match(record, "^[^|]*|([^|]*)|")
+      else
+        record = redis.call("HGET", KEYS[k + 2], rid)
+        units = record and string.match(record, "^[^|]*|[^|]*|([^|]*)$")
+      end
+      held = held + (tonumber(units) or 0)
+    end
+  end
+  return held
 end
 
 local function sold_out()
@@ -177,6 +211,9 @@ local function reserve(rid, user, qty, bucket_keys, verified)
   if redis.call("HEXISTS", KEYS[2], user) == 1 then
     return {"duplicate"}
   end
+  if group_limit > 0 and group_held(user) + qty > group_limit then
+    return {"group_limit"}
+  end
   if stock < qty then
     return sold_out()
   end
@@ -189,7 +226,7 @@ local function reserve(rid, user, qty, bucket_keys, verified)
 end
 
 local replies = {}
-for base = 8, #ARGV, 6 do
+for base = 10, #ARGV, 6 do
   local user_key, client_key = tonumber(ARGV[base + 3]), tonumber(ARGV[base + 4])
   local bucket_keys = {KEYS[user_key], KEYS[client_key]}
   local verified = ARGV[base + 5] == "1"

@@ -208,6 +208,59 @@ class StockGuardRefused(PostgresUnavailable):
     reason = "stock_guard"
 
 
+class GroupGuardRefused(PostgresUnavailable):
+    """The insert of a batch's orders would have taken a buyer past their limit
+    group's ``per_user_limit`` (SQLSTATE FS003, ``sql/020_limit_groups.sql``):
+    nothing was written. The flush locks its buyers' holdings and refuses them
+    first (verdict ``L``), so this is the floor that holds all the same."""
+
+    reason = "group_guard"
+
+
+class GroupLimitReached(GatewayError):
+    """The buyer already holds their limit group's ``per_user_limit`` units
+    across the group's skus (reserved, queued, in a batch, or in live orders)."""
+
+    status = 409
+    code = "group_limit_reached"
+
+    def __init__(self, limit_group: str) -> None:
+        super().__init__(f"the buyer holds the limit of group {limit_group!r}")
+        self.limit_group = limit_group
+
+    def body(self) -> dict[str, str]:
+        """``{"status": "group_limit_reached", "limit_group": ...}``: an answer, not a fault."""
+        return {"status": self.code, "limit_group": self.limit_group}
+
+
+class UnknownLimitGroup(GatewayError):
+    """A sku names a limit group that does not exist."""
+
+    status = 422
+    code = "unknown_limit_group"
+
+
+class NoLimitGroup(NotFound):
+    """``/admin/limit-groups/{group}`` names no group."""
+
+    code = "unknown_limit_group"
+
+
+class GroupInUse(GatewayError):
+    """A limit group still named by a sku cannot be deleted."""
+
+    status = 409
+    code = "group_in_use"
+
+
+class LimitGroupLocked(GatewayError):
+    """A sku's limit group changes only while nothing of it is held: no live
+    order, no reservation pending (its Redis state moves to the new group's slot)."""
+
+    status = 409
+    code = "limit_group_locked"
+
+
 class AdmissionRequired(GatewayError):
     """A waiting-room sku was bought without an ``Admission-Token`` header."""
 

@@ -139,13 +139,18 @@ class Verdict(StrEnum):
     SOLD_OUT = "S"  # too little stock in the database: Redis ran ahead of it
     DUPLICATE = "D"  # the buyer already holds an order of this sku
     EXPIRED = "X"  # released before the flush: the reconciler, or a sold out arbitrated
+    GROUP_LIMIT = "L"  # the buyer holds the limit of the sku's limit group
 
     @property
     def settled_as(self) -> Verdict:
-        """The verdict Redis settles the reservation with (settle.lua knows no X:
-        an expired reservation was already given back, so releasing it is a no-op)."""
-        return Verdict.RELEASED if self is Verdict.EXPIRED else self
+        """The verdict Redis settles the reservation with (settle.lua knows no X
+        nor L: an expired reservation was already given back, so releasing it is
+        a no-op; one past its group's limit goes back, stock and buyer, as a
+        released one does)."""
+        return Verdict.RELEASED if self in _SETTLED_AS_RELEASED else self
 
+
+_SETTLED_AS_RELEASED = frozenset({Verdict.EXPIRED, Verdict.GROUP_LIMIT})
 
 SOLD_OUT = Result(Outcome.SOLD_OUT)
 DUPLICATE = Result(Outcome.DUPLICATE)
@@ -204,6 +209,22 @@ class SkuInfo:
     payment_window_s: int = 0
     # Not read by a purchase: cached here so GET /v1/skus/{sku} needs no query.
     display: Display = NO_DISPLAY
+    # The sku's limit group, if any: its limit and every sku in it (this one too).
+    group: LimitGroup | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class LimitGroup:
+    """A limit group as a purchase of one of its skus needs it: one buyer holds
+    at most ``per_user_limit`` units across ``skus`` (by name, sorted)."""
+
+    name: str
+    per_user_limit: int
+    skus: tuple[str, ...] = ()
+
+    def as_json(self) -> dict[str, object]:
+        """The group as the admin API shows it."""
+        return {"group": self.name, "per_user_limit": self.per_user_limit, "skus": list(self.skus)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,6 +245,8 @@ class SkuSettings:
     title: str | None = None
     image_url: str | None = None
     price_text: str | None = None
+    # The name of the sku's limit group; None: none.
+    limit_group: str | None = None
 
     @property
     def display(self) -> Display:
@@ -235,8 +258,8 @@ class SkuSettings:
         """The window and rates, as the purchases read them."""
         return SaleRules(self.starts_at, self.ends_at, self.user_rate, self.client_rate)
 
-    def info(self, sku: str) -> SkuInfo:
-        """What the purchases need to know of ``sku`` so set."""
+    def info(self, sku: str, group: LimitGroup | None = None) -> SkuInfo:
+        """What the purchases need to know of ``sku`` so set, in ``group``."""
         return SkuInfo(
             sku,
             self.per_user_limit,
@@ -245,6 +268,7 @@ class SkuSettings:
             self.rules,
             self.payment_window_s,
             self.display,
+            group,
         )
 
     def as_json(self) -> dict[str, object]:
@@ -261,6 +285,7 @@ class SkuSettings:
             "title": self.title,
             "image_url": self.image_url,
             "price_text": self.price_text,
+            "limit_group": self.limit_group,
         }
 
 

@@ -11,11 +11,12 @@ from aiohttp import web
 
 from gateway.domain.errors import Forbidden, GatewayError, InvalidRequest, Unauthorized
 from gateway.http import payloads
-from gateway.http.appkeys import ADMIN, ADMIN_TOKENS, RECONCILER, WAITING_PAGE
+from gateway.http.appkeys import ADMIN, ADMIN_TOKENS, LIMIT_GROUPS, RECONCILER, WAITING_PAGE
 from gateway.http.params import header, query_int
 from gateway.http.views import json_response, read_body
 from gateway.http.waiting_page import check_image_url
 from gateway.usecases.admin import StockAdmin
+from gateway.usecases.limit_groups import LimitGroupsAdmin
 
 log = structlog.get_logger(__name__)
 
@@ -128,6 +129,7 @@ async def sku_report(request: web.Request) -> web.Response:
             "pending": report.pending,
             "sold": report.sold,
             **(await admin.display(sku)).as_json(),
+            **await admin.limit_group_json(sku),
         }
     )
 
@@ -160,9 +162,39 @@ async def reconcile(request: web.Request, admin: StockAdmin) -> tuple[Any, dict[
     return done, {"skus": len(done)}
 
 
+def _groups(request: web.Request) -> LimitGroupsAdmin:
+    return request.app[LIMIT_GROUPS]
+
+
+@admin_change
+async def put_limit_group(request: web.Request, _: StockAdmin) -> tuple[Any, dict[str, Any]]:
+    """PUT /admin/limit-groups/{group}: create the group or set its limit."""
+    name = payloads.identifier(request.match_info["group"], "group")
+    data = payloads.parse_object(await read_body(request), payloads.GROUP_FIELDS)
+    limit = payloads.integer(data, "per_user_limit", low=1, high=payloads.MAX_GROUP_LIMIT)
+    return await _groups(request).put(name, limit)
+
+
+async def get_limit_group(request: web.Request) -> web.Response:
+    """GET /admin/limit-groups/{group}: the group, its limit and its skus."""
+    _admin(request)
+    name = payloads.identifier(request.match_info["group"], "group")
+    return json_response(await _groups(request).get(name))
+
+
+@admin_change
+async def delete_limit_group(request: web.Request, _: StockAdmin) -> tuple[Any, dict[str, Any]]:
+    """DELETE /admin/limit-groups/{group}: 409 group_in_use while a sku is in it."""
+    name = payloads.identifier(request.match_info["group"], "group")
+    return await _groups(request).delete(name)
+
+
 def routes() -> list[web.RouteDef]:
     """The admin routes."""
     return [
+        web.put("/admin/limit-groups/{group}", put_limit_group),
+        web.get("/admin/limit-groups/{group}", get_limit_group),
+        web.delete("/admin/limit-groups/{group}", delete_limit_group),
         web.put("/admin/skus/{sku}", put_sku),
         web.patch("/admin/skus/{sku}", patch_sku),
         web.post("/admin/skus/{sku}/restock", restock),

@@ -44,8 +44,12 @@ SKU_FIELDS = frozenset(
         "title",
         "image_url",
         "price_text",
+        "limit_group",
     }
 )
+GROUP_FIELDS = frozenset({"per_user_limit"})
+# A limit group's per_user_limit (issue 41).
+MAX_GROUP_LIMIT = 1000
 ROOM_FIELDS = frozenset({"admit_per_s", "token_ttl_s", "shuffle_at_start"})
 JOIN_FIELDS = frozenset({"user_id"})
 # A day: a token is meant to be spent within minutes of admission.
@@ -240,17 +244,35 @@ def sku_fields(data: Mapping[str, Any], *, partial: bool) -> dict[str, Any]:
         fields[name] = _rate(data, name)
     if "waiting_room" in named:
         fields["waiting_room"] = waiting_room(data)
+    fields.update(_selling_fields(data, named))
+    fields.update(_display_fields(data, named))
+    starts, ends = fields.get("starts_at"), fields.get("ends_at")
+    if starts is not None and ends is not None and ends <= starts:
+        raise InvalidRequest("ends_at must be after starts_at")
+    return fields
+
+
+def _selling_fields(data: Mapping[str, Any], named: Iterable[str]) -> dict[str, Any]:
+    """How the sku sells: its strategy, payment window and limit group (absent
+    or null: left as it is)."""
+    fields: dict[str, Any] = {}
     if "strategy" in named:
         fields["strategy"] = strategy(data)
     if "payment_window_s" in named:
         fields["payment_window_s"] = integer(
             data, "payment_window_s", low=0, high=MAX_PAYMENT_WINDOW_S, default=0
         )
-    fields.update(_display_fields(data, named))
-    starts, ends = fields.get("starts_at"), fields.get("ends_at")
-    if starts is not None and ends is not None and ends <= starts:
-        raise InvalidRequest("ends_at must be after starts_at")
+    if data.get("limit_group") is not None:
+        fields["limit_group"] = limit_group(data["limit_group"])
     return fields
+
+
+def limit_group(value: object) -> str | None:
+    """A sku's ``limit_group``: a group's name, or ``""`` to leave its group
+    (None); ``null`` or absent leaves it as it is, so the caller sees no field."""
+    if value == "":
+        return None
+    return identifier(value, "limit_group")
 
 
 def _display_fields(data: Mapping[str, Any], named: Iterable[str]) -> dict[str, str | None]:

@@ -197,6 +197,10 @@ async def get_sku(request: web.Request) -> web.Response:
     body = {"sku": sku, "available": available, "strategy": strategy.value, **rules.window_json()}
     body["waiting_room"] = await request.app[ADMISSIONS].has_room(sku)
     body.update((await purchases.display(sku)).as_json())
+    group = await purchases.limit_group(sku)
+    if group is not None:
+        body["limit_group"] = group.name
+        body["group_per_user_limit"] = group.per_user_limit
     return json_response(body)
 
 

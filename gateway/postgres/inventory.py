@@ -17,17 +17,32 @@ from typing import Any, NamedTuple
 
 import asyncpg
 
-from gateway.domain.errors import InvalidRequest
-from gateway.domain.model import NO_DISPLAY, Display, SkuInfo, SkuSettings, Strategy, WaitingRoom
+from gateway.domain.errors import InvalidRequest, LimitGroupLocked, UnknownLimitGroup
+from gateway.domain.model import (
+    NO_DISPLAY,
+    Display,
+    LimitGroup,
+    SkuInfo,
+    SkuSettings,
+    Strategy,
+    WaitingRoom,
+)
 from gateway.domain.rules import Rate, rate_from_db
 from gateway.postgres.database import Connection, as_unavailable
 
 # The display fields come from a table of their own (sql/012_display_fields.sql).
+# With the sku's limit group: its limit and every sku in it (archived ones
+# too: their buyers' orders still count), by name.
 SKU_INFO = """
-SELECT stock, per_user_limit, room_admit_per_s, room_token_ttl_s, room_shuffle_at_start,
-       starts_at, ends_at, user_rate, client_rate, strategy, payment_window_s,
-       title, image_url, price_text
-FROM inventory LEFT JOIN sku_display USING (sku) WHERE sku = $1 AND archived_at IS NULL
+SELECT stock, inventory.per_user_limit, room_admit_per_s, room_token_ttl_s,
+       room_shuffle_at_start, starts_at, ends_at, user_rate, client_rate, strategy,
+       payment_window_s, title, image_url, price_text, inventory.limit_group,
+       lg.per_user_limit AS group_limit,
+       (SELECT array_agg(m.sku ORDER BY m.sku) FROM inventory m
+        WHERE m.limit_group = inventory.limit_group) AS group_skus
+FROM inventory LEFT JOIN sku_display USING (sku)
+    LEFT JOIN limit_groups lg ON lg.limit_group = inventory.limit_group
+WHERE sku = $1 AND archived_at IS NULL
 """
 # The same, with the row locked for an admin change. An archived sku is not
 # there for purchases or changes (404 unknown_sku) until a PUT lists it again.
@@ -95,6 +110,14 @@ SET_SKU = """
 UPDATE inventory SET stock = $2, per_user_limit = $3, strategy = $4, payment_window_s = $5,
     updated_at = now()
 WHERE sku = $1
+"""
+SET_LIMIT_GROUP = "UPDATE inventory SET limit_group = $2 WHERE sku = $1"
+# The group a sku joins exists, and stays until this change commits.
+GROUP_EXISTS = "SELECT 1 FROM limit_groups WHERE limit_group = $1 FOR SHARE"
+# A sku's units held in its group's holdings: those of its live orders.
+LIVE_ORDERS = """
+SELECT EXISTS (SELECT 1 FROM orders
+    WHERE sku = $1 AND status IN ('confirmed', 'pending_payment', 'paid'))
 """
 SET_SALE_RULES = """
 UPDATE inventory SET starts_at = $2, ends_at = $3, user_rate = $4, client_rate = $5 WHERE sku = $1
@@ -180,7 +203,15 @@ def _settings_of(row: asyncpg.Record) -> SkuSettings:
         title=row["title"],
         image_url=row["image_url"],
         price_text=row["price_text"],
+        limit_group=row["limit_group"],
     )
+
+
+def _group_of(row: asyncpg.Record) -> LimitGroup | None:
+    """A sku's limit group from its ``SKU_INFO`` row, if it has one."""
+    if row["limit_group"] is None:
+        return None
+    return LimitGroup(row["limit_group"], row["group_limit"], tuple(row["group_skus"]))
 
 
 async def _write_settings(con: Connection, sku: str, new: SkuSettings) -> None:
@@ -204,6 +235,18 @@ async def _write_settings(con: Connection, sku: str, new: SkuSettings) -> None:
         room and room.token_ttl_s,
         bool(room and room.shuffle_at_start),
     )
+
+
+async def _join_group(con: Connection, sku: str, group: str | None, *, created: bool) -> None:
+    """Move ``sku`` (its row locked) into ``group`` (None: out of its group).
+    Raises :class:`UnknownLimitGroup` for a group that does not exist and
+    :class:`LimitGroupLocked` while the sku has a live order, whose units its
+    group's holdings count (nothing is written)."""
+    if group is not None and await con.fetchval(GROUP_EXISTS, group) is None:
+        raise UnknownLimitGroup(f"no limit group {group!r}")
+    if not created and await con.fetchval(LIVE_ORDERS, sku):
+        raise LimitGroupLocked("the sku has live orders: its group changes once none is left")
+    await con.execute(SET_LIMIT_GROUP, sku, group)
 
 
 async def _write_display(con: Connection, sku: str, shown: Display) -> None:
@@ -230,7 +273,7 @@ class Inventory:
         when it does not exist."""
         with as_unavailable:
             row = await self._pool.fetchrow(SKU_INFO, sku)
-        return None if row is None else _settings_of(row).info(sku)
+        return None if row is None else _settings_of(row).info(sku, _group_of(row))
 
     async def display(self, sku: str) -> Display:
         """The display fields of ``sku``, archived or not (none without a row)."""
@@ -306,6 +349,8 @@ class Inventory:
                 if after.starts_at and after.ends_at and after.ends_at <= after.starts_at:
                     raise InvalidRequest("ends_at must be after starts_at")
                 await _write_settings(con, sku, after)
+                if after.limit_group != before.limit_group:
+                    await _join_group(con, sku, after.limit_group, created=created)
                 if after.display != before.display:
                     await _write_display(con, sku, after.display)
                 if "stock" in fields:

@@ -28,6 +28,8 @@ import asyncpg
 from gateway.domain.errors import (
     FencedOut,
     GatewayError,
+    GroupGuardRefused,
+    GroupLimitReached,
     IdempotencyMismatch,
     OutcomeUnknown,
     StockGuardRefused,
@@ -123,6 +125,7 @@ WHERE sku = $1 AND status IN ('confirmed', 'pending_payment', 'paid')
 FLUSH_ERRORS: dict[str, type[Unavailable]] = {
     "FS001": FencedOut,  # a fencing token older than the row's
     "FS002": StockGuardRefused,  # the stock >= guard refused the batch
+    "FS003": GroupGuardRefused,  # a buyer would pass their limit group's limit
 }
 
 
@@ -163,6 +166,9 @@ def _decision_of(row: asyncpg.Record) -> Decision:
     if verdict is Verdict.EXPIRED:
         # Already given back by the reconciler: nothing to settle but the answer.
         return Decision(Unavailable("reservation expired; retry"), verdict)
+    if verdict is Verdict.GROUP_LIMIT:
+        # The row names the group in order_status (sql/functions/flush_batch.sql).
+        return Decision(GroupLimitReached(row["order_status"]), verdict)
     return Decision(DUPLICATE if verdict is Verdict.DUPLICATE else SOLD_OUT, verdict)
 
 

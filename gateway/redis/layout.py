@@ -1,8 +1,12 @@
 """The Redis layout: every key name, channel and record format the gateway uses.
 
 A sku's keys share the ``{sku}`` hash tag, so a script that touches them all
-touches one cluster slot. The Lua scripts in ``lua/`` receive these keys
-through KEYS and write the records below; their contracts point here.
+touches one cluster slot. A sku in a limit group tags them with its group
+instead, ``<prefix>:{g:<group>}:<sku>:...`` (the **group slot**), so that
+``reserve.lua`` sees every sku of the group in one call (:class:`KeyTags`,
+``gateway.usecases.group_tags``); the flush lock keeps ``{sku}``. The Lua
+scripts in ``lua/`` receive these keys through KEYS and write the records
+below; their contracts point here.
 
 ``<prefix>:{<sku>}:stock``    string  units not yet reserved
 ``<prefix>:{<sku>}:buyers``   hash    user_id -> request_id of that user's reservation or order
@@ -69,9 +73,10 @@ class SkuKeys:
     returned: str
 
     @classmethod
-    def of(cls, prefix: str, sku: str) -> SkuKeys:
-        """The keys of ``sku`` under ``prefix``, all in the ``{sku}`` slot."""
-        base = sku_base(prefix, sku)
+    def of(cls, prefix: str, sku: str, group: str | None = None) -> SkuKeys:
+        """The keys of ``sku`` under ``prefix``, all in the ``{sku}`` slot, or
+        in ``group``'s slot for a sku in that limit group."""
+        base = sku_base(prefix, sku, group)
         return cls(
             f"{base}:stock",
             f"{base}:buyers",
@@ -86,9 +91,41 @@ class SkuKeys:
         return (self.stock, self.buyers, self.pending, self.done)
 
 
-def sku_base(prefix: str, sku: str) -> str:
-    """The common, hash-tagged start of every key of ``sku``."""
-    return f"{prefix}:{{{sku}}}"
+def sku_base(prefix: str, sku: str, group: str | None = None) -> str:
+    """The common, hash-tagged start of every key of ``sku``: ``{sku}``, or for a
+    sku in a limit group the group's tag followed by the sku."""
+    if group is None:
+        return f"{prefix}:{{{sku}}}"
+    return f"{prefix}:{{g:{group}}}:{sku}"
+
+
+class KeyTags:
+    """Which limit group each grouped sku's keys are tagged with; a sku not
+    named here is in no group (its keys carry ``{sku}``). One per process,
+    shared by every Redis adapter that builds a sku's keys, and set by
+    ``gateway.usecases.group_tags`` from PostgreSQL."""
+
+    def __init__(self, groups: dict[str, str] | None = None) -> None:
+        self._groups: dict[str, str] = dict(groups or {})
+
+    def group_of(self, sku: str) -> str | None:
+        """The limit group of ``sku``, None when it is in none."""
+        return self._groups.get(sku)
+
+    def set(self, sku: str, group: str | None) -> None:
+        """``sku`` is in ``group`` now (None: in none)."""
+        if group is None:
+            self._groups.pop(sku, None)
+        else:
+            self._groups[sku] = group
+
+    def replace(self, groups: dict[str, str]) -> None:
+        """Every grouped sku's group, as PostgreSQL says now."""
+        self._groups = dict(groups)
+
+    def base(self, prefix: str, sku: str) -> str:
+        """:func:`sku_base` of ``sku`` with its group."""
+        return sku_base(prefix, sku, self._groups.get(sku))
 
 
 def lock_key(prefix: str, sku: str) -> str:
@@ -96,21 +133,21 @@ def lock_key(prefix: str, sku: str) -> str:
     return f"{sku_base(prefix, sku)}:lock"
 
 
-def user_bucket_key(prefix: str, sku: str, user_id: str) -> str:
+def user_bucket_key(prefix: str, sku: str, user_id: str, group: str | None = None) -> str:
     """The key of a user's rate-limit bucket for ``sku``, in the sku's slot."""
-    return f"{sku_base(prefix, sku)}:rl:u:{user_id}"
+    return f"{sku_base(prefix, sku, group)}:rl:u:{user_id}"
 
 
-def client_bucket_key(prefix: str, sku: str, address: str) -> str:
+def client_bucket_key(prefix: str, sku: str, address: str, group: str | None = None) -> str:
     """The key of a client address's rate-limit bucket for ``sku``, in the sku's slot."""
-    return f"{sku_base(prefix, sku)}:rl:c:{address}"
+    return f"{sku_base(prefix, sku, group)}:rl:c:{address}"
 
 
-def call_key(prefix: str, sku: str, call_id: str) -> str:
+def call_key(prefix: str, sku: str, call_id: str, group: str | None = None) -> str:
     """The key holding the replies of one reservation call that reserved, in the
     sku's slot: a client library that sends the call again (after a timeout, or
     a cluster pipeline retried whole) gets the same replies back."""
-    return f"{sku_base(prefix, sku)}:call:{call_id}"
+    return f"{sku_base(prefix, sku, group)}:call:{call_id}"
 
 
 def identity_key(prefix: str) -> str:
@@ -225,9 +262,10 @@ class RoomKeys:
     shuffled: str
 
     @classmethod
-    def of(cls, prefix: str, sku: str) -> RoomKeys:
-        """The waiting-room keys of ``sku`` under ``prefix``."""
-        base = f"{sku_base(prefix, sku)}:q"
+    def of(cls, prefix: str, sku: str, group: str | None = None) -> RoomKeys:
+        """The waiting-room keys of ``sku`` under ``prefix`` (in its group's slot
+        for a sku in a limit group, as its stock keys are)."""
+        base = f"{sku_base(prefix, sku, group)}:q"
         names = ("wait", "users", "tickets", "recent", "seq", "early", "shuffled")
         return cls(*(f"{base}:{name}" for name in names))
 
@@ -240,14 +278,14 @@ class RoomKeys:
 WRITERS_GROUP = "writers"
 
 
-def stream_key(prefix: str, sku: str) -> str:
+def stream_key(prefix: str, sku: str, group: str | None = None) -> str:
     """The queue strategy's stream of ``sku``, in the sku's slot."""
-    return f"{sku_base(prefix, sku)}:stream"
+    return f"{sku_base(prefix, sku, group)}:stream"
 
 
-def rejected_key(prefix: str, sku: str) -> str:
+def rejected_key(prefix: str, sku: str, group: str | None = None) -> str:
     """The hash of ``sku``'s queued purchases the database refused, in the sku's slot."""
-    return f"{sku_base(prefix, sku)}:rejected"
+    return f"{sku_base(prefix, sku, group)}:rejected"
 
 
 def request_key(prefix: str, request_id: str) -> str:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from gateway.redis.connections import RedisClient, redis_call
-from gateway.redis.layout import SkuKeys
+from gateway.redis.layout import KeyTags, SkuKeys
 from gateway.redis.scripts import ScriptArg, read_script
 from gateway.settings import Settings
 
@@ -27,8 +27,11 @@ class RebuildLease:
         redis: RedisClient,
         settings: Settings,
         on_noscript: Callable[[str], None] | None = None,
+        tags: KeyTags | None = None,
     ) -> None:
         self._redis = redis
+        # Each sku's limit group, which tags its keys (gateway.redis.layout).
+        self._tags = KeyTags() if tags is None else tags
         self._prefix = settings.key_prefix
         self._retention_ms = max(1, round(settings.sale_retention_s * 1000))
         self._script = read_script("rebuild")
@@ -38,9 +41,12 @@ class RebuildLease:
         """SCRIPT LOAD rebuild.lua; a syntax error raises here, at start-up."""
         await self._script.load(self._redis)
 
+    def _keys(self, sku: str) -> SkuKeys:
+        return SkuKeys.of(self._prefix, sku, self._tags.group_of(sku))
+
     async def rebuilding(self, sku: str) -> bool:
         """Whether the sku's buyers and done hashes are being rebuilt (incomplete)."""
-        return bool(await redis_call(self._redis.exists(SkuKeys.of(self._prefix, sku).rebuild)))
+        return bool(await redis_call(self._redis.exists(self._keys(sku).rebuild)))
 
     async def take(self, sku: str, owner: str, lease_ms: int) -> bool:
         """Take the sku's lease for ``owner``: when the sku is flagged and nobody
@@ -60,7 +66,7 @@ class RebuildLease:
     async def _step(
         self, sku: str, step: str, owner: str, lease_ms: int, fields: Sequence[str] = ()
     ) -> bool:
-        keys = SkuKeys.of(self._prefix, sku)
+        keys = self._keys(sku)
         args: tuple[ScriptArg, ...] = (step, owner, lease_ms, self._retention_ms, *fields)
         called = self._script(self._redis, (keys.rebuild, keys.buyers, keys.done), args)
         return bool(await redis_call(called))

@@ -32,6 +32,7 @@ from redis.exceptions import RedisError
 
 from gateway.domain.errors import (
     Ended,
+    GroupLimitReached,
     IdempotencyMismatch,
     NotStarted,
     RateLimited,
@@ -54,6 +55,7 @@ from gateway.domain.rules import effective, epoch_ms
 from gateway.redis.connections import RedisClient, redis_call
 from gateway.redis.layout import (
     Change,
+    KeyTags,
     Pending,
     SkuKeys,
     call_key,
@@ -83,6 +85,7 @@ ReplyKind = Literal[
     "ended",
     "rate_limited",
     "busy",
+    "group_limit",
 ]
 
 
@@ -120,6 +123,7 @@ _SIMPLE_KINDS: tuple[ReplyKind, ...] = (
     "duplicate",
     "ended",
     "busy",
+    "group_limit",
 )
 _SIMPLE: dict[str, Reply] = {kind: Reply(kind) for kind in _SIMPLE_KINDS}
 _SOLD_OUT_REPLY = Reply("sold_out")
@@ -166,6 +170,8 @@ def outcome_of(reply: Reply, request_id: str, info: SkuInfo) -> Result:
         raise NotStarted(starts_at or "", reply.wait_ms)
     if reply.kind == "ended":
         raise Ended()
+    if reply.kind == "group_limit" and info.group is not None:
+        raise GroupLimitReached(info.group.name)
     result = _OUTCOMES.get(reply.kind)
     if result is None:
         raise Unavailable("stock not loaded")
@@ -187,6 +193,8 @@ class ReserveEntry:
     client_bucket: str
     # The sku's leading ARGV (see :meth:`ReserveCalls.head`).
     head: tuple[ScriptArg, ...]
+    # What the sku's catalog entry says: its limit group's keys come from it.
+    info: SkuInfo
     # PostgreSQL cleared it while the sku's hashes are rebuilt (reserve.lua's
     # "unverified"): it holds no order of its request id or buyer.
     verified: bool
@@ -195,13 +203,34 @@ class ReserveEntry:
 class ReserveCalls:
     """Builds reserve.lua's and enqueue.lua's KEYS and ARGV for one gateway's settings."""
 
-    def __init__(self, settings: Settings, keys: Callable[[str], SkuKeys]) -> None:
+    def __init__(self, settings: Settings) -> None:
         self._prefix = settings.key_prefix
-        self._keys = keys
         self._retention_ms = max(1, round(settings.sale_retention_s * 1000))
         self._stream_max = settings.stream_max
         self._user_rate, self._client_rate = settings.user_rate, settings.client_rate
         self._heads: dict[str, tuple[SkuInfo, tuple[ScriptArg, ...]]] = {}
+        # Per sku: its catalog entry, its keys, and its limit group's limit and
+        # the other skus' hashes (none for a sku in no group).
+        self._groups: dict[str, tuple[SkuInfo, SkuKeys, int, tuple[str, ...]]] = {}
+
+    def group(self, info: SkuInfo) -> tuple[SkuKeys, int, tuple[str, ...]]:
+        """The sku's keys (in its group's slot when it has one), its group's limit
+        (0: none) and the buyers, pending and done hashes of the group's other
+        skus; worked out once per catalog entry."""
+        cached = self._groups.get(info.sku)
+        if cached is not None and cached[0] is info:
+            return cached[1:]
+        group = info.group
+        name = None if group is None else group.name
+        keys = SkuKeys.of(self._prefix, info.sku, name)
+        others: list[str] = []
+        for sku in () if group is None else group.skus:
+            if sku != info.sku:
+                member = SkuKeys.of(self._prefix, sku, name)
+                others += (member.buyers, member.pending, member.done)
+        limit = 0 if group is None else group.per_user_limit
+        self._groups[info.sku] = (info, keys, limit, tuple(others))
+        return keys, limit, tuple(others)
 
     def head(self, info: SkuInfo) -> tuple[ScriptArg, ...]:
         """reserve.lua's ARGV[1..7] for a sku: retention, window, effective rates;
@@ -231,11 +260,13 @@ class ReserveCalls:
         rebuild key and the bucket keys (each once), the sku's head (the newest
         entry's), then six args per purchase."""
         sku = entries[0].purchase.sku
-        sku_keys = self._keys(sku)
-        call = call_key(self._prefix, sku, uuid.uuid4().hex)
+        sku_keys, limit, others = self.group(entries[-1].info)
+        group = entries[-1].info.group
+        name = None if group is None else group.name
+        call = call_key(self._prefix, sku, uuid.uuid4().hex, name)
         keys: list[str] = [*sku_keys.all(), call, sku_keys.rebuild]
         index: dict[str, int] = {}
-        args: list[ScriptArg] = list(entries[-1].head)
+        args: list[ScriptArg] = [*entries[-1].head, limit, 0]
         for entry in entries:
             purchase = entry.purchase
             verified = 1 if entry.verified else 0
@@ -254,6 +285,8 @@ class ReserveCalls:
                     at = index[bucket] = len(keys)
                 args.append(at)
             args.append(verified)
+        args[8] = len(keys) + 1
+        keys += others
         return keys, args
 
     def enqueue(self, entries: list[ReserveEntry]) -> tuple[list[str], list[ScriptArg]]:
@@ -261,7 +294,9 @@ class ReserveCalls:
         keys last and the stream's bound as the last argument."""
         keys, args = self.reserve(entries)
         sku = entries[0].purchase.sku
-        keys += (stream_key(self._prefix, sku), rejected_key(self._prefix, sku))
+        group = entries[-1].info.group
+        name = None if group is None else group.name
+        keys += (stream_key(self._prefix, sku, name), rejected_key(self._prefix, sku, name))
         args.append(self._stream_max)
         return keys, args
 
@@ -299,12 +334,15 @@ class Reservations:
         redis: RedisClient,
         settings: Settings,
         on_noscript: Callable[[str], None] | None = None,
+        tags: KeyTags | None = None,
     ) -> None:
         self.redis = redis
         self._prefix = settings.key_prefix
+        # Each sku's limit group, which tags its keys (gateway.redis.layout).
+        self.tags = KeyTags() if tags is None else tags
         self._channel = channel(settings.key_prefix)
         self._retention_ms = max(1, round(settings.sale_retention_s * 1000))
-        self._keys: dict[str, SkuKeys] = {}
+        self._keys: dict[str, tuple[str | None, SkuKeys]] = {}
         self._reserve = read_script("reserve")
         self._settle = read_script("settle")
         self._load_stock = read_script("load_stock")
@@ -313,7 +351,7 @@ class Reservations:
         self._enqueue = read_composed("enqueue", "reserve")
         for script in self.scripts:
             script.on_reload = on_noscript
-        self._calls = ReserveCalls(settings, self.keys)
+        self._calls = ReserveCalls(settings)
         # The one call made per purchase goes out coalesced: one per sku and turn.
         self._reserve_many = ScriptCoalescer(redis, self._reserve, self._calls.reserve)
         self._enqueue_many = ScriptCoalescer(redis, self._enqueue, self._calls.enqueue)
@@ -331,11 +369,12 @@ class Reservations:
         )
 
     def keys(self, sku: str) -> SkuKeys:
-        """The (cached) keys of a sku."""
-        keys = self._keys.get(sku)
-        if keys is None:
-            keys = self._keys[sku] = SkuKeys.of(self._prefix, sku)
-        return keys
+        """The (cached) keys of a sku, in its limit group's slot if it has one."""
+        group = self.tags.group_of(sku)
+        cached = self._keys.get(sku)
+        if cached is None or cached[0] != group:
+            cached = self._keys[sku] = (group, SkuKeys.of(self._prefix, sku, group))
+        return cached[1]
 
     async def load_scripts(self) -> None:
         """SCRIPT LOAD every script; a syntax error raises here, at start-up."""
@@ -384,15 +423,16 @@ class Reservations:
     ) -> Reply:
         head = self._calls.head(info)
         user_key = client_key = ""
+        group = None if info.group is None else info.group.name
         if head[3]:
-            user_key = user_bucket_key(self._prefix, purchase.sku, purchase.user_id)
+            user_key = user_bucket_key(self._prefix, purchase.sku, purchase.user_id, group)
         if head[5]:
             address = None if client is None else client()
             if address is not None:
-                client_key = client_bucket_key(self._prefix, purchase.sku, address)
+                client_key = client_bucket_key(self._prefix, purchase.sku, address, group)
         try:
             raw = await calls(
-                purchase.sku, ReserveEntry(purchase, user_key, client_key, head, verified)
+                purchase.sku, ReserveEntry(purchase, user_key, client_key, head, info, verified)
             )
         except RedisError as exc:
             raise RedisUnavailable(f"redis: {type(exc).__name__}") from exc
@@ -439,6 +479,17 @@ class Reservations:
         missing and loads it from the database."""
         await redis_call(self.redis.delete(self.keys(sku).stock))
         await redis_call(self.redis.publish(self._channel, f"{Change.META}:{sku}"))
+
+    async def announce(self, sku: str) -> None:
+        """Announce that an admin changed ``sku`` (``meta:<sku>``): every instance
+        drops its catalog entry and marks."""
+        await redis_call(self.redis.publish(self._channel, f"{Change.META}:{sku}"))
+
+    async def drop_state(self, sku: str) -> None:
+        """Delete the sku's counter, hashes and rebuild flag where its keys are
+        now (its group moves them: the next load starts them in the new slot)."""
+        keys = self.keys(sku)
+        await redis_call(self.redis.delete(*keys.all(), keys.rebuild, keys.returned))
 
     async def available(self, sku: str) -> int | None:
         """Unreserved stock in Redis, or None when the key is missing."""

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from gateway.redis.connections import RedisClient, redis_call
-from gateway.redis.layout import RoomKeys, SkuKeys
+from gateway.redis.layout import KeyTags, RoomKeys, SkuKeys
 from gateway.redis.scripts import Script, read_script
 from gateway.settings import Settings
 
@@ -47,8 +47,11 @@ class Rooms:
         redis: RedisClient,
         settings: Settings,
         on_noscript: Callable[[str], None] | None = None,
+        tags: KeyTags | None = None,
     ) -> None:
         self._redis = redis
+        # Each sku's limit group, which tags its keys (gateway.redis.layout).
+        self._tags = KeyTags() if tags is None else tags
         self._prefix = settings.key_prefix
         self._retention_ms = max(1, round(settings.sale_retention_s * 1000))
         self._join = read_script("room_join")
@@ -62,6 +65,10 @@ class Rooms:
     def scripts(self) -> tuple[Script, ...]:
         """The scripts this adapter calls."""
         return (self._join, self._poll, self._give_back, self._leave)
+
+    def _room(self, sku: str) -> RoomKeys:
+        """The sku's room keys, in its limit group's slot when it has one."""
+        return RoomKeys.of(self._prefix, sku, self._tags.group_of(sku))
 
     async def load_scripts(self) -> None:
         """SCRIPT LOAD every script; a syntax error raises here, at start-up."""
@@ -83,7 +90,10 @@ class Rooms:
         sold out. ``starts_ms`` is the sale's start (0: none), to tell early
         arrivals apart; ``held``: units are held for payment, so the sku is not
         sold out yet."""
-        q, s = RoomKeys.of(self._prefix, sku), SkuKeys.of(self._prefix, sku)
+        q, s = (
+            self._room(sku),
+            SkuKeys.of(self._prefix, sku, self._tags.group_of(sku)),
+        )
         keys = (q.wait, q.users, q.tickets, q.seq, s.stock, s.pending, q.early)
         args = (user_id, fresh_ticket, self._retention_ms, starts_ms, token_ttl_ms, int(held))
         raw = await redis_call(self._join(self._redis, keys, args))
@@ -104,7 +114,10 @@ class Rooms:
         early arrivals shuffled first, once, if ``shuffle``), then where ``ticket``
         stands. ``held``: units are held for payment: the line is kept, and let
         in only while there is stock."""
-        q, s = RoomKeys.of(self._prefix, sku), SkuKeys.of(self._prefix, sku)
+        q, s = (
+            self._room(sku),
+            SkuKeys.of(self._prefix, sku, self._tags.group_of(sku)),
+        )
         keys = (q.wait, q.tickets, q.recent, s.stock, s.pending, q.early, q.shuffled)
         salt = secrets.token_hex(8)
         args = (ticket, admit_per_s, self._retention_ms, starts_ms, int(shuffle), salt, int(held))
@@ -122,7 +135,7 @@ class Rooms:
     async def spend(self, sku: str, ticket: str, request_id: str, ttl_ms: int) -> str | None:
         """Spend ``ticket``'s token on ``request_id`` (SET NX), kept ``ttl_ms`` plus
         the sale's retention; the request id that had already spent it, else None."""
-        key = RoomKeys.of(self._prefix, sku).used(ticket)
+        key = self._room(sku).used(ticket)
         px = max(1, ttl_ms) + self._retention_ms
         # SET NX GET: one round trip both claims the token and names its holder.
         held = await redis_call(self._redis.set(key, request_id, nx=True, get=True, px=px))
@@ -130,18 +143,18 @@ class Rooms:
 
     async def spent_by(self, sku: str, ticket: str) -> str | None:
         """The request id that spent ``ticket``'s token, if any."""
-        held = await redis_call(self._redis.get(RoomKeys.of(self._prefix, sku).used(ticket)))
+        held = await redis_call(self._redis.get(self._room(sku).used(ticket)))
         return None if held is None else str(held)
 
     async def give_back(self, sku: str, ticket: str, request_id: str) -> bool:
         """Unspend ``ticket``'s token if ``request_id`` holds it; whether it did."""
-        key = RoomKeys.of(self._prefix, sku).used(ticket)
+        key = self._room(sku).used(ticket)
         return bool(await redis_call(self._give_back(self._redis, (key,), (request_id,))))
 
     async def end_turns(self, sku: str, spent: Sequence[tuple[str, str]]) -> int:
         """End the turns spent on closed orders, ``(user_id, request_id)`` each,
         so their buyers join again at the back (room_leave.lua); how many ended."""
-        q = RoomKeys.of(self._prefix, sku)
+        q = self._room(sku)
         tickets = await redis_call(self._redis.hmget(q.users, [user for user, _ in spent]))
         ended = 0
         for (user, request_id), ticket in zip(spent, tickets, strict=True):

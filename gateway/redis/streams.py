@@ -23,6 +23,7 @@ from gateway.lock import connection_errors
 from gateway.redis.connections import RedisClient, redis_call
 from gateway.redis.layout import (
     WRITERS_GROUP,
+    KeyTags,
     encode_queued,
     queued_by,
     rejected_key,
@@ -98,8 +99,10 @@ def _entries(sku: str, raw: Iterable[tuple[str, Mapping[str, str] | None]]) -> l
 class Streams:
     """Reads, claims, acknowledgements and lookups of the queue strategy's streams."""
 
-    def __init__(self, redis: RedisClient, settings: Settings) -> None:
+    def __init__(self, redis: RedisClient, settings: Settings, tags: KeyTags | None = None) -> None:
         self.redis = redis
+        # Each sku's limit group, which tags its keys (gateway.redis.layout).
+        self._tags = KeyTags() if tags is None else tags
         self._prefix = settings.key_prefix
         self._retention_ms = max(1, round(settings.sale_retention_s * 1000))
         self._count = settings.batch_max
@@ -107,10 +110,20 @@ class Streams:
         self._claim_idle_ms = max(1, round(settings.writer_claim_idle_s * 1000))
         self._max = settings.stream_max
 
+    def _stream(self, sku: str) -> str:
+        return stream_key(self._prefix, sku, self._tags.group_of(sku))
+
+    def _rejected(self, sku: str) -> str:
+        return rejected_key(self._prefix, sku, self._tags.group_of(sku))
+
+    def group_of(self, sku: str) -> str | None:
+        """The limit group ``sku`` is in, as this instance knows it."""
+        return self._tags.group_of(sku)
+
     async def ensure_group(self, sku: str) -> None:
         """Create the writers' group on the sku's stream, reading from its start:
         entries queued before the group existed are read too."""
-        key = stream_key(self._prefix, sku)
+        key = self._stream(sku)
         try:
             await _stream_call(sku, self.redis.xgroup_create(key, WRITERS_GROUP, "0", True))
         except GroupExists:
@@ -122,7 +135,7 @@ class Streams:
         """A batch of entries for ``consumer``: new ones (waiting up to the block
         time for the first), or with ``new`` false the ones it read before and
         has not acknowledged (a batch that failed). Raises :class:`StreamGone`."""
-        key = stream_key(self._prefix, sku)
+        key = self._stream(sku)
         reply = await _stream_call(
             sku,
             self.redis.xreadgroup(
@@ -140,7 +153,7 @@ class Streams:
         a purchase was queued for within the retention time."""
         pipe = self.redis.pipeline(transaction=False)
         for sku in skus:
-            pipe.exists(stream_key(self._prefix, sku))
+            pipe.exists(self._stream(sku))
         found = await redis_call(pipe.execute())
         return [sku for sku, exists in zip(skus, found, strict=True) if exists]
 
@@ -148,7 +161,7 @@ class Streams:
         """Take over entries another writer read and left unacknowledged for the
         claim idle time: that writer is presumed dead (XAUTOCLAIM). Raises
         :class:`StreamGone`."""
-        key = stream_key(self._prefix, sku)
+        key = self._stream(sku)
         claim = self.redis.xautoclaim(
             key, WRITERS_GROUP, consumer, self._claim_idle_ms, "0-0", count=self._count
         )
@@ -167,7 +180,10 @@ class Streams:
         committed again (idempotently) by whoever claims them. No MULTI: on a
         cluster redis-py's asyncio transaction pipeline blocks the event loop
         (a thread with its own loop per command)."""
-        key, rejections = stream_key(self._prefix, sku), rejected_key(self._prefix, sku)
+        key, rejections = (
+            self._stream(sku),
+            self._rejected(sku),
+        )
         ids = [e.entry_id for e in entries]
         pipe = self.redis.pipeline(transaction=False)
         if rejected:
@@ -190,19 +206,19 @@ class Streams:
         sku = None if queued is None else queued_by(queued, user_id)
         if sku is None:
             return None, None
-        letter = await redis_call(self.redis.hget(rejected_key(self._prefix, sku), request_id))
+        letter = await redis_call(self.redis.hget(self._rejected(sku), request_id))
         return sku, None if letter is None else Verdict(letter)
 
     async def queued_ids(self, sku: str) -> set[str]:
         """Request ids of the entries still in the sku's stream (not yet
         acknowledged): their reservations are queued, not stale."""
-        key = stream_key(self._prefix, sku)
+        key = self._stream(sku)
         raw = await redis_call(self.redis.xrange(key, "-", "+", count=self._max))
         return {fields["rid"] for _, fields in raw}
 
     async def depth(self, sku: str) -> Depth:
         """The sku's stream length and the writers' pending entries."""
-        key = stream_key(self._prefix, sku)
+        key = self._stream(sku)
         pipe = self.redis.pipeline(transaction=False)
         pipe.xlen(key)
         pipe.xpending(key, WRITERS_GROUP)

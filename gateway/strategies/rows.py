@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable
 
 import asyncpg
 
-from gateway.domain.errors import IdempotencyMismatch, PostgresUnavailable
+from gateway.domain.errors import GroupLimitReached, IdempotencyMismatch, PostgresUnavailable
 from gateway.domain.model import DUPLICATE, SOLD_OUT, Outcome, Purchase, Result
 from gateway.postgres.database import Connection, as_unavailable
 from gateway.postgres.orders import order_of
@@ -39,6 +39,11 @@ SELECT $1, $2, $3, $4,
 FROM inventory WHERE sku = $2
 RETURNING order_id::text, request_id, sku, user_id, qty, status, pay_by
 """
+
+
+# The SQLSTATE of the orders' insert trigger that refuses an order taking its
+# buyer past their limit group's limit (gateway.postgres.orders.FLUSH_ERRORS).
+GROUP_GUARD = "FS003"
 
 
 # A strategy's step: take ``purchase.qty`` units of its sku on ``con``, inside
@@ -92,6 +97,12 @@ class Rows:
                     if settled is None:  # its order is gone again: an admin's doing
                         raise PostgresUnavailable("order conflict; retry") from None
                     return settled
+                except asyncpg.PostgresError as exc:
+                    if exc.sqlstate != GROUP_GUARD:
+                        raise
+                    # Rolled back, stock and all: the insert trigger found the
+                    # buyer at their limit group's limit (sql/020_limit_groups.sql).
+                    raise GroupLimitReached(getattr(exc, "detail", None) or "") from None
 
     @staticmethod
     async def _decide(con: Connection, purchase: Purchase, take: Take) -> Result:

@@ -22,9 +22,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from gateway.domain.errors import UnknownSku
-from gateway.domain.model import Display, StockReport
+from gateway.domain.errors import LimitGroupLocked, UnknownSku
+from gateway.domain.model import Display, SkuSettings, StockReport
 from gateway.postgres.inventory import Inventory
+from gateway.postgres.limit_groups import LimitGroups
 from gateway.postgres.orders import Orders
 from gateway.redis.reservations import Reservations, StockLoad
 from gateway.usecases.catalog import Catalog
@@ -34,7 +35,7 @@ from gateway.usecases.sold_out import SoldOut
 from gateway.write.sku_locks import SkuLocks
 
 # Fields of a sku's answer left out when not set (null in the change log).
-ANSWERED_WHEN_SET = ("waiting_room", "title", "image_url", "price_text")
+ANSWERED_WHEN_SET = ("waiting_room", "title", "image_url", "price_text", "limit_group")
 
 
 class StockAdmin:
@@ -51,7 +52,9 @@ class StockAdmin:
         soldout: SoldOut,
         servability: Servability,
         rebuilds: Rebuilds,
+        groups: LimitGroups,
     ) -> None:
+        self._groups = groups
         self._reservations = reservations
         self._servability = servability
         self._orders = orders
@@ -74,16 +77,25 @@ class StockAdmin:
         self._servability.check(fields.get("waiting_room"), fields.get("payment_window_s"))
         redis_stock: int | None = None
         async with self._locks.held(sku):
+            if "limit_group" in fields and fields["limit_group"] != await self._group_of(sku):
+                await self._refuse_pending(sku)
             changed = await self._inventory.change_sku(sku, fields, create=create)
             if changed is None:
                 raise UnknownSku(f"no sku {sku!r}")
             before, after, unarchived = changed
+            moved = before is not None and before.limit_group != after.limit_group
+            if moved:
+                await self._move(sku, after)
+            elif before is None and after.limit_group is not None:
+                self._reservations.tags.set(sku, after.limit_group)
             selling = after.strategy or self._catalog.default_strategy
             if not selling.reserves:
                 await self._reservations.forget_stock(sku)
             else:
                 redis_stock = await self._reset(sku, after.stock, fresh=before is None)
         self._forget(sku)
+        if moved or (before is None and after.limit_group is not None):
+            await self._announce_group(sku, before, after)
         shown = after.as_json()
         answer = {"sku": sku, **shown, "strategy": selling.value, "redis_stock": redis_stock}
         for name in ANSWERED_WHEN_SET:
@@ -95,6 +107,43 @@ class StockAdmin:
         if unarchived:
             done["unarchived"] = True
         return answer, done
+
+    async def _group_of(self, sku: str) -> str | None:
+        """The limit group ``sku`` is in now (None: none, or no such sku)."""
+        try:
+            group = (await self._catalog.get(sku)).group
+        except UnknownSku:
+            return None
+        return None if group is None else group.name
+
+    async def _refuse_pending(self, sku: str) -> None:
+        """Raise :class:`LimitGroupLocked` when ``sku`` has reservations pending
+        in Redis (they are in its group's slot, which a change of group leaves)."""
+        if await self._reservations.pending(sku):
+            raise LimitGroupLocked("the sku has reservations pending: change its group after")
+
+    async def _move(self, sku: str, after: SkuSettings) -> None:
+        """``sku`` left its limit group for ``after``'s: its Redis state
+        in the old slot goes (nothing of it is pending, no order of it is live),
+        and the counter is loaded in the new slot, flagged as rebuilding, so the
+        hashes are written again from the orders."""
+        await self._reservations.drop_state(sku)
+        self._reservations.tags.set(sku, after.limit_group)
+
+    async def _announce_group(
+        self, sku: str, before: SkuSettings | None, after: SkuSettings
+    ) -> None:
+        """Tell every instance that the skus of the groups ``sku`` left and joined
+        changed: their catalog entries list the group's skus."""
+        groups = {after.limit_group, None if before is None else before.limit_group} - {None}
+        for group in groups:
+            assert group is not None
+            for member in (await self._groups.get(group)).skus:
+                if member != sku:
+                    self._catalog.forget(member)
+                    await self._reservations.announce(member)
+        # This sku's own announcement tells the others' key tags too.
+        await self._reservations.announce(sku)
 
     async def archive(self, sku: str) -> tuple[dict[str, Any], dict[str, Any]]:
         """Archive ``sku``: the API's answer (the same for every call) and what
@@ -171,6 +220,11 @@ class StockAdmin:
             pending=pending,
             sold=sold,
         )
+
+    async def limit_group_json(self, sku: str) -> dict[str, str]:
+        """``{"limit_group": name}`` for a sku in a limit group, else empty."""
+        group = await self._group_of(sku)
+        return {} if group is None else {"limit_group": group}
 
     async def display(self, sku: str) -> Display:
         """The display fields of ``sku`` (archived or not; none for a sku unknown)."""

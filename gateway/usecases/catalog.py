@@ -15,6 +15,7 @@ from collections import OrderedDict
 from gateway.domain.errors import UnknownSku
 from gateway.domain.model import SkuInfo, Strategy
 from gateway.postgres.inventory import Inventory
+from gateway.redis.layout import KeyTags
 
 UNKNOWN_TTL_S = 1.0
 # Unknown skus remembered at once: a storm for a few of them is what the
@@ -26,9 +27,14 @@ class Catalog:
     """A cache of :class:`SkuInfo` in front of the database."""
 
     def __init__(
-        self, inventory: Inventory, default_strategy: Strategy = Strategy.RESERVE_BATCH
+        self,
+        inventory: Inventory,
+        default_strategy: Strategy = Strategy.RESERVE_BATCH,
+        tags: KeyTags | None = None,
     ) -> None:
         self._inventory = inventory
+        # Told each sku's limit group as its entry is read: its keys' tag.
+        self._tags = KeyTags() if tags is None else tags
         self.default_strategy = default_strategy
         self._known: dict[str, SkuInfo] = {}
         # Least recently asked for first (an LRU).
@@ -48,6 +54,7 @@ class Catalog:
             self._remember_unknown(sku, now + UNKNOWN_TTL_S)
             raise UnknownSku(f"no sku {sku!r}")
         self._known[sku] = found
+        self._tags.set(sku, None if found.group is None else found.group.name)
         return found
 
     def _remember_unknown(self, sku: str, until: float) -> None:

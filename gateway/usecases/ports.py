@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from gateway.domain.model import Order, Purchase, Result, SkuInfo, Strategy
+from gateway.domain.model import LimitGroup, Order, Purchase, Result, SkuInfo, Strategy
 from gateway.postgres.lookups import Prior
 from gateway.redis.reservations import Reply, StockLoad
 
@@ -170,3 +170,37 @@ class _Unobserved:
 
 
 UNOBSERVED = _Unobserved()
+
+
+# The limit groups' collaborators (gateway.usecases.limit_groups,
+# gateway.usecases.group_tags).
+
+
+class GroupStore(Protocol):
+    """The limit groups in PostgreSQL (gateway.postgres.limit_groups.LimitGroups)."""
+
+    async def put(self, name: str, per_user_limit: int) -> tuple[int | None, LimitGroup]: ...
+    async def get(self, name: str) -> LimitGroup: ...
+    async def delete(self, name: str) -> None: ...
+    async def grouped_skus(self) -> dict[str, str]: ...
+
+
+class SkuAnnouncer(Protocol):
+    """Tells every instance that a sku changed (``meta:<sku>`` on the change feed,
+    gateway.redis.reservations.Reservations)."""
+
+    async def announce(self, sku: str) -> None: ...
+
+
+class CatalogForgetting(Protocol):
+    """This instance's catalog (gateway.usecases.catalog.Catalog)."""
+
+    def forget(self, sku: str) -> None: ...
+
+
+class Tags(Protocol):
+    """Which limit group tags each sku's Redis keys (gateway.redis.layout.KeyTags)."""
+
+    def group_of(self, sku: str) -> str | None: ...
+    def set(self, sku: str, group: str | None) -> None: ...
+    def replace(self, groups: dict[str, str]) -> None: ...

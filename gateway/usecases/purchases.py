@@ -42,6 +42,7 @@ from gateway.domain.model import (
     DUPLICATE,
     SOLD_OUT,
     Display,
+    LimitGroup,
     Order,
     Outcome,
     Purchase,
@@ -346,6 +347,10 @@ class Purchases:
     async def rules(self, sku: str) -> SaleRules:
         """The sku's window and own rates; raises UnknownSku."""
         return (await self._catalog.get(sku)).rules
+
+    async def limit_group(self, sku: str) -> LimitGroup | None:
+        """The sku's limit group, if any (from the catalog); raises UnknownSku."""
+        return (await self._catalog.get(sku)).group
 
     async def display(self, sku: str) -> Display:
         """The sku's display fields (from the catalog: no query when cached);

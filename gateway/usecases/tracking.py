@@ -18,7 +18,7 @@ import itertools
 
 from redis.backoff import ExponentialBackoff
 
-from gateway.domain.errors import IdempotencyMismatch, Unavailable
+from gateway.domain.errors import GroupLimitReached, IdempotencyMismatch, Unavailable
 from gateway.domain.model import DUPLICATE, SOLD_OUT, Outcome, Result, Verdict
 from gateway.postgres.orders import Orders
 from gateway.redis.streams import Streams
@@ -75,4 +75,6 @@ class OrderTracker:
             return DUPLICATE
         if verdict is Verdict.RELEASED:
             raise IdempotencyMismatch(request_id)
+        if verdict is Verdict.GROUP_LIMIT:
+            raise GroupLimitReached(self._streams.group_of(sku) or "")
         raise Unavailable("reservation expired; send the purchase again")

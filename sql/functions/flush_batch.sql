@@ -9,6 +9,10 @@
 --   R  the request id holds an order of another sku, buyer or qty: the
 --      reservation is released and the client told of the mismatch
 --   D  a duplicate: the buyer already holds an order of this sku
+--   L  group limit: the sku is in a limit group, and the buyer's units held
+--      across the group's skus (group_holdings, sql/020_limit_groups.sql) and
+--      this purchase's would pass the group's per_user_limit; the row names
+--      the group in order_status
 --   G  granted: it fits in the stock left (then inserted and returned as C)
 --   S  sold out: it does not fit
 --   X  expired: the reconciler released this reservation, or a gateway told
@@ -28,7 +32,14 @@
 -- pay_by (now() + the window); a buyer's order counts as "bought" only while it
 -- is live (confirmed, pending_payment, paid).
 --
--- Returns one row per distinct request id: request_id, verdict (C, R, D, S or X),
+-- A sku in a limit group locks its buyers' group_holdings rows (made first
+-- when missing, at 0 units) in buyer order before deciding, so flushes of the
+-- group's skus decide a buyer one after the other; the insert trigger
+-- (orders_group_held) adds the granted units and refuses the statement
+-- (FS003, gateway.domain.errors.GroupGuardRefused) if a buyer would still pass
+-- the limit, which this decision never lets happen.
+--
+-- Returns one row per distinct request id: request_id, verdict (C, R, D, S, X or L),
 -- the order's id, sku, user, qty, status and pay_by (C and R), and the stock
 -- after the batch.
 -- p_lifecycle names this version (2) and is not read: the return type grew
@@ -47,6 +58,8 @@ DECLARE
     v_stock bigint;
     v_fence bigint;
     v_window integer;
+    v_group text;
+    v_limit integer;
     v_left bigint;
     v_total bigint := 0;
     rec record;
@@ -63,7 +76,8 @@ DECLARE
     d_statuses text[] := '{}';
     d_pay_bys timestamptz[] := '{}';
 BEGIN
-    SELECT inv.stock, inv.fence, inv.payment_window_s INTO v_stock, v_fence, v_window
+    SELECT inv.stock, inv.fence, inv.payment_window_s, inv.limit_group
+    INTO v_stock, v_fence, v_window, v_group
     FROM inventory inv WHERE inv.sku = p_sku FOR UPDATE;
     IF NOT FOUND THEN
         RETURN QUERY SELECT DISTINCT r, 'S'::text, NULL::text, NULL::text, NULL::text,
@@ -75,6 +89,16 @@ BEGIN
             USING ERRCODE = 'FS001';
     END IF;
     v_left := v_stock;
+    IF v_group IS NOT NULL THEN
+        SELECT lg.per_user_limit INTO v_limit FROM limit_groups lg WHERE lg.limit_group = v_group;
+        INSERT INTO group_holdings AS h (limit_group, user_id, units)
+        SELECT v_group, b.u, 0 FROM (SELECT DISTINCT x.u FROM unnest(p_user_ids) AS x(u)) b
+        ORDER BY b.u
+        ON CONFLICT (limit_group, user_id) DO NOTHING;
+        PERFORM 1 FROM group_holdings h
+        WHERE h.limit_group = v_group AND h.user_id = ANY (p_user_ids)
+        ORDER BY h.user_id FOR UPDATE;
+    END IF;
     -- Every lookup in one statement, in arrival order, the first occurrence of
     -- each request id only: the loop below decides in memory.
     FOR rec IN
@@ -86,7 +110,10 @@ BEGIN
             (o.order_id IS NULL AND EXISTS (
                 SELECT 1 FROM orders b WHERE b.sku = p_sku AND b.user_id = t.u
                 AND b.status IN ('confirmed', 'pending_payment', 'paid'))) AS bought,
-            t.entries_of_user > 1 AS again
+            t.entries_of_user > 1 AS again,
+            CASE WHEN v_group IS NULL THEN 0 ELSE COALESCE((
+                SELECT h.units FROM group_holdings h
+                WHERE h.limit_group = v_group AND h.user_id = t.u), 0) END AS held
         FROM (
             SELECT x.r, x.u, x.q, x.ra, x.i,
                 row_number() OVER (PARTITION BY x.r ORDER BY x.i) AS nth,
@@ -130,6 +157,15 @@ BEGIN
             d_users := d_users || NULL::text;
             d_qtys := d_qtys || NULL::integer;
             d_statuses := d_statuses || NULL::text;
+            d_pay_bys := d_pay_bys || NULL::timestamptz;
+        ELSIF v_limit IS NOT NULL AND rec.held + rec.q > v_limit THEN
+            d_rids := d_rids || rec.r;
+            d_verdicts := d_verdicts || 'L'::text;
+            d_orders := d_orders || NULL::text;
+            d_skus := d_skus || NULL::text;
+            d_users := d_users || NULL::text;
+            d_qtys := d_qtys || NULL::integer;
+            d_statuses := d_statuses || v_group;
             d_pay_bys := d_pay_bys || NULL::timestamptz;
         ELSIF rec.q <= v_left THEN
             v_left := v_left - rec.q;
