@@ -60,6 +60,7 @@ from gateway.domain.errors import GatewayError, Unavailable, UnknownSku
 from gateway.domain.model import Strategy
 from gateway.postgres.database import DB_ERRORS, connect
 from gateway.redis.connections import create_redis, reach
+from gateway.redis.layout import KeyTags
 from gateway.redis.reservations import Reservations
 from gateway.settings import Misconfigured, Settings
 
@@ -86,7 +87,7 @@ WITH movements AS (
         GROUP BY sku, user_id HAVING count(*) > 1
     ) AS repeats GROUP BY sku
 )
-SELECT i.sku, i.stock AS db_stock, i.strategy,
+SELECT i.sku, i.stock AS db_stock, i.strategy, i.limit_group,
     COALESCE(m.provided, 0)::bigint AS provided,
     COALESCE(s.orders, 0)::bigint AS orders,
     COALESCE(s.sold, 0)::bigint AS sold,
@@ -178,7 +179,10 @@ async def audit(settings: Settings, sku: str | None = None) -> list[SkuAudit]:
     if sku is not None and not books:
         raise UnknownSku(f"no sku {sku!r}")
     with_redis = [row["sku"] for row in books if _keeps_redis_state(row, settings)]
-    read = dict(zip(with_redis, await _read_counters(settings, with_redis), strict=True))
+    # A sku in a limit group keeps its Redis state in the group's slot.
+    tags = KeyTags({row["sku"]: row["limit_group"] for row in books if row["limit_group"]})
+    counters_read = await _read_counters(settings, with_redis, tags)
+    read = dict(zip(with_redis, counters_read, strict=True))
     counters = [read.get(row["sku"], (None, 0)) for row in books]
     return [
         SkuAudit(
@@ -214,11 +218,13 @@ async def _read_books(database_url: str, sku: str | None) -> list[asyncpg.Record
         raise Unavailable(_one_line("postgres", exc)) from exc
 
 
-async def _read_counters(settings: Settings, skus: Sequence[str]) -> list[tuple[int | None, int]]:
+async def _read_counters(
+    settings: Settings, skus: Sequence[str], tags: KeyTags
+) -> list[tuple[int | None, int]]:
     """(Redis stock or None, pending units) per sku, each pair read atomically
     (the stock adapter's snapshot script)."""
     redis = create_redis(settings)
-    reservations = Reservations(redis, settings)
+    reservations = Reservations(redis, settings, tags=tags)
     counters = []
     try:
         # Even with no sku to read, a Redis setting that names something else
