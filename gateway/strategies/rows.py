@@ -25,10 +25,19 @@ from gateway.postgres.orders import order_of
 # round trip for one purchase's replay and duplicate checks, inside its
 # transaction (gateway.postgres.orders asks the same of many purchases at once
 # while a sku is rebuilt: ORDERS_BY_REQUESTS_OR_BUYERS).
+# Then, for a sku in a limit group whose buyer already holds too much of it to
+# take $4 more, one row naming the group (request_id NULL): refused early, before
+# the stock is taken (the insert trigger of sql/020_limit_groups.sql is the
+# floor either way).
 ORDERS_BY_REQUEST_OR_BUYER = """
 SELECT order_id::text, request_id, sku, user_id, qty, status, pay_by FROM orders
 WHERE request_id = $1
     OR (sku = $2 AND user_id = $3 AND status IN ('confirmed', 'pending_payment', 'paid'))
+UNION ALL
+SELECT NULL, NULL, g.limit_group, NULL, NULL, NULL, NULL
+FROM inventory i JOIN limit_groups g ON g.limit_group = i.limit_group
+JOIN group_holdings h ON h.limit_group = i.limit_group AND h.user_id = $3
+WHERE i.sku = $2 AND h.units + $4 > g.per_user_limit
 """
 # The order, pending payment until now() + the sku's window when it has one.
 INSERT_ORDER = """
@@ -62,13 +71,19 @@ def _answer(row: asyncpg.Record, purchase: Purchase) -> Result:
 
 
 async def _prior(con: Connection, purchase: Purchase) -> Result | None:
-    """The answer the orders already give (replay, mismatch, duplicate), if any."""
-    rows = await con.fetch(
-        ORDERS_BY_REQUEST_OR_BUYER, purchase.request_id, purchase.sku, purchase.user_id
-    )
-    # The request id's own order decides before the buyer's other order does.
-    rows.sort(key=lambda r: r["request_id"] != purchase.request_id)
-    return _answer(rows[0], purchase) if rows else None
+    """The answer the orders already give (replay, mismatch, duplicate), if any;
+    raises :class:`GroupLimitReached` when none does and the buyer holds their
+    limit group's limit."""
+    p = purchase
+    rows = await con.fetch(ORDERS_BY_REQUEST_OR_BUYER, p.request_id, p.sku, p.user_id, p.qty)
+    # The request id's own order decides before the buyer's other order does,
+    # and either before the limit group.
+    rows.sort(key=lambda r: (r["request_id"] is None, r["request_id"] != p.request_id))
+    if not rows:
+        return None
+    if rows[0]["request_id"] is None:
+        raise GroupLimitReached(rows[0]["sku"])
+    return _answer(rows[0], purchase)
 
 
 class Rows:

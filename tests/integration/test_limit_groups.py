@@ -29,7 +29,7 @@ ACCEPTED = {Strategy.QUEUE: 202}
 # The storm: SIZES skus of UNITS each, BUYERS buyers each buying every size at once.
 SIZES, UNITS, BUYERS = 5, 200, 2000
 # Requests in flight at once (the client's connections).
-IN_FLIGHT = 256
+IN_FLIGHT = 64
 
 LIVE_UNITS_BY_BUYER = """
 SELECT user_id, sum(qty) AS units FROM orders
@@ -89,7 +89,9 @@ async def test_a_bot_buying_every_size_gets_one_pair(
     purchase to every sku at once (10,000 requests): no buyer ends with more
     than one unit across the group, exactly 1,000 units are sold (nothing lost
     to a refusal that should not have been), and the audit is clean."""
-    client = await start_gateway(strategy=strategy.value, batch_max=256)
+    # The optimistic strategy answers 503 after its attempts at a hot row: enough
+    # of them that every buyer is decided (a 503 would be honest, not a loss).
+    client = await start_gateway(strategy=strategy.value, batch_max=256, optimistic_attempts=100)
     group = f"g{uuid.uuid4().hex[:8]}"
     await put_group(client, group, 1)
     skus = [f"{group}-size{n}" for n in range(SIZES)]
