@@ -159,8 +159,7 @@ class Flushing:
     flusher: Flusher
     streams: Streams
     doubt: RedisDoubt
-    # Each grouped sku's limit group, which tags its Redis keys, kept as
-    # PostgreSQL says by group_tags.
+    # Each grouped sku's limit group (its keys' tag), kept by group_tags.
     tags: KeyTags
     group_tags: GroupTags
 

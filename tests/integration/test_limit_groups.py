@@ -171,7 +171,7 @@ async def test_an_expired_order_gives_its_quota_back(
 
     async def expired() -> bool:
         resp = await client.get(f"/v1/orders/{a}.r1", params={"user_id": "u1"})
-        return (await resp.json())["status"] == "expired"
+        return bool((await resp.json())["status"] == "expired")
 
     await wait_for(expired, within=10, what="the order expired")
 

@@ -49,6 +49,7 @@ ARGUMENTS: dict[str, Any] = {
     "starts_at": "2030-01-01T00:00:00Z",
     "ms_to_start": 2500,
     "ms_to_a_token": 1200,
+    "limit_group": "shoes",
 }
 
 # A sku of each worker of two.
