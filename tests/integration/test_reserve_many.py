@@ -83,7 +83,8 @@ class TestReserveMany:
         await script.load(redis)
         sku_keys = SkuKeys.of(key_prefix, sku)
         keys = [*sku_keys.all(), call_key(key_prefix, sku, "c1"), sku_keys.rebuild]
-        head: list[str | int] = [60_000, "", "", 0, 0, 0, 0]
+        # No limit group (0), and so no group keys past the last (index 7).
+        head: list[str | int] = [60_000, "", "", 0, 0, 0, 0, 0, 7]
         entries: list[str | int] = ["r1", "u1", 1, 0, 0, 0, "r2", "u2", 1, 0, 0, 0]
         first = await script(redis, keys, [*head, *entries])
         again = await script(redis, keys, [*head, *entries])
