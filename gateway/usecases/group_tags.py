@@ -50,6 +50,11 @@ class GroupTags:
             if not self._again:
                 return
 
+    async def reloaded(self) -> None:
+        """Wait for the reload under way, if any, to end."""
+        if self._reload is not None:
+            await asyncio.shield(self._reload)
+
     async def close(self) -> None:
         """Stop a reload under way."""
         if self._reload is not None:
