@@ -182,13 +182,16 @@ async def test_an_expired_order_gives_its_quota_back(
     await wait_for(bought_another_size, within=10, what="another size bought")
 
 
+@pytest.mark.parametrize("loss", ["records", "flush"])
 async def test_the_floor_refuses_what_redis_lost(
-    start_gateway: StartGateway, redis: Any, key_prefix: str, database_url: str
+    start_gateway: StartGateway, redis: Any, key_prefix: str, database_url: str, loss: str
 ) -> None:
-    """Redis lost the group's records of a buyer's order (its buyers and done
-    hashes gone, the counters kept, so nothing is rebuilt): Redis lets the
-    buyer reserve another size, and PostgreSQL's floor refuses it, answered
-    409 group_limit_reached, never 201; the unit goes back on sale."""
+    """Redis lost the group's records of a buyer's order: its buyers and done
+    hashes alone (the counters kept, so nothing is rebuilt), or every key of
+    the sale (flushed mid-sale: the other size's counter is reloaded from
+    PostgreSQL, and the first size's hashes are not rebuilt, nobody buys it).
+    Redis lets the buyer reserve another size; PostgreSQL's floor refuses it,
+    answered 409 group_limit_reached, never 201; the unit goes back on sale."""
     client = await start_gateway(strategy=Strategy.RESERVE_BATCH.value)
     group = f"g{uuid.uuid4().hex[:8]}"
     await put_group(client, group, 1)
@@ -197,7 +200,11 @@ async def test_the_floor_refuses_what_redis_lost(
     await put_grouped(client, b, group, Strategy.RESERVE_BATCH, 5)
     assert (await buy(client, a, "u1", "r1"))[0] == 201
     lost = SkuKeys.of(key_prefix, a, group)
-    await redis.delete(lost.buyers, lost.done)
+    if loss == "records":
+        await redis.delete(lost.buyers, lost.done)
+    else:
+        async for key in redis.scan_iter(match=f"{key_prefix}*", count=1000):
+            await redis.delete(key)
     assert await buy(client, b, "u1", "r2") == (
         409,
         {"status": "group_limit_reached", "limit_group": group},
