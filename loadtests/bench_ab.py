@@ -22,7 +22,10 @@ its own checkout, so a base with another schema compares too.
 ``--head-sku-field`` and ``--base-sku-field`` add fields to one gateway's
 ``PUT /admin/skus`` of the in-stock sku: a sku setting such as a payment window
 (``payment_window_s=3600``, with ``--head-setting GATEWAY_PAYMENT_TOKEN=...``)
-is then measured against a base without it.
+is then measured against a base without it. ``--head-limit-group N`` (and
+``--base-limit-group N``) puts that gateway's two skus, sold-out and in-stock,
+in a limit group of N skus (limit 1; the other N-2 have stock), so a grouped
+sku's answers are measured against an ungrouped one's (``--base HEAD``).
 """
 
 from __future__ import annotations
@@ -97,6 +100,31 @@ def put_in_stock(target: Target, fields: Mapping[str, object]) -> None:
         raise RuntimeError(f"{target.name}: PUT {IN_STOCK_SKU} answered {status}: {answer}")
 
 
+# The limit group of ``--head-limit-group``, and its other skus' stock.
+GROUP, SIBLING_UNITS = "bench-drop", 1000
+
+
+def put_group(target: Target, sizes: int) -> None:
+    """Put both bench skus of ``target`` in a limit group of ``sizes`` skus (limit
+    1): the group, ``sizes - 2`` siblings, and each bench sku's ``limit_group``."""
+    token = target.admin_token
+    status, answer = http(
+        "PUT", f"{target.url}/admin/limit-groups/{GROUP}", {"per_user_limit": 1}, token=token
+    )
+    if status != 200:
+        raise RuntimeError(f"{target.name}: PUT /admin/limit-groups answered {status}: {answer}")
+    for n in range(sizes - 2):
+        body = {"stock": SIBLING_UNITS, "limit_group": GROUP}
+        status, answer = http("PUT", f"{target.url}/admin/skus/{GROUP}-{n}", body, token=token)
+        if status != 200:
+            raise RuntimeError(f"{target.name}: a sibling sku answered {status}: {answer}")
+    for sku in (SOLD_OUT_SKU, IN_STOCK_SKU):
+        body = {"limit_group": GROUP}
+        status, answer = http("PATCH", f"{target.url}/admin/skus/{sku}", body, token=token)
+        if status != 200:
+            raise RuntimeError(f"{target.name}: PATCH {sku} answered {status}: {answer}")
+
+
 def _summary(values: Sequence[float], digits: int = 1) -> str:
     def f(value: float) -> str:
         return f"{value:,.{digits}f}"
@@ -112,11 +140,13 @@ def run(
     settings: Mapping[str, Mapping[str, str]],
     open_rates: Sequence[int] = (),
     sku_fields: Mapping[str, Mapping[str, object]] | None = None,
+    group_sizes: Mapping[str, int] | None = None,
 ) -> None:
     """Start the three targets, alternate the rounds, print the report.
 
     ``settings`` holds extra ``GATEWAY_*`` variables per gateway (``base``, ``head``),
-    ``sku_fields`` extra fields of its in-stock sku.
+    ``sku_fields`` extra fields of its in-stock sku, ``group_sizes`` the size of
+    the limit group its bench skus are put in (none when absent or 0).
     Each of ``open_rates`` then drives both gateways open-loop (loadtests.lib.openloop)
     on every path, for ``seconds`` each, base and head in turn.
     """
@@ -131,6 +161,8 @@ def run(
         for name in (BASE, HEAD):
             targets[name].put_sku(SOLD_OUT_SKU, SMALL_SALE)
             put_in_stock(targets[name], (sku_fields or {}).get(name, {}))
+            if (group_sizes or {}).get(name):
+                put_group(targets[name], (group_sizes or {})[name])
             sell_out(
                 targets[name],
                 SOLD_OUT_SKU,
@@ -146,6 +178,8 @@ def run(
                 print(f"{name} settings: {dict(settings[name])}")
             if (sku_fields or {}).get(name):
                 print(f"{name} in-stock sku: {dict((sku_fields or {})[name])}")
+            if (group_sizes or {}).get(name):
+                print(f"{name} skus: in a limit group of {(group_sizes or {})[name]} skus, limit 1")
         print(
             "| path | target | req/s median (min-max) | CPU µs/request median (min-max)"
             " | p99 ms median (min-max) |"
@@ -232,6 +266,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             metavar="NAME=JSON",
             help=f"a field of the {name} gateway's in-stock sku (repeatable)",
         )
+        parser.add_argument(
+            f"--{name}-limit-group",
+            type=int,
+            default=0,
+            metavar="N",
+            help=f"put the {name} gateway's bench skus in a limit group of N skus (limit 1)",
+        )
     parser.add_argument(
         "--open-rates",
         default="",
@@ -261,7 +302,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             sku_fields.setdefault(name, {})[key] = parsed
     with signals_interrupt():
         rates = [int(r) for r in args.open_rates.split(",") if r]
-        run(args.base, paths, args.rounds, args.seconds, settings, rates, sku_fields)
+        sizes = {BASE: args.base_limit_group, HEAD: args.head_limit_group}
+        run(args.base, paths, args.rounds, args.seconds, settings, rates, sku_fields, sizes)
     return 0
 
 
