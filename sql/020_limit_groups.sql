@@ -19,7 +19,7 @@ CREATE INDEX IF NOT EXISTS inventory_limit_group ON inventory (limit_group)
 -- A buyer's holding in a group: the units of their live orders (confirmed,
 -- pending_payment, paid) of the group's skus. Written only by the triggers
 -- below, in the statement that inserts or closes the order, so it is exactly
--- the sum of those orders; flush_batch() and the synchronous strategies lock
+-- the sum of those orders; flush_batch() and the synchronous strategies read
 -- a buyer's row to decide (gateway.strategies.rows), and the insert trigger
 -- refuses an order that takes a buyer past the group's limit (FS003), whatever
 -- Redis said. A sku joins or leaves a group only while it has no live order

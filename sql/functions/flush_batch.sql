@@ -32,12 +32,15 @@
 -- pay_by (now() + the window); a buyer's order counts as "bought" only while it
 -- is live (confirmed, pending_payment, paid).
 --
--- A sku in a limit group locks its buyers' group_holdings rows (made first
--- when missing, at 0 units) in buyer order before deciding, so flushes of the
--- group's skus decide a buyer one after the other; the insert trigger
--- (orders_group_held) adds the granted units and refuses the statement
--- (FS003, gateway.domain.errors.GroupGuardRefused) if a buyer would still pass
--- the limit, which this decision never lets happen.
+-- A sku in a limit group reads its buyers' holdings (group_holdings) as
+-- committed, without locking them: Redis's reservation already decided each
+-- buyer across the group's skus, so two flushes of one group hold the same
+-- buyer only when Redis was wrong. The insert trigger (orders_group_held)
+-- adds the granted units under the rows' locks and refuses the statement
+-- (FS003, gateway.domain.errors.GroupGuardRefused: 503, the batch given back)
+-- if a buyer would pass the limit; the purchases sent again are then decided
+-- here, L. Locking the rows first (made when missing) halved a grouped sku's
+-- in-stock throughput (docs/performance.md).
 --
 -- Returns one row per distinct request id: request_id, verdict (C, R, D, S, X or L),
 -- the order's id, sku, user, qty, status and pay_by (C and R), and the stock
@@ -91,13 +94,6 @@ BEGIN
     v_left := v_stock;
     IF v_group IS NOT NULL THEN
         SELECT lg.per_user_limit INTO v_limit FROM limit_groups lg WHERE lg.limit_group = v_group;
-        INSERT INTO group_holdings AS h (limit_group, user_id, units)
-        SELECT v_group, b.u, 0 FROM (SELECT DISTINCT x.u FROM unnest(p_user_ids) AS x(u)) b
-        ORDER BY b.u
-        ON CONFLICT (limit_group, user_id) DO NOTHING;
-        PERFORM 1 FROM group_holdings h
-        WHERE h.limit_group = v_group AND h.user_id = ANY (p_user_ids)
-        ORDER BY h.user_id FOR UPDATE;
     END IF;
     -- Every lookup in one statement, in arrival order, the first occurrence of
     -- each request id only: the loop below decides in memory.
