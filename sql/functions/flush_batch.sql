@@ -40,7 +40,7 @@
 -- (FS003, gateway.domain.errors.GroupGuardRefused: 503, the batch given back)
 -- if a buyer would pass the limit; the purchases sent again are then decided
 -- here, L. Locking the rows first (made when missing) halved a grouped sku's
--- in-stock throughput (docs/performance.md).
+-- in-stock throughput (make ab BASE=HEAD AB_ARGS=--head-limit-group=10).
 --
 -- Returns one row per distinct request id: request_id, verdict (C, R, D, S, X or L),
 -- the order's id, sku, user, qty, status and pay_by (C and R), and the stock
