@@ -7,8 +7,6 @@ are read from PostgreSQL, which is the floor.
 
 from __future__ import annotations
 
-import asyncio
-import collections
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -18,106 +16,23 @@ import pytest
 
 from gateway.domain.model import Strategy
 from gateway.redis.layout import SkuKeys
-from testkit.commands import run_audit
+from testkit.limit_groups import bot_storm, live_units, put_group, put_grouped
 from testkit.polling import wait_for
-from testkit.purchases import ADMIN_HEADERS, Client, admin, buy
+from testkit.purchases import Client, admin, buy
 
 StartGateway = Callable[..., Awaitable[Client]]
 
-# What a purchase that got through answers: 201, or 202 for the queue strategy.
-ACCEPTED = {Strategy.QUEUE: 202}
-# The storm: SIZES skus of UNITS each, BUYERS buyers each buying every size at once.
-SIZES, UNITS, BUYERS = 5, 200, 2000
-# Requests in flight at once (the client's connections).
-IN_FLIGHT = 64
 
-LIVE_UNITS_BY_BUYER = """
-SELECT user_id, sum(qty) AS units FROM orders
-WHERE sku = ANY ($1::text[]) AND status IN ('confirmed', 'pending_payment', 'paid')
-GROUP BY user_id
-"""
-
-
-async def put_group(client: Client, group: str, limit: int) -> dict[str, Any]:
-    """PUT the limit group (asserts a 200)."""
-    status, body = await admin(
-        client, "PUT", f"/admin/limit-groups/{group}", {"per_user_limit": limit}
-    )
-    assert status == 200, body
-    return dict(body)
-
-
-async def put_grouped(
-    client: Client, sku: str, group: str, strategy: Strategy, stock: int, **fields: Any
-) -> None:
-    """PUT ``sku`` in ``group`` on ``strategy`` (asserts a 200)."""
-    body = {"stock": stock, "strategy": strategy.value, "limit_group": group, **fields}
-    resp = await client.put(f"/admin/skus/{sku}", json=body, headers=ADMIN_HEADERS)
-    assert resp.status == 200, await resp.text()
-
-
-async def live_units(database_url: str, skus: list[str]) -> dict[str, int]:
-    """Each buyer's units in live orders across ``skus``."""
-    con = await asyncpg.connect(database_url)
-    try:
-        rows = await con.fetch(LIVE_UNITS_BY_BUYER, skus)
-    finally:
-        await con.close()
-    return {r["user_id"]: r["units"] for r in rows}
-
-
-async def drive(client: Client, bodies: list[dict[str, Any]]) -> collections.Counter[str]:
-    """POST every purchase, IN_FLIGHT at a time; the count of answers by status."""
-    answers: collections.Counter[str] = collections.Counter()
-    work = iter(bodies)
-
-    async def worker() -> None:
-        for body in work:
-            resp = await client.post("/v1/purchase", json=body)
-            data = await resp.json()
-            answers[f"{resp.status} {data.get('status', data.get('error'))}"] += 1
-
-    await asyncio.gather(*(worker() for _ in range(IN_FLIGHT)))
-    return answers
-
-
-@pytest.mark.parametrize("strategy", list(Strategy))
+@pytest.mark.parametrize("strategy", [s for s in Strategy if s.reserves])
 async def test_a_bot_buying_every_size_gets_one_pair(
     start_gateway: StartGateway, database_url: str, make_settings: Any, strategy: Strategy
 ) -> None:
-    """A group of 5 skus of 200 units, limit 1; 2,000 buyers each send one
-    purchase to every sku at once (10,000 requests): no buyer ends with more
-    than one unit across the group, exactly 1,000 units are sold (nothing lost
-    to a refusal that should not have been), and the audit is clean."""
-    # The optimistic strategy answers 503 after its attempts at a hot row: enough
-    # of them that every buyer is decided (a 503 would be honest, not a loss).
-    client = await start_gateway(strategy=strategy.value, batch_max=256, optimistic_attempts=100)
-    group = f"g{uuid.uuid4().hex[:8]}"
-    await put_group(client, group, 1)
-    skus = [f"{group}-size{n}" for n in range(SIZES)]
-    for sku in skus:
-        await put_grouped(client, sku, group, strategy, UNITS)
-    bodies = [
-        {"sku": sku, "user_id": f"{group}u{b}", "qty": 1, "request_id": f"{sku}.b{b}"}
-        for b in range(BUYERS)
-        for sku in skus
-    ]
-    answers = await drive(client, bodies)
-    accepted = f"{ACCEPTED.get(strategy, 201)} " + (
-        "accepted" if strategy is Strategy.QUEUE else "confirmed"
-    )
-    assert answers[accepted] == SIZES * UNITS, answers
-    assert set(answers) <= {accepted, "409 group_limit_reached", "409 sold_out"}, answers
-
-    async def all_written() -> bool:
-        return sum((await live_units(database_url, skus)).values()) == SIZES * UNITS
-
-    await wait_for(all_written, within=30, what="every accepted purchase written")
-    held = await live_units(database_url, skus)
-    assert max(held.values()) == 1
-    assert len(held) == SIZES * UNITS
-    code, out, err = await run_audit(make_settings())
-    assert code == 0, out + err
+    """On the strategies that reserve in Redis: a group of 5 skus of 200 units,
+    limit 1; 2,000 buyers each send one purchase to every sku at once (10,000
+    requests): no buyer ends with more than one unit across the group, exactly
+    1,000 units are sold, and the audit is clean (the strategies deciding in
+    PostgreSQL alone: test_limit_groups_sql.py, so that two workers share them)."""
+    await bot_storm(start_gateway, database_url, make_settings(), strategy)
 
 
 @pytest.mark.parametrize("strategy", [Strategy.RESERVE_BATCH, Strategy.SQL_DIRECT])
