@@ -220,3 +220,27 @@ async def test_groups_through_the_admin_api(start_gateway: StartGateway) -> None
     status, body = await admin(client, "PATCH", f"/admin/skus/{sku}", {"limit_group": ""})
     assert status == 200 and "limit_group" not in body, body
     assert await admin(client, "DELETE", path, None) == (200, {"group": group, "deleted": True})
+
+
+async def test_a_sku_changes_group_only_while_nothing_is_held(start_gateway: StartGateway) -> None:
+    """A sku with no order moves to another group (its Redis state starts again
+    in the new group's slot, and it sells there); once it has a live order its
+    group is 409 limit_group_locked, nothing changed; a sku of each group then
+    counts for its own group alone."""
+    client = await start_gateway()
+    first, second = (f"g{uuid.uuid4().hex[:8]}" for _ in range(2))
+    await put_group(client, first, 1)
+    await put_group(client, second, 1)
+    a, b = f"{first}-a", f"{first}-b"
+    await put_grouped(client, a, first, Strategy.RESERVE_BATCH, 5)
+    await put_grouped(client, b, first, Strategy.RESERVE_BATCH, 5)
+    status, body = await admin(client, "PATCH", f"/admin/skus/{b}", {"limit_group": second})
+    assert (status, body["limit_group"], body["redis_stock"]) == (200, second, 5), body
+    assert (await buy(client, a, "u1", "r1"))[0] == 201
+    assert (await buy(client, b, "u1", "r2"))[0] == 201
+    status, body = await admin(client, "PATCH", f"/admin/skus/{b}", {"limit_group": first})
+    assert (status, body["error"]) == (409, "limit_group_locked"), body
+    assert await admin(client, "GET", f"/admin/limit-groups/{second}", None) == (
+        200,
+        {"group": second, "per_user_limit": 1, "skus": [b]},
+    )
