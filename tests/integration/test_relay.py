@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import uuid
 from collections import defaultdict
 from collections.abc import AsyncIterator, Callable, Sequence
 from datetime import UTC, datetime, timedelta
@@ -199,7 +200,8 @@ class TestDeadLetters:
     ) -> None:
         """Owed past the sink's max age, an event is dead-lettered by the upkeep
         and no longer tried; ``events`` lists it and exits 1; ``--replay`` makes
-        it due again, and once the sink takes it ``events`` lists nothing, exit 0."""
+        it due again, and once the sink takes it ``events`` lists nothing, exit 0;
+        an event id the outbox does not hold is exit 1."""
         sink = Recorder(name="webhook", max_age_s=0.2)
         sink.refuse = lambda e, attempt: True
         r = relay(pool, sink)
@@ -215,13 +217,14 @@ class TestDeadLetters:
         assert code == 1 and f"webhook\tdead\t{event_id}" in out, out
         assert "sink webhook: 0 owed, 1 dead" in out
         code, out, _ = await run_events(settings, "--replay", event_id)
-        assert code == 0 and "replayed 1" in out, out
+        assert code == 0 and "redelivered 1" in out, out
         sink.refuse = lambda e, attempt: False
         await drain(r, sink)
         assert [e.event_id for e in sink.taken] == [event_id]
         code, out, _ = await run_events(settings)
         assert code == 0 and event_id not in out, out
-        code, _, err = await run_events(settings, "--replay", event_id)
+        # An event the outbox does not hold (never written, or pruned): nothing to redeliver.
+        code, _, err = await run_events(settings, "--replay", str(uuid.uuid4()))
         assert code == 1
         code, _, err = await run_events(settings, "--replay-since", "yesterday")
         assert code == 2 and "events" in err
