@@ -11,7 +11,10 @@ events says so once."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
+import sys
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
@@ -29,7 +32,8 @@ from gateway.postgres.outbox import Outbox
 from gateway.redis.event_stream import EventStream
 from gateway.settings import Settings, load
 from gateway.usecases.relay import Relay
-from testkit.commands import run_events
+from testkit.commands import REPO, run_events
+from testkit.gateways import gateway_env
 from testkit.order_events import check_arrivals
 from testkit.webhook_receivers import Receiver, receiving
 from tests.integration.test_relay import WRITE_EVENTS, Observed
@@ -232,3 +236,31 @@ class TestDroppedSink:
         assert not [e for e in logs if e["event"] == "events_owed_to_unconfigured_sink"]
         code, out, _ = await run_events(settings, "--drop-sink", "webhook")
         assert code == 1 and "no sink 'webhook'" in out, out
+
+
+class TestListingPiped:
+    """``flashsale-gateway events | head``."""
+
+    async def test_a_reader_gone_ends_the_listing_without_a_traceback(
+        self, events_db: str, make_settings: Callable[..., Settings]
+    ) -> None:
+        """Its stdout a pipe whose reader closed before anything was written (as
+        ``head`` does once it has its lines): exit 0, nothing on stderr."""
+        settings = make_settings(database_url=events_db)
+        read_end, write_end = os.pipe()
+        os.close(read_end)
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                "gateway",
+                "events",
+                env=gateway_env({"database_url": settings.database_url}),
+                cwd=REPO,
+                stdout=write_end,
+                stderr=asyncio.subprocess.PIPE,
+            )
+        finally:
+            os.close(write_end)
+        _, err = await asyncio.wait_for(proc.communicate(), timeout=60)
+        assert proc.returncode == 0 and not err, err.decode()
