@@ -137,7 +137,7 @@ def test_the_statuses_and_codes_of_each_route_agree() -> None:
     """Each status a row names is one the schema answers for its route, and
     each code a row gives an error status is one the schema names for it."""
     ops = operations()
-    differ = []
+    differ: list[tuple[list[tuple[str, str]], int, object]] = []
     for routes, answers in rows():
         statuses, codes = named(answers)
         responses = {int(s): r for route in routes for s, r in ops[route]["responses"].items()}
@@ -215,27 +215,35 @@ def test_every_body_shape_in_the_table_fits_the_schema() -> None:
     assert refused == []
 
 
+KINDS = {
+    "string": lambda v: isinstance(v, str),
+    "integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
+    "number": lambda v: isinstance(v, int | float) and not isinstance(v, bool),
+    "boolean": lambda v: isinstance(v, bool),
+    "object": lambda v: isinstance(v, dict),
+    "array": lambda v: isinstance(v, list),
+    "null": lambda v: v is None,
+}
+
+
 def valid(value: Any, node: dict[str, Any]) -> list[str]:
     """What of ``value`` the JSON Schema ``node`` refuses, for the keywords the
     published schema uses on request bodies (no jsonschema in the lock file)."""
     node = resolve(node)
-    if "oneOf" in node or "anyOf" in node:
-        options = node.get("oneOf", node.get("anyOf"))
+    options = node.get("oneOf", node.get("anyOf"))
+    if options is not None:
         return [] if any(not valid(value, o) for o in options) else [f"{value!r}: no branch"]
-    kinds = node.get("type")
-    if kinds is not None:
-        kinds = kinds if isinstance(kinds, list) else [kinds]
-        checks = {
-            "string": lambda v: isinstance(v, str),
-            "integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
-            "number": lambda v: isinstance(v, int | float) and not isinstance(v, bool),
-            "boolean": lambda v: isinstance(v, bool),
-            "object": lambda v: isinstance(v, dict),
-            "array": lambda v: isinstance(v, list),
-            "null": lambda v: v is None,
-        }
-        if not any(checks[k](value) for k in kinds):
-            return [f"{value!r} is not {kinds}"]
+    kinds = node.get("type", list(KINDS))
+    kinds = kinds if isinstance(kinds, list) else [kinds]
+    if not any(KINDS[k](value) for k in kinds):
+        return [f"{value!r} is not {kinds}"]
+    if isinstance(value, dict):
+        return _object_problems(value, node)
+    return _value_problems(value, node)
+
+
+def _value_problems(value: Any, node: dict[str, Any]) -> list[str]:
+    """A scalar's enum, const, pattern and bounds."""
     problems = []
     if "enum" in node and value not in node["enum"]:
         problems.append(f"{value!r} not in {node['enum']}")
@@ -243,17 +251,21 @@ def valid(value: Any, node: dict[str, Any]) -> list[str]:
         problems.append(f"{value!r} is not {node['const']!r}")
     if isinstance(value, str) and "pattern" in node and not re.search(node["pattern"], value):
         problems.append(f"{value!r} does not match {node['pattern']}")
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        if value < node.get("minimum", value) or value > node.get("maximum", value):
-            problems.append(f"{value!r} out of bounds")
-    if isinstance(value, dict):
-        properties = node.get("properties", {})
-        problems += [f"{name} missing" for name in node.get("required", []) if name not in value]
-        for name, item in value.items():
-            if name in properties:
-                problems += valid(item, properties[name])
-            elif node.get("additionalProperties") is False:
-                problems.append(f"field {name} not in the schema")
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    if number and not node.get("minimum", value) <= value <= node.get("maximum", value):
+        problems.append(f"{value!r} out of bounds")
+    return problems
+
+
+def _object_problems(value: dict[str, Any], node: dict[str, Any]) -> list[str]:
+    """An object's required fields, its fields' values, and fields it may not have."""
+    properties = node.get("properties", {})
+    problems = [f"{name} missing" for name in node.get("required", []) if name not in value]
+    for name, item in value.items():
+        if name in properties:
+            problems += valid(item, properties[name])
+        elif node.get("additionalProperties") is False:
+            problems.append(f"field {name} not in the schema")
     return problems
 
 
