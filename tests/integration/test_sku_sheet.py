@@ -10,10 +10,13 @@ import re
 from typing import Any
 
 import asyncpg
+from structlog.contextvars import merge_contextvars
+from structlog.testing import capture_logs
 
 from gateway.http.payloads import SKU_FIELDS
+from testkit.polling import wait_for
 from testkit.purchases import ADMIN_HEADERS, Client, buy
-from tests.integration.test_order_lifecycle import pay, start
+from tests.integration.test_order_lifecycle import pay, start, status_of
 
 # Every field a PUT takes, none at its default.
 EVERY_SETTING: dict[str, Any] = {
@@ -145,3 +148,37 @@ class TestArchived:
         )
         listed = [s for s in (await resp.json())["skus"] if s["sku"] == sku]
         assert listed and listed[0]["archived_at"] == archived["archived_at"], listed
+
+
+class TestArchivedPendingOrders:
+    """Orders pending payment when their sku is archived (docs/api.md says what
+    becomes of them)."""
+
+    async def test_they_may_still_be_paid_and_expire_without_a_room_warning(
+        self, start_gateway: Any, sku: str
+    ) -> None:
+        """Archived with two orders pending: one is paid as before; the other
+        expires at its deadline, its unit back in the sku's stock, and the
+        expiry logs no ``room_turns_kept`` (the sku has no room, and an archived
+        one's line is closed anyway)."""
+        client = await start(start_gateway)
+        await admin(client, "PUT", sku, {"stock": 2, "payment_window_s": 2})
+        assert (await buy(client, sku, "u0", "r0"))[0] == 201
+        assert (await buy(client, sku, "u1", "r1"))[0] == 201
+        with capture_logs(processors=[merge_contextvars]) as logs:
+            await admin(client, "DELETE", sku)
+            assert (await pay(client, sku, "r0", f"{sku}-pay-0"))[0] == 200
+
+            async def expired() -> bool:
+                return await status_of(client, sku, "r1", "u1") == "expired"
+
+            await wait_for(expired, within=30, what="the unpaid order expired")
+
+            async def returned() -> dict[str, Any] | None:
+                got = await sheet(client, sku)
+                return got if got["held"] == 0 and got["db_stock"] == 1 else None
+
+            got = await wait_for(returned, within=30, what="its unit back in stock")
+        assert (got["status"], got["paid"], got["sold"]) == ("archived", 1, 1)
+        kept = [e for e in logs if e["event"] == "room_turns_kept"]
+        assert kept == []
