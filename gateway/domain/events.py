@@ -17,13 +17,17 @@ import orjson
 
 from gateway.domain.rules import rfc3339
 
-# The type is "order." and the status the order changed to.
+# An order's change of status is "order." and the status it changed to; a late
+# payment recorded for it, or refunded, is "payment.late" / "payment.refunded".
 EVENT_TYPES = (
     "order.confirmed",
     "order.pending_payment",
     "order.paid",
     "order.cancelled",
     "order.expired",
+    "order.refunded",
+    "payment.late",
+    "payment.refunded",
 )
 
 

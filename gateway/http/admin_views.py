@@ -116,20 +116,11 @@ async def restock(request: web.Request, admin: StockAdmin) -> tuple[Any, dict[st
 
 
 async def sku_report(request: web.Request) -> web.Response:
-    """GET /admin/skus/{sku}: database and Redis stock, pending and sold units,
-    and the display fields."""
+    """GET /admin/skus/{sku}: every setting a PUT takes, the sku's status, and
+    its counts (stock in both stores, pending, sold and its split)."""
     admin, _ = _admin(request)
     sku = payloads.identifier(request.match_info["sku"], "sku")
-    report = await admin.report(sku)
-    return json_response(
-        {
-            "db_stock": report.db_stock,
-            "redis_stock": report.redis_stock,
-            "pending": report.pending,
-            "sold": report.sold,
-            **(await admin.display(sku)).as_json(),
-        }
-    )
+    return json_response(await admin.sheet(sku))
 
 
 @admin_change

@@ -77,6 +77,20 @@ UNARCHIVE = """
 UPDATE inventory SET archived_at = NULL, updated_at = now()
 WHERE sku = $1 AND archived_at IS NOT NULL RETURNING sku
 """
+# A sku's every setting, its status and its orders' units by status, archived
+# or not (GET /admin/skus/{sku}).
+SKU_SHEET = f"""
+SELECT stock, per_user_limit, room_admit_per_s, room_token_ttl_s, room_shuffle_at_start,
+       starts_at, ends_at, user_rate, client_rate, strategy, payment_window_s,
+       title, image_url, price_text, archived_at, {ACTIVE} AS active, u.*
+FROM inventory LEFT JOIN sku_display USING (sku)
+CROSS JOIN LATERAL (
+    SELECT COALESCE(SUM(qty) FILTER (WHERE status = 'confirmed'), 0) AS confirmed,
+           COALESCE(SUM(qty) FILTER (WHERE status = 'paid'), 0) AS paid,
+           COALESCE(SUM(qty) FILTER (WHERE status = 'pending_payment'), 0) AS held
+    FROM orders AS o WHERE o.sku = inventory.sku) u
+WHERE sku = $1
+"""
 # Keyset pagination on the sku: every page costs one index range, however deep.
 LIST_SKUS = f"""
 SELECT sku, stock, archived_at, {ACTIVE} AS active FROM inventory
@@ -148,6 +162,17 @@ class SkuListing(NamedTuple):
         if self.archived_at is not None:
             return "archived"
         return "active" if self.active else "idle"
+
+
+class SkuSheet(NamedTuple):
+    """A sku as ``GET /admin/skus/{sku}`` shows it: its settings, its status,
+    and the units of its live orders by status."""
+
+    settings: SkuSettings
+    listing: SkuListing
+    confirmed: int  # units of orders final at their 201 (no payment window)
+    paid: int
+    held: int  # units of orders pending payment
 
 
 class SkuChange(NamedTuple):
@@ -238,6 +263,16 @@ class Inventory:
             row = await self._pool.fetchrow(DISPLAY, sku)
         return NO_DISPLAY if row is None else Display(*row)
 
+    async def sheet(self, sku: str) -> SkuSheet | None:
+        """Every setting of ``sku``, its status and its orders' units by status,
+        archived or not; None when no such sku exists."""
+        with as_unavailable:
+            row = await self._pool.fetchrow(SKU_SHEET, sku)
+        if row is None:
+            return None
+        listing = SkuListing(sku, row["stock"], row["archived_at"], row["active"])
+        return SkuSheet(_settings_of(row), listing, row["confirmed"], row["paid"], row["held"])
+
     async def states(self, *, every: bool = False) -> list[SkuState]:
         """The active skus (``ACTIVE``), by name; ``every`` sku of the inventory,
         archived ones included, when asked."""
@@ -305,6 +340,10 @@ class Inventory:
                 after = replace(before, **fields)
                 if after.starts_at and after.ends_at and after.ends_at <= after.starts_at:
                     raise InvalidRequest("ends_at must be after starts_at")
+                if after == before and not (created or listed):
+                    # Settings put back as they were (a GET's, say): no write, so
+                    # no stock movement and no updated_at that would wake an idle sku.
+                    return SkuChange(before, after)
                 await _write_settings(con, sku, after)
                 if after.display != before.display:
                     await _write_display(con, sku, after.display)

@@ -311,7 +311,10 @@ class OrderLifecycle:
             try:
                 if (await self._catalog.get(sku)).waiting_room is not None:
                     await self._rooms.end_turns(sku, spent)
-            except (Unavailable, UnknownSku) as exc:
+            except UnknownSku:
+                # Archived: its line is closed to everyone, so no turn is left to end.
+                continue
+            except Unavailable as exc:
                 log.warning("room_turns_kept", sku=sku, count=len(spent), error=str(exc))
 
     def _observe(self, order: Order) -> None:

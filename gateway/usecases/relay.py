@@ -90,9 +90,23 @@ class Relay:
         self._backoff = backoff
 
     async def register(self) -> None:
-        """Owe every sink of this relay the events written from now on."""
+        """Owe every sink of this relay the events written from now on; one
+        warning per registered sink this relay does not serve that is still
+        owed events (``events_owed_to_unconfigured_sink``, with the count)."""
         for sink in self._sinks:
             await self._outbox.register(sink.name)
+        # A sink left out of the configuration stays registered and keeps being
+        # owed every event: its backlog grows unseen unless someone says so.
+        served = {sink.name for sink in self._sinks}
+        for stats in await self._outbox.stats():
+            owed = stats.depth + stats.dead
+            if stats.sink not in served and owed:
+                log.warning(
+                    "events_owed_to_unconfigured_sink",
+                    sink=stats.sink,
+                    owed=owed,
+                    hint=f"flashsale-gateway events --drop-sink {stats.sink} forgets them",
+                )
 
     async def run(self) -> None:
         """Relay to every sink and keep up the outbox until cancelled."""
