@@ -203,6 +203,7 @@ def build_gateway(opened: Opened) -> Gateway:
     flushing = build_flushing(opened)
     reservations, locks = flushing.reservations, flushing.locks
     inventory = Inventory(opened.pool)
+    lifecycle = Lifecycle(opened.pool, settings.strategy)
     catalog, soldout = Catalog(inventory, settings.strategy), SoldOut()
     batcher = _batcher(settings, flushing)
     lanes = _lanes(settings, metrics, batcher)
@@ -211,7 +212,9 @@ def build_gateway(opened: Opened) -> Gateway:
     scan = ConfirmedScan(opened.redis, settings.key_prefix)
     marking = SoldOutMarking(soldout, lease, scan, metrics.purchases)
     batching: Batching = batcher if lanes is None else lanes
-    purchases = _purchases(opened, flushing, catalog, soldout, marking, rebuilds, batching)
+    purchases = _purchases(
+        opened, flushing, catalog, soldout, marking, rebuilds, batching, HeldUnits(lifecycle)
+    )
     rooms = Rooms(opened.redis, settings, on_noscript=metrics.scripts.reloaded)
     servability = Servability(settings, inventory)
     reconciler = _reconciler(opened, flushing, inventory, catalog, rebuilds)
@@ -240,12 +243,14 @@ def build_gateway(opened: Opened) -> Gateway:
         reconciler=reconciler,
         tracker=OrderTracker(orders=orders, streams=flushing.streams),
         lifecycle=OrderLifecycle(
-            lifecycle=Lifecycle(opened.pool, settings.strategy),
-            reservations=reservations,
-            metrics=metrics.lifecycle,
-            sweep_s=settings.expiry_sweep_s,
+            transitions=lifecycle,
+            sweeps=lifecycle,
+            listings=lifecycle,
+            returns=reservations,
             rooms=rooms,
             catalog=catalog,
+            metrics=metrics.lifecycle,
+            sweep_s=settings.expiry_sweep_s,
         ),
         feed=feed,
         lag=LoopLag(metrics.loop.lagged, stall_report_s=settings.loop_stall_report_s),
@@ -289,6 +294,7 @@ def _purchases(
     marking: Marking,
     rebuilds: Rebuilds,
     batching: Batching,
+    holds: HeldUnits,
 ) -> Purchases:
     """The purchase use case, with its look-ups and the strategies without Redis state."""
     settings, metrics, orders = opened.settings, opened.metrics, opened.orders
@@ -314,7 +320,7 @@ def _purchases(
         deductions=deductions,
         doubt=flushing.doubt,
         observer=metrics.purchases,
-        holds=HeldUnits(Lifecycle(opened.pool, settings.strategy)),
+        holds=holds,
     )
 
 

@@ -86,6 +86,17 @@ class OrderEvent:
         return orjson.dumps(self.fields())
 
 
+@dataclass(frozen=True, slots=True)
+class SinkStats:
+    """One sink's backlog: events owed and not dead, dead letters, and the age
+    of the oldest owed one (0 when none is)."""
+
+    sink: str
+    depth: int
+    dead: int
+    oldest_s: float
+
+
 class EventSink(Protocol):
     """Where the relay delivers events: the Redis stream, a webhook, RabbitMQ.
 

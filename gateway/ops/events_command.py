@@ -27,8 +27,9 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from gateway.domain.errors import GatewayError
+from gateway.domain.events import SinkStats
 from gateway.postgres.database import create_pool
-from gateway.postgres.outbox import Outbox, Owed, SinkStats
+from gateway.postgres.outbox import Outbox, Owed
 from gateway.settings import Misconfigured, Settings
 
 # Lines listed at most; the backlog's counts above them are exact.

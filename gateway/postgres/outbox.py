@@ -1,8 +1,9 @@
-"""The outbox in PostgreSQL: each sink's owed events claimed, settled, dead-lettered,
+"""The outbox in PostgreSQL: each sink's owed events claimed, recorded, dead-lettered,
 redelivered, dropped and listed (``sql/010_order_events.sql``, ``sql/011_event_delivery.sql``).
 
 A claim holds its rows, ``FOR UPDATE SKIP LOCKED``, in a transaction that lasts
-while the relay delivers them and ends with their settlement: another relay
+while the relay delivers them and ends with the record of what the sink took:
+another relay
 skips them, and a relay that dies mid-delivery (SIGKILL, PostgreSQL restarted)
 leaves its transaction to roll back, so the rows are due again at once, with
 no lease to wait out and no clock to trust. It costs a pool connection per
@@ -22,7 +23,7 @@ from typing import Any
 
 import asyncpg
 
-from gateway.domain.events import OrderEvent
+from gateway.domain.events import OrderEvent, SinkStats
 from gateway.postgres.database import Connection, as_unavailable
 
 REGISTER = "INSERT INTO event_sinks (name) VALUES ($1) ON CONFLICT DO NOTHING"
@@ -182,17 +183,6 @@ class Owed:
     age_s: float
 
 
-@dataclass(frozen=True, slots=True)
-class SinkStats:
-    """One sink's backlog: events owed and not dead, dead letters, and the age
-    of the oldest owed one (0 when none is)."""
-
-    sink: str
-    depth: int
-    dead: int
-    oldest_s: float
-
-
 def _event(row: asyncpg.Record) -> OrderEvent:
     return OrderEvent(
         seq=row["seq"],
@@ -233,7 +223,7 @@ def _count(status: str) -> int:
 
 
 class Claim:
-    """A batch of one sink's events, held until settled (:meth:`Outbox.claim`):
+    """A batch of one sink's events, held until its outcome is recorded (:meth:`Outbox.claim`):
     those owed one by one, then those of whole batches (``fresh``, never tried)."""
 
     def __init__(
@@ -250,7 +240,7 @@ class Claim:
         self.attempts = [r["attempts"] for r in rows]
         self._fresh = frozenset(r["seq"] for r in fresh)
 
-    async def settle(
+    async def record(
         self, delivered: Sequence[int], failed: Sequence[tuple[int, float, str]]
     ) -> list[float]:
         """Forget the ``delivered`` seqs for this sink; try each ``failed``
@@ -306,7 +296,7 @@ class Outbox:
     @asynccontextmanager
     async def claim(self, sink: str, limit: int) -> AsyncIterator[Claim]:
         """Hold up to ``limit`` events due for ``sink`` (distinct orders) while
-        the body delivers and settles them; the rows go back to due if it
+        the body delivers them and records the outcome; the rows go back to due if it
         raises or the gateway dies. Raises PostgresUnavailable."""
         with as_unavailable:
             async with self._pool.acquire() as con, con.transaction():
