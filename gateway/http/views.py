@@ -278,7 +278,7 @@ async def metrics(request: web.Request) -> web.Response:
 # The query parameters each route takes (by its path); the others take none.
 QUERIES = {
     "/v1/orders/{request_id}": frozenset({"user_id", "wait"}),
-    "/wait/{sku}": frozenset({"user_id", "return_to", "pay_to", "lang"}),
+    "/wait/{sku}": frozenset({"user_id", "return_to", "pay_to", "lang", "bot_token"}),
 }
 
 
