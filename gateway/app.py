@@ -37,6 +37,7 @@ from gateway.http.appkeys import (
     ANSWER,
     ANSWERS,
     BATCHER,
+    BOT_CHECK,
     LANES,
     LIFECYCLE,
     METRICS,
@@ -82,6 +83,7 @@ from gateway.redis.reservations import Reservations
 from gateway.redis.rooms import Rooms
 from gateway.redis.streams import Streams
 from gateway.resources import (
+    bot_check_ctx,
     close_pool,
     database_ctx,
     patiently,
@@ -103,7 +105,7 @@ from gateway.usecases.deductions import Deductions
 from gateway.usecases.doubt import RedisDoubt, window_for
 from gateway.usecases.lifecycle import HeldUnits, OrderLifecycle
 from gateway.usecases.marking import SoldOutMarking
-from gateway.usecases.ports import Batching, Lookups, Marking
+from gateway.usecases.ports import NO_BOT_CHECK, Batching, BotCheck, Lookups, Marking
 from gateway.usecases.purchases import Purchases
 from gateway.usecases.rebuilds import Rebuilds
 from gateway.usecases.reconciler import Reconciler
@@ -143,6 +145,8 @@ class Opened:
     orders: Orders
     # The flush locks' session, with GATEWAY_FLUSH_LOCK=zookeeper only.
     zookeeper: ZkSession | None = None
+    # The waiting rooms' bot check, with GATEWAY_BOT_CHECK_URL only.
+    bot_check: BotCheck = NO_BOT_CHECK
 
 
 @dataclass(frozen=True, slots=True)
@@ -338,6 +342,7 @@ def _admissions(
         purchases=purchases,
         rooms=rooms,
         signer=signer,
+        bot_check=opened.bot_check,
         observer=opened.metrics.rooms,
     )
 
@@ -389,7 +394,9 @@ def _writer(opened: Opened, flushing: Flushing) -> QueueWriter:
 
 
 def _opened(app: web.Application, zookeeper: ZkSession | None = None) -> Opened:
-    return Opened(app[SETTINGS], app[METRICS], app[REDIS], app[POOL], app[ORDERS], zookeeper)
+    resources = (app[SETTINGS], app[METRICS], app[REDIS], app[POOL], app[ORDERS], zookeeper)
+    # A lone queue writer has no waiting rooms, and no bot check.
+    return Opened(*resources, app.get(BOT_CHECK, NO_BOT_CHECK))
 
 
 async def _load_scripts(opened: Opened, flushing: Flushing) -> None:
@@ -578,7 +585,9 @@ def create_app(settings: Settings) -> web.Application:
     app[WAITING_PAGE] = WaitingPage.build(
         settings.waiting_page_return_origins, settings.waiting_page_image_origins
     )
-    app.cleanup_ctx.extend([redis_ctx, database_ctx, zookeeper_ctx, service_ctx, events_ctx])
+    app.cleanup_ctx.extend(
+        [redis_ctx, database_ctx, zookeeper_ctx, bot_check_ctx, service_ctx, events_ctx]
+    )
     app.on_shutdown.append(drain)
     app.add_routes(views.routes(with_metrics=settings.metrics))
     app.add_routes(admin_views.routes())

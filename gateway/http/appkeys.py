@@ -21,6 +21,7 @@ from gateway.settings import Settings
 from gateway.usecases.admin import StockAdmin
 from gateway.usecases.admission import Admissions
 from gateway.usecases.lifecycle import OrderLifecycle
+from gateway.usecases.ports import BotCheck
 from gateway.usecases.purchases import Purchases
 from gateway.usecases.reconciler import Reconciler
 from gateway.usecases.servable import Servability
@@ -51,6 +52,8 @@ RECONCILER = web.AppKey("reconciler", Reconciler)
 # Waiting rooms in front of the purchases, and the admin tokens (with their file).
 ADMISSIONS = web.AppKey("admissions", Admissions)
 ADMIN_TOKENS = web.AppKey("admin_tokens", AdminTokens)
+# The waiting rooms' bot check (gateway.outbound.bot_check), or the one nobody passes.
+BOT_CHECK = web.AppKey[BotCheck]("bot_check")
 # The configured skus this instance could not serve (GET /readyz).
 SERVABILITY = web.AppKey("servability", Servability)
 # What became of a request id (GET /v1/orders/{request_id}).

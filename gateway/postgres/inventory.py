@@ -25,7 +25,7 @@ from gateway.postgres.database import Connection, as_unavailable
 # The display fields come from a table of their own (sql/012_display_fields.sql).
 SKU_INFO = """
 SELECT stock, per_user_limit, room_admit_per_s, room_token_ttl_s, room_shuffle_at_start,
-       starts_at, ends_at, user_rate, client_rate, strategy, payment_window_s,
+       room_bot_check, starts_at, ends_at, user_rate, client_rate, strategy, payment_window_s,
        title, image_url, price_text
 FROM inventory LEFT JOIN sku_display USING (sku) WHERE sku = $1 AND archived_at IS NULL
 """
@@ -37,6 +37,12 @@ LOCK_SKU_SETTINGS = SKU_INFO.rstrip() + " FOR UPDATE OF inventory\n"
 # Skus sold through a waiting room (gateway.usecases.servable: they need an admission secret).
 WAITING_ROOM_SKUS = """
 SELECT sku FROM inventory WHERE room_admit_per_s IS NOT NULL AND archived_at IS NULL
+ORDER BY sku LIMIT $1
+"""
+# Those whose room checks for bots (they need GATEWAY_BOT_CHECK_URL too).
+BOT_CHECK_SKUS = """
+SELECT sku FROM inventory
+WHERE room_admit_per_s IS NOT NULL AND room_bot_check AND archived_at IS NULL
 ORDER BY sku LIMIT $1
 """
 # Units of a sku held for payment: the one expression that makes a sku with
@@ -120,7 +126,8 @@ WHERE sku = $1 AND archived_at IS NULL RETURNING stock
 # A PUT replaces the whole sku, so no waiting room in it means none any more.
 SET_WAITING_ROOM = """
 UPDATE inventory
-SET room_admit_per_s = $2, room_token_ttl_s = $3, room_shuffle_at_start = $4
+SET room_admit_per_s = $2, room_token_ttl_s = $3, room_shuffle_at_start = $4,
+    room_bot_check = $5
 WHERE sku = $1
 """
 SET_DISPLAY = """
@@ -190,7 +197,10 @@ def _settings_of(row: asyncpg.Record) -> SkuSettings:
     room = None
     if row["room_admit_per_s"] is not None:
         room = WaitingRoom(
-            row["room_admit_per_s"], row["room_token_ttl_s"], row["room_shuffle_at_start"]
+            row["room_admit_per_s"],
+            row["room_token_ttl_s"],
+            row["room_shuffle_at_start"],
+            row["room_bot_check"],
         )
     return SkuSettings(
         stock=row["stock"],
@@ -228,6 +238,7 @@ async def _write_settings(con: Connection, sku: str, new: SkuSettings) -> None:
         room and room.admit_per_s,
         room and room.token_ttl_s,
         bool(room and room.shuffle_at_start),
+        bool(room and room.bot_check),
     )
 
 
@@ -318,6 +329,11 @@ class Inventory:
         """The first ``limit`` skus (by name) that have a waiting room."""
         with as_unavailable:
             return [r["sku"] for r in await self._pool.fetch(WAITING_ROOM_SKUS, limit)]
+
+    async def bot_check_skus(self, limit: int) -> list[str]:
+        """The first ``limit`` skus (by name) whose waiting room checks for bots."""
+        with as_unavailable:
+            return [r["sku"] for r in await self._pool.fetch(BOT_CHECK_SKUS, limit)]
 
     async def change_sku(
         self, sku: str, fields: Mapping[str, Any], *, create: bool

@@ -168,6 +168,45 @@ class PurchaseObserver(ShedObserver, Protocol):
     def purchase_confirmed(self, sku: str) -> None: ...
 
 
+class BotCheck(Protocol):
+    """A bot token's verdict from the provider that issued it
+    (gateway.outbound.bot_check.SiteVerify), for the waiting rooms' joins."""
+
+    @property
+    def configured(self) -> bool:
+        """Whether this instance can check bot tokens (GATEWAY_BOT_CHECK_URL)."""
+        ...
+
+    async def passes(self, token: str, remote_ip: str | None) -> bool:
+        """Whether the provider vouches for ``token``; raises
+        :class:`gateway.domain.errors.BotCheckUnavailable` when it cannot say."""
+        ...
+
+    async def close(self) -> None:
+        """Release what the check holds (its connections)."""
+        ...
+
+
+class _NoBotCheck:
+    """An instance without GATEWAY_BOT_CHECK_URL: no token passes (a room that
+    checks is refused when configured here, and unservable if it arrives)."""
+
+    @property
+    def configured(self) -> bool:
+        """Not configured."""
+        return False
+
+    async def passes(self, token: str, remote_ip: str | None) -> bool:
+        """Never: failing closed."""
+        return False
+
+    async def close(self) -> None:
+        """Nothing to release."""
+
+
+NO_BOT_CHECK = _NoBotCheck()
+
+
 class _Unobserved:
     """Purchases nobody counts."""
 
