@@ -39,13 +39,14 @@ class TestLatePayments:
     """GET /v1/late-payments and POST /v1/late-payments/{payment_id}/refund."""
 
     async def test_listed_oldest_first_and_refunded_once(
-        self, start_gateway: Any, sku: str
+        self, start_gateway: Any, sku: str, events_db: str
     ) -> None:
         """Three late payments whose ids sort against their order (z, m, a):
         listed in the order they came, one a page with next; a refund answers
         200 refunded and again the same; it leaves the owed list for the
-        refunded one; the admin route lists them in the same order."""
-        client = await start(start_gateway)
+        refunded one; the admin route lists them in the same order. A database
+        of its own: other tests' late payments would fill the pages."""
+        client = await start(start_gateway, database_url=events_db)
         await put_window(client, sku, 3, 60, "sql-direct")
         ids = [f"{p}-{sku}" for p in ("z", "m", "a")]
         for n, payment_id in enumerate(ids):
