@@ -299,6 +299,7 @@ async def test_a_link_lost_with_purchases_passed_answers_outcome_unknown(
     first links alone, so only a worker starting (or restarted) answers it,
     never one whose link dropped."""
     w0, w1 = pair
+    await wait_for(lambda: w0.lanes.linked, within=4 * RECONNECT_S + 1, what="linked reported")
     w1.flush.gate = asyncio.Event()
     passed = asyncio.create_task(w0.lanes.submit(purchase(1)))
     await asyncio.wait_for(w1.flush.entered.wait(), 5)
