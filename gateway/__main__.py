@@ -4,7 +4,8 @@
 ``migrate`` creates the database if needed and applies the migrations;
 ``audit`` checks the books of every sku (or ``--sku``), see gateway.ops.audit;
 ``writer`` runs a queue strategy's stream writer alone until SIGTERM;
-``events`` lists the order events owed to the sinks and replays them, see
+``events`` lists the order events owed to the sinks, redelivers them and drops
+a sink, see
 gateway.ops.events_command.
 
 Each exits 2 with one line on stderr, no traceback, when a setting is wrong,
@@ -46,11 +47,18 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"create sku {DEMO_SKU!r} with stock {DEMO_STOCK} if it does not exist",
     )
     parser.add_argument("--sku", help="audit: only this sku (default: every sku)")
-    parser.add_argument("--replay", metavar="EVENT_ID", help="events: deliver this event again")
     parser.add_argument(
-        "--replay-since", metavar="TIME", help="events: deliver every owed event since (RFC 3339)"
+        "--replay", metavar="EVENT_ID", help="events: redeliver this event, delivered or not"
+    )
+    parser.add_argument(
+        "--replay-since",
+        metavar="TIME",
+        help="events: redeliver every event since TIME (RFC 3339) still in the outbox",
     )
     parser.add_argument("--sink", help="events: only this sink (stream, webhook, amqp)")
+    parser.add_argument(
+        "--drop-sink", metavar="NAME", help="events: forget this sink and all it is owed"
+    )
     settings.add_arguments(parser)
     return parser
 
@@ -101,7 +109,7 @@ def _run(args: argparse.Namespace, config: settings.Settings, argv: list[str]) -
     if args.command == "audit":
         return audit.run(config, args.sku)
     if args.command == "events":
-        request = events_command.Request(args.replay, args.replay_since, args.sink)
+        request = events_command.Request(args.replay, args.replay_since, args.sink, args.drop_sink)
         return events_command.run(config, request)
     if args.command == "migrate":
         asyncio.run(run_migrate(config))

@@ -28,6 +28,10 @@ from aiohttp import web
 
 from gateway.domain.events import EventSink
 from gateway.domain.model import Strategy
+
+# Opened is imported from here by tests and benches: re-exported.
+from gateway.flushing import Flushing, build_flushing
+from gateway.flushing import Opened as Opened
 from gateway.http import admin_views, payment_views, views
 from gateway.http.admin_tokens import AdminTokens
 from gateway.http.appkeys import (
@@ -37,9 +41,9 @@ from gateway.http.appkeys import (
     ANSWER,
     ANSWERS,
     BATCHER,
+    BOT_CHECK,
     LANES,
     LIFECYCLE,
-    LIMIT_GROUPS,
     METRICS,
     ORDERS,
     POOL,
@@ -59,7 +63,7 @@ from gateway.http.clients import TrustedProxies
 from gateway.http.middlewares import answering, gateway_middleware
 from gateway.http.payloads import MAX_BODY
 from gateway.http.waiting_page import WaitingPage
-from gateway.lock import LockSubscriber, load_lock_scripts
+from gateway.lock import load_lock_scripts
 from gateway.ops.answer_log import AnswerLog
 from gateway.ops.loop_lag import LoopLag
 from gateway.ops.metrics import BacklogMetrics, Metrics
@@ -69,21 +73,18 @@ from gateway.postgres.inventory import Inventory
 from gateway.postgres.lifecycle import Lifecycle
 from gateway.postgres.limit_groups import LimitGroups
 from gateway.postgres.lookups import Arbitrations, OrderLookups, PriorLookups
-from gateway.postgres.orders import Orders
 from gateway.postgres.outbox import Outbox
 from gateway.postgres.retention import Retention
 from gateway.postgres.sale_gate import PostgresSaleGate
 from gateway.redis.change_feed import ChangeFeed
 from gateway.redis.confirmed_scan import ConfirmedScan
-from gateway.redis.connections import RedisClient
 from gateway.redis.event_stream import EventStream
 from gateway.redis.identity import IdentityStamp
-from gateway.redis.layout import KeyTags, channel
+from gateway.redis.layout import channel
 from gateway.redis.rebuild_lease import RebuildLease
-from gateway.redis.reservations import Reservations
 from gateway.redis.rooms import Rooms
-from gateway.redis.streams import Streams
 from gateway.resources import (
+    bot_check_ctx,
     close_pool,
     database_ctx,
     patiently,
@@ -102,12 +103,9 @@ from gateway.usecases.admission import Admissions
 from gateway.usecases.admission_tokens import Signer
 from gateway.usecases.catalog import Catalog
 from gateway.usecases.deductions import Deductions
-from gateway.usecases.doubt import RedisDoubt, window_for
-from gateway.usecases.group_tags import GroupTags
 from gateway.usecases.lifecycle import HeldUnits, OrderLifecycle
-from gateway.usecases.limit_groups import LimitGroupsAdmin
 from gateway.usecases.marking import SoldOutMarking
-from gateway.usecases.ports import Batching, Lookups, Marking
+from gateway.usecases.ports import NO_BOT_CHECK, Batching, Lookups, Marking
 from gateway.usecases.purchases import Purchases
 from gateway.usecases.rebuilds import Rebuilds
 from gateway.usecases.reconciler import Reconciler
@@ -117,9 +115,7 @@ from gateway.usecases.servable import Servability
 from gateway.usecases.sold_out import SoldOut
 from gateway.usecases.tracking import OrderTracker
 from gateway.write.batcher import Batcher
-from gateway.write.flusher import Flusher
 from gateway.write.lanes import HostLanes
-from gateway.write.sku_locks import SkuLocks, sku_locks
 from gateway.write.writer import QueueWriter
 
 if TYPE_CHECKING:
@@ -134,34 +130,6 @@ RELAY_CONNECTIONS = 2
 TASK_STOP_S = 2.0
 
 log = structlog.get_logger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class Opened:
-    """The resources the cleanup contexts before this one opened."""
-
-    settings: Settings
-    metrics: Metrics
-    redis: RedisClient
-    pool: Pool[Any]
-    orders: Orders
-    # The flush locks' session, with GATEWAY_FLUSH_LOCK=zookeeper only.
-    zookeeper: ZkSession | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Flushing:
-    """What a gateway and a lone queue writer both flush through."""
-
-    reservations: Reservations
-    lock_subscriber: LockSubscriber
-    locks: SkuLocks
-    flusher: Flusher
-    streams: Streams
-    doubt: RedisDoubt
-    # Each grouped sku's limit group (its keys' tag), kept by group_tags.
-    tags: KeyTags
-    group_tags: GroupTags
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,27 +152,6 @@ class Gateway:
     feed: ChangeFeed
     lag: LoopLag
     writer: QueueWriter | None
-    limit_groups: LimitGroupsAdmin
-
-
-def build_flushing(opened: Opened) -> Flushing:
-    """The reservations, the flush locks and the flusher on ``opened``; nothing started."""
-    settings, metrics, redis = opened.settings, opened.metrics, opened.redis
-    tags = KeyTags()
-    reservations = Reservations(redis, settings, on_noscript=metrics.scripts.reloaded, tags=tags)
-    lock_subscriber = LockSubscriber(redis, client_name=f"{settings.key_prefix}-lock-sub")
-    locks = sku_locks(settings, redis, opened.pool, lock_subscriber, metrics.lock, opened.zookeeper)
-    doubt = RedisDoubt(window_for(settings.reconcile_interval_s))
-    flusher = Flusher(
-        reservations=reservations,
-        orders=opened.orders,
-        locks=locks,
-        observer=metrics.flushes,
-        on_redis_failure=doubt.failed,
-    )
-    streams = Streams(redis, settings, tags)
-    group_tags = GroupTags(tags=tags, store=LimitGroups(opened.pool))
-    return Flushing(reservations, lock_subscriber, locks, flusher, streams, doubt, tags, group_tags)
 
 
 def build_gateway(opened: Opened) -> Gateway:
@@ -214,6 +161,7 @@ def build_gateway(opened: Opened) -> Gateway:
     reservations, locks = flushing.reservations, flushing.locks
     inventory = Inventory(opened.pool)
     tags = flushing.tags
+    lifecycle = Lifecycle(opened.pool, settings.strategy)
     catalog, soldout = Catalog(inventory, settings.strategy, tags), SoldOut()
     batcher = _batcher(settings, flushing)
     lanes = _lanes(settings, metrics, batcher)
@@ -222,7 +170,9 @@ def build_gateway(opened: Opened) -> Gateway:
     scan = ConfirmedScan(opened.redis, settings.key_prefix, tags)
     marking = SoldOutMarking(soldout, lease, scan, metrics.purchases)
     batching: Batching = batcher if lanes is None else lanes
-    purchases = _purchases(opened, flushing, catalog, soldout, marking, rebuilds, batching)
+    purchases = _purchases(
+        opened, flushing, catalog, soldout, marking, rebuilds, batching, HeldUnits(lifecycle)
+    )
     rooms = Rooms(opened.redis, settings, on_noscript=metrics.scripts.reloaded, tags=tags)
     servability = Servability(settings, inventory)
     reconciler = _reconciler(opened, flushing, inventory, catalog, rebuilds)
@@ -252,21 +202,20 @@ def build_gateway(opened: Opened) -> Gateway:
         reconciler=reconciler,
         tracker=OrderTracker(orders=orders, streams=flushing.streams),
         lifecycle=OrderLifecycle(
-            lifecycle=Lifecycle(opened.pool, settings.strategy),
-            reservations=reservations,
-            metrics=metrics.lifecycle,
-            sweep_s=settings.expiry_sweep_s,
+            transitions=lifecycle,
+            sweeps=lifecycle,
+            listings=lifecycle,
+            returns=reservations,
             rooms=rooms,
             catalog=catalog,
+            metrics=metrics.lifecycle,
+            sweep_s=settings.expiry_sweep_s,
         ),
         feed=feed,
         lag=LoopLag(metrics.loop.lagged, stall_report_s=settings.loop_stall_report_s),
         # Any sku may be put on the queue strategy: the writer serves those
         # whose stream exists, found once a second.
         writer=_writer(opened, flushing) if settings.queue_writer else None,
-        limit_groups=LimitGroupsAdmin(
-            store=LimitGroups(opened.pool), announcer=reservations, catalog=catalog
-        ),
     )
 
 
@@ -304,6 +253,7 @@ def _purchases(
     marking: Marking,
     rebuilds: Rebuilds,
     batching: Batching,
+    holds: HeldUnits,
 ) -> Purchases:
     """The purchase use case, with its look-ups and the strategies without Redis state."""
     settings, metrics, orders = opened.settings, opened.metrics, opened.orders
@@ -329,7 +279,7 @@ def _purchases(
         deductions=deductions,
         doubt=flushing.doubt,
         observer=metrics.purchases,
-        holds=HeldUnits(Lifecycle(opened.pool, settings.strategy)),
+        holds=holds,
     )
 
 
@@ -347,6 +297,7 @@ def _admissions(
         purchases=purchases,
         rooms=rooms,
         signer=signer,
+        bot_check=opened.bot_check,
         observer=opened.metrics.rooms,
     )
 
@@ -398,13 +349,17 @@ def _writer(opened: Opened, flushing: Flushing) -> QueueWriter:
 
 
 def _opened(app: web.Application, zookeeper: ZkSession | None = None) -> Opened:
-    return Opened(app[SETTINGS], app[METRICS], app[REDIS], app[POOL], app[ORDERS], zookeeper)
+    resources = (app[SETTINGS], app[METRICS], app[REDIS], app[POOL], app[ORDERS], zookeeper)
+    # A lone queue writer has no waiting rooms, and no bot check.
+    return Opened(*resources, app.get(BOT_CHECK, NO_BOT_CHECK))
 
 
 async def _load_scripts(opened: Opened, flushing: Flushing) -> None:
-    """Load the reservation and lock scripts, waiting for Redis at start-up."""
+    """Load the reservation and lock scripts, waiting for Redis at start-up, and
+    the skus' limit groups (a lone writer hears no change feed: those of its start)."""
     await patiently("redis", opened.settings.startup_wait_s, flushing.reservations.load_scripts)
     await load_lock_scripts(opened.redis)
+    await flushing.group_tags.load()
 
 
 async def service_ctx(app: web.Application) -> AsyncIterator[None]:
@@ -414,7 +369,6 @@ async def service_ctx(app: web.Application) -> AsyncIterator[None]:
     flushing = gateway.flushing
     opened.metrics.lock.set_lease(opened.settings.lock_lease_s)
     await _load_scripts(opened, flushing)
-    await flushing.group_tags.load()
     await gateway.lease.load_scripts()
     await gateway.reconciler.adopt_database()
     if gateway.lanes is not None:
@@ -441,7 +395,6 @@ def _publish(app: web.Application, gateway: Gateway) -> None:
     app[SERVABILITY], app[ADMIN] = gateway.servability, gateway.admin
     app[RECONCILER], app[TRACKER] = gateway.reconciler, gateway.tracker
     app[LIFECYCLE] = gateway.lifecycle
-    app[LIMIT_GROUPS] = gateway.limit_groups
 
 
 def _background(
@@ -528,8 +481,6 @@ async def writer_ctx(app: web.Application) -> AsyncIterator[None]:
     flushing = build_flushing(opened)
     writer = _writer(opened, flushing)
     await _load_scripts(opened, flushing)
-    # Alone, it hears no change feed: the groups as they are at its start.
-    await flushing.group_tags.load()
     task = asyncio.create_task(writer.run(), name="queue-writer")
     yield
     await _stop([task])
@@ -592,7 +543,9 @@ def create_app(settings: Settings) -> web.Application:
     app[WAITING_PAGE] = WaitingPage.build(
         settings.waiting_page_return_origins, settings.waiting_page_image_origins
     )
-    app.cleanup_ctx.extend([redis_ctx, database_ctx, zookeeper_ctx, service_ctx, events_ctx])
+    app.cleanup_ctx.extend(
+        [redis_ctx, database_ctx, zookeeper_ctx, bot_check_ctx, service_ctx, events_ctx]
+    )
     app.on_shutdown.append(drain)
     app.add_routes(views.routes(with_metrics=settings.metrics))
     app.add_routes(admin_views.routes())

@@ -19,14 +19,16 @@ from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from gateway.domain.events import EventSink
-from gateway.http.appkeys import ORDERS, POOL, REDIS, SETTINGS, ZOOKEEPER
+from gateway.http.appkeys import BOT_CHECK, ORDERS, POOL, REDIS, SETTINGS, ZOOKEEPER
 from gateway.lock import create_fence_sequence
 from gateway.lock.backoff import pause
 from gateway.outbound import OnAnswer, open_sinks
+from gateway.outbound.bot_check import SiteVerify
 from gateway.postgres.database import create_pool, migrate
 from gateway.postgres.orders import Orders
 from gateway.redis.connections import create_redis, reach
 from gateway.settings import Misconfigured, Settings
+from gateway.usecases.ports import NO_BOT_CHECK, BotCheck
 
 # Longest a stopping gateway waits for its PostgreSQL connections to close cleanly.
 POOL_CLOSE_S = 2.0
@@ -122,6 +124,16 @@ async def zookeeper_ctx(app: web.Application) -> AsyncIterator[None]:
     yield
     if session is not None:
         await session.stop()
+
+
+async def bot_check_ctx(app: web.Application) -> AsyncIterator[None]:
+    """The waiting rooms' bot check, with GATEWAY_BOT_CHECK_URL: one connection
+    pool to the provider, closed on stop; else the check nobody passes."""
+    settings = app[SETTINGS]
+    check: BotCheck = NO_BOT_CHECK if settings.bot_check_url is None else SiteVerify(settings)
+    app[BOT_CHECK] = check
+    yield
+    await check.close()
 
 
 @asynccontextmanager

@@ -393,6 +393,12 @@ class Settings:
     # Origins a sku's image_url may be on (its display fields); the page's CSP
     # allows images from them alone. Empty: no sku may have an image.
     waiting_page_image_origins: frozenset[str] = setting(frozenset(), parse_image_origins)
+    # The bot check at a waiting room's door (gateway.outbound.bot_check): the
+    # provider's siteverify URL (Turnstile, hCaptcha, reCAPTCHA) and this
+    # site's secret there; both or neither. Plain http only to loopback: the
+    # secret travels in every POST.
+    bot_check_url: str | None = setting(None, _webhook_url)
+    bot_check_secret: str | None = setting(None, _text)
     # Order events (gateway.usecases.relay): run the relay in this process.
     events_relay: bool = setting(True, _bool)
     # The Redis Stream every event is appended to, and how it is trimmed: to
@@ -428,6 +434,7 @@ class Settings:
                 " set one of them, not both"
             )
         self._check_webhook()
+        self._check_bot_check()
 
     @property
     def stream_replicas(self) -> int:
@@ -450,6 +457,22 @@ class Settings:
             raise SettingsError(
                 f"{named}: plain http to a host that is not loopback; use https,"
                 f" or set {env_name('webhook_allow_http')}=true"
+            )
+
+    def _check_bot_check(self) -> None:
+        """A bot check needs its URL and its secret, and plain http only to loopback."""
+        url, secret = self.bot_check_url, self.bot_check_secret
+        if url is None and secret is None:
+            return
+        if secret is None:
+            raise SettingsError(f"{env_name('bot_check_url')} needs {env_name('bot_check_secret')}")
+        if url is None:
+            raise SettingsError(f"{env_name('bot_check_secret')} needs {env_name('bot_check_url')}")
+        parts = urlsplit(url)
+        if parts.scheme == "http" and not is_loopback(parts.hostname or ""):
+            raise SettingsError(
+                f"{env_name('bot_check_url')}={masked(url)}: plain http to a host that is not"
+                " loopback would send the secret in clear; use https"
             )
 
 

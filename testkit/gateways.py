@@ -341,8 +341,9 @@ class GatewayCluster(Started):
         return await self.admin("PUT", f"/admin/skus/{sku}", body, via)
 
     async def report(self, sku: str, via: int = 0) -> Any:
-        """GET /admin/skus/{sku}: db_stock, redis_stock, pending, sold."""
-        return await self.admin("GET", f"/admin/skus/{sku}", via=via)
+        """GET /admin/skus/{sku}'s counts: db_stock, redis_stock, pending, sold."""
+        answer = await self.admin("GET", f"/admin/skus/{sku}", via=via)
+        return {name: answer[name] for name in ("db_stock", "redis_stock", "pending", "sold")}
 
     def logs(self, lines: int = 40) -> str:
         """The end of every instance's log, for failure messages."""

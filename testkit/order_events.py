@@ -57,3 +57,32 @@ def check_arrivals(
         highest[order] = max(highest[order], version)
     missing = set(ids) - {(e["order_id"], int(e["version"])) for e in arrived}
     assert not missing, f"{len(missing)} events never arrived, e.g. {sorted(missing)[:3]}"
+
+
+# Events written straight into the outbox: $1 orders of
+# $2 versions each, version by version.
+WRITE_EVENTS = """
+INSERT INTO order_events (order_id, version, type, request_id, sku, user_id, qty, status)
+SELECT o.id, v, 'order.' || s, o.id::text || '.' || v, 'sku', 'u' || o.n, 1, s
+FROM (SELECT gen_random_uuid() AS id, n FROM generate_series(1, $1) n) o,
+    generate_series(1, $2) v,
+    LATERAL (SELECT (ARRAY['pending_payment', 'paid', 'paid'])[v] AS s) st
+ORDER BY v, o.n
+"""
+
+
+class Observed:
+    """The relay's observer, kept."""
+
+    def __init__(self) -> None:
+        self.lags: list[float] = []
+        self.failures = 0
+
+    def delivered(self, sink: str, lags_s: Sequence[float]) -> None:
+        self.lags += lags_s
+
+    def failed(self, sink: str, count: int) -> None:
+        self.failures += count
+
+    def sample(self, stats: object) -> None:
+        """Not looked at here."""

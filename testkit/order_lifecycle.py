@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import asyncpg
+
 from testkit.purchases import ADMIN_HEADERS, Client
 
 PAYMENT_TOKEN = "test-payment-token"
@@ -36,7 +38,74 @@ async def pay(client: Client, sku: str, rid: str, payment_id: str) -> tuple[int,
     return resp.status, await resp.json()
 
 
-async def cancel(client: Client, sku: str, rid: str) -> tuple[int, Any]:
-    """``POST /v1/orders/<sku>.<rid>/cancel``."""
-    resp = await client.post(f"/v1/orders/{sku}.{rid}/cancel", headers=PAY_HEADERS)
+async def cancel(
+    client: Client, sku: str, rid: str, *, headers: dict[str, str] | None = None, **body: Any
+) -> tuple[int, Any]:
+    """``POST /v1/orders/<sku>.<rid>/cancel`` (with ``body``, e.g. a reason)."""
+    resp = await client.post(
+        f"/v1/orders/{sku}.{rid}/cancel", json=body or None, headers=headers or PAY_HEADERS
+    )
     return resp.status, await resp.json()
+
+
+async def refund(
+    client: Client, sku: str, rid: str, *, restock: bool, reason: str | None = None
+) -> tuple[int, Any]:
+    """``POST /v1/orders/<sku>.<rid>/refund``."""
+    body: dict[str, Any] = {"restock": restock}
+    if reason is not None:
+        body["reason"] = reason
+    resp = await client.post(f"/v1/orders/{sku}.{rid}/refund", json=body, headers=PAY_HEADERS)
+    return resp.status, await resp.json()
+
+
+async def status_of(client: Client, sku: str, rid: str, user: str) -> str:
+    """The order's status, as ``GET /v1/orders/{request_id}`` answers it."""
+    resp = await client.get(f"/v1/orders/{sku}.{rid}", params={"user_id": user})
+    body: dict[str, Any] = await resp.json()
+    return str(body["status"])
+
+
+async def available(client: Client, sku: str) -> int:
+    """``GET /v1/skus/{sku}``'s units on sale."""
+    resp = await client.get(f"/v1/skus/{sku}")
+    return int((await resp.json())["available"])
+
+
+async def books(database_url: str, sku: str) -> dict[str, int]:
+    """The sku's stock, units by order status (``refunded_kept``: refunded
+    without restock), and units returned by reason."""
+    con = await asyncpg.connect(database_url)
+    try:
+        stock = await con.fetchval("SELECT stock FROM inventory WHERE sku = $1", sku)
+        rows = await con.fetch(
+            "SELECT status || CASE WHEN restocked IS FALSE THEN '_kept' ELSE '' END AS status,"
+            " sum(qty) AS units FROM orders WHERE sku = $1 GROUP BY 1",
+            sku,
+        )
+        moved = await con.fetch(
+            "SELECT reason, sum(delta) AS units, count(*) AS n FROM stock_movements"
+            " WHERE sku = $1 GROUP BY reason",
+            sku,
+        )
+    finally:
+        await con.close()
+    found = {"stock": stock, **{r["status"]: r["units"] for r in rows}}
+    for r in moved:
+        found[f"moved_{r['reason']}"] = r["units"]
+        found[f"movements_{r['reason']}"] = r["n"]
+    return found
+
+
+# Movements that return what an order took: not provided by the admin.
+RETURNS = ("expired", "cancelled", "refunded")
+
+
+def balanced(found: dict[str, int]) -> bool:
+    """provided (the admin's movements) = on sale + held + paid/confirmed + units
+    refunded without restock (they left the stock for good)."""
+    provided = sum(v for k, v in found.items() if k.startswith("moved_")) - sum(
+        found.get(f"moved_{r}", 0) for r in RETURNS
+    )
+    gone = sum(found.get(s, 0) for s in ("pending_payment", "paid", "confirmed", "refunded_kept"))
+    return provided == found["stock"] + gone

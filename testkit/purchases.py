@@ -174,3 +174,12 @@ async def put_rules(client: Any, sku: str, stock: int, **rules: Any) -> dict[str
     assert resp.status == 200, await resp.text()
     body: dict[str, Any] = await resp.json()
     return body
+
+
+# The counts of GET /admin/skus/{sku}, beside the settings it also answers.
+COUNTS = ("db_stock", "redis_stock", "pending", "sold")
+
+
+def counts(report: dict[str, Any]) -> dict[str, Any]:
+    """The counts of a ``GET /admin/skus/{sku}`` answer alone."""
+    return {name: report[name] for name in COUNTS}

@@ -275,6 +275,22 @@ class AdmissionInvalid(GatewayError):
     code = "admission_invalid"
 
 
+class BotCheckFailed(GatewayError):
+    """A join of a room with a bot check brought no bot token, or one the
+    provider did not vouch for, or one already used."""
+
+    status = 403
+    code = "bot_check_failed"
+
+
+class BotCheckUnavailable(Unavailable):
+    """The bot check's provider did not answer within its time, or answered
+    with an error: the join is refused (failing closed), and may be retried."""
+
+    code = "bot_check_unavailable"
+    reason = "bot_check"
+
+
 class UnknownTicket(NotFound):
     """No such ticket in the sku's waiting room."""
 

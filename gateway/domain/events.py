@@ -17,13 +17,17 @@ import orjson
 
 from gateway.domain.rules import rfc3339
 
-# The type is "order." and the status the order changed to.
+# An order's change of status is "order." and the status it changed to; a late
+# payment recorded for it, or refunded, is "payment.late" / "payment.refunded".
 EVENT_TYPES = (
     "order.confirmed",
     "order.pending_payment",
     "order.paid",
     "order.cancelled",
     "order.expired",
+    "order.refunded",
+    "payment.late",
+    "payment.refunded",
 )
 
 
@@ -80,6 +84,17 @@ class OrderEvent:
     def body(self) -> bytes:
         """The event's JSON, as POSTed to a webhook and published to RabbitMQ."""
         return orjson.dumps(self.fields())
+
+
+@dataclass(frozen=True, slots=True)
+class SinkStats:
+    """One sink's backlog: events owed and not dead, dead letters, and the age
+    of the oldest owed one (0 when none is)."""
+
+    sink: str
+    depth: int
+    dead: int
+    oldest_s: float
 
 
 class EventSink(Protocol):

@@ -165,14 +165,20 @@ class WaitingRoom:
     admit_per_s: int
     token_ttl_s: int
     shuffle_at_start: bool = False
+    # A join needs a bot token the provider vouches for (gateway.usecases.admission).
+    bot_check: bool = False
 
     def as_json(self) -> dict[str, int | bool]:
-        """The waiting room as the admin API shows it."""
-        return {
+        """The waiting room as the admin API shows it (``bot_check`` only when on,
+        so a room without it is answered as before it existed)."""
+        shown: dict[str, int | bool] = {
             "admit_per_s": self.admit_per_s,
             "token_ttl_s": self.token_ttl_s,
             "shuffle_at_start": self.shuffle_at_start,
         }
+        if self.bot_check:
+            shown["bot_check"] = True
+        return shown
 
 
 @dataclass(frozen=True, slots=True)

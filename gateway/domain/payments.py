@@ -23,6 +23,19 @@ class Page(Generic[T]):
     next: str | None
 
 
+@dataclass(frozen=True, slots=True)
+class Paying:
+    """An order as a payment (or a look at it) found it, and the payment id that
+    paid it, if any."""
+
+    order: Order
+    payment_id: str | None
+    # This payment paid it now (not a payment sent again).
+    won: bool = False
+    # The payment's id is already another order's (paid or refused late).
+    taken: bool = False
+
+
 class LateStatus(StrEnum):
     """Which late payments a listing shows (``?status=``)."""
 

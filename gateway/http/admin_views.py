@@ -11,12 +11,11 @@ from aiohttp import web
 
 from gateway.domain.errors import Forbidden, GatewayError, InvalidRequest, Unauthorized
 from gateway.http import payloads
-from gateway.http.appkeys import ADMIN, ADMIN_TOKENS, LIMIT_GROUPS, RECONCILER, WAITING_PAGE
+from gateway.http.appkeys import ADMIN, ADMIN_TOKENS, RECONCILER, WAITING_PAGE
 from gateway.http.params import header, query_int
 from gateway.http.views import json_response, read_body
 from gateway.http.waiting_page import check_image_url
 from gateway.usecases.admin import StockAdmin
-from gateway.usecases.limit_groups import LimitGroupsAdmin
 
 log = structlog.get_logger(__name__)
 
@@ -117,21 +116,11 @@ async def restock(request: web.Request, admin: StockAdmin) -> tuple[Any, dict[st
 
 
 async def sku_report(request: web.Request) -> web.Response:
-    """GET /admin/skus/{sku}: database and Redis stock, pending and sold units,
-    and the display fields."""
+    """GET /admin/skus/{sku}: every setting a PUT takes, the sku's status, and
+    its counts (stock in both stores, pending, sold and its split)."""
     admin, _ = _admin(request)
     sku = payloads.identifier(request.match_info["sku"], "sku")
-    report = await admin.report(sku)
-    return json_response(
-        {
-            "db_stock": report.db_stock,
-            "redis_stock": report.redis_stock,
-            "pending": report.pending,
-            "sold": report.sold,
-            **(await admin.display(sku)).as_json(),
-            **await admin.limit_group_json(sku),
-        }
-    )
+    return json_response(await admin.sheet(sku))
 
 
 @admin_change
@@ -162,31 +151,27 @@ async def reconcile(request: web.Request, admin: StockAdmin) -> tuple[Any, dict[
     return done, {"skus": len(done)}
 
 
-def _groups(request: web.Request) -> LimitGroupsAdmin:
-    return request.app[LIMIT_GROUPS]
-
-
 @admin_change
-async def put_limit_group(request: web.Request, _: StockAdmin) -> tuple[Any, dict[str, Any]]:
+async def put_limit_group(request: web.Request, admin: StockAdmin) -> tuple[Any, dict[str, Any]]:
     """PUT /admin/limit-groups/{group}: create the group or set its limit."""
     name = payloads.identifier(request.match_info["group"], "group")
     data = payloads.parse_object(await read_body(request), payloads.GROUP_FIELDS)
     limit = payloads.integer(data, "per_user_limit", low=1, high=payloads.MAX_GROUP_LIMIT)
-    return await _groups(request).put(name, limit)
+    return await admin.limit_groups.put(name, limit)
 
 
 async def get_limit_group(request: web.Request) -> web.Response:
     """GET /admin/limit-groups/{group}: the group, its limit and its skus."""
-    _admin(request)
+    admin, _ = _admin(request)
     name = payloads.identifier(request.match_info["group"], "group")
-    return json_response(await _groups(request).get(name))
+    return json_response(await admin.limit_groups.get(name))
 
 
 @admin_change
-async def delete_limit_group(request: web.Request, _: StockAdmin) -> tuple[Any, dict[str, Any]]:
+async def delete_limit_group(request: web.Request, admin: StockAdmin) -> tuple[Any, dict[str, Any]]:
     """DELETE /admin/limit-groups/{group}: 409 group_in_use while a sku is in it."""
     name = payloads.identifier(request.match_info["group"], "group")
-    return await _groups(request).delete(name)
+    return await admin.limit_groups.delete(name)
 
 
 def routes() -> list[web.RouteDef]:

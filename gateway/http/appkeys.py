@@ -21,7 +21,7 @@ from gateway.settings import Settings
 from gateway.usecases.admin import StockAdmin
 from gateway.usecases.admission import Admissions
 from gateway.usecases.lifecycle import OrderLifecycle
-from gateway.usecases.limit_groups import LimitGroupsAdmin
+from gateway.usecases.ports import BotCheck
 from gateway.usecases.purchases import Purchases
 from gateway.usecases.reconciler import Reconciler
 from gateway.usecases.servable import Servability
@@ -49,10 +49,11 @@ PROXIES = web.AppKey("proxies", TrustedProxies)
 PURCHASES = web.AppKey("purchases", Purchases)
 ADMIN = web.AppKey("admin", StockAdmin)
 RECONCILER = web.AppKey("reconciler", Reconciler)
-LIMIT_GROUPS = web.AppKey("limit_groups", LimitGroupsAdmin)
 # Waiting rooms in front of the purchases, and the admin tokens (with their file).
 ADMISSIONS = web.AppKey("admissions", Admissions)
 ADMIN_TOKENS = web.AppKey("admin_tokens", AdminTokens)
+# The waiting rooms' bot check (gateway.outbound.bot_check), or the one nobody passes.
+BOT_CHECK = web.AppKey[BotCheck]("bot_check")
 # The configured skus this instance could not serve (GET /readyz).
 SERVABILITY = web.AppKey("servability", Servability)
 # What became of a request id (GET /v1/orders/{request_id}).

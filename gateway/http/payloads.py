@@ -50,8 +50,10 @@ SKU_FIELDS = frozenset(
 GROUP_FIELDS = frozenset({"per_user_limit"})
 # A limit group's per_user_limit (issue 41).
 MAX_GROUP_LIMIT = 1000
-ROOM_FIELDS = frozenset({"admit_per_s", "token_ttl_s", "shuffle_at_start"})
-JOIN_FIELDS = frozenset({"user_id"})
+ROOM_FIELDS = frozenset({"admit_per_s", "token_ttl_s", "shuffle_at_start", "bot_check"})
+JOIN_FIELDS = frozenset({"user_id", "bot_token"})
+# The longest bot token taken: Turnstile documents 2048 characters at most.
+MAX_BOT_TOKEN = 2048
 # A day: a token is meant to be spent within minutes of admission.
 MAX_TOKEN_TTL_S = 86_400
 RESTOCK_FIELDS = frozenset({"delta"})
@@ -210,14 +212,31 @@ def waiting_room(data: Mapping[str, Any]) -> WaitingRoom | None:
     extra = room.keys() - ROOM_FIELDS
     if extra:
         raise InvalidRequest(f"unknown waiting_room fields: {', '.join(sorted(extra))}")
-    shuffle = room.get("shuffle_at_start", False)
+    shuffle, bot_check = room.get("shuffle_at_start", False), room.get("bot_check", False)
     if not isinstance(shuffle, bool):
         raise InvalidRequest("shuffle_at_start must be true or false")
+    if not isinstance(bot_check, bool):
+        raise InvalidRequest("bot_check must be true or false")
     return WaitingRoom(
         admit_per_s=integer(room, "admit_per_s", low=1, high=MAX_LIMIT),
         token_ttl_s=integer(room, "token_ttl_s", low=1, high=MAX_TOKEN_TTL_S),
         shuffle_at_start=shuffle,
+        bot_check=bot_check,
     )
+
+
+def bot_token(data: Mapping[str, Any]) -> str | None:
+    """The optional ``bot_token`` of a join: 1 to MAX_BOT_TOKEN printable ASCII
+    characters (a widget's token is base64-like), checked whether or not the
+    room asks for one. Raises :class:`InvalidRequest`."""
+    if "bot_token" not in data:
+        return None
+    value = data["bot_token"]
+    if not isinstance(value, str) or len(value) > MAX_BOT_TOKEN:
+        raise InvalidRequest(f"bot_token must be a string of at most {MAX_BOT_TOKEN} characters")
+    if URL_CHARS.fullmatch(value) is None:
+        raise InvalidRequest("bot_token must be printable ASCII without spaces")
+    return value
 
 
 def sku_fields(data: Mapping[str, Any], *, partial: bool) -> dict[str, Any]:

@@ -211,13 +211,15 @@ async def waiting_page(request: web.Request) -> web.Response:
 
 async def join_room(request: web.Request) -> web.Response:
     """POST /v1/queue/{sku}: a ticket in the sku's waiting room (the same one again
-    for a user who joined before), or 409 sold_out."""
+    for a user who joined before), or 409 sold_out; in a room that checks for
+    bots a new ticket needs a ``bot_token`` that passes (else 403, or 503)."""
     sku = payloads.identifier(request.match_info["sku"], "sku")
     data = payloads.parse_object(await read_body(request), payloads.JOIN_FIELDS)
     if "user_id" not in data:
         raise InvalidRequest("user_id is required")
     user_id = payloads.identifier(data["user_id"], "user_id")
-    joined = await request.app[ADMISSIONS].join(sku, user_id)
+    bot_token = payloads.bot_token(data)
+    joined = await request.app[ADMISSIONS].join(sku, user_id, bot_token, current_client)
     if joined is None:
         return web.Response(body=_SOLD_OUT_BODY, status=409, content_type=JSON)
     return json_response({"ticket": joined.ticket, **_place(joined.place)})
@@ -280,7 +282,7 @@ async def metrics(request: web.Request) -> web.Response:
 # The query parameters each route takes (by its path); the others take none.
 QUERIES = {
     "/v1/orders/{request_id}": frozenset({"user_id", "wait"}),
-    "/wait/{sku}": frozenset({"user_id", "return_to", "pay_to", "lang"}),
+    "/wait/{sku}": frozenset({"user_id", "return_to", "pay_to", "lang", "bot_token"}),
 }
 
 

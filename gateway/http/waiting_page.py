@@ -93,9 +93,9 @@ class WaitingPage:
     image_origins: frozenset[str]
 
     def answer(self, request: web.Request) -> web.Response:
-        """``GET /wait/{sku}?user_id=U[&return_to=URL][&pay_to=URL][&lang=L]``: the
+        """``GET /wait/{sku}?user_id=U[&return_to=URL][&pay_to=URL][&lang=L][&bot_token=T]``: the
         page in the language asked for, or 304 on a matching ETag; raises
-        :class:`InvalidRequest` for a bad sku, user_id, return_to, pay_to or lang
+        :class:`InvalidRequest` for a bad sku, user_id, return_to, pay_to, lang or bot_token
         (the document does not depend on the first four: the script reads them)."""
         payloads.identifier(request.match_info["sku"], "sku")
         if "user_id" not in request.query:
@@ -103,6 +103,9 @@ class WaitingPage:
         payloads.identifier(request.query["user_id"], "user_id")
         check_return_to(request.query.get("return_to"), self.return_origins)
         check_return_to(request.query.get("pay_to"), self.return_origins, "pay_to")
+        if "bot_token" in request.query:
+            # As a join takes it (the page passes it on): refused here, not there.
+            payloads.bot_token({"bot_token": request.query["bot_token"]})
         asked = request.query.get("lang")
         doc = self.documents[languages.chosen(asked, request.headers.get("Accept-Language"))]
         if any(tag.value == doc.etag for tag in request.if_none_match or ()):

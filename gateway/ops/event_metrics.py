@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from gateway.postgres.outbox import SinkStats
+from gateway.domain.events import SinkStats
 
 # From an event's commit to its sink: milliseconds when all is well, minutes to
 # days while a receiver is down (a webhook is retried for up to 3 days).

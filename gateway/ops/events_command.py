@@ -1,19 +1,25 @@
-"""``flashsale-gateway events``: the order events owed to the sinks, and replays.
+"""``flashsale-gateway events``: the order events owed to the sinks, their
+redelivery, and a sink dropped.
 
 Without a flag it prints each sink's backlog, then one line per event owed to
 a sink (undelivered, or dead-lettered past the sink's max age) with its
 attempts, age and last error; it exits 0, or 1 when any is a dead letter.
-``--replay EVENT_ID`` makes one event due again (with its order's earlier
-dead letters, which go first), ``--replay-since TIME`` every owed event that
-occurred at or after an RFC 3339 time; ``--sink NAME`` keeps to one sink.
-A replay exits 0 when it revived something, 1 when nothing matched. Any of
-them exits 2 when PostgreSQL cannot be read, the event id is not a UUID or
-the time is not RFC 3339.
+A redelivery makes events due again at once, delivered or not, for ``--sink
+NAME`` or every registered sink: ``--replay EVENT_ID`` one event (with its
+order's earlier dead letters, which go first), ``--replay-since TIME`` every
+event still in the outbox that occurred at or after an RFC 3339 time. It
+exits 0 when something is due again, 1 when nothing matched (no such event,
+or pruned). ``--drop-sink NAME`` forgets a sink and everything owed to it;
+1 when it was not registered. Any of them exits 2 when PostgreSQL cannot be
+read, the event id is not a UUID, the time is not RFC 3339 or ``--sink``
+names no registered sink. A reader that stops reading early (``| head``)
+ends the output quietly.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 import uuid
 from collections.abc import Sequence
@@ -21,8 +27,9 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from gateway.domain.errors import GatewayError
+from gateway.domain.events import SinkStats
 from gateway.postgres.database import create_pool
-from gateway.postgres.outbox import Outbox, Owed, SinkStats
+from gateway.postgres.outbox import Outbox, Owed
 from gateway.settings import Misconfigured, Settings
 
 # Lines listed at most; the backlog's counts above them are exact.
@@ -31,11 +38,13 @@ LIST_LIMIT = 1_000
 
 @dataclass(frozen=True, slots=True)
 class Request:
-    """What the command was asked: a list, or a replay of one event or since a time."""
+    """What the command was asked: a list, a redelivery of one event or since a
+    time (the flags keep the word "replay"), or a sink to drop."""
 
     replay: str | None = None
     replay_since: str | None = None
     sink: str | None = None
+    drop_sink: str | None = None
 
 
 def since(text: str) -> datetime:
@@ -67,12 +76,10 @@ async def _execute(settings: Settings, request: Request) -> tuple[str, int]:
     pool = await create_pool(settings)
     try:
         outbox = Outbox(pool)
-        if request.replay is not None:
-            n = await outbox.replay(str(uuid.UUID(request.replay)), request.sink)
-            return f"replayed {n} deliveries of event {request.replay}", 0 if n else 1
-        if request.replay_since is not None:
-            n = await outbox.replay_since(since(request.replay_since), request.sink)
-            return f"replayed {n} deliveries since {request.replay_since}", 0 if n else 1
+        if request.drop_sink is not None:
+            return await _drop(outbox, request.drop_sink)
+        if request.replay is not None or request.replay_since is not None:
+            return await _redeliver(outbox, request)
         stats, owed = await outbox.stats(), await outbox.owed(LIST_LIMIT)
         if request.sink is not None:
             stats = [s for s in stats if s.sink == request.sink]
@@ -82,6 +89,37 @@ async def _execute(settings: Settings, request: Request) -> tuple[str, int]:
         await pool.close()
 
 
+async def _redeliver(outbox: Outbox, request: Request) -> tuple[str, int]:
+    """``--replay`` or ``--replay-since``: the count now due, and 0, or 1 for none."""
+    sinks = await outbox.sinks()
+    if request.sink is not None and request.sink not in sinks:
+        # A typo would otherwise owe events to a sink no relay serves.
+        raise ValueError(
+            f"no sink {request.sink!r} is registered (registered: {', '.join(sinks) or 'none'});"
+            " a gateway registers each sink it configures when it starts"
+        )
+    to = request.sink or ", ".join(sinks)
+    if request.replay is not None:
+        event_id = str(uuid.UUID(request.replay))
+        n = await outbox.redeliver(event_id, request.sink)
+        what = f"event {event_id}"
+    else:
+        assert request.replay_since is not None
+        n = await outbox.redeliver_since(since(request.replay_since), request.sink)
+        what = f"events since {request.replay_since}"
+    if not n:
+        return f"redelivered 0 deliveries: no {what} in the outbox (pruned, or none)", 1
+    return f"redelivered {n} deliveries of {what} to {to}: due now", 0
+
+
+async def _drop(outbox: Outbox, sink: str) -> tuple[str, int]:
+    """``--drop-sink``: what went, and 0, or 1 when no such sink was registered."""
+    registered, owed = await outbox.drop_sink(sink)
+    if not registered:
+        return f"no sink {sink!r} was registered; {owed} owed events dropped", 1
+    return f"dropped sink {sink}: {owed} owed events forgotten", 0
+
+
 def run(settings: Settings, request: Request) -> int:
     """The ``events`` command; returns its exit status (0, 1 or 2)."""
     try:
@@ -89,5 +127,11 @@ def run(settings: Settings, request: Request) -> int:
     except (GatewayError, Misconfigured, ValueError) as exc:
         print(f"flashsale-gateway events: {exc}", file=sys.stderr)
         return 2
-    print(text, flush=True)
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:
+        # The reader went (``| head``): what it read is what it wanted. Point
+        # stdout at /dev/null so the interpreter's own flush at exit does not
+        # raise again and print a traceback.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return status

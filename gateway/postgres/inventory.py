@@ -35,8 +35,8 @@ from gateway.postgres.database import Connection, as_unavailable
 # too: their buyers' orders still count), by name.
 SKU_INFO = """
 SELECT stock, inventory.per_user_limit, room_admit_per_s, room_token_ttl_s,
-       room_shuffle_at_start, starts_at, ends_at, user_rate, client_rate, strategy,
-       payment_window_s, title, image_url, price_text, inventory.limit_group,
+       room_shuffle_at_start, room_bot_check, starts_at, ends_at, user_rate, client_rate,
+       strategy, payment_window_s, title, image_url, price_text, inventory.limit_group,
        lg.per_user_limit AS group_limit,
        (SELECT array_agg(m.sku ORDER BY m.sku) FROM inventory m
         WHERE m.limit_group = inventory.limit_group) AS group_skus
@@ -52,6 +52,12 @@ LOCK_SKU_SETTINGS = SKU_INFO.rstrip() + " FOR UPDATE OF inventory\n"
 # Skus sold through a waiting room (gateway.usecases.servable: they need an admission secret).
 WAITING_ROOM_SKUS = """
 SELECT sku FROM inventory WHERE room_admit_per_s IS NOT NULL AND archived_at IS NULL
+ORDER BY sku LIMIT $1
+"""
+# Those whose room checks for bots (they need GATEWAY_BOT_CHECK_URL too).
+BOT_CHECK_SKUS = """
+SELECT sku FROM inventory
+WHERE room_admit_per_s IS NOT NULL AND room_bot_check AND archived_at IS NULL
 ORDER BY sku LIMIT $1
 """
 # Units of a sku held for payment: the one expression that makes a sku with
@@ -92,6 +98,21 @@ UNARCHIVE = """
 UPDATE inventory SET archived_at = NULL, updated_at = now()
 WHERE sku = $1 AND archived_at IS NOT NULL RETURNING sku
 """
+# A sku's every setting, its status and its orders' units by status, archived
+# or not (GET /admin/skus/{sku}).
+SKU_SHEET = f"""
+SELECT stock, per_user_limit, room_admit_per_s, room_token_ttl_s, room_shuffle_at_start,
+       starts_at, ends_at, user_rate, client_rate, strategy, payment_window_s,
+       room_bot_check, title, image_url, price_text, limit_group, archived_at,
+       {ACTIVE} AS active, u.*
+FROM inventory LEFT JOIN sku_display USING (sku)
+CROSS JOIN LATERAL (
+    SELECT COALESCE(SUM(qty) FILTER (WHERE status = 'confirmed'), 0) AS confirmed,
+           COALESCE(SUM(qty) FILTER (WHERE status = 'paid'), 0) AS paid,
+           COALESCE(SUM(qty) FILTER (WHERE status = 'pending_payment'), 0) AS held
+    FROM orders AS o WHERE o.sku = inventory.sku) u
+WHERE sku = $1
+"""
 # Keyset pagination on the sku: every page costs one index range, however deep.
 LIST_SKUS = f"""
 SELECT sku, stock, archived_at, {ACTIVE} AS active FROM inventory
@@ -129,7 +150,8 @@ WHERE sku = $1 AND archived_at IS NULL RETURNING stock
 # A PUT replaces the whole sku, so no waiting room in it means none any more.
 SET_WAITING_ROOM = """
 UPDATE inventory
-SET room_admit_per_s = $2, room_token_ttl_s = $3, room_shuffle_at_start = $4
+SET room_admit_per_s = $2, room_token_ttl_s = $3, room_shuffle_at_start = $4,
+    room_bot_check = $5
 WHERE sku = $1
 """
 SET_DISPLAY = """
@@ -173,6 +195,17 @@ class SkuListing(NamedTuple):
         return "active" if self.active else "idle"
 
 
+class SkuSheet(NamedTuple):
+    """A sku as ``GET /admin/skus/{sku}`` shows it: its settings, its status,
+    and the units of its live orders by status."""
+
+    settings: SkuSettings
+    listing: SkuListing
+    confirmed: int  # units of orders final at their 201 (no payment window)
+    paid: int
+    held: int  # units of orders pending payment
+
+
 class SkuChange(NamedTuple):
     """A sku's settings before and after an admin change."""
 
@@ -188,7 +221,10 @@ def _settings_of(row: asyncpg.Record) -> SkuSettings:
     room = None
     if row["room_admit_per_s"] is not None:
         room = WaitingRoom(
-            row["room_admit_per_s"], row["room_token_ttl_s"], row["room_shuffle_at_start"]
+            row["room_admit_per_s"],
+            row["room_token_ttl_s"],
+            row["room_shuffle_at_start"],
+            row["room_bot_check"],
         )
     return SkuSettings(
         stock=row["stock"],
@@ -234,6 +270,7 @@ async def _write_settings(con: Connection, sku: str, new: SkuSettings) -> None:
         room and room.admit_per_s,
         room and room.token_ttl_s,
         bool(room and room.shuffle_at_start),
+        bool(room and room.bot_check),
     )
 
 
@@ -281,6 +318,16 @@ class Inventory:
             row = await self._pool.fetchrow(DISPLAY, sku)
         return NO_DISPLAY if row is None else Display(*row)
 
+    async def sheet(self, sku: str) -> SkuSheet | None:
+        """Every setting of ``sku``, its status and its orders' units by status,
+        archived or not; None when no such sku exists."""
+        with as_unavailable:
+            row = await self._pool.fetchrow(SKU_SHEET, sku)
+        if row is None:
+            return None
+        listing = SkuListing(sku, row["stock"], row["archived_at"], row["active"])
+        return SkuSheet(_settings_of(row), listing, row["confirmed"], row["paid"], row["held"])
+
     async def states(self, *, every: bool = False) -> list[SkuState]:
         """The active skus (``ACTIVE``), by name; ``every`` sku of the inventory,
         archived ones included, when asked."""
@@ -327,6 +374,11 @@ class Inventory:
         with as_unavailable:
             return [r["sku"] for r in await self._pool.fetch(WAITING_ROOM_SKUS, limit)]
 
+    async def bot_check_skus(self, limit: int) -> list[str]:
+        """The first ``limit`` skus (by name) whose waiting room checks for bots."""
+        with as_unavailable:
+            return [r["sku"] for r in await self._pool.fetch(BOT_CHECK_SKUS, limit)]
+
     async def change_sku(
         self, sku: str, fields: Mapping[str, Any], *, create: bool
     ) -> SkuChange | None:
@@ -348,6 +400,10 @@ class Inventory:
                 after = replace(before, **fields)
                 if after.starts_at and after.ends_at and after.ends_at <= after.starts_at:
                     raise InvalidRequest("ends_at must be after starts_at")
+                if after == before and not (created or listed):
+                    # Settings put back as they were (a GET's, say): no write, so
+                    # no stock movement and no updated_at that would wake an idle sku.
+                    return SkuChange(before, after)
                 await _write_settings(con, sku, after)
                 if after.limit_group != before.limit_group:
                     await _join_group(con, sku, after.limit_group, created=created)

@@ -20,14 +20,13 @@ others have nothing in Redis, and are synced at once. Driver errors become
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from datetime import UTC, datetime
 
 import asyncpg
 
 from gateway.domain.errors import PaymentIdTaken
 from gateway.domain.model import WINDOW_ELAPSED, Cause, Closed, Order, OrderStatus, Strategy
-from gateway.domain.payments import BuyerOrder, LatePayment, LateStatus, OrderCursor
+from gateway.domain.payments import BuyerOrder, LatePayment, LateStatus, OrderCursor, Paying
 from gateway.postgres.database import Connection, as_unavailable
 from gateway.postgres.orders import order_of
 
@@ -173,18 +172,6 @@ ORDER BY o.created_at DESC, o.order_id DESC LIMIT $6
 """
 # Where the first page starts: before every order.
 _NEWEST = OrderCursor(datetime.max.replace(tzinfo=UTC), "ffffffff-ffff-ffff-ffff-ffffffffffff")
-
-
-@dataclass(frozen=True, slots=True)
-class Paying:
-    """An order as a payment found it, and the payment id that paid it, if any."""
-
-    order: Order
-    payment_id: str | None
-    # This payment paid it now (not a payment sent again).
-    won: bool = False
-    # The payment's id is already another order's (paid or refused late).
-    taken: bool = False
 
 
 class Lifecycle:

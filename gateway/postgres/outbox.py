@@ -1,8 +1,9 @@
-"""The outbox in PostgreSQL: each sink's owed events claimed, settled, dead-lettered,
-replayed and listed (``sql/010_order_events.sql``, ``sql/011_event_delivery.sql``).
+"""The outbox in PostgreSQL: each sink's owed events claimed, recorded, dead-lettered,
+redelivered, dropped and listed (``sql/010_order_events.sql``, ``sql/011_event_delivery.sql``).
 
 A claim holds its rows, ``FOR UPDATE SKIP LOCKED``, in a transaction that lasts
-while the relay delivers them and ends with their settlement: another relay
+while the relay delivers them and ends with the record of what the sink took:
+another relay
 skips them, and a relay that dies mid-delivery (SIGKILL, PostgreSQL restarted)
 leaves its transaction to roll back, so the rows are due again at once, with
 no lease to wait out and no clock to trust. It costs a pool connection per
@@ -22,7 +23,7 @@ from typing import Any
 
 import asyncpg
 
-from gateway.domain.events import OrderEvent
+from gateway.domain.events import OrderEvent, SinkStats
 from gateway.postgres.database import Connection, as_unavailable
 
 REGISTER = "INSERT INTO event_sinks (name) VALUES ($1) ON CONFLICT DO NOTHING"
@@ -91,25 +92,56 @@ WHERE sink = $1 AND seq IN (
     WHERE sink = $1 AND dead_at IS NULL AND owed_since < now() - make_interval(secs => $2)
     FOR UPDATE SKIP LOCKED)
 """
-# Due again at once, the dead letter cleared and the max age counted anew. One
-# event takes with it the dead letters of its order's earlier versions, which
-# must be delivered first.
-REPLAY_ONE = """
-WITH e AS (
-    SELECT e.seq, e.order_id, e.version FROM event_deliveries o
-    JOIN order_events e ON e.seq = o.seq WHERE e.event_id = $1::uuid LIMIT 1
+# A redelivery (``events --replay``, ``--replay-since``): each event named
+# becomes owed again to each sink named (one, or every registered one), due
+# at once, delivered or not, never tried, its max age counted anew. An event
+# still in one of the sink's batches is due anyway and left there, so no
+# event is owed twice to one sink. Per-order order holds as for any owed
+# event: a version waits while a lower one is owed.
+REDELIVERY = """
+WITH target AS (SELECT name FROM event_sinks WHERE $1::text IS NULL OR name = $1),
+picked AS (
+    SELECT t.name AS sink, e.seq, e.order_id, e.version, e.occurred_at
+    FROM ({events}) e CROSS JOIN target t
+),
+batched AS (
+    SELECT b.sink, u.seq FROM event_batches b CROSS JOIN LATERAL unnest(b.seqs) AS u(seq)
+    WHERE b.sink IN (SELECT name FROM target)
+),
+owed AS (
+    INSERT INTO event_deliveries AS d (sink, seq, order_id, version, occurred_at)
+    SELECT p.sink, p.seq, p.order_id, p.version, p.occurred_at FROM picked p
+    WHERE NOT EXISTS (SELECT 1 FROM batched b WHERE b.sink = p.sink AND b.seq = p.seq)
+    ON CONFLICT (sink, seq) DO UPDATE
+    SET dead_at = NULL, due_at = now(), owed_since = now(), attempts = 0
+    RETURNING 1
 )
-UPDATE event_deliveries d
-SET dead_at = NULL, due_at = now(), owed_since = now(), attempts = 0
-FROM e
-WHERE d.order_id = e.order_id AND d.version <= e.version
-    AND (d.seq = e.seq OR d.dead_at IS NOT NULL) AND ($2::text IS NULL OR d.sink = $2)
+SELECT (SELECT count(*) FROM owed) + (SELECT count(*) FROM picked p
+    WHERE EXISTS (SELECT 1 FROM batched b WHERE b.sink = p.sink AND b.seq = p.seq))
 """
-REPLAY_SINCE = """
-UPDATE event_deliveries
-SET dead_at = NULL, due_at = now(), owed_since = now(), attempts = 0
-WHERE occurred_at >= $1 AND ($2::text IS NULL OR sink = $2)
+# One event, with its order's earlier dead letters for the same sinks: those
+# must be delivered first, and a dead letter is never tried by itself.
+REDELIVER_ONE = REDELIVERY.format(
+    events="SELECT seq, order_id, version, occurred_at FROM order_events WHERE event_id = $2::uuid"
+)
+REVIVE_EARLIER = """
+UPDATE event_deliveries d SET dead_at = NULL, due_at = now(), owed_since = now(), attempts = 0
+FROM order_events e
+WHERE e.event_id = $2::uuid AND d.order_id = e.order_id AND d.version < e.version
+    AND d.dead_at IS NOT NULL AND ($1::text IS NULL OR d.sink = $1)
 """
+REDELIVER_SINCE = REDELIVERY.format(
+    events="SELECT seq, order_id, version, occurred_at FROM order_events WHERE occurred_at >= $2"
+)
+# A sink forgotten: what it is owed, then its registration (issue 40.6).
+DROP_SINK = """
+WITH batches AS (DELETE FROM event_batches WHERE sink = $1 RETURNING cardinality(seqs) AS n),
+deliveries AS (DELETE FROM event_deliveries WHERE sink = $1 RETURNING 1),
+sinks AS (DELETE FROM event_sinks WHERE name = $1 RETURNING 1)
+SELECT (SELECT count(*) FROM sinks),
+    (SELECT COALESCE(sum(n), 0) FROM batches) + (SELECT count(*) FROM deliveries)
+"""
+SINKS = "SELECT name FROM event_sinks ORDER BY name"
 OWED = """
 SELECT d.sink, e.event_id::text, e.type, e.order_id::text, e.version, d.attempts,
     d.last_error, d.dead_at IS NOT NULL AS dead,
@@ -149,17 +181,6 @@ class Owed:
     last_error: str | None
     dead: bool
     age_s: float
-
-
-@dataclass(frozen=True, slots=True)
-class SinkStats:
-    """One sink's backlog: events owed and not dead, dead letters, and the age
-    of the oldest owed one (0 when none is)."""
-
-    sink: str
-    depth: int
-    dead: int
-    oldest_s: float
 
 
 def _event(row: asyncpg.Record) -> OrderEvent:
@@ -202,7 +223,7 @@ def _count(status: str) -> int:
 
 
 class Claim:
-    """A batch of one sink's events, held until settled (:meth:`Outbox.claim`):
+    """A batch of one sink's events, held until its outcome is recorded (:meth:`Outbox.claim`):
     those owed one by one, then those of whole batches (``fresh``, never tried)."""
 
     def __init__(
@@ -219,7 +240,7 @@ class Claim:
         self.attempts = [r["attempts"] for r in rows]
         self._fresh = frozenset(r["seq"] for r in fresh)
 
-    async def settle(
+    async def record(
         self, delivered: Sequence[int], failed: Sequence[tuple[int, float, str]]
     ) -> list[float]:
         """Forget the ``delivered`` seqs for this sink; try each ``failed``
@@ -275,7 +296,7 @@ class Outbox:
     @asynccontextmanager
     async def claim(self, sink: str, limit: int) -> AsyncIterator[Claim]:
         """Hold up to ``limit`` events due for ``sink`` (distinct orders) while
-        the body delivers and settles them; the rows go back to due if it
+        the body delivers them and records the outcome; the rows go back to due if it
         raises or the gateway dies. Raises PostgresUnavailable."""
         with as_unavailable:
             async with self._pool.acquire() as con, con.transaction():
@@ -288,14 +309,40 @@ class Outbox:
         """Dead-letter what ``sink`` was owed longer than ``max_age_s``; how many."""
         return _count(await self._execute(DEAD_LETTER, sink, max_age_s))
 
-    async def replay(self, event_id: str, sink: str | None = None) -> int:
-        """Make one event due again (for ``sink``, else every sink it is owed to),
-        with its order's earlier dead letters; how many deliveries it revived."""
-        return _count(await self._execute(REPLAY_ONE, event_id, sink))
+    async def sinks(self) -> list[str]:
+        """The registered sinks' names, by name."""
+        return [r["name"] for r in await self._fetch(SINKS)]
 
-    async def replay_since(self, since: datetime, sink: str | None = None) -> int:
-        """Make every owed event that occurred at or after ``since`` due again."""
-        return _count(await self._execute(REPLAY_SINCE, since, sink))
+    async def redeliver(self, event_id: str, sink: str | None = None) -> int:
+        """Owe one event again, due at once, to ``sink`` (else every registered
+        sink), whether delivered or not, with its order's earlier dead letters
+        for the same sinks; how many (event, sink) deliveries are now due (0:
+        no such event, or it was pruned)."""
+        with as_unavailable:
+            async with self._pool.acquire() as con, con.transaction():
+                await con.execute(REVIVE_EARLIER, sink, event_id)
+                count: int = await con.fetchval(REDELIVER_ONE, sink, event_id)
+        return count
+
+    async def redeliver_since(self, since: datetime, sink: str | None = None) -> int:
+        """Owe every event that occurred at or after ``since`` and is still in the
+        outbox (``GATEWAY_EVENTS_RETENTION_S``) again, due at once, to ``sink``
+        (else every registered sink), delivered or not; how many (event, sink)
+        deliveries are now due."""
+        with as_unavailable:
+            async with self._pool.acquire() as con:
+                count: int = await con.fetchval(REDELIVER_SINCE, sink, since)
+        return count
+
+    async def drop_sink(self, sink: str) -> tuple[bool, int]:
+        """Forget ``sink``: every event owed to it, dead letters included, and
+        its registration. Returns whether it was registered and how many owed
+        events went."""
+        with as_unavailable:
+            async with self._pool.acquire() as con:
+                row = await con.fetchrow(DROP_SINK, sink)
+        assert row is not None
+        return bool(row[0]), int(row[1])
 
     async def owed(self, limit: int) -> list[Owed]:
         """The events owed to a sink, undelivered or dead, by sink and age."""

@@ -183,11 +183,17 @@ async def _diagnosis(redis: RedisClient, settings: Settings, exc: BaseException)
     if isinstance(exc.__context__, socket.gaierror):
         found = f"host {parts.hostname} not found ({exc.__context__.strerror})"
         return Misconfigured(field, url, found, final=False)
-    if parts.scheme == "rediss":  # TLS: a plain PING would not tell Redis from anything else
-        return Misconfigured(field, url, _one_line(exc), final=False)
     port = parts.port or DEFAULT_PORT
     where = parts.path if parts.scheme == "unix" else f"{parts.hostname}:{port}"
     answer = await _probe(parts.scheme, parts.hostname or "", port, parts.path)
+    if parts.scheme == "rediss":
+        # A plain Redis reads a TLS handshake as a command that never ends and
+        # says nothing, so the driver only ever saw a timeout; a plain PING
+        # answered in Redis's own words says why.
+        if answer is not None and answer[:1] in (b"+", b"-"):
+            found = f"TLS refused: {where} is a Redis without TLS (use redis://, or TLS there)"
+            return Misconfigured(field, url, found)
+        return Misconfigured(field, url, _one_line(exc), final=False)
     if answer is None:
         return Misconfigured(field, url, f"nothing answers at {where}", final=False)
     if answer[:1] not in (b"+", b"-"):

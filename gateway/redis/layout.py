@@ -248,6 +248,9 @@ class RoomKeys:
     ``...:q:early``    string  the last join sequence given out before the sale's start
     ``...:q:shuffled`` string  set once the early arrivals were shuffled at the start
     ``...:q:used:<ticket>``  string  the request id that spent the ticket's token
+    ``...:q:bot:<digest>``   string  ``1``: a bot token (by its SHA-256, hex) that
+                             made a ticket here; SET NX PX by room_join.lua,
+                             kept 300 s (as long as a Turnstile token is valid)
 
     The ``q`` is the room's former name (queue), kept in the keys: renamed, they
     would strand the rooms of a sale in progress across a rolling upgrade.
@@ -272,6 +275,11 @@ class RoomKeys:
     def used(self, ticket: str) -> str:
         """The key recording which request spent ``ticket``'s admission token."""
         return f"{self.wait.removesuffix(':wait')}:used:{ticket}"
+
+    def bot(self, digest: str) -> str:
+        """The key recording that the bot token of SHA-256 ``digest`` (hex) was
+        used here: in the sku's slot, so the join script claims it with the ticket."""
+        return f"{self.wait.removesuffix(':wait')}:bot:{digest}"
 
 
 # The consumer group of the queue strategy's writers, on every sku's stream.

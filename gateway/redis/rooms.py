@@ -18,7 +18,11 @@ from gateway.redis.layout import KeyTags, RoomKeys, SkuKeys
 from gateway.redis.scripts import Script, read_script
 from gateway.settings import Settings
 
-Status = Literal["unknown", "sold_out", "waiting", "admitted"]
+Status = Literal["unknown", "sold_out", "waiting", "admitted", "bot_check", "reused"]
+
+# How long a bot token that made a ticket is remembered: a Turnstile token is
+# valid 300 s, so one kept as long cannot make a second ticket.
+BOT_TOKEN_KEPT_MS = 300_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +41,8 @@ class Standing:
 
 _UNKNOWN_STANDING = Standing("unknown")
 _SOLD_OUT_STANDING = Standing("sold_out")
+_BOT_CHECK_STANDING = Standing("bot_check")
+_REUSED_STANDING = Standing("reused")
 
 
 class Rooms:
@@ -83,22 +89,32 @@ class Rooms:
         starts_ms: int,
         token_ttl_ms: int,
         held: bool = False,
+        *,
+        bot_check: bool = False,
+        bot_passed: str | None = None,
     ) -> Standing:
         """Put ``user_id`` in ``sku``'s room with ``fresh_ticket``, or find the ticket
         they already hold (unless its admission is older than ``token_ttl_ms``:
         then the fresh ticket, at the back); ``sold_out`` when the sku is exhausted
         sold out. ``starts_ms`` is the sale's start (0: none), to tell early
         arrivals apart; ``held``: units are held for payment, so the sku is not
-        sold out yet."""
-        q, s = (
-            self._room(sku),
-            SkuKeys.of(self._prefix, sku, self._tags.group_of(sku)),
-        )
-        keys = (q.wait, q.users, q.tickets, q.seq, s.stock, s.pending, q.early)
+        sold out yet. With ``bot_check`` a new ticket needs ``bot_passed``, the
+        SHA-256 (hex) of a bot token that passed its check, claimed with the
+        ticket (``bot_check`` without it, ``reused`` when it made one before)."""
+        group = self._tags.group_of(sku)
+        q, s = RoomKeys.of(self._prefix, sku, group), SkuKeys.of(self._prefix, sku, group)
+        bot_key = q.bot(bot_passed or "-")
+        keys = (q.wait, q.users, q.tickets, q.seq, s.stock, s.pending, q.early, bot_key)
         args = (user_id, fresh_ticket, self._retention_ms, starts_ms, token_ttl_ms, int(held))
-        raw = await redis_call(self._join(self._redis, keys, args))
-        if raw[0] == "sold_out":
+        checks = (int(bot_check), int(bot_passed is not None), BOT_TOKEN_KEPT_MS)
+        raw = await redis_call(self._join(self._redis, keys, args + checks))
+        kind = raw[0]
+        if kind == "sold_out":
             return _SOLD_OUT_STANDING
+        if kind == "bot_check":
+            return _BOT_CHECK_STANDING
+        if kind == "reused":
+            return _REUSED_STANDING
         return Standing("waiting", raw[1], user_id, int(raw[2]), waiting=int(raw[3]))
 
     async def poll(

@@ -24,11 +24,13 @@ from typing import Any
 
 from gateway.domain.errors import LimitGroupLocked, UnknownSku
 from gateway.domain.model import Display, SkuSettings, StockReport
+from gateway.domain.rules import rfc3339
 from gateway.postgres.inventory import Inventory
 from gateway.postgres.limit_groups import LimitGroups
 from gateway.postgres.orders import Orders
 from gateway.redis.reservations import Reservations, StockLoad
 from gateway.usecases.catalog import Catalog
+from gateway.usecases.limit_groups import LimitGroupsAdmin
 from gateway.usecases.rebuilds import Rebuilds
 from gateway.usecases.servable import Servability
 from gateway.usecases.sold_out import SoldOut
@@ -36,6 +38,7 @@ from gateway.write.sku_locks import SkuLocks
 
 # Fields of a sku's answer left out when not set (null in the change log).
 ANSWERED_WHEN_SET = ("waiting_room", "title", "image_url", "price_text", "limit_group")
+DISPLAY_FIELDS = ("title", "image_url", "price_text")
 
 
 class StockAdmin:
@@ -55,6 +58,8 @@ class StockAdmin:
         groups: LimitGroups,
     ) -> None:
         self._groups = groups
+        # The limit groups' own routes (gateway.usecases.limit_groups).
+        self.limit_groups = LimitGroupsAdmin(store=groups, announcer=reservations, catalog=catalog)
         self._reservations = reservations
         self._servability = servability
         self._orders = orders
@@ -157,7 +162,7 @@ class StockAdmin:
                 # Announced on the change feed: every instance's catalog drops it.
                 await self._reservations.forget_stock(sku)
         self._forget(sku)
-        answer = {"sku": sku, "status": "archived", "archived_at": archived_at.isoformat()}
+        answer = {"sku": sku, "status": "archived", "archived_at": rfc3339(archived_at)}
         return answer, {"sku": sku, "archived": now}
 
     async def skus(self, status: str, after: str, limit: int) -> dict[str, Any]:
@@ -170,7 +175,7 @@ class StockAdmin:
                 "sku": s.sku,
                 "status": s.status,
                 "stock": s.stock,
-                "archived_at": None if s.archived_at is None else s.archived_at.isoformat(),
+                "archived_at": None if s.archived_at is None else rfc3339(s.archived_at),
             }
             for s in page
         ]
@@ -221,10 +226,35 @@ class StockAdmin:
             sold=sold,
         )
 
-    async def limit_group_json(self, sku: str) -> dict[str, str]:
-        """``{"limit_group": name}`` for a sku in a limit group, else empty."""
-        group = await self._group_of(sku)
-        return {} if group is None else {"limit_group": group}
+    async def sheet(self, sku: str) -> dict[str, Any]:
+        """``GET /admin/skus/{sku}``: every setting a ``PUT`` takes, as it takes
+        it (a display field absent when not set; ``strategy`` and a rate null
+        when the instance's default applies), so the settings put back change
+        nothing; its status; and the counts: stock in PostgreSQL and Redis,
+        pending, and the units sold (``sold``) split into ``confirmed``,
+        ``paid`` and ``held`` (pending payment). Raises :class:`UnknownSku`."""
+        found = await self._inventory.sheet(sku)
+        if found is None:
+            raise UnknownSku(f"no sku {sku!r}")
+        report = await self.report(sku)
+        settings, listing = found.settings, found.listing
+        answer: dict[str, Any] = {
+            "sku": sku,
+            "status": listing.status,
+            "archived_at": None if listing.archived_at is None else rfc3339(listing.archived_at),
+            **settings.as_json(),
+            "db_stock": report.db_stock,
+            "redis_stock": report.redis_stock,
+            "pending": report.pending,
+            "sold": found.confirmed + found.paid + found.held,
+            "confirmed": found.confirmed,
+            "paid": found.paid,
+            "held": found.held,
+        }
+        for name in DISPLAY_FIELDS:
+            if answer[name] is None:
+                del answer[name]
+        return answer
 
     async def display(self, sku: str) -> Display:
         """The display fields of ``sku`` (archived or not; none for a sku unknown)."""

@@ -13,14 +13,21 @@ reservation, because ``lua/reserve.lua`` is not this module's to change. A
 purchase that then fails in a way the buyer may retry (503, 400, 422) gives the
 token back (compare-and-delete on the request id); a replay of the same request
 id finds its own id on the token and gets the first outcome, even after expiry.
+
+A room with ``bot_check`` lets a join make a new ticket only with a bot token
+its provider vouches for (:class:`gateway.usecases.ports.BotCheck`: one
+siteverify round trip), claimed in Redis with the ticket by the same join
+script (one token, one ticket, whichever instance). A buyer who already holds a
+checked ticket joins again without one. The verdict is in the ticket
+(``admission_tokens.CHECKED``), which the admission token signs: a purchase
+reads it without I/O.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
-import secrets
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import NoReturn, Protocol
@@ -28,17 +35,19 @@ from typing import NoReturn, Protocol
 from gateway.domain.errors import (
     AdmissionInvalid,
     AdmissionRequired,
+    BotCheckFailed,
+    BotCheckUnavailable,
     GatewayError,
     NoWaitingRoom,
     Unavailable,
     UnknownTicket,
 )
 from gateway.domain.model import Purchase, Result, SkuInfo, WaitingRoom
-from gateway.redis.rooms import Rooms, Standing
-from gateway.usecases.admission_tokens import Refusal, Signer
-from gateway.usecases.catalog import Catalog
-from gateway.usecases.purchases import Purchases
-from gateway.usecases.sold_out import SoldOut
+from gateway.redis.rooms import Standing
+from gateway.usecases.admission_tokens import Refusal, Signer, fresh_ticket
+from gateway.usecases.ports import BotCheck, Client
+from gateway.usecases.servable import NO_BOT_CHECK
+from gateway.usecases.sold_out import ConfirmedIds, UnknownIds
 
 # Clients are told to come back no sooner than this, and no later.
 MIN_POLL_S, MAX_POLL_S = 1, 30
@@ -72,6 +81,66 @@ class Admitted:
     user_id: str
 
 
+class RoomStore(Protocol):
+    """The rooms' Redis records (gateway.redis.rooms.Rooms)."""
+
+    async def join(
+        self,
+        sku: str,
+        user_id: str,
+        fresh_ticket: str,
+        starts_ms: int,
+        token_ttl_ms: int,
+        held: bool = False,
+        *,
+        bot_check: bool = False,
+        bot_passed: str | None = None,
+    ) -> Standing: ...
+    async def poll(
+        self,
+        sku: str,
+        ticket: str,
+        admit_per_s: int,
+        starts_ms: int,
+        shuffle: bool,
+        held: bool = False,
+    ) -> Standing: ...
+    async def spend(self, sku: str, ticket: str, request_id: str, ttl_ms: int) -> str | None: ...
+    async def spent_by(self, sku: str, ticket: str) -> str | None: ...
+    async def give_back(self, sku: str, ticket: str, request_id: str) -> bool: ...
+
+
+class RoomCatalog(Protocol):
+    """What the rooms know of each sku (gateway.usecases.catalog.Catalog)."""
+
+    async def get(self, sku: str) -> SkuInfo: ...
+    def cached(self, sku: str) -> SkuInfo | None: ...
+
+
+class Buying(Protocol):
+    """The purchases behind the rooms (gateway.usecases.purchases.Purchases)."""
+
+    async def purchase(self, purchase: Purchase, client: Client = None) -> Result: ...
+    async def holding(self, info: SkuInfo) -> bool: ...
+    async def exhausted(self, info: SkuInfo) -> bool: ...
+
+
+class SoldOutMarks(Protocol):
+    """The in-process sold-out marks (gateway.usecases.sold_out.SoldOut)."""
+
+    def lookup(self, sku: str) -> ConfirmedIds | UnknownIds | None: ...
+
+
+# Why a join of a room that checks for bots is refused when it needs a new ticket.
+NO_BOT_TOKEN = "this waiting room needs a bot_token"
+BOT_TOKEN_REFUSED = "the bot check did not pass"
+BOT_TOKEN_USED = "this bot_token was already used"
+
+# A bot token's verdict at a join: the SHA-256 (hex) of a token that passed
+# (its key in Redis), else what to answer should the join need a new ticket.
+Verdict = str | BotCheckFailed | BotCheckUnavailable
+
+
 class AdmissionObserver(Protocol):
     """What the metrics want to know of the waiting rooms (see gateway.ops.metrics)."""
 
@@ -85,11 +154,12 @@ class Admissions:
     def __init__(
         self,
         *,
-        catalog: Catalog,
-        soldout: SoldOut,
-        purchases: Purchases,
-        rooms: Rooms,
+        catalog: RoomCatalog,
+        soldout: SoldOutMarks,
+        purchases: Buying,
+        rooms: RoomStore,
         signer: Signer | None,
+        bot_check: BotCheck,
         observer: AdmissionObserver | None = None,
     ) -> None:
         self._catalog = catalog
@@ -97,25 +167,68 @@ class Admissions:
         self._purchases = purchases
         self._rooms = rooms
         self._signer = signer
+        self._bot_check = bot_check
         self._observer = observer
 
-    async def join(self, sku: str, user_id: str) -> Ticket | None:
+    async def join(
+        self, sku: str, user_id: str, bot_token: str | None = None, client: Client = None
+    ) -> Ticket | None:
         """Put ``user_id`` in the sku's room (or find their ticket): the ticket,
-        None when sold out.
+        None when sold out. In a room that checks for bots a new ticket needs
+        ``bot_token``, verified with its provider (``client`` names the buyer's
+        address, sent along); a buyer who holds a checked ticket needs none.
 
-        Raises :class:`UnknownSku` or :class:`NoWaitingRoom`."""
+        Raises :class:`UnknownSku`, :class:`NoWaitingRoom`,
+        :class:`BotCheckFailed` (403) or :class:`BotCheckUnavailable` (503)."""
         info, room, _ = await self._room(sku)
-        starts_ms = _ms(info.rules.starts_at)
-        ttl_ms = room.token_ttl_s * 1000
-        fresh = secrets.token_hex(8)
-        standing = await self._rooms.join(sku, user_id, fresh, starts_ms, ttl_ms)
-        if standing.status == "sold_out" and await self._purchases.holding(info):
-            # Units held for payment may come back: the line stays.
-            standing = await self._rooms.join(sku, user_id, fresh, starts_ms, ttl_ms, held=True)
+        if room.bot_check and not self._bot_check.configured:
+            raise Unavailable(NO_BOT_CHECK, retry_after=5)
+        verdict: Verdict = BotCheckFailed(NO_BOT_TOKEN)
+        asked = False
+        # A sku marked sold out is answered without asking the provider: the
+        # join script says sold out, and nobody waits on a round trip for it.
+        if room.bot_check and bot_token is not None and self._soldout.lookup(sku) is None:
+            verdict, asked = await self._verdict(bot_token, client), True
+        standing = await self._enter(info, room, user_id, verdict)
+        if standing.status == "bot_check" and bot_token is not None and not asked:
+            # Marked sold out, yet the line stays (units held for payment).
+            verdict = await self._verdict(bot_token, client)
+            standing = await self._enter(info, room, user_id, verdict)
         if standing.status == "sold_out":
             return None
+        if standing.status == "bot_check":
+            raise BotCheckFailed(NO_BOT_TOKEN) if isinstance(verdict, str) else verdict
+        if standing.status == "reused":
+            raise BotCheckFailed(BOT_TOKEN_USED)
         self._seen(sku, standing)
+        starts_ms = _ms(info.rules.starts_at)
         return Ticket(standing.ticket, _place(standing.position, room, starts_ms))
+
+    async def _enter(
+        self, info: SkuInfo, room: WaitingRoom, user_id: str, verdict: Verdict
+    ) -> Standing:
+        """The join script's answer for ``user_id``, given the bot token's verdict."""
+        passed = verdict if isinstance(verdict, str) else None
+        fresh = fresh_ticket(checked=passed is not None)
+        starts_ms, ttl_ms = _ms(info.rules.starts_at), room.token_ttl_s * 1000
+        args = (info.sku, user_id, fresh, starts_ms, ttl_ms)
+        check, rooms = room.bot_check, self._rooms
+        standing = await rooms.join(*args, bot_check=check, bot_passed=passed)
+        if standing.status == "sold_out" and await self._purchases.holding(info):
+            # Units held for payment may come back: the line stays.
+            standing = await rooms.join(*args, True, bot_check=check, bot_passed=passed)
+        return standing
+
+    async def _verdict(self, token: str, client: Client) -> Verdict:
+        """Ask the provider about ``token``: its digest when it passed, else the
+        refusal a join that needs a new ticket answers."""
+        try:
+            passed = await self._bot_check.passes(token, None if client is None else client())
+        except BotCheckUnavailable as exc:
+            return exc
+        if not passed:
+            return BotCheckFailed(BOT_TOKEN_REFUSED)
+        return hashlib.sha256(token.encode()).hexdigest()
 
     async def poll(self, sku: str, ticket: str) -> Place | Admitted | None:
         """Where ``ticket`` stands: its place while waiting, its admission once
@@ -159,7 +272,7 @@ class Admissions:
         return info is not None and info.waiting_room is None
 
     async def purchase(
-        self, purchase: Purchase, token: str | None, client: Callable[[], str | None] | None = None
+        self, purchase: Purchase, token: str | None, client: Client = None
     ) -> Result:
         """Decide a purchase, spending its admission token when the sku has a room.
 
@@ -176,7 +289,7 @@ class Admissions:
                 return await self._purchases.purchase(purchase, client)
             self._refuse(Refusal.MISSING)
         purchase = purchase.identified()
-        ticket = await self._spend(purchase, token or "")
+        ticket = await self._spend(purchase, token or "", info.waiting_room)
         try:
             return await self._purchases.purchase(purchase, client)
         except GatewayError:
@@ -184,12 +297,19 @@ class Admissions:
             await self._rooms.give_back(purchase.sku, ticket, purchase.request_id)
             raise
 
-    async def _spend(self, purchase: Purchase, token: str) -> str:
-        """Check the token's signature and spend it on this request; its ticket."""
+    async def _spend(self, purchase: Purchase, token: str, room: WaitingRoom) -> str:
+        """Check the token's signature (and, in a room that checks for bots, its
+        ticket's verdict) and spend it on this request; its ticket."""
         signer = self._require_signer()
         admission = signer.verify(token, purchase.sku, purchase.user_id)
         if admission is None:
             self._refuse(Refusal.FORGED)
+        if room.bot_check and not admission.bot_checked:
+            # Only a replay of a purchase made before the room checked goes on.
+            holder = await self._rooms.spent_by(purchase.sku, admission.ticket)
+            if holder != purchase.request_id:
+                self._refuse(Refusal.UNCHECKED)
+            return admission.ticket
         ttl_ms = admission.expires_ms - _now_ms()
         if ttl_ms <= 0:
             # Expired: only the request that spent it in time may come back for its outcome.

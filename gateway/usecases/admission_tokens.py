@@ -8,6 +8,11 @@ signature is base64url (no padding) of HMAC-SHA256 keyed by
 rotation ``GATEWAY_ADMISSION_SECRET_PREVIOUS`` is accepted too (never used to
 sign): set the new secret and the old one as previous on every instance, wait
 for the longest token TTL, then drop the previous one.
+
+A room's bot check travels in the ticket, and so in the token: a ticket made
+by a join whose bot token passed begins with :data:`CHECKED`, which a ticket
+made otherwise (hex) never does. Tickets are made by the gateway alone and
+signed into the token, so a purchase reads the verdict without I/O.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -25,6 +31,10 @@ from gateway.domain.numerals import ascii_int
 MAX_TOKEN = 160
 
 
+# The first letter of a ticket made after a bot check passed: not a hex digit.
+CHECKED = "h"
+
+
 class Refusal(StrEnum):
     """Why an admission token was refused: the metric's label."""
 
@@ -32,6 +42,13 @@ class Refusal(StrEnum):
     FORGED = "forged"  # malformed, or signed for another sku, user, ticket or key
     EXPIRED = "expired"
     USED = "used"  # another request already bought with it
+    UNCHECKED = "unchecked"  # its room checks for bots, and its ticket was not checked
+
+
+def fresh_ticket(checked: bool) -> str:
+    """A new ticket: 64 random bits in hex, marked :data:`CHECKED` when a bot
+    check passed for the join that makes it."""
+    return f"{CHECKED if checked else ''}{secrets.token_hex(8)}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +57,11 @@ class Admission:
 
     ticket: str
     expires_ms: int
+
+    @property
+    def bot_checked(self) -> bool:
+        """Whether the ticket was made after a bot check passed."""
+        return self.ticket.startswith(CHECKED)
 
 
 class Signer:

@@ -46,10 +46,15 @@ from gateway.domain.errors import (
 )
 from gateway.domain.model import SOLD_OUT, Cause, Closed, Order, OrderStatus, Outcome, Result
 from gateway.domain.payments import BuyerOrder, LatePayment, LateStatus, OrderCursor, Page
-from gateway.postgres.lifecycle import Lifecycle
-from gateway.redis.reservations import Reservations
-from gateway.redis.rooms import Rooms
-from gateway.usecases.catalog import Catalog
+from gateway.usecases.ports import (
+    HeldCounts,
+    Listings,
+    Returns,
+    SkuCatalog,
+    Sweeps,
+    Transitions,
+    TurnEnds,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -104,15 +109,19 @@ class OrderLifecycle:
     def __init__(
         self,
         *,
-        lifecycle: Lifecycle,
-        reservations: Reservations,
+        transitions: Transitions,
+        sweeps: Sweeps,
+        listings: Listings,
+        returns: Returns,
+        rooms: TurnEnds,
+        catalog: SkuCatalog,
         metrics: LifecycleObserver,
         sweep_s: float,
-        rooms: Rooms,
-        catalog: Catalog,
     ) -> None:
-        self._db = lifecycle
-        self._reservations = reservations
+        self._db = transitions
+        self._sweeps = sweeps
+        self._listings = listings
+        self._returns = returns
         self._rooms = rooms
         self._catalog = catalog
         self._metrics = metrics
@@ -201,13 +210,13 @@ class OrderLifecycle:
     async def late_payments(self, status: LateStatus, after: int, limit: int) -> Page[LatePayment]:
         """A page of the late payments of ``status``, oldest first, after the
         cursor ``after`` (0: from the first), and the next page's cursor."""
-        found = await self._db.late_payments(status, after, limit + 1)
+        found = await self._listings.late_payments(status, after, limit + 1)
         page = found[:limit]
         return Page(page, str(page[-1].seq) if len(found) > limit else None)
 
     async def refund_late(self, payment_id: str) -> LatePayment:
         """Mark a late payment refunded (again: as it stands); raises :class:`NotFound`."""
-        found = await self._db.refund_late(payment_id)
+        found = await self._listings.refund_late(payment_id)
         if found is None:
             raise NotFound(f"no late payment {payment_id!r}")
         late, now = found
@@ -225,7 +234,7 @@ class OrderLifecycle:
         limit: int,
     ) -> Page[BuyerOrder]:
         """A page of a buyer's orders, newest first, and the next page's cursor."""
-        found = await self._db.buyer_orders(
+        found = await self._listings.buyer_orders(
             user_id, sku=sku, status=status, before=before, limit=limit + 1
         )
         page = found[:limit]
@@ -243,13 +252,13 @@ class OrderLifecycle:
         returns owed for a while; returns how many orders this pass expired."""
         expired = 0
         while True:
-            closed = await self._db.expire_due(SWEEP_BATCH)
+            closed = await self._sweeps.expire_due(SWEEP_BATCH)
             expired += len(closed)
             self._metrics.closed(OrderStatus.EXPIRED, len(closed))
             await self._give_back(closed)
             if len(closed) < SWEEP_BATCH:
                 break
-        owed = await self._db.owed(OWED_GRACE_S, SWEEP_BATCH)
+        owed = await self._sweeps.owed(OWED_GRACE_S, SWEEP_BATCH)
         if owed:
             log.warning("returns_finished", count=len(owed))
             await self._give_back(owed)
@@ -266,9 +275,9 @@ class OrderLifecycle:
                 await self.sweep()
                 if time.monotonic() - sampled >= SAMPLE_EVERY_S:
                     sampled = time.monotonic()
-                    pending, units = await self._db.held()
+                    pending, units = await self._sweeps.held()
                     self._metrics.sample(pending, units)
-                due_in = await self._db.next_deadline_s()
+                due_in = await self._sweeps.next_deadline_s()
                 if due_in is not None:
                     wait = min(wait, max(due_in, 0.0))
             except Unavailable as exc:
@@ -290,10 +299,10 @@ class OrderLifecycle:
                 self._observe(c.order)
         for sku, owed in by_sku.items():
             try:
-                await self._reservations.return_units(sku, owed)
+                await self._returns.return_units(sku, owed)
                 for c in owed:
                     self._observe(c.order)
-                await self._db.mark_synced([c.order.request_id for c in owed])
+                await self._sweeps.mark_synced([c.order.request_id for c in owed])
             except Unavailable as exc:
                 log.warning("return_owed", sku=sku, count=len(owed), error=str(exc))
         await self._end_turns(closed)
@@ -311,7 +320,10 @@ class OrderLifecycle:
             try:
                 if (await self._catalog.get(sku)).waiting_room is not None:
                     await self._rooms.end_turns(sku, spent)
-            except (Unavailable, UnknownSku) as exc:
+            except UnknownSku:
+                # Archived: its line is closed to everyone, so no turn is left to end.
+                continue
+            except Unavailable as exc:
                 log.warning("room_turns_kept", sku=sku, count=len(spent), error=str(exc))
 
     def _observe(self, order: Order) -> None:
@@ -330,8 +342,8 @@ class HeldUnits:
     """A sold-out answer of a sku with a payment window: while units are held
     for payment, it says how many and when the earliest deadline is."""
 
-    def __init__(self, lifecycle: Lifecycle) -> None:
-        self._db = lifecycle
+    def __init__(self, counts: HeldCounts) -> None:
+        self._db = counts
         # sku -> (known until, units held, earliest deadline), time.monotonic().
         self._known: dict[str, tuple[float, int, float]] = {}
 

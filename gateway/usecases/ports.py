@@ -8,11 +8,24 @@ in ``gateway.app``; an observer left out is a no-op (:data:`UNOBSERVED`), never
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Protocol
 
-from gateway.domain.model import LimitGroup, Order, Purchase, Result, SkuInfo, Strategy
+from gateway.domain.events import OrderEvent, SinkStats
+from gateway.domain.model import (
+    Cause,
+    Closed,
+    LimitGroup,
+    Order,
+    OrderStatus,
+    Purchase,
+    Result,
+    SkuInfo,
+    Strategy,
+)
+from gateway.domain.payments import BuyerOrder, LatePayment, LateStatus, OrderCursor, Paying
 from gateway.postgres.lookups import Prior
 from gateway.redis.reservations import Reply, StockLoad
 
@@ -156,6 +169,45 @@ class PurchaseObserver(ShedObserver, Protocol):
     def purchase_confirmed(self, sku: str) -> None: ...
 
 
+class BotCheck(Protocol):
+    """A bot token's verdict from the provider that issued it
+    (gateway.outbound.bot_check.SiteVerify), for the waiting rooms' joins."""
+
+    @property
+    def configured(self) -> bool:
+        """Whether this instance can check bot tokens (GATEWAY_BOT_CHECK_URL)."""
+        ...
+
+    async def passes(self, token: str, remote_ip: str | None) -> bool:
+        """Whether the provider vouches for ``token``; raises
+        :class:`gateway.domain.errors.BotCheckUnavailable` when it cannot say."""
+        ...
+
+    async def close(self) -> None:
+        """Release what the check holds (its connections)."""
+        ...
+
+
+class _NoBotCheck:
+    """An instance without GATEWAY_BOT_CHECK_URL: no token passes (a room that
+    checks is refused when configured here, and unservable if it arrives)."""
+
+    @property
+    def configured(self) -> bool:
+        """Not configured."""
+        return False
+
+    async def passes(self, token: str, remote_ip: str | None) -> bool:
+        """Never: failing closed."""
+        return False
+
+    async def close(self) -> None:
+        """Nothing to release."""
+
+
+NO_BOT_CHECK = _NoBotCheck()
+
+
 class _Unobserved:
     """Purchases nobody counts."""
 
@@ -170,6 +222,94 @@ class _Unobserved:
 
 
 UNOBSERVED = _Unobserved()
+
+
+class Claimed(Protocol):
+    """A batch of one sink's events held for the relay (gateway.postgres.outbox.Claim)."""
+
+    @property
+    def events(self) -> Sequence[OrderEvent]: ...
+    @property
+    def attempts(self) -> Sequence[int]:
+        """Failed attempts so far, per event (what the next backoff grows from)."""
+        ...
+
+    async def record(
+        self, delivered: Sequence[int], failed: Sequence[tuple[int, float, str]]
+    ) -> list[float]:
+        """Forget the delivered seqs; try each failed (seq, delay, why) again
+        after its delay; the delivered events' lags."""
+        ...
+
+
+class Deliveries(Protocol):
+    """What the relay asks of the outbox (gateway.postgres.outbox.Outbox)."""
+
+    async def register(self, sink: str) -> None: ...
+    def claim(self, sink: str, limit: int) -> AbstractAsyncContextManager[Claimed]: ...
+    async def dead_letter(self, sink: str, max_age_s: float) -> int: ...
+    async def stats(self) -> list[SinkStats]: ...
+
+
+class Transitions(Protocol):
+    """What an order's pay, cancel and refund ask of PostgreSQL, the arbiter
+    (gateway.postgres.lifecycle.Lifecycle): each a guarded transition, None
+    when it did not take place."""
+
+    async def pay(self, request_id: str, payment_id: str) -> Paying | None: ...
+    async def cancel(self, request_id: str, reason: str | None, cause: Cause) -> Closed | None: ...
+    async def expire(self, request_id: str) -> Closed | None: ...
+    async def refund(
+        self, request_id: str, *, restock: bool, reason: str | None, cause: Cause
+    ) -> Closed | None: ...
+    async def order(self, request_id: str) -> Paying | None: ...
+    async def record_late(self, payment_id: str, order: Order) -> bool: ...
+
+
+class Sweeps(Protocol):
+    """What the expiry sweep asks of PostgreSQL (gateway.postgres.lifecycle.Lifecycle)."""
+
+    async def expire_due(self, limit: int) -> list[Closed]: ...
+    async def owed(self, older_than_s: float, limit: int) -> list[Closed]: ...
+    async def mark_synced(self, request_ids: Sequence[str]) -> None: ...
+    async def next_deadline_s(self) -> float | None: ...
+    async def held(self) -> tuple[int, int]: ...
+
+
+class Listings(Protocol):
+    """The late payments and a buyer's orders (gateway.postgres.lifecycle.Lifecycle)."""
+
+    async def late_payments(
+        self, status: LateStatus, after: int, limit: int
+    ) -> list[LatePayment]: ...
+    async def refund_late(self, payment_id: str) -> tuple[LatePayment, bool] | None: ...
+    async def buyer_orders(
+        self,
+        user_id: str,
+        *,
+        sku: str | None,
+        status: OrderStatus | None,
+        before: OrderCursor | None,
+        limit: int,
+    ) -> list[BuyerOrder]: ...
+
+
+class Returns(Protocol):
+    """Closed orders' units back on sale in Redis (gateway.redis.reservations.Reservations)."""
+
+    async def return_units(self, sku: str, closed: Iterable[Closed]) -> int: ...
+
+
+class TurnEnds(Protocol):
+    """A waiting room's turns spent on closed orders (gateway.redis.rooms.Rooms)."""
+
+    async def end_turns(self, sku: str, spent: Sequence[tuple[str, str]]) -> int: ...
+
+
+class HeldCounts(Protocol):
+    """Units held for payment of a sku (gateway.postgres.lifecycle.Lifecycle)."""
+
+    async def held_of(self, sku: str) -> tuple[int, float]: ...
 
 
 # The limit groups' collaborators (gateway.usecases.limit_groups,

@@ -4,7 +4,7 @@ versions in order.
 Each gateway runs :meth:`Relay.run`, no leader: one loop per sink claims a
 batch of the events due for it (``gateway.postgres.outbox``: ``FOR UPDATE
 SKIP LOCKED``, so the relays of several gateways share the work and none
-sends what another holds), delivers it, and settles it in the same
+sends what another holds), delivers it, and records the outcome in the same
 transaction: delivered events are no longer owed to the sink, the others are
 tried again after a backoff (:data:`DELIVERY_BACKOFF`). A gateway killed
 mid-batch leaves the batch due again; the sink gets the same events, with
@@ -30,9 +30,9 @@ import structlog
 from redis.backoff import AbstractBackoff, EqualJitterBackoff, ExponentialBackoff
 
 from gateway.domain.errors import Unavailable
-from gateway.domain.events import EventSink
+from gateway.domain.events import EventSink, SinkStats
 from gateway.lock.backoff import DOUBLINGS, pause
-from gateway.postgres.outbox import Claim, Outbox, SinkStats
+from gateway.usecases.ports import Claimed, Deliveries
 
 log = structlog.get_logger(__name__)
 
@@ -75,7 +75,7 @@ class Relay:
     def __init__(
         self,
         *,
-        outbox: Outbox,
+        outbox: Deliveries,
         sinks: Sequence[EventSink],
         observer: RelayObserver,
         batch: int,
@@ -90,9 +90,23 @@ class Relay:
         self._backoff = backoff
 
     async def register(self) -> None:
-        """Owe every sink of this relay the events written from now on."""
+        """Owe every sink of this relay the events written from now on; one
+        warning per registered sink this relay does not serve that is still
+        owed events (``events_owed_to_unconfigured_sink``, with the count)."""
         for sink in self._sinks:
             await self._outbox.register(sink.name)
+        # A sink left out of the configuration stays registered and keeps being
+        # owed every event: its backlog grows unseen unless someone says so.
+        served = {sink.name for sink in self._sinks}
+        for stats in await self._outbox.stats():
+            owed = stats.depth + stats.dead
+            if stats.sink not in served and owed:
+                log.warning(
+                    "events_owed_to_unconfigured_sink",
+                    sink=stats.sink,
+                    owed=owed,
+                    hint=f"flashsale-gateway events --drop-sink {stats.sink} forgets them",
+                )
 
     async def run(self) -> None:
         """Relay to every sink and keep up the outbox until cancelled."""
@@ -102,16 +116,17 @@ class Relay:
             tasks.create_task(self._upkeep(), name="relay-upkeep")
 
     async def relay_once(self, sink: EventSink) -> int:
-        """One pass for ``sink``: claim a batch, deliver it, settle it; returns
+        """One pass for ``sink``: claim a batch, deliver it, record what the sink
+        took; returns
         how many events it claimed. Raises PostgresUnavailable."""
         async with self._outbox.claim(sink.name, self._batch) as claim:
             if not claim.events:
                 return 0
             answers = await sink.deliver(claim.events)
-            await self._settle(sink, claim, answers)
+            await self._record(sink, claim, answers)
             return len(claim.events)
 
-    async def _settle(self, sink: EventSink, claim: Claim, answers: Sequence[str | None]) -> None:
+    async def _record(self, sink: EventSink, claim: Claimed, answers: Sequence[str | None]) -> None:
         """Record what ``sink`` took and what it refused (retried after a backoff)."""
         delivered: list[int] = []
         failed: list[tuple[int, float, str]] = []
@@ -121,7 +136,7 @@ class Relay:
             else:
                 delay = pause(self._backoff, attempts)
                 failed.append((event.seq, delay, why))
-        lags = await claim.settle(delivered, failed)
+        lags = await claim.record(delivered, failed)
         self._observer.delivered(sink.name, lags)
         if failed:
             self._observer.failed(sink.name, len(failed))

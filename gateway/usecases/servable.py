@@ -1,7 +1,8 @@
 """What this instance cannot serve of the skus configured, and why.
 
 A setting can leave a configured sku unservable: a waiting room's admission
-tokens are signed with ``GATEWAY_ADMISSION_SECRET``. Such a configuration is
+tokens are signed with ``GATEWAY_ADMISSION_SECRET``, and a room that checks
+for bots asks the provider at ``GATEWAY_BOT_CHECK_URL``. Such a configuration is
 refused when it is made (``PUT /admin/skus/{sku}`` answers 422
 ``not_configured``), not when a buyer meets it. One that reaches this instance
 anyway (put through another instance, or stored before this one lost the
@@ -29,6 +30,7 @@ from gateway.settings import Settings
 SHOWN = 20
 NO_SECRET = "waiting room: GATEWAY_ADMISSION_SECRET is not set on this instance"
 NO_PAYMENT_TOKEN = "payment window: GATEWAY_PAYMENT_TOKEN is not set on this instance"
+NO_BOT_CHECK = "bot check: GATEWAY_BOT_CHECK_URL is not set on this instance"
 
 log = structlog.get_logger(__name__)
 
@@ -39,6 +41,7 @@ class Servability:
     def __init__(self, settings: Settings, inventory: Inventory) -> None:
         self._signs = settings.admission_secret is not None
         self._pays = settings.payment_token is not None
+        self._checks_bots = settings.bot_check_url is not None
         self._inventory = inventory
 
     def check(self, room: WaitingRoom | None, payment_window_s: int | None = None) -> None:
@@ -46,20 +49,23 @@ class Servability:
         :class:`NotConfigured`."""
         if room is not None and not self._signs:
             raise NotConfigured(f"{NO_SECRET}: its admission tokens could not be signed")
+        if room is not None and room.bot_check and not self._checks_bots:
+            raise NotConfigured(f"{NO_BOT_CHECK}: nobody's bot token could be checked")
         if payment_window_s and not self._pays:
             raise NotConfigured(f"{NO_PAYMENT_TOKEN}: nobody could pay its orders")
 
     async def unservable(self) -> dict[str, str]:
         """The configured skus this instance cannot serve (at most ``SHOWN``), with
-        why; no I/O when it can serve any. Empty when PostgreSQL cannot say: the
+        why; no I/O when it has every setting a sku may need. Empty when PostgreSQL cannot say: the
         readiness probe's own ping reports that."""
-        if self._signs:
+        if self._signs and self._checks_bots:
             return {}
         try:
-            skus = await self._inventory.waiting_room_skus(SHOWN)
+            if not self._signs:
+                return dict.fromkeys(await self._inventory.waiting_room_skus(SHOWN), NO_SECRET)
+            return dict.fromkeys(await self._inventory.bot_check_skus(SHOWN), NO_BOT_CHECK)
         except PostgresUnavailable:
             return {}
-        return dict.fromkeys(skus, NO_SECRET)
 
     async def report(self) -> None:
         """Log each configured sku this instance cannot serve as an error (at start-up)."""

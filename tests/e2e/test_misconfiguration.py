@@ -78,6 +78,12 @@ CASES = {
     "redis-url-at-postgres": Case(
         "GATEWAY_REDIS_URL", f"redis://:{PASSWORD}@127.0.0.1:{PG_PORT}/0", "not Redis"
     ),
+    # TLS asked of a Redis without it (issue 40.9): said so, not a timeout.
+    "rediss-at-plain-redis": Case(
+        "GATEWAY_REDIS_URL",
+        f"rediss://127.0.0.1:{REDIS_PORT}/0",
+        f"TLS refused: 127.0.0.1:{REDIS_PORT} is a Redis without TLS",
+    ),
     "redis-refused": Case(
         "GATEWAY_REDIS_URL",
         f"redis://:{PASSWORD}@127.0.0.1:{{port}}/0",

@@ -25,8 +25,9 @@ from redis.asyncio import Redis
 
 from gateway.redis.layout import RoomKeys
 from testkit.browser import TEXTS, StartGateway, assert_clean, gateway
-from testkit.purchases import orders_of, put_sku
+from testkit.purchases import ADMIN_HEADERS, orders_of, put_sku
 from testkit.rooms import join, put_room_sku
+from testkit.siteverify import siteverify
 from tests.e2e.conftest import PHONE, OpenBuyer
 
 # The first browser test's set-up may install chromium with apt-get (minutes on
@@ -346,3 +347,33 @@ class TestReturnTo:
             fields = dict(part.split("=", 1) for part in fragment.split("&"))
             assert fields["sku"] == sku and fields["user_id"] == "buyer"
             assert fields["admission_token"].count(".") == 2
+
+
+class TestBotCheck:
+    """A room that checks for bots: the page passes on the bot token it was given."""
+
+    async def test_a_page_opened_with_a_bot_token_joins_with_it(
+        self, start_gateway: StartGateway, buyers: OpenBuyer, sku: str
+    ) -> None:
+        """Opened with ``?bot_token=``, the page joins with that token (the
+        provider is asked about it once), drops it from its address, and is let
+        in; opened without one, it waits for the shop's check instead of joining."""
+        async with siteverify() as (url, provider):
+            client, origin = await gateway(
+                start_gateway, bot_check_url=url, bot_check_secret=provider.secret
+            )
+            room = {"admit_per_s": 5, "token_ttl_s": 60, "bot_check": True}
+            resp = await client.put(
+                f"/admin/skus/{sku}", json={"stock": 2, "waiting_room": room}, headers=ADMIN_HEADERS
+            )
+            assert resp.status == 200, await resp.text()
+            unchecked = await buyers(origin)
+            await unchecked.open(f"/wait/{sku}?user_id=nobody")
+            await unchecked.reach("bot_check")
+            assert_clean(unchecked, answered=(403,))
+            buyer = await buyers(origin)
+            await buyer.open(f"/wait/{sku}?user_id=buyer&bot_token=pass-buyer")
+            await buyer.reach("admitted")
+            assert [form["response"] for form in provider.asked] == ["pass-buyer"]
+            assert "bot_token" not in buyer.page.url
+            assert_clean(buyer)

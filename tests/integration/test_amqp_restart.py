@@ -96,7 +96,8 @@ async def test_a_broker_restarted_mid_stream_loses_no_event(
         channel = await setup.channel()
         await channel.declare_exchange(exchange, aio_pika.ExchangeType.TOPIC, durable=True)
         queue = await channel.declare_queue(queue_name, durable=True)
-        await queue.bind(exchange, routing_key="order.#")
+        for routing_key in ("order.#", "payment.#"):
+            await queue.bind(exchange, routing_key=routing_key)
     settings = load(
         {"GATEWAY_EVENTS_AMQP_URL": rabbit_server.url, "GATEWAY_EVENTS_AMQP_EXCHANGE": exchange}
     )

@@ -20,9 +20,9 @@ from redis.asyncio import Redis
 
 from gateway.outbound.webhook import SIGNATURE_HEADER, signature
 from testkit.order_events import check_arrivals
-from testkit.order_lifecycle import cancel, pay, put_window, start
+from testkit.order_lifecycle import PAY_HEADERS, cancel, pay, put_window, refund, start
 from testkit.polling import wait_for
-from testkit.purchases import Client, buy
+from testkit.purchases import ADMIN_HEADERS, Client, buy
 from testkit.webhook_receivers import Received, Receiver, receiving
 
 SCHEMA = Path(__file__).parents[2] / "docs" / "order-event.schema.json"
@@ -57,6 +57,10 @@ def problems(event: dict[str, Any], schema: dict[str, Any]) -> list[str]:
             continue
         if value in ("", None) or (isinstance(value, int) and value < rule.get("minimum", value)):
             found.append(f"{name}={value!r} out of bounds")
+        if isinstance(value, str) and not rule.get("minLength", 0) <= len(value) <= rule.get(
+            "maxLength", len(value)
+        ):
+            found.append(f"{name}={value!r} of a length out of bounds")
         if rule.get("format") == "uuid":
             uuid.UUID(value)
         if rule.get("format") == "date-time" and datetime.fromisoformat(value).tzinfo is None:
@@ -184,3 +188,104 @@ class TestExactlyOneEventPerChange:
         }
 
         return rows
+
+
+class TestWhatEventsCarry:
+    """Issue 40: an event says what a fulfilment or payment service acts on."""
+
+    async def test_each_change_carries_its_payment_deadline_reason_and_cause(
+        self, start_gateway: Any, events_db: str, sku: str, redis: Redis, key_prefix: str
+    ) -> None:
+        """One order per kind of change, on the stream and at the webhook, each
+        valid by the schema and in version order: pending_payment with pay_by;
+        paid and refunded with the payment id; a cancel's reason and an
+        admin's cause; an expiry's payment_window_elapsed by the sweep; a late
+        payment and its refund as the order's next versions, with the payment
+        id; every change with who made it."""
+        receiver = Receiver()
+        async with receiving(receiver) as url:
+            client = await start(
+                start_gateway,
+                database_url=events_db,
+                events_poll_s=0.02,
+                webhook_url=url,
+                webhook_secret=SECRET,
+            )
+            await put_window(client, sku, 10, 600, "sql-direct")
+            for rid in ("paid", "gone", "late", "staff", "lapsed"):
+                assert (await buy(client, sku, rid, rid))[0] == 201
+            assert (await pay(client, sku, "paid", f"p-{sku}"))[0] == 200
+            assert (await refund(client, sku, "paid", restock=True, reason="too small"))[0] == 200
+            assert (await cancel(client, sku, "gone", reason="changed my mind"))[0] == 200
+            assert (await cancel(client, sku, "late"))[0] == 200
+            assert (await pay(client, sku, "late", f"l-{sku}"))[0] == 409
+            resp = await client.post(f"/v1/late-payments/l-{sku}/refund", headers=PAY_HEADERS)
+            assert resp.status == 200
+            resp = await client.post(f"/admin/orders/{sku}.staff/cancel", headers=ADMIN_HEADERS)
+            assert resp.status == 200
+            con = await asyncpg.connect(events_db)
+            try:
+                await con.execute(
+                    "UPDATE orders SET pay_by = now() WHERE request_id = $1", f"{sku}.lapsed"
+                )
+
+                async def relayed() -> bool:
+                    closed = await con.fetchval(
+                        "SELECT status FROM orders WHERE request_id = $1", f"{sku}.lapsed"
+                    )
+                    owed: int = await con.fetchval(OWED_OF, [sku])
+                    return closed == "expired" and owed == 0
+
+                await wait_for(relayed, within=30, what="the expiry, every event relayed")
+                rows = await con.fetch(EVENTS_OF, [sku])
+            finally:
+                await con.close()
+        schema = json.loads(SCHEMA.read_text())
+        ids = {(row["order_id"], row["version"]): row["event_id"] for row in rows}
+        streamed = await stream_events(redis, f"{key_prefix}:events", {sku})
+        check_valid_arrivals(streamed, ids, schema)
+        check_valid_arrivals(posted(receiver.received, {sku}), ids, schema)
+        seen = {
+            (e["request_id"].removeprefix(f"{sku}."), e["type"]): {
+                k: e.get(k) for k in ("payment_id", "pay_by", "reason", "cause", "status")
+            }
+            for e in streamed
+        }
+        for rid in ("paid", "gone", "late", "staff", "lapsed"):
+            first = seen[(rid, "order.pending_payment")]
+            assert first["cause"] == "buyer" and first["pay_by"], first
+        assert seen[("paid", "order.paid")]["payment_id"] == f"p-{sku}"
+        assert seen[("paid", "order.refunded")] == {
+            "payment_id": f"p-{sku}",
+            "pay_by": None,
+            "reason": "too small",
+            "cause": "payment",
+            "status": "refunded",
+        }
+        assert seen[("gone", "order.cancelled")]["reason"] == "changed my mind"
+        assert seen[("gone", "order.cancelled")]["cause"] == "buyer"
+        assert seen[("staff", "order.cancelled")]["cause"] == "admin"
+        assert seen[("lapsed", "order.expired")] == {
+            "payment_id": None,
+            "pay_by": None,
+            "reason": "payment_window_elapsed",
+            "cause": "sweep",
+            "status": "expired",
+        }
+        for kind in ("payment.late", "payment.refunded"):
+            assert seen[("late", kind)] == {
+                "payment_id": f"l-{sku}",
+                "pay_by": None,
+                "reason": "cancelled",
+                "cause": "payment",
+                "status": "cancelled",
+            }
+        versions = sorted(
+            (int(e["version"]), e["type"]) for e in streamed if e["request_id"] == f"{sku}.late"
+        )
+        assert [t for _, t in versions] == [
+            "order.pending_payment",
+            "order.cancelled",
+            "payment.late",
+            "payment.refunded",
+        ]

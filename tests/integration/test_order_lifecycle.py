@@ -17,58 +17,21 @@ from redis.asyncio import Redis
 from gateway.domain.model import Strategy
 from gateway.redis.layout import SkuKeys
 from testkit import rooms
-from testkit.order_lifecycle import cancel, pay, put_window, start
+from testkit.order_lifecycle import (
+    available,
+    balanced,
+    books,
+    cancel,
+    pay,
+    put_window,
+    start,
+    status_of,
+)
 from testkit.polling import wait_for
 from testkit.purchases import ADMIN_HEADERS, Client, buy, client_metric
 from testkit.rooms import SECRET
 
 STRATEGIES = [s.value for s in Strategy]
-
-
-async def status_of(client: Client, sku: str, rid: str, user: str) -> str:
-    """The order's status, as ``GET /v1/orders/{request_id}`` answers it."""
-    resp = await client.get(f"/v1/orders/{sku}.{rid}", params={"user_id": user})
-    body: dict[str, Any] = await resp.json()
-    return str(body["status"])
-
-
-async def available(client: Client, sku: str) -> int:
-    """``GET /v1/skus/{sku}``'s units on sale."""
-    resp = await client.get(f"/v1/skus/{sku}")
-    return int((await resp.json())["available"])
-
-
-async def books(database_url: str, sku: str) -> dict[str, int]:
-    """The sku's stock, units by order status, and units returned by reason."""
-    con = await asyncpg.connect(database_url)
-    try:
-        stock = await con.fetchval("SELECT stock FROM inventory WHERE sku = $1", sku)
-        rows = await con.fetch(
-            "SELECT status, sum(qty) AS units FROM orders WHERE sku = $1 GROUP BY status", sku
-        )
-        moved = await con.fetch(
-            "SELECT reason, sum(delta) AS units, count(*) AS n FROM stock_movements"
-            " WHERE sku = $1 GROUP BY reason",
-            sku,
-        )
-    finally:
-        await con.close()
-    found = {"stock": stock, **{r["status"]: r["units"] for r in rows}}
-    for r in moved:
-        found[f"moved_{r['reason']}"] = r["units"]
-        found[f"movements_{r['reason']}"] = r["n"]
-    return found
-
-
-def balanced(found: dict[str, int]) -> bool:
-    """provided (the admin's movements) = on sale + held + paid/confirmed."""
-    provided = (
-        sum(v for k, v in found.items() if k.startswith("moved_"))
-        - found.get("moved_expired", 0)
-        - found.get("moved_cancelled", 0)
-    )
-    live = sum(found.get(s, 0) for s in ("pending_payment", "paid", "confirmed"))
-    return provided == found["stock"] + live
 
 
 class TestWindow:

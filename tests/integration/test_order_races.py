@@ -63,13 +63,16 @@ async def lifecycle(
     settings = make_settings()
     redis = create_redis(settings)
     try:
+        book = Lifecycle(pool, Strategy.RESERVE_BATCH)
         yield OrderLifecycle(
-            lifecycle=Lifecycle(pool, Strategy.RESERVE_BATCH),
-            reservations=Reservations(redis, settings),
-            metrics=LifecycleMetrics(CollectorRegistry()),
-            sweep_s=0.05,
+            transitions=book,
+            sweeps=book,
+            listings=book,
+            returns=Reservations(redis, settings),
             rooms=Rooms(redis, settings),
             catalog=Catalog(Inventory(pool)),
+            metrics=LifecycleMetrics(CollectorRegistry()),
+            sweep_s=0.05,
         )
     finally:
         await redis.aclose()
@@ -313,13 +316,16 @@ class TestReturnAgainstReconcile:
             drifts.append((await reconciler.reconcile(sku)).done.drift)
 
         settings = make_settings()
+        book = Interleaved(pool, reconcile_between)
         cancelling = OrderLifecycle(
-            lifecycle=Interleaved(pool, reconcile_between),
-            reservations=client.app[RESERVATIONS],
-            metrics=LifecycleMetrics(CollectorRegistry()),
-            sweep_s=0.05,
+            transitions=book,
+            sweeps=book,
+            listings=book,
+            returns=client.app[RESERVATIONS],
             rooms=Rooms(client.app[REDIS], settings),
             catalog=Catalog(Inventory(pool)),
+            metrics=LifecycleMetrics(CollectorRegistry()),
+            sweep_s=0.05,
         )
         with capture_logs() as logs:
             order = await cancelling.cancel(f"{sku}.a1", reason=None, cause=Cause.BUYER)

@@ -17,6 +17,7 @@ from testkit.purchases import (
     answer_of,
     buy,
     client_metric,
+    counts,
     db_state,
     look_up,
     put_sku,
@@ -156,7 +157,12 @@ class TestPerUserLimit:
         status, body = await buy(client, sku, "gina", qty=3)
         assert (status, body["qty"]) == (201, 3)
         resp = await client.get(f"/admin/skus/{sku}", headers=ADMIN_HEADERS)
-        assert await resp.json() == {"db_stock": 7, "redis_stock": 7, "pending": 0, "sold": 3}
+        assert counts(await resp.json()) == {
+            "db_stock": 7,
+            "redis_stock": 7,
+            "pending": 0,
+            "sold": 3,
+        }
 
     async def test_bigger_qty_than_remaining_is_sold_out_and_smaller_still_sells(
         self, start_gateway: Any, sku: str

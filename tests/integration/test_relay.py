@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import uuid
 from collections import defaultdict
 from collections.abc import AsyncIterator, Callable, Sequence
 from datetime import UTC, datetime, timedelta
@@ -26,18 +27,10 @@ from gateway.redis.event_stream import SKEW_MARGIN_S, EventStream
 from gateway.settings import Settings
 from gateway.usecases.relay import Relay
 from testkit.commands import run_events
-from testkit.order_events import order_event
+from testkit.order_events import WRITE_EVENTS, Observed, order_event
 
 # Events a test writes as a status change of each order would: version 1..3.
 VERSIONS = 3
-WRITE_EVENTS = """
-INSERT INTO order_events (order_id, version, type, request_id, sku, user_id, qty, status)
-SELECT o.id, v, 'order.' || s, o.id::text || '.' || v, 'sku', 'u' || o.n, 1, s
-FROM (SELECT gen_random_uuid() AS id, n FROM generate_series(1, $1) n) o,
-    generate_series(1, $2) v,
-    LATERAL (SELECT (ARRAY['pending_payment', 'paid', 'paid'])[v] AS s) st
-ORDER BY v, o.n
-"""
 
 
 class Recorder:
@@ -79,23 +72,6 @@ class Recorder:
                 self.taken.append(event)
                 answers.append(None)
         return answers
-
-
-class Observed:
-    """The relay's observer, kept."""
-
-    def __init__(self) -> None:
-        self.lags: list[float] = []
-        self.failures = 0
-
-    def delivered(self, sink: str, lags_s: Sequence[float]) -> None:
-        self.lags += lags_s
-
-    def failed(self, sink: str, count: int) -> None:
-        self.failures += count
-
-    def sample(self, stats: object) -> None:
-        """Not looked at here."""
 
 
 @pytest.fixture
@@ -199,7 +175,8 @@ class TestDeadLetters:
     ) -> None:
         """Owed past the sink's max age, an event is dead-lettered by the upkeep
         and no longer tried; ``events`` lists it and exits 1; ``--replay`` makes
-        it due again, and once the sink takes it ``events`` lists nothing, exit 0."""
+        it due again, and once the sink takes it ``events`` lists nothing, exit 0;
+        an event id the outbox does not hold is exit 1."""
         sink = Recorder(name="webhook", max_age_s=0.2)
         sink.refuse = lambda e, attempt: True
         r = relay(pool, sink)
@@ -215,13 +192,14 @@ class TestDeadLetters:
         assert code == 1 and f"webhook\tdead\t{event_id}" in out, out
         assert "sink webhook: 0 owed, 1 dead" in out
         code, out, _ = await run_events(settings, "--replay", event_id)
-        assert code == 0 and "replayed 1" in out, out
+        assert code == 0 and "redelivered 1" in out, out
         sink.refuse = lambda e, attempt: False
         await drain(r, sink)
         assert [e.event_id for e in sink.taken] == [event_id]
         code, out, _ = await run_events(settings)
         assert code == 0 and event_id not in out, out
-        code, _, err = await run_events(settings, "--replay", event_id)
+        # An event the outbox does not hold (never written, or pruned): nothing to redeliver.
+        code, _, err = await run_events(settings, "--replay", str(uuid.uuid4()))
         assert code == 1
         code, _, err = await run_events(settings, "--replay-since", "yesterday")
         assert code == 2 and "events" in err

@@ -295,14 +295,19 @@ async def test_a_link_lost_with_purchases_passed_answers_outcome_unknown(
     """Worker 1 stops listening and drops its links while it flushes a purchase
     worker 0 passed: worker 0 cannot know whether it committed, so its buyer gets
     OutcomeUnknown (503; the reservation stays for the reconciler). The next
-    purchase, worker 1 gone, is flushed by worker 0 itself."""
+    purchase, worker 1 gone, is flushed by worker 0 itself. Worker 0 stays
+    ready (issue 42's "lanes": false seen once): readiness waits for a worker's
+    first links alone, so only a worker starting (or restarted) answers it,
+    never one whose link dropped."""
     w0, w1 = pair
+    await wait_for(lambda: w0.lanes.linked, within=4 * RECONNECT_S + 1, what="linked reported")
     w1.flush.gate = asyncio.Event()
     passed = asyncio.create_task(w0.lanes.submit(purchase(1)))
     await asyncio.wait_for(w1.flush.entered.wait(), 5)
     await w1.lanes.close()
     with pytest.raises(OutcomeUnknown) as caught:
         await asyncio.wait_for(passed, 5)
+    assert w0.lanes.linked, "a lost link made the worker unready"
     assert (caught.value.status, caught.value.code) == (503, "unavailable")
     p = purchase(2)
     assert await w0.lanes.submit(p) == confirmed(p)

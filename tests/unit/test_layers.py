@@ -35,7 +35,7 @@ ALLOWED: dict[str, frozenset[str]] = {
     # A library of its own: redis-py and asyncpg only.
     "lock": frozenset(),
 }
-TOP_LEVEL = frozenset({"__init__", "__main__", "app", "resources", "server"})
+TOP_LEVEL = frozenset({"__init__", "__main__", "app", "flushing", "resources", "server"})
 
 
 def imported(tree: ast.AST) -> list[tuple[int, str]]:

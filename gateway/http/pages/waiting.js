@@ -22,6 +22,17 @@
   const user = query.get("user_id") || "";
   const returnTo = query.get("return_to");
   const payTo = query.get("pay_to");
+  // A room that checks for bots: the token of the shop's widget, from the URL or
+  // posted by a window of the shop's own origin (return_to's or pay_to's).
+  let botToken = query.get("bot_token");
+  let botTokenGiven = null;
+  const shopOrigins = [returnTo, payTo].filter(Boolean).map((u) => new URL(u, location.href).origin);
+  addEventListener("message", (e) => {
+    const given = e.data && e.data.bot_token;
+    if (!shopOrigins.includes(e.origin) || typeof given !== "string") return;
+    botToken = given;
+    if (botTokenGiven) botTokenGiven();
+  });
   const enc = encodeURIComponent;
   const key = (name) => `waiting-room:${sku}:${user}:${name}`;
   // The gateway's clock minus ours lies in [lo, hi]: each Date header (whole
@@ -416,9 +427,20 @@
 
   async function line(starts) {
     for (let joins = 0; joins < 3; joins++) {
-      const r = await patient("POST", `/v1/queue/${enc(sku)}`, { user_id: user });
+      const body = botToken ? { user_id: user, bot_token: botToken } : { user_id: user };
+      const r = await patient("POST", `/v1/queue/${enc(sku)}`, body);
       if (r.body.status === "sold_out") return soldOut();
+      if (r.status === 403 && r.body.error === "bot_check_failed") {
+        // Missing, refused or spent: the shop's page gives another, then we join.
+        botToken = null;
+        show("bot_check", say("bot_check"));
+        await new Promise((resolve) => (botTokenGiven = resolve));
+        botTokenGiven = null;
+        joins--;
+        continue;
+      }
       if (r.status !== 200) return fail(r);
+      spentBotToken();
       // The place first seen on this ticket, kept across reloads: the bar's 0 %.
       const seen = JSON.parse(sessionStorage.getItem(key("line")) || "{}");
       const first = seen.ticket === r.body.ticket ? seen.first : Math.max(1, r.body.position);
@@ -426,6 +448,15 @@
       if ((await poll(r.body.ticket, r.body, starts, first)) !== "unknown") return;
     }
     return show("error", say("error"));
+  }
+
+  // A token makes one ticket, which is joined again without one: off the URL,
+  // so a reload does not send it spent.
+  function spentBotToken() {
+    botToken = null;
+    if (!query.has("bot_token")) return;
+    query.delete("bot_token");
+    history.replaceState(history.state, "", `${path}?${query}${location.hash}`);
   }
 
   async function poll(ticket, standing, starts, first) {
