@@ -31,7 +31,9 @@ Environment (or flags): ``BENCH_QUICK=1`` (2 rounds of 3 s each mode),
 ``BENCH_STACK_CATCHUP`` (1.5s), ``BENCH_STACK_WARMUP`` (1s),
 ``BENCH_STACK_BARE`` (3s, each bare run), ``BENCH_STACK_STOCK`` (50000000),
 ``BENCH_CONNECTIONS`` (64), ``BENCH_OUT``; ``--pg-stat-statements`` loads that
-extension (for a profile: it costs each statement a little). Any other
+extension (for a profile: it costs each statement a little), ``--profile DIR``
+samples the gateway with py-spy and the stack's core with perf in each window
+(``loadtests.lib.stack_profile``). Any other
 ``GATEWAY_*`` variable is passed to both gateways.
 """
 
@@ -46,7 +48,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from loadtests.lib import machine, wrk
+from loadtests.lib import machine, stack_profile, wrk
 from loadtests.lib.bench_paths import SOLD_OUT
 from loadtests.lib.bench_runs import measured
 from loadtests.lib.harness import Harness, passthrough_settings
@@ -74,6 +76,7 @@ class StackConfig:
     connections: int
     statements: bool
     out_dir: Path
+    profile_dir: Path | None = None
 
 
 def config_from(argv: Sequence[str] | None) -> StackConfig:
@@ -92,6 +95,7 @@ def config_from(argv: Sequence[str] | None) -> StackConfig:
     parser.add_argument("--stock", type=int, default=int(env("BENCH_STACK_STOCK", "50000000")))
     parser.add_argument("--connections", type=int, default=int(env("BENCH_CONNECTIONS", "64")))
     parser.add_argument("--pg-stat-statements", action="store_true")
+    parser.add_argument("--profile", type=Path, default=None, help="py-spy and perf into DIR")
     parser.add_argument("--out", type=Path, default=Path(env("BENCH_OUT", str(RESULTS_DIR))))
     args = parser.parse_args(argv)
     return StackConfig(
@@ -104,6 +108,7 @@ def config_from(argv: Sequence[str] | None) -> StackConfig:
         connections=args.connections,
         statements=args.pg_stat_statements,
         out_dir=args.out,
+        profile_dir=args.profile,
     )
 
 
@@ -146,6 +151,7 @@ def plan_of(mode: str, round_: int, config: StackConfig) -> RoundPlan:
         connections=config.connections,
         relayed=mode == "relay_on",
         statements=config.statements,
+        profile_dir=config.profile_dir,
     )
 
 
@@ -216,7 +222,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (RuntimeError, OSError) as exc:
         print(f"bench_stack: {exc}", file=sys.stderr)
         return 1
-    return report(results, config.out_dir)
+    status = report(results, config.out_dir)
+    if config.profile_dir is not None:
+        print(stack_profile.report(config.profile_dir, results["rounds"]))
+    return status
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ import sys
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import asyncpg
@@ -29,6 +30,7 @@ import redis
 from loadtests.lib import proc_cpu, wrk
 from loadtests.lib.harness import Harness
 from loadtests.lib.pinning import Pinning
+from loadtests.lib.stack_profile import profiling
 from loadtests.lib.stack_servers import Stack
 from loadtests.lib.storage import drop_database
 from loadtests.lib.stream_lag import MARKER as LAG_MARKER
@@ -57,6 +59,7 @@ class RoundPlan:
     connections: int
     relayed: bool
     statements: bool = False
+    profile_dir: Path | None = None
 
 
 @dataclass
@@ -135,8 +138,10 @@ def _measure(
             _statements(stack.pg_url, None)
         started = time.time()
         before = {group: proc_cpu.snapshot(pid) for group, pid in roots.items()}
-        raw = _wrk(gateway, tag, plan.load_s, plan, pinning)
-        time.sleep(plan.catchup_s)
+        name = f"{plan.mode}{plan.round}"
+        with profiling(plan.profile_dir, name, gateway.pid, pinning, window):
+            raw = _wrk(gateway, tag, plan.load_s, plan, pinning)
+            time.sleep(plan.catchup_s)
         after = {group: proc_cpu.snapshot(pid) for group, pid in roots.items()}
         lag = reader.result() if reader is not None else {}
     if gateway.process.poll() is not None:
