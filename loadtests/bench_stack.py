@@ -33,7 +33,9 @@ Environment (or flags): ``BENCH_QUICK=1`` (2 rounds of 3 s each mode),
 ``BENCH_CONNECTIONS`` (64), ``BENCH_OUT``; ``--pg-stat-statements`` loads that
 extension (for a profile: it costs each statement a little), ``--profile DIR``
 samples the gateway with py-spy and the stack's core with perf in each window
-(``loadtests.lib.stack_profile``). Any other
+(``loadtests.lib.stack_profile``), ``--mode NAME=GATEWAY_X=value,...`` adds a
+mode alternating with the two (a lever that is a setting, measured in the same
+run, its events' cost paired with the same round's relay off). Any other
 ``GATEWAY_*`` variable is passed to both gateways.
 """
 
@@ -61,6 +63,16 @@ from loadtests.lib.stack_servers import Stack, private_stack
 from loadtests.lib.targets import Target
 
 MODES = {"relay_on": {}, "relay_off": {"GATEWAY_EVENTS_RELAY": "false"}}
+RELAY_OFF = MODES["relay_off"]
+
+
+def parse_mode(raw: str) -> tuple[str, dict[str, str]]:
+    """``NAME=GATEWAY_X=1,GATEWAY_Y=2``: a further mode and its gateway's settings."""
+    name, _, rest = raw.partition("=")
+    settings = dict(item.split("=", 1) for item in rest.split(",") if "=" in item)
+    if not name.isidentifier() or not all(k.startswith("GATEWAY_") for k in settings):
+        raise argparse.ArgumentTypeError(f"not NAME=GATEWAY_X=value,...: {raw!r}")
+    return name, settings
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +89,7 @@ class StackConfig:
     statements: bool
     out_dir: Path
     profile_dir: Path | None = None
+    modes: tuple[tuple[str, dict[str, str]], ...] = tuple(MODES.items())
 
 
 def config_from(argv: Sequence[str] | None) -> StackConfig:
@@ -95,6 +108,14 @@ def config_from(argv: Sequence[str] | None) -> StackConfig:
     parser.add_argument("--stock", type=int, default=int(env("BENCH_STACK_STOCK", "50000000")))
     parser.add_argument("--connections", type=int, default=int(env("BENCH_CONNECTIONS", "64")))
     parser.add_argument("--pg-stat-statements", action="store_true")
+    parser.add_argument(
+        "--mode",
+        type=parse_mode,
+        action="append",
+        default=[],
+        help="a further mode alternating with the two: NAME=GATEWAY_X=value,... (a lever "
+        "that is a setting, measured in the same run)",
+    )
     parser.add_argument("--profile", type=Path, default=None, help="py-spy and perf into DIR")
     parser.add_argument("--out", type=Path, default=Path(env("BENCH_OUT", str(RESULTS_DIR))))
     args = parser.parse_args(argv)
@@ -109,12 +130,13 @@ def config_from(argv: Sequence[str] | None) -> StackConfig:
         statements=args.pg_stat_statements,
         out_dir=args.out,
         profile_dir=args.profile,
+        modes=(*MODES.items(), *args.mode),
     )
 
 
-def schedule(rounds: int) -> list[tuple[int, str]]:
-    """(round, mode) in run order: the modes alternate, the pair's order flips each round."""
-    names = list(MODES)
+def schedule(rounds: int, names: Sequence[str] = tuple(MODES)) -> list[tuple[int, str]]:
+    """(round, mode) in run order: the modes alternate, their order flips each round."""
+    names = list(names)
     return [(r, mode) for r in range(rounds) for mode in (names if r % 2 == 0 else names[::-1])]
 
 
@@ -143,13 +165,13 @@ def plan_of(mode: str, round_: int, config: StackConfig) -> RoundPlan:
     return RoundPlan(
         mode=mode,
         round=round_,
-        settings=MODES[mode],
+        settings=dict(config.modes)[mode],
         stock=config.stock,
         warmup_s=config.warmup_s,
         load_s=config.load_s,
         catchup_s=config.catchup_s,
         connections=config.connections,
-        relayed=mode == "relay_on",
+        relayed=dict(config.modes)[mode] != RELAY_OFF,
         statements=config.statements,
         profile_dir=config.profile_dir,
     )
@@ -178,7 +200,9 @@ def bench(stack: Stack, config: StackConfig, pinning: Pinning) -> dict[str, Any]
         bare = harness.start_bare("bare_min", minimal=True)
         bare_run(bare, config, pinning, f"{harness.run_id}bw")  # warm-up, not kept
         bares.append(bare_run(bare, config, pinning, f"{harness.run_id}b0"))
-        for i, (round_, mode) in enumerate(schedule(config.rounds)):
+        for i, (round_, mode) in enumerate(
+            schedule(config.rounds, [name for name, _ in config.modes])
+        ):
             result = run_round(harness, stack, plan_of(mode, round_, config), pinning)
             rounds.append(result)
             print(progress(result), flush=True)

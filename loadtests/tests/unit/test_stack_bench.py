@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from loadtests.bench_stack import schedule
+from loadtests.bench_stack import parse_mode, schedule
 from loadtests.lib.proc_cpu import REAPED, Snapshot, snapshot, spent
 from loadtests.lib.stack_report import events_cost, format_table, mode_rows, problems
 from loadtests.lib.stream_lag import percentiles
@@ -101,9 +101,29 @@ class TestReport:
         """One row per target; the events' cost paired by round, against the 5 % target."""
         table = format_table(mode_rows(RESULTS))
         assert table.count("\n") == 4 and "| relay off | 1 | 8,000 |" in table
-        assert "20.0 µs of CPU per order more, 15.4 % (over the 5 % target)" in events_cost(RESULTS)
+        assert (
+            "relay on, paired with the same round's relay off: 20.0 µs of CPU per order more, "
+            "15.4 % (over the 5 % target)" in events_cost(RESULTS)
+        )
 
     def test_events_left_owed_are_a_problem(self) -> None:
         """A relay that did not catch up is reported: the CPU would be undercounted."""
         late = {**RESULTS, "rounds": [_round("relay_on", 0, 0.9, 6_400.0, owed_after=12)]}
         assert problems(late) == ["relay_on round 0: 12 events still owed after the catch-up"]
+
+
+def test_a_further_mode_joins_the_rotation() -> None:
+    """--mode adds a mode of its own settings, alternating with the two."""
+    name, settings = parse_mode("batch1k=GATEWAY_EVENTS_BATCH=1024,GATEWAY_EVENTS_POLL_S=0.5")
+    assert (name, settings) == (
+        "batch1k",
+        {"GATEWAY_EVENTS_BATCH": "1024", "GATEWAY_EVENTS_POLL_S": "0.5"},
+    )
+    assert schedule(2, ["a", "b", "c"]) == [
+        (0, "a"),
+        (0, "b"),
+        (0, "c"),
+        (1, "c"),
+        (1, "b"),
+        (1, "a"),
+    ]
