@@ -89,9 +89,12 @@ chaos: $(STAMP) services
 audit: $(SERVING) services
 	$(BIN)/flashsale-gateway audit $(if $(SKU),--sku $(SKU))
 
+# The wrk bench, then the whole stack on one core, relay on and off (issue 42;
+# BENCH_STACK=0 skips it). BENCH_QUICK=1: 2 rounds of 3 s each, to check it fast.
 bench: $(STAMP) services
 	@bash scripts/bench_tools.sh
 	$(BIN)/python -m loadtests.bench
+	test "$${BENCH_STACK:-1}" = 0 || $(BIN)/python -m loadtests.bench_stack
 
 # This checkout against another revision, round by round: make ab BASE=<rev>
 # (AB_ARGS: --paths sold_out,in_stock --rounds 8 --seconds 2).

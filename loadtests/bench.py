@@ -25,7 +25,8 @@ including on failure and Ctrl-C.
 Environment (or the equivalent flags): ``BENCH_DURATION`` (3s),
 ``BENCH_WARMUP`` (1s), ``BENCH_ROUNDS`` (5), ``BENCH_CONNECTIONS`` (64),
 ``BENCH_THREADS`` (1 when pinned, else 2), ``BENCH_STOCK`` (10000000),
-``BENCH_BIG_STOCK`` (200000), ``BENCH_PIN`` (1; 0 leaves everything
+``BENCH_BIG_STOCK`` (200000), ``BENCH_QUICK`` (1: 2 rounds, a big sale of
+20,000 and open-loop runs of 2 s, to check the bench works), ``BENCH_PIN`` (1; 0 leaves everything
 unpinned), ``BENCH_OPEN_DURATION`` (5s; 0 skips the open-loop runs),
 ``BENCH_PG_URL``, ``BENCH_REDIS_URL``, ``BENCH_DB_SETTINGS`` (``key=value,...``
 set on the bench databases); any other ``GATEWAY_*`` variable is passed to the

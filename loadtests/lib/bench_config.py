@@ -37,17 +37,27 @@ def build_parser(description: str | None) -> argparse.ArgumentParser:
     """The CLI (``description`` its help text); every flag defaults to its BENCH_*
     environment variable."""
     env = os.environ.get
+    # BENCH_QUICK=1: a check that the bench works, not a measurement to quote.
+    quick = env("BENCH_QUICK", "0") not in ("", "0")
     parser = argparse.ArgumentParser(prog="python -m loadtests.bench", description=description)
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.add_argument("--duration", default=env("BENCH_DURATION", "3s"))
     parser.add_argument("--warmup", default=env("BENCH_WARMUP", "1s"))
-    parser.add_argument("--rounds", type=int, default=int(env("BENCH_ROUNDS", "5")))
+    parser.add_argument(
+        "--rounds", type=int, default=int(env("BENCH_ROUNDS", "2" if quick else "5"))
+    )
     parser.add_argument("--connections", type=int, default=int(env("BENCH_CONNECTIONS", "64")))
     parser.add_argument("--threads", type=int, default=int(env("BENCH_THREADS", "0")) or None)
     parser.add_argument("--stock", type=int, default=int(env("BENCH_STOCK", "10000000")))
-    parser.add_argument("--big-stock", type=int, default=int(env("BENCH_BIG_STOCK", "200000")))
+    parser.add_argument(
+        "--big-stock",
+        type=int,
+        default=int(env("BENCH_BIG_STOCK", "20000" if quick else "200000")),
+    )
     parser.add_argument("--pin", type=int, default=int(env("BENCH_PIN", "1")))
-    parser.add_argument("--open-duration", default=env("BENCH_OPEN_DURATION", "5s"))
+    parser.add_argument(
+        "--open-duration", default=env("BENCH_OPEN_DURATION", "2s" if quick else "5s")
+    )
     parser.add_argument("--out", type=Path, default=Path(env("BENCH_OUT", str(RESULTS_DIR))))
     parser.add_argument(
         "--db-settings",
