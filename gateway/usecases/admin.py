@@ -25,10 +25,11 @@ from typing import Any
 from gateway.domain.errors import LimitGroupLocked, UnknownSku
 from gateway.domain.model import Display, SkuSettings, StockReport
 from gateway.domain.rules import rfc3339
+from gateway.domain.stock import StockLoad
 from gateway.postgres.inventory import Inventory
 from gateway.postgres.limit_groups import LimitGroups
 from gateway.postgres.orders import Orders
-from gateway.redis.reservations import Reservations, StockLoad
+from gateway.redis.reservations import Reservations
 from gateway.usecases.catalog import Catalog
 from gateway.usecases.limit_groups import LimitGroupsAdmin
 from gateway.usecases.rebuilds import Rebuilds

@@ -43,7 +43,7 @@ from gateway.domain.errors import (
     UnknownTicket,
 )
 from gateway.domain.model import Purchase, Result, SkuInfo, WaitingRoom
-from gateway.redis.rooms import Standing
+from gateway.domain.rooms import Standing
 from gateway.usecases.admission_tokens import Refusal, Signer, fresh_ticket
 from gateway.usecases.ports import BotCheck, Client
 from gateway.usecases.servable import NO_BOT_CHECK

@@ -26,8 +26,7 @@ from gateway.domain.model import (
     Strategy,
 )
 from gateway.domain.payments import BuyerOrder, LatePayment, LateStatus, OrderCursor, Paying
-from gateway.postgres.lookups import Prior
-from gateway.redis.reservations import Reply, StockLoad
+from gateway.domain.stock import Prior, Reply, StockLoad
 
 # Names the client's address, asked only when a client rate limit applies.
 Client = Callable[[], str | None] | None

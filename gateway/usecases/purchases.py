@@ -51,7 +51,7 @@ from gateway.domain.model import (
     Strategy,
 )
 from gateway.domain.rules import SaleRules
-from gateway.redis.reservations import Reply, StockLoad, outcome_of
+from gateway.domain.stock import Reply, StockLoad, outcome_of
 from gateway.usecases.doubt import RedisDoubt
 from gateway.usecases.lifecycle import HeldUnits
 from gateway.usecases.ports import (

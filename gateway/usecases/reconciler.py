@@ -53,13 +53,15 @@ from redis.exceptions import RedisError
 
 from gateway.domain.errors import Unavailable, UnknownSku
 from gateway.domain.model import Verdict
+from gateway.domain.skus import SkuState
+from gateway.domain.stock import Settlement, StockLoad
 from gateway.lock import LockError
 from gateway.postgres.identity import DatabaseIdentity
-from gateway.postgres.inventory import Inventory, SkuState
+from gateway.postgres.inventory import Inventory
 from gateway.postgres.orders import Orders
 from gateway.postgres.retention import Retention
 from gateway.redis.identity import IdentityStamp
-from gateway.redis.reservations import Reservations, Settlement, StockLoad
+from gateway.redis.reservations import Reservations
 from gateway.usecases.catalog import Catalog
 from gateway.usecases.rebuilds import Rebuilds
 from gateway.write.sku_locks import SkuLocks

@@ -22,8 +22,8 @@ from collections.abc import Callable
 
 from gateway.domain.errors import Ended, NotStarted, RateLimited
 from gateway.domain.model import Purchase, SkuInfo
-from gateway.domain.rules import Rate, effective
-from gateway.postgres.sale_gate import Bucket, PostgresSaleGate
+from gateway.domain.rules import Bucket, Rate, effective
+from gateway.postgres.sale_gate import PostgresSaleGate
 from gateway.settings import Settings
 
 

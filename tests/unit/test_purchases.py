@@ -24,8 +24,7 @@ from gateway.domain.model import (
     SkuInfo,
     Strategy,
 )
-from gateway.postgres.lookups import Prior
-from gateway.redis.reservations import Reply, StockLoad
+from gateway.domain.stock import Prior, Reply, StockLoad
 from gateway.usecases.deductions import Deductions
 from gateway.usecases.doubt import RedisDoubt
 from gateway.usecases.ports import Client, Lookups
