@@ -24,6 +24,7 @@ from gateway.domain.model import (
     SOLD_OUT,
     Order,
     Outcome,
+    Purchase,
     Result,
     SkuInfo,
     Verdict,
@@ -85,6 +86,14 @@ def outcome_of(reply: Reply, request_id: str, info: SkuInfo) -> Result:
     if result is None:
         raise Unavailable("stock not loaded")
     return result
+
+
+def replayed(order: Order, purchase: Purchase) -> Result:
+    """The answer to a purchase whose request id made ``order``; raises
+    IdempotencyMismatch when it names another sku, buyer or qty."""
+    if (order.sku, order.user_id, order.qty) != (purchase.sku, purchase.user_id, purchase.qty):
+        raise IdempotencyMismatch(purchase.request_id)
+    return Result(Outcome.CONFIRMED, order.as_first_answered())
 
 
 @dataclass(frozen=True, slots=True)

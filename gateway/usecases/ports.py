@@ -103,6 +103,14 @@ class Lookups:
     arbitrations: Arbitration
 
 
+class PaymentWindows(Protocol):
+    """What a sku's payment window changes in a purchase's answer
+    (gateway.usecases.lifecycle.PaymentWindow)."""
+
+    async def answer(self, result: Result, purchase: Purchase, info: SkuInfo) -> Result: ...
+    async def holding(self, info: SkuInfo) -> bool: ...
+
+
 class Marking(Protocol):
     """Builds a sold-out sku's in-process mark (gateway.usecases.marking)."""
 

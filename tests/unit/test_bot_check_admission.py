@@ -165,6 +165,7 @@ def admissions(
         catalog=Catalog(room),
         soldout=Marks(marked),
         purchases=buying,
+        window=buying,
         rooms=store,
         signer=Signer(SECRET),
         bot_check=verifier or Verifier(),
