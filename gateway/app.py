@@ -42,6 +42,7 @@ from gateway.http.appkeys import (
     ANSWERS,
     BATCHER,
     BOT_CHECK,
+    CATALOG,
     LANES,
     LIFECYCLE,
     METRICS,
@@ -103,7 +104,7 @@ from gateway.usecases.admission import Admissions
 from gateway.usecases.admission_tokens import Signer
 from gateway.usecases.catalog import Catalog
 from gateway.usecases.deductions import Deductions
-from gateway.usecases.lifecycle import HeldUnits, OrderLifecycle
+from gateway.usecases.lifecycle import HeldUnits, OrderLifecycle, PaymentWindow
 from gateway.usecases.marking import SoldOutMarking
 from gateway.usecases.ports import NO_BOT_CHECK, Batching, Lookups, Marking
 from gateway.usecases.purchases import Purchases
@@ -142,6 +143,7 @@ class Gateway:
     lease: RebuildLease
     rebuilds: Rebuilds
     rooms: Rooms
+    catalog: Catalog
     purchases: Purchases
     admissions: Admissions
     servability: Servability
@@ -170,8 +172,10 @@ def build_gateway(opened: Opened) -> Gateway:
     scan = ConfirmedScan(opened.redis, settings.key_prefix, tags)
     marking = SoldOutMarking(soldout, lease, scan, metrics.purchases)
     batching: Batching = batcher if lanes is None else lanes
+    lookups = Lookups(OrderLookups(orders), PriorLookups(orders), Arbitrations(orders))
+    window = PaymentWindow(HeldUnits(lifecycle), lookups.orders)
     purchases = _purchases(
-        opened, flushing, catalog, soldout, marking, rebuilds, batching, HeldUnits(lifecycle)
+        opened, flushing, catalog, soldout, marking, rebuilds, batching, lookups, window
     )
     rooms = Rooms(opened.redis, settings, on_noscript=metrics.scripts.reloaded, tags=tags)
     servability = Servability(settings, inventory)
@@ -185,8 +189,9 @@ def build_gateway(opened: Opened) -> Gateway:
         lease=lease,
         rebuilds=rebuilds,
         rooms=rooms,
+        catalog=catalog,
         purchases=purchases,
-        admissions=_admissions(opened, catalog, soldout, purchases, rooms),
+        admissions=_admissions(opened, catalog, soldout, purchases, window, rooms),
         servability=servability,
         admin=StockAdmin(
             reservations=reservations,
@@ -215,7 +220,7 @@ def build_gateway(opened: Opened) -> Gateway:
         lag=LoopLag(metrics.loop.lagged, stall_report_s=settings.loop_stall_report_s),
         # Any sku may be put on the queue strategy: the writer serves those
         # whose stream exists, found once a second.
-        writer=_writer(opened, flushing) if settings.queue_writer else None,
+        writer=_writer(opened, flushing, inventory) if settings.queue_writer else None,
     )
 
 
@@ -253,7 +258,8 @@ def _purchases(
     marking: Marking,
     rebuilds: Rebuilds,
     batching: Batching,
-    holds: HeldUnits,
+    lookups: Lookups,
+    window: PaymentWindow,
 ) -> Purchases:
     """The purchase use case, with its look-ups and the strategies without Redis state."""
     settings, metrics, orders = opened.settings, opened.metrics, opened.orders
@@ -271,20 +277,25 @@ def _purchases(
         marking=marking,
         reservations=reservations,
         stocks=orders,
-        lookups=Lookups(OrderLookups(orders), PriorLookups(orders), Arbitrations(orders)),
+        lookups=lookups,
         batcher=batching,
         flusher=flushing.flusher,
         rebuilds=rebuilds,
         streams=flushing.streams,
         deductions=deductions,
         doubt=flushing.doubt,
+        window=window,
         observer=metrics.purchases,
-        holds=holds,
     )
 
 
 def _admissions(
-    opened: Opened, catalog: Catalog, soldout: SoldOut, purchases: Purchases, rooms: Rooms
+    opened: Opened,
+    catalog: Catalog,
+    soldout: SoldOut,
+    purchases: Purchases,
+    window: PaymentWindow,
+    rooms: Rooms,
 ) -> Admissions:
     """The waiting rooms in front of ``purchases``, signing tokens when a secret is set."""
     settings = opened.settings
@@ -295,6 +306,7 @@ def _admissions(
         catalog=catalog,
         soldout=soldout,
         purchases=purchases,
+        window=window,
         rooms=rooms,
         signer=signer,
         bot_check=opened.bot_check,
@@ -337,12 +349,12 @@ def deduction_strategies(
     }
 
 
-def _writer(opened: Opened, flushing: Flushing) -> QueueWriter:
+def _writer(opened: Opened, flushing: Flushing, inventory: Inventory) -> QueueWriter:
     """A queue writer; it looks for a dead writer's entries twice per claim idle time."""
     return QueueWriter(
         streams=flushing.streams,
         flusher=flushing.flusher,
-        inventory=Inventory(opened.pool),
+        inventory=inventory,
         claim_every_s=opened.settings.writer_claim_idle_s / 2,
         observer=opened.metrics.streams,
     )
@@ -392,6 +404,7 @@ def _publish(app: web.Application, gateway: Gateway) -> None:
     app[RESERVATIONS] = gateway.flushing.reservations
     app[BATCHER], app[LANES] = gateway.batcher, gateway.lanes
     app[PURCHASES], app[ADMISSIONS] = gateway.purchases, gateway.admissions
+    app[CATALOG] = gateway.catalog
     app[SERVABILITY], app[ADMIN] = gateway.servability, gateway.admin
     app[RECONCILER], app[TRACKER] = gateway.reconciler, gateway.tracker
     app[LIFECYCLE] = gateway.lifecycle
@@ -479,7 +492,7 @@ async def writer_ctx(app: web.Application) -> AsyncIterator[None]:
     """A stream writer on its own (``flashsale-gateway writer``): no HTTP, no batcher."""
     opened = _opened(app)
     flushing = build_flushing(opened)
-    writer = _writer(opened, flushing)
+    writer = _writer(opened, flushing, Inventory(opened.pool))
     await _load_scripts(opened, flushing)
     task = asyncio.create_task(writer.run(), name="queue-writer")
     yield

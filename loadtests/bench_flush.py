@@ -62,12 +62,13 @@ import orjson
 import uvloop
 
 from gateway.domain.model import Outcome, Purchase, Result
+from gateway.domain.stock import Settlement, StockLoad
 from gateway.lock import LockStats, LockSubscriber, load_lock_scripts
 from gateway.postgres.database import create_pool
 from gateway.postgres.inventory import Inventory
 from gateway.postgres.orders import BatchDecision, Orders
 from gateway.redis.connections import RedisClient, create_redis
-from gateway.redis.reservations import Reservations, Settlement, StockLoad
+from gateway.redis.reservations import Reservations
 from gateway.server import GC_THRESHOLDS
 from gateway.settings import Settings
 from gateway.write.flusher import Flusher

@@ -18,9 +18,10 @@ import uuid
 from collections.abc import Sequence
 
 from gateway.domain.model import Order
+from gateway.domain.stock import StockLoad
 from gateway.redis.connections import create_redis
 from gateway.redis.layout import SkuKeys
-from gateway.redis.reservations import Reservations, StockLoad
+from gateway.redis.reservations import Reservations
 from gateway.settings import Settings
 from loadtests.lib.confirmed import write_confirmed
 

@@ -47,9 +47,10 @@ import asyncpg
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.domain.model import Order
+from gateway.domain.stock import StockLoad
 from gateway.redis.connections import create_redis
 from gateway.redis.layout import SkuKeys
-from gateway.redis.reservations import Reservations, StockLoad
+from gateway.redis.reservations import Reservations
 from gateway.settings import Settings
 from loadtests.lib import wrk
 from loadtests.lib.confirmed import write_confirmed

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass, replace
+from dataclasses import KW_ONLY, dataclass, replace
 from datetime import datetime
 from enum import StrEnum
 
@@ -107,6 +107,8 @@ class Closed:
     (its qty, or 0 for a refund without restock, which only frees its buyer)."""
 
     order: Order
+    # Named at every construction: two positional values would read as one flag.
+    _: KW_ONLY
     owed: bool
     units: int
     # The payment of a refunded order (None if it had none: confirmed).

@@ -13,6 +13,7 @@ import math
 import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import NamedTuple
 
 # "5/s:10", "0.5/s:1": tokens per second, then the bucket's size.
 _RATE = re.compile(r"(\d+(?:\.\d+)?)/s:(\d+)")
@@ -115,3 +116,25 @@ def rate_from_db(text: str | None) -> Rate | str | None:
     if text is None or text == OFF:
         return text
     return parse_rate(text)
+
+
+# What sale_gate() takes and answers (gateway.postgres.sale_gate), for the
+# strategies that decide in PostgreSQL alone (gateway.usecases.sale_gate).
+
+
+class Bucket(NamedTuple):
+    """A rate-limit bucket as ``sale_gate()`` takes it."""
+
+    # 'u:<user>' or 'c:<address>'.
+    name: str
+    per_s: float
+    burst: int
+
+
+class GateAnswer(NamedTuple):
+    """What ``sale_gate()`` answered for one purchase."""
+
+    # "pass", "not_started", "ended" or "rate_limited".
+    verdict: str
+    # "not_started", "rate_limited": how long until trying again makes sense.
+    wait_ms: int

@@ -20,6 +20,7 @@ from gateway.redis.reservations import Reservations
 from gateway.settings import Settings
 from gateway.usecases.admin import StockAdmin
 from gateway.usecases.admission import Admissions
+from gateway.usecases.catalog import Catalog
 from gateway.usecases.lifecycle import OrderLifecycle
 from gateway.usecases.ports import BotCheck
 from gateway.usecases.purchases import Purchases
@@ -47,6 +48,8 @@ LANES = web.AppKey[HostLanes | None]("lanes")
 STOPPING = web.AppKey("stopping", asyncio.Event)
 PROXIES = web.AppKey("proxies", TrustedProxies)
 PURCHASES = web.AppKey("purchases", Purchases)
+# What the gateway knows of each sku (GET /v1/skus/{sku}).
+CATALOG = web.AppKey("catalog", Catalog)
 ADMIN = web.AppKey("admin", StockAdmin)
 RECONCILER = web.AppKey("reconciler", Reconciler)
 # Waiting rooms in front of the purchases, and the admin tokens (with their file).

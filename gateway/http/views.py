@@ -21,6 +21,7 @@ from gateway.http import payloads
 from gateway.http.appkeys import (
     ADMISSIONS,
     BATCHER,
+    CATALOG,
     LANES,
     METRICS,
     ORDERS,
@@ -192,12 +193,13 @@ async def get_sku(request: web.Request) -> web.Response:
     window, whether it has a waiting room, and its display fields."""
     sku = payloads.identifier(request.match_info["sku"], "sku")
     available = await request.app[PURCHASES].available(sku)
-    purchases = request.app[PURCHASES]
-    strategy, rules = await purchases.strategy(sku), await purchases.rules(sku)
+    catalog = request.app[CATALOG]
+    info = await catalog.get(sku)
+    strategy, rules = catalog.strategy_of(info), info.rules
     body = {"sku": sku, "available": available, "strategy": strategy.value, **rules.window_json()}
     body["waiting_room"] = await request.app[ADMISSIONS].has_room(sku)
-    body.update((await purchases.display(sku)).as_json())
-    group = await purchases.limit_group(sku)
+    body.update(info.display.as_json())
+    group = info.group
     if group is not None:
         body["limit_group"] = group.name
         body["group_per_user_limit"] = group.per_user_limit

@@ -24,7 +24,7 @@ from gateway.ops.request_stats import PURCHASE_ROUTE, RequestCollector, RequestS
 from gateway.ops.sku_series import SkuSeries
 
 if TYPE_CHECKING:
-    from gateway.postgres.inventory import SkuState
+    from gateway.domain.skus import SkuState
 
 OUTCOMES = (
     "confirmed",

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 if TYPE_CHECKING:
-    from gateway.postgres.inventory import SkuState
+    from gateway.domain.skus import SkuState
 
 
 class SkuSeries:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import replace
 from datetime import datetime
-from typing import Any, NamedTuple
+from typing import Any
 
 import asyncpg
 
@@ -28,6 +28,7 @@ from gateway.domain.model import (
     WaitingRoom,
 )
 from gateway.domain.rules import Rate, rate_from_db
+from gateway.domain.skus import SkuChange, SkuListing, SkuSheet, SkuState
 from gateway.postgres.database import Connection, as_unavailable
 
 # The display fields come from a table of their own (sql/012_display_fields.sql).
@@ -165,55 +166,6 @@ CLEAR_DISPLAY = "DELETE FROM sku_display WHERE sku = $1"
 RECORD_MOVEMENT = """
 INSERT INTO stock_movements (sku, delta, reason, stock_after) VALUES ($1, $2, $3, $4)
 """
-
-
-class SkuState(NamedTuple):
-    """A sku as the reconciler and the per-sku metrics see it (``SKU_STATE``)."""
-
-    sku: str
-    stock: int  # units on sale (the database's)
-    held: int  # units held for payment
-    sold: int  # units in committed orders
-    updated_at: datetime  # the row's last change, which idleness is tied to
-    archived: bool
-    active: bool
-
-
-class SkuListing(NamedTuple):
-    """One sku of ``GET /admin/skus``."""
-
-    sku: str
-    stock: int
-    archived_at: datetime | None
-    active: bool
-
-    @property
-    def status(self) -> str:
-        """``archived``, else ``active`` or ``idle``."""
-        if self.archived_at is not None:
-            return "archived"
-        return "active" if self.active else "idle"
-
-
-class SkuSheet(NamedTuple):
-    """A sku as ``GET /admin/skus/{sku}`` shows it: its settings, its status,
-    and the units of its live orders by status."""
-
-    settings: SkuSettings
-    listing: SkuListing
-    confirmed: int  # units of orders final at their 201 (no payment window)
-    paid: int
-    held: int  # units of orders pending payment
-
-
-class SkuChange(NamedTuple):
-    """A sku's settings before and after an admin change."""
-
-    # None for a sku created by the change.
-    before: SkuSettings | None
-    after: SkuSettings
-    # A PUT listed an archived sku again.
-    unarchived: bool = False
 
 
 def _settings_of(row: asyncpg.Record) -> SkuSettings:

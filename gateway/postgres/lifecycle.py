@@ -252,7 +252,7 @@ class Lifecycle:
         """Closed orders whose return was not yet given to Redis."""
         with as_unavailable:
             rows = await self._pool.fetch(OWED, older_than_s, limit)
-        return [Closed(order_of(r), True, r["units"]) for r in rows]
+        return [Closed(order_of(r), owed=True, units=r["units"]) for r in rows]
 
     async def mark_synced(self, request_ids: Sequence[str]) -> None:
         """Record that Redis got these orders' units back."""
@@ -361,4 +361,7 @@ async def _closed(
     rows = await con.fetch(
         CLOSE, list(request_ids), status.value, default, reason, cause.value, restock
     )
-    return [Closed(order_of(r), r["owed"], r["units"], r["payment_id"]) for r in rows]
+    return [
+        Closed(order_of(r), owed=r["owed"], units=r["units"], payment_id=r["payment_id"])
+        for r in rows
+    ]

@@ -36,6 +36,7 @@ from abc import ABC, abstractmethod
 from typing import Generic, TypeVar
 
 from gateway.domain.model import Order
+from gateway.domain.stock import Prior
 from gateway.postgres.orders import Orders
 
 # Keys per read at most; the rest wait for the next.
@@ -50,7 +51,6 @@ V = TypeVar("V")
 # A purchase's (sku, request_id, user_id), and what PostgreSQL holds of it: the
 # order its request id made, and whether its buyer bought the sku.
 PriorKey = tuple[str, str, str]
-Prior = tuple[Order | None, bool]
 
 
 class _Coalesced(ABC, Generic[K, V]):

@@ -45,6 +45,7 @@ from gateway.domain.model import (
     Verdict,
 )
 from gateway.domain.rules import rfc3339
+from gateway.domain.stock import OrderPage
 from gateway.postgres.database import DB_ERRORS, as_unavailable, cause
 
 # Serializes writers of one sku (admin changes lock the row too).
@@ -170,16 +171,6 @@ def _decision_of(row: asyncpg.Record) -> Decision:
         # The row names the group in order_status (sql/functions/flush_batch.sql).
         return Decision(GroupLimitReached(row["order_status"]), verdict)
     return Decision(DUPLICATE if verdict is Verdict.DUPLICATE else SOLD_OUT, verdict)
-
-
-@dataclass(frozen=True, slots=True)
-class OrderPage:
-    """One page of a sku's orders in buyer order: the fields asked for, flat;
-    the page's last buyer (where the next page starts) and its count of orders."""
-
-    fields: list[str]
-    last_user: str
-    count: int
 
 
 def pay_by_text(pay_by: datetime | None) -> str | None:

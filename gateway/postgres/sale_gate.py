@@ -10,33 +10,14 @@ the ones full again. Driver errors become
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import asyncpg
 
 from gateway.domain.model import Purchase
+from gateway.domain.rules import Bucket, GateAnswer
 from gateway.postgres.database import as_unavailable
 
 # The window and rate limits of one purchase, in one round trip.
 SALE_GATE = "SELECT verdict, wait_ms FROM sale_gate($1, $2, $3, $4, $5, $6, $7, $8, $9)"
-
-
-class Bucket(NamedTuple):
-    """A rate-limit bucket as ``sale_gate()`` takes it."""
-
-    # 'u:<user>' or 'c:<address>'.
-    name: str
-    per_s: float
-    burst: int
-
-
-class GateAnswer(NamedTuple):
-    """What ``sale_gate()`` answered for one purchase."""
-
-    # "pass", "not_started", "ended" or "rate_limited".
-    verdict: str
-    # "not_started", "rate_limited": how long until trying again makes sense.
-    wait_ms: int
 
 
 _NO_BUCKET = Bucket("", 0.0, 0)

@@ -56,6 +56,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from gateway.domain.model import Order
+from gateway.domain.stock import Pending
 
 SEPARATOR = "|"
 
@@ -184,16 +185,6 @@ def parse_change(message: str) -> tuple[Change | None, str]:
         return Change(kind), sku
     except ValueError:
         return None, sku
-
-
-@dataclass(frozen=True, slots=True)
-class Pending:
-    """One entry of the pending ledger: a reservation not yet settled."""
-
-    request_id: str
-    user_id: str
-    qty: int
-    reserved_at_ms: int
 
 
 def encode_pending(entry: Pending) -> str:

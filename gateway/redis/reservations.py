@@ -25,38 +25,25 @@ import asyncio
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from enum import StrEnum
-from typing import Any, Literal, NamedTuple
+from typing import Any
 
 from redis.exceptions import RedisError
 
 from gateway.domain.errors import (
-    Ended,
-    GroupLimitReached,
-    IdempotencyMismatch,
-    NotStarted,
-    RateLimited,
     RedisUnavailable,
-    Unavailable,
 )
 from gateway.domain.model import (
-    DUPLICATE,
-    IN_PROGRESS,
-    SOLD_OUT,
     Closed,
     Order,
-    Outcome,
     Purchase,
-    Result,
     SkuInfo,
-    Verdict,
 )
 from gateway.domain.rules import effective, epoch_ms
+from gateway.domain.stock import Pending, Reply, ReplyKind, Settlement, Snapshot, StockLoad
 from gateway.redis.connections import RedisClient, redis_call
 from gateway.redis.layout import (
     Change,
     KeyTags,
-    Pending,
     SkuKeys,
     call_key,
     channel,
@@ -70,51 +57,7 @@ from gateway.redis.layout import (
 from gateway.redis.scripts import Script, ScriptArg, ScriptCoalescer, read_composed, read_script
 from gateway.settings import Settings
 
-# What reserve.lua answers and settle.lua takes, as values.
-
-ReplyKind = Literal[
-    "ok",
-    "confirmed",
-    "mismatch",
-    "in_progress",
-    "missing",
-    "unverified",
-    "duplicate",
-    "sold_out",
-    "not_started",
-    "ended",
-    "rate_limited",
-    "busy",
-    "group_limit",
-]
-
-
-@dataclass(frozen=True, slots=True)
-class Reply:
-    """What reserve.lua answered for one purchase."""
-
-    kind: ReplyKind
-    order: Order | None = None
-    # "sold_out", "unverified": stock is 0 and nothing is pending.
-    exhausted: bool = False
-    # "ok": when Redis reserved it, by Redis's clock (the ledger's stamp).
-    reserved_at_ms: int = 0
-    # "not_started", "rate_limited": how long until trying again makes sense.
-    wait_ms: int = 0
-    # "unverified": nobody holds the sku's rebuild lease (its holder died).
-    orphaned: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class Settlement:
-    """One reservation's verdict, as settle.lua takes it."""
-
-    request_id: str
-    verdict: Verdict
-    user_id: str
-    qty: int
-    order_id: str = ""
-
+# reserve.lua's answers as values (gateway.domain.stock), made once where they carry nothing.
 
 _SIMPLE_KINDS: tuple[ReplyKind, ...] = (
     "mismatch",
@@ -151,31 +94,6 @@ def reply_of(raw: Any, purchase: Purchase) -> Reply:
     if kind in ("not_started", "rate_limited"):
         return Reply(kind, wait_ms=int(raw[1]))
     return _SIMPLE[kind]
-
-
-_OUTCOMES = {"sold_out": SOLD_OUT, "duplicate": DUPLICATE, "in_progress": IN_PROGRESS}
-
-
-def outcome_of(reply: Reply, request_id: str, info: SkuInfo) -> Result:
-    """The outcome of a reservation that did not reserve; raises the
-    :class:`GatewayError` of a refusal (mismatch, rate limit, window, 503)."""
-    if reply.kind == "confirmed":
-        return Result(Outcome.CONFIRMED, reply.order)
-    if reply.kind == "mismatch":
-        raise IdempotencyMismatch(request_id)
-    if reply.kind == "rate_limited":
-        raise RateLimited(reply.wait_ms)
-    if reply.kind == "not_started":
-        starts_at = info.rules.window_json()["starts_at"]
-        raise NotStarted(starts_at or "", reply.wait_ms)
-    if reply.kind == "ended":
-        raise Ended()
-    if reply.kind == "group_limit" and info.group is not None:
-        raise GroupLimitReached(info.group.name)
-    result = _OUTCOMES.get(reply.kind)
-    if result is None:
-        raise Unavailable("stock not loaded")
-    return result
 
 
 # The arguments of one coalesced reserve.lua or enqueue.lua call.
@@ -299,31 +217,6 @@ class ReserveCalls:
         keys += (stream_key(self._prefix, sku, name), rejected_key(self._prefix, sku, name))
         args.append(self._stream_max)
         return keys, args
-
-
-class Snapshot(NamedTuple):
-    """A sku's counter and ledger, read together (snapshot.lua)."""
-
-    # None when the counter is missing.
-    stock: int | None
-    pending: list[Pending]
-
-
-class StockLoad(StrEnum):
-    """How load_stock.lua sets a sku's counter from the database's stock."""
-
-    # Only a missing counter (Redis lost it, or it expired); setting one flags
-    # the sku as rebuilding.
-    RELOAD = "reload"
-    # Always (an admin changed the database stock); a counter that was missing
-    # flags the sku as rebuilding.
-    RESET = "reset"
-    # A reset whose caller knows the buyers and done hashes are whole (a sku
-    # created now, or a tool that wrote them): never flags the sku.
-    FRESH = "fresh"
-    # A reset because the counter disagreed with the database (Redis lost
-    # writes): flags the sku as rebuilding, unless a rebuild is under way.
-    REPAIR = "repair"
 
 
 class Reservations:

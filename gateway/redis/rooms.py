@@ -10,33 +10,16 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Literal
 
+from gateway.domain.rooms import Standing
 from gateway.redis.connections import RedisClient, redis_call
 from gateway.redis.layout import KeyTags, RoomKeys, SkuKeys
 from gateway.redis.scripts import Script, read_script
 from gateway.settings import Settings
 
-Status = Literal["unknown", "sold_out", "waiting", "admitted", "bot_check", "reused"]
-
 # How long a bot token that made a ticket is remembered: a Turnstile token is
 # valid 300 s, so one kept as long cannot make a second ticket.
 BOT_TOKEN_KEPT_MS = 300_000
-
-
-@dataclass(frozen=True, slots=True)
-class Standing:
-    """Where a ticket stands: waiting at ``position`` (1 is next), or admitted at
-    ``admitted_ms`` (Redis time); ``admitted_now`` people were let in by this call."""
-
-    status: Status
-    ticket: str = ""
-    user_id: str = ""
-    position: int = 0
-    admitted_ms: int = 0
-    admitted_now: int = 0
-    waiting: int = 0
 
 
 _UNKNOWN_STANDING = Standing("unknown")

@@ -25,16 +25,12 @@ from typing import Any
 from gateway.domain.errors import LimitGroupLocked, UnknownSku
 from gateway.domain.model import Display, SkuSettings, StockReport
 from gateway.domain.rules import rfc3339
-from gateway.postgres.inventory import Inventory
-from gateway.postgres.limit_groups import LimitGroups
-from gateway.postgres.orders import Orders
-from gateway.redis.reservations import Reservations, StockLoad
+from gateway.domain.stock import StockLoad
 from gateway.usecases.catalog import Catalog
 from gateway.usecases.limit_groups import LimitGroupsAdmin
-from gateway.usecases.rebuilds import Rebuilds
+from gateway.usecases.ports import Counters, GroupStore, OrderBooks, Rebuilding, SkuLocking, SkuRows
 from gateway.usecases.servable import Servability
 from gateway.usecases.sold_out import SoldOut
-from gateway.write.sku_locks import SkuLocks
 
 # Fields of a sku's answer left out when not set (null in the change log).
 ANSWERED_WHEN_SET = ("waiting_room", "title", "image_url", "price_text", "limit_group")
@@ -47,15 +43,15 @@ class StockAdmin:
     def __init__(
         self,
         *,
-        reservations: Reservations,
-        orders: Orders,
-        inventory: Inventory,
-        locks: SkuLocks,
+        reservations: Counters,
+        orders: OrderBooks,
+        inventory: SkuRows,
+        locks: SkuLocking,
         catalog: Catalog,
         soldout: SoldOut,
         servability: Servability,
-        rebuilds: Rebuilds,
-        groups: LimitGroups,
+        rebuilds: Rebuilding,
+        groups: GroupStore,
     ) -> None:
         self._groups = groups
         # The limit groups' own routes (gateway.usecases.limit_groups).

@@ -43,7 +43,7 @@ from gateway.domain.errors import (
     UnknownTicket,
 )
 from gateway.domain.model import Purchase, Result, SkuInfo, WaitingRoom
-from gateway.redis.rooms import Standing
+from gateway.domain.rooms import Standing
 from gateway.usecases.admission_tokens import Refusal, Signer, fresh_ticket
 from gateway.usecases.ports import BotCheck, Client
 from gateway.usecases.servable import NO_BOT_CHECK
@@ -121,8 +121,13 @@ class Buying(Protocol):
     """The purchases behind the rooms (gateway.usecases.purchases.Purchases)."""
 
     async def purchase(self, purchase: Purchase, client: Client = None) -> Result: ...
-    async def holding(self, info: SkuInfo) -> bool: ...
     async def exhausted(self, info: SkuInfo) -> bool: ...
+
+
+class Holding(Protocol):
+    """Whether a sku's units are held for payment (gateway.usecases.lifecycle.PaymentWindow)."""
+
+    async def holding(self, info: SkuInfo) -> bool: ...
 
 
 class SoldOutMarks(Protocol):
@@ -157,6 +162,7 @@ class Admissions:
         catalog: RoomCatalog,
         soldout: SoldOutMarks,
         purchases: Buying,
+        window: Holding,
         rooms: RoomStore,
         signer: Signer | None,
         bot_check: BotCheck,
@@ -165,6 +171,7 @@ class Admissions:
         self._catalog = catalog
         self._soldout = soldout
         self._purchases = purchases
+        self._window = window
         self._rooms = rooms
         self._signer = signer
         self._bot_check = bot_check
@@ -214,7 +221,7 @@ class Admissions:
         args = (info.sku, user_id, fresh, starts_ms, ttl_ms)
         check, rooms = room.bot_check, self._rooms
         standing = await rooms.join(*args, bot_check=check, bot_passed=passed)
-        if standing.status == "sold_out" and await self._purchases.holding(info):
+        if standing.status == "sold_out" and await self._window.holding(info):
             # Units held for payment may come back: the line stays.
             standing = await rooms.join(*args, True, bot_check=check, bot_passed=passed)
         return standing
@@ -239,7 +246,7 @@ class Admissions:
         starts_ms = _ms(info.rules.starts_at)
         pace = (room.admit_per_s, starts_ms, room.shuffle_at_start)
         standing = await self._rooms.poll(sku, ticket, *pace)
-        if standing.status == "sold_out" and await self._purchases.holding(info):
+        if standing.status == "sold_out" and await self._window.holding(info):
             # Units held for payment may come back: the line stays, let in
             # only while there is stock.
             standing = await self._rooms.poll(sku, ticket, *pace, held=True)

@@ -14,8 +14,7 @@ from collections import OrderedDict
 
 from gateway.domain.errors import UnknownSku
 from gateway.domain.model import SkuInfo, Strategy
-from gateway.postgres.inventory import Inventory
-from gateway.redis.layout import KeyTags
+from gateway.usecases.ports import SkuInfos, Tags
 
 UNKNOWN_TTL_S = 1.0
 # Unknown skus remembered at once: a storm for a few of them is what the
@@ -28,13 +27,13 @@ class Catalog:
 
     def __init__(
         self,
-        inventory: Inventory,
-        default_strategy: Strategy = Strategy.RESERVE_BATCH,
-        tags: KeyTags | None = None,
+        inventory: SkuInfos,
+        default_strategy: Strategy,
+        tags: Tags,
     ) -> None:
         self._inventory = inventory
         # Told each sku's limit group as its entry is read: its keys' tag.
-        self._tags = KeyTags() if tags is None else tags
+        self._tags = tags
         self.default_strategy = default_strategy
         self._known: dict[str, SkuInfo] = {}
         # Least recently asked for first (an LRU).

@@ -44,11 +44,23 @@ from gateway.domain.errors import (
     Unavailable,
     UnknownSku,
 )
-from gateway.domain.model import SOLD_OUT, Cause, Closed, Order, OrderStatus, Outcome, Result
+from gateway.domain.model import (
+    SOLD_OUT,
+    Cause,
+    Closed,
+    Order,
+    OrderStatus,
+    Outcome,
+    Purchase,
+    Result,
+    SkuInfo,
+)
 from gateway.domain.payments import BuyerOrder, LatePayment, LateStatus, OrderCursor, Page
+from gateway.domain.stock import replayed
 from gateway.usecases.ports import (
     HeldCounts,
     Listings,
+    OrderLookup,
     Returns,
     SkuCatalog,
     Sweeps,
@@ -360,3 +372,35 @@ class HeldUnits:
             return SOLD_OUT
         retry_after_s = min(MAX_RETRY_AFTER_S, max(1, math.ceil(due - now)))
         return Result(Outcome.SOLD_OUT, held=held, retry_after_s=retry_after_s)
+
+
+class PaymentWindow:
+    """What a sku's payment window changes in a purchase's answer, decided here
+    alone (:meth:`Purchases.purchase` asks it for the skus with one only, so a
+    sku without one pays no await for it)."""
+
+    def __init__(self, held: HeldUnits, orders: OrderLookup) -> None:
+        self._held = held
+        self._orders = orders
+
+    async def answer(self, result: Result, purchase: Purchase, info: SkuInfo) -> Result:
+        """``result``, as a sku with a payment window answers it: a sold out
+        carries the units held for payment and a Retry-After to the earliest
+        deadline, while there are any; a replay answered from Redis's done
+        record, which has no pay_by, is answered from its order row, as its
+        201 was."""
+        if result is SOLD_OUT:
+            return await self._held.sold_out(info.sku)
+        order = result.order
+        if order is not None and order.pay_by is None:
+            found = await self._orders.order(order.request_id)
+            if found is not None:
+                return replayed(found, purchase)
+        return result
+
+    async def holding(self, info: SkuInfo) -> bool:
+        """Whether units of the sku are held for orders pending payment (and may
+        come back on sale): the waiting room keeps its line meanwhile."""
+        if not info.payment_window_s:
+            return False
+        return (await self._held.sold_out(info.sku, fresh=True)).held > 0

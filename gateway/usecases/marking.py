@@ -24,8 +24,7 @@ from typing import Protocol
 
 import structlog
 
-from gateway.redis.confirmed_scan import ConfirmedScan
-from gateway.redis.rebuild_lease import RebuildLease
+from gateway.usecases.ports import ConfirmedIdsScan, RebuildLeases
 from gateway.usecases.sold_out import ConfirmedIds, SoldOut
 
 log = structlog.get_logger(__name__)
@@ -53,8 +52,8 @@ class SoldOutMarking:
     def __init__(
         self,
         soldout: SoldOut,
-        lease: RebuildLease,
-        scan: ConfirmedScan,
+        lease: RebuildLeases,
+        scan: ConfirmedIdsScan,
         observer: MarkObserver = UNOBSERVED,
     ) -> None:
         self._soldout = soldout

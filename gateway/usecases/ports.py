@@ -1,22 +1,25 @@
-"""The purchase use case's collaborators, each a small Protocol.
+"""The use cases' collaborators, each a small Protocol.
 
-:class:`gateway.usecases.purchases.Purchases` and
-:class:`gateway.usecases.deductions.Deductions` take these, all required, wired
-in ``gateway.app``; an observer left out is a no-op (:data:`UNOBSERVED`), never
-``None``. ``tests/unit/test_purchases.py`` decides purchases against fakes of them.
+Every use case takes these, all required, wired in ``gateway.app``; an observer
+left out is a no-op (:data:`UNOBSERVED`), never ``None``. No use case imports
+an adapter (``gateway.redis``, ``gateway.postgres``, ``gateway.outbound``,
+``gateway.write``): it speaks the domain's types to these, and
+``tests/unit/test_purchases.py`` and its neighbours decide against fakes of them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
-from typing import Protocol
+from datetime import datetime
+from typing import Any, Protocol
 
 from gateway.domain.events import OrderEvent, SinkStats
 from gateway.domain.model import (
     Cause,
     Closed,
+    Display,
     LimitGroup,
     Order,
     OrderStatus,
@@ -24,10 +27,12 @@ from gateway.domain.model import (
     Result,
     SkuInfo,
     Strategy,
+    Verdict,
 )
 from gateway.domain.payments import BuyerOrder, LatePayment, LateStatus, OrderCursor, Paying
-from gateway.postgres.lookups import Prior
-from gateway.redis.reservations import Reply, StockLoad
+from gateway.domain.rules import Bucket, GateAnswer
+from gateway.domain.skus import SkuChange, SkuListing, SkuSheet, SkuState
+from gateway.domain.stock import OrderPage, Pending, Prior, Reply, Settlement, Snapshot, StockLoad
 
 # Names the client's address, asked only when a client rate limit applies.
 Client = Callable[[], str | None] | None
@@ -96,6 +101,14 @@ class Lookups:
     orders: OrderLookup
     priors: PriorLookup
     arbitrations: Arbitration
+
+
+class PaymentWindows(Protocol):
+    """What a sku's payment window changes in a purchase's answer
+    (gateway.usecases.lifecycle.PaymentWindow)."""
+
+    async def answer(self, result: Result, purchase: Purchase, info: SkuInfo) -> Result: ...
+    async def holding(self, info: SkuInfo) -> bool: ...
 
 
 class Marking(Protocol):
@@ -344,3 +357,153 @@ class Tags(Protocol):
     def group_of(self, sku: str) -> str | None: ...
     def set(self, sku: str, group: str | None) -> None: ...
     def replace(self, groups: dict[str, str]) -> None: ...
+
+
+# The stock administration's and the reconciler's collaborators
+# (gateway.usecases.admin, gateway.usecases.reconciler).
+
+
+class SkuLocking(Protocol):
+    """Each sku's lock (gateway.write.sku_locks.SkuLocks): one flush, admin
+    change or reconcile of a sku at a time across the fleet."""
+
+    @property
+    def enabled(self) -> bool:
+        """Whether a lock family is configured (else ``held`` holds nothing)."""
+        ...
+
+    def held(self, sku: str) -> AbstractAsyncContextManager[Any]:
+        """The sku's lock, held for the ``async with`` block."""
+        ...
+
+
+class Counters(Protocol):
+    """A sku's counter and ledger in Redis, as the admin and the reconciler
+    change them (gateway.redis.reservations.Reservations)."""
+
+    @property
+    def tags(self) -> Tags: ...
+    async def load_stock(self, sku: str, db_stock: int, mode: StockLoad) -> int: ...
+    async def forget_stock(self, sku: str) -> None: ...
+    async def drop_state(self, sku: str) -> None: ...
+    async def announce(self, sku: str) -> None: ...
+    async def available(self, sku: str) -> int | None: ...
+    async def pending(self, sku: str) -> list[Pending]: ...
+    async def snapshot(self, sku: str) -> Snapshot: ...
+    async def settle(
+        self, sku: str, settlements: Iterable[Settlement], db_stock_after: int | None
+    ) -> int: ...
+    async def returns_given(self, sku: str) -> int: ...
+    async def returned(self, sku: str, request_ids: Sequence[str]) -> set[str]: ...
+
+
+class OrderBooks(Protocol):
+    """The order rows and the database's stock, as the admin and the reconciler
+    read them (gateway.postgres.orders.Orders)."""
+
+    async def stock(self, sku: str) -> int | None: ...
+    async def units_sold(self, sku: str) -> int: ...
+    async def orders(self, request_ids: Sequence[str]) -> dict[str, Order]: ...
+    async def release_stale(
+        self, sku: str, stale: Sequence[tuple[str, int]]
+    ) -> dict[str, Order]: ...
+    async def stock_and_owed(self, sku: str) -> tuple[int, dict[str, int]] | None: ...
+
+
+class BuyersOrder(Protocol):
+    """The order a request id made, for its buyer alone (gateway.postgres.orders.Orders)."""
+
+    async def buyers_order(self, request_id: str, user_id: str) -> Order | None: ...
+
+
+class OrderPages(Protocol):
+    """A sku's orders page by page, for a rebuild (gateway.postgres.orders.Orders)."""
+
+    async def order_page(self, sku: str, after_user: str, limit: int) -> OrderPage: ...
+
+
+class SkuInfos(Protocol):
+    """A sku's settings as the catalog caches them (gateway.postgres.inventory.Inventory)."""
+
+    async def sku_info(self, sku: str) -> SkuInfo | None: ...
+
+
+class SkuRows(Protocol):
+    """The inventory rows as the admin changes and lists them
+    (gateway.postgres.inventory.Inventory)."""
+
+    async def change_sku(
+        self, sku: str, fields: Mapping[str, Any], *, create: bool
+    ) -> SkuChange | None: ...
+    async def restock(self, sku: str, delta: int) -> int | None: ...
+    async def archive(self, sku: str) -> tuple[datetime, bool] | None: ...
+    async def listing(self, status: str, after: str, limit: int) -> list[SkuListing]: ...
+    async def sheet(self, sku: str) -> SkuSheet | None: ...
+    async def display(self, sku: str) -> Display: ...
+
+
+class SkuStates(Protocol):
+    """Each active sku's state, and its idleness (gateway.postgres.inventory.Inventory)."""
+
+    async def states(self, *, every: bool = False) -> list[SkuState]: ...
+    async def mark_idle(self, sku: str, updated_at: datetime) -> bool: ...
+    async def mark_active(self, sku: str) -> None: ...
+
+
+class RoomSkus(Protocol):
+    """The skus with a waiting room, or a bot check (gateway.postgres.inventory.Inventory)."""
+
+    async def waiting_room_skus(self, limit: int) -> list[str]: ...
+    async def bot_check_skus(self, limit: int) -> list[str]: ...
+
+
+class Stamping(Protocol):
+    """Which database Redis's state came from (gateway.redis.identity.IdentityStamp)."""
+
+    async def adopt(self, identity: str) -> bool:
+        """Make ``identity`` Redis's; True when state stamped by another was dropped."""
+        ...
+
+
+class WhichDatabase(Protocol):
+    """Which database this is (gateway.postgres.identity.DatabaseIdentity)."""
+
+    async def read(self) -> str: ...
+
+
+class Pruning(Protocol):
+    """The pass pruning what traffic writes (gateway.postgres.retention.Retention)."""
+
+    async def prune(self) -> object: ...
+
+
+class RebuildLeases(Protocol):
+    """The lease of a sku's hashes rebuilt from PostgreSQL
+    (gateway.redis.rebuild_lease.RebuildLease)."""
+
+    async def rebuilding(self, sku: str) -> bool: ...
+    async def take(self, sku: str, owner: str, lease_ms: int) -> bool: ...
+    async def write(self, sku: str, owner: str, lease_ms: int, fields: Sequence[str]) -> bool: ...
+    async def finish(self, sku: str, owner: str) -> bool: ...
+
+
+class ConfirmedIdsScan(Protocol):
+    """A sku's confirmed request ids in Redis (gateway.redis.confirmed_scan.ConfirmedScan)."""
+
+    async def count(self, sku: str) -> int: ...
+    def ids(self, sku: str) -> AsyncIterator[list[str]]: ...
+
+
+class SaleGateCall(Protocol):
+    """``sale_gate()`` in PostgreSQL (gateway.postgres.sale_gate.PostgresSaleGate)."""
+
+    async def check(
+        self, purchase: Purchase, user: Bucket | None, client: Bucket | None
+    ) -> GateAnswer: ...
+
+
+class QueuedStatus(Protocol):
+    """Where a queued request id stands (gateway.redis.streams.Streams)."""
+
+    def group_of(self, sku: str) -> str | None: ...
+    async def status(self, request_id: str, user_id: str) -> tuple[str | None, Verdict | None]: ...

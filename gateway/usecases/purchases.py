@@ -32,7 +32,6 @@ from dataclasses import replace
 import structlog
 
 from gateway.domain.errors import (
-    IdempotencyMismatch,
     InvalidRequest,
     RedisUnavailable,
     ShuttingDown,
@@ -41,19 +40,14 @@ from gateway.domain.errors import (
 from gateway.domain.model import (
     DUPLICATE,
     SOLD_OUT,
-    Display,
-    LimitGroup,
-    Order,
     Outcome,
     Purchase,
     Result,
     SkuInfo,
     Strategy,
 )
-from gateway.domain.rules import SaleRules
-from gateway.redis.reservations import Reply, StockLoad, outcome_of
+from gateway.domain.stock import Reply, StockLoad, outcome_of, replayed
 from gateway.usecases.doubt import RedisDoubt
-from gateway.usecases.lifecycle import HeldUnits
 from gateway.usecases.ports import (
     UNOBSERVED,
     Batching,
@@ -62,6 +56,7 @@ from gateway.usecases.ports import (
     GivingBack,
     Lookups,
     Marking,
+    PaymentWindows,
     PurchaseObserver,
     QueuedIds,
     Rebuilding,
@@ -100,8 +95,8 @@ class Purchases:
         streams: QueuedIds,
         deductions: Deducting,
         doubt: RedisDoubt,
+        window: PaymentWindows,
         observer: PurchaseObserver = UNOBSERVED,
-        holds: HeldUnits | None = None,
     ) -> None:
         self._catalog = catalog
         self._soldout = soldout
@@ -120,7 +115,8 @@ class Purchases:
         # request ids are checked in PostgreSQL (gateway.usecases.doubt).
         self._doubt = doubt
         self._observer = observer
-        self._holds = holds
+        # What a sku's payment window changes in an answer (gateway.usecases.lifecycle).
+        self._window = window
         self._reloads: dict[str, asyncio.Future[None]] = {}
         # The skus reserve.lua said are rebuilt, until when (time.monotonic()).
         self._rebuilding: dict[str, float] = {}
@@ -141,78 +137,52 @@ class Purchases:
         strategy = self._catalog.strategy_of(info)
         if not strategy.reserves:
             result = await self._deductions.purchase(strategy, purchase, info, client)
-            windowed = info.payment_window_s
-            return await self._windowed(result, purchase, info) if windowed else result
-        confirmed = self._soldout.lookup(purchase.sku)
-        if confirmed is not None:
+        elif (confirmed := self._soldout.lookup(purchase.sku)) is not None:
             result = await self._marked(purchase, confirmed)
-            windowed = info.payment_window_s
-            return await self._windowed(result, purchase, info) if windowed else result
-        # A request id the client sent may be a replay; one made here is not.
-        replayable = bool(purchase.request_id)
-        purchase = purchase.identified()
-        structlog.contextvars.bind_contextvars(request_id=purchase.request_id, sku=purchase.sku)
-        self._admit()
-        generation = self._soldout.generation(purchase.sku)
-        queued = strategy is Strategy.QUEUE
-        arrived_ms = int(time.time() * 1000)
-        try:
-            reply = await self._reserve(
-                purchase, info, client, queued=queued, generation=generation
-            )
-        except RedisUnavailable:
-            self._doubt.failed()
-            raise
-        if isinstance(reply, Result):
-            return reply
-        if queued and reply.kind in ("ok", "in_progress", "busy"):
-            return await self._queued(purchase, reply.kind, replayable=replayable)
-        if reply.kind == "ok":
-            # Stamped by Redis's clock, like every reservation of every instance,
-            # or by this attempt's arrival if earlier: a release PostgreSQL
-            # records at a moment (a sold out arbitrated after Redis failed)
-            # voids every attempt of the request id that arrived before it, also
-            # one whose call waited out a failover and reserved afterwards,
-            # when its client had long given up and its retry been told no.
-            reserved_at = min(reply.reserved_at_ms, arrived_ms)
-            purchase = replace(purchase, reserved_at_ms=reserved_at)
+        else:
+            # A request id the client sent may be a replay; one made here is not.
+            replayable = bool(purchase.request_id)
+            purchase = purchase.identified()
+            structlog.contextvars.bind_contextvars(request_id=purchase.request_id, sku=purchase.sku)
+            self._admit()
+            generation = self._soldout.generation(purchase.sku)
+            queued = strategy is Strategy.QUEUE
+            arrived_ms = int(time.time() * 1000)
             try:
-                return await self._batcher.submit(purchase)
-            except ShuttingDown:
-                # Draining began while Redis reserved: nothing will flush it here.
-                await self._flusher.give_back(purchase.sku, [purchase])
+                reply = await self._reserve(
+                    purchase, info, client, queued=queued, generation=generation
+                )
+            except RedisUnavailable:
+                self._doubt.failed()
                 raise
-        if reply.kind == "sold_out":
-            result = await self._sold_out(purchase, reply, generation, replayable=replayable)
-            windowed = info.payment_window_s
-            return await self._windowed(result, purchase, info) if windowed else result
-        result = outcome_of(reply, purchase.request_id, info)
-        return await self._windowed(result, purchase, info) if info.payment_window_s else result
-
-    async def holding(self, info: SkuInfo) -> bool:
-        """Whether units of the sku are held for orders pending payment (and may
-        come back on sale): the waiting room keeps its line meanwhile."""
-        if not info.payment_window_s or self._holds is None:
-            return False
-        return (await self._holds.sold_out(info.sku, fresh=True)).held > 0
-
-    async def _windowed(self, result: Result, purchase: Purchase, info: SkuInfo) -> Result:
-        """``result``, as a sku with a payment window answers it (called for those
-        only: a sku without one pays no await for it): a sold out
-        carries the units held for payment and a Retry-After to the earliest
-        deadline, while there are any; a replay answered from Redis's done
-        record, which has no pay_by, is answered from its order row, as its
-        201 was."""
-        if self._holds is None:
-            return result
-        if result is SOLD_OUT:
-            return await self._holds.sold_out(info.sku)
-        order = result.order
-        if order is not None and order.pay_by is None:
-            found = await self._orders.order(order.request_id)
-            if found is not None:
-                return _replayed(found, purchase)
-        return result
+            if isinstance(reply, Result):
+                return reply
+            if queued and reply.kind in ("ok", "in_progress", "busy"):
+                return await self._queued(purchase, reply.kind, replayable=replayable)
+            if reply.kind == "ok":
+                # Stamped by Redis's clock, like every reservation of every
+                # instance, or by this attempt's arrival if earlier: a release
+                # PostgreSQL records at a moment (a sold out arbitrated after
+                # Redis failed) voids every attempt of the request id that
+                # arrived before it, also one whose call waited out a failover
+                # and reserved afterwards, when its client had long given up
+                # and its retry been told no.
+                reserved_at = min(reply.reserved_at_ms, arrived_ms)
+                purchase = replace(purchase, reserved_at_ms=reserved_at)
+                try:
+                    return await self._batcher.submit(purchase)
+                except ShuttingDown:
+                    # Draining began while Redis reserved: nothing will flush it here.
+                    await self._flusher.give_back(purchase.sku, [purchase])
+                    raise
+            if reply.kind == "sold_out":
+                result = await self._sold_out(purchase, reply, generation, replayable=replayable)
+            else:
+                result = outcome_of(reply, purchase.request_id, info)
+        # The one place a payment window changes an answer (not a flush's: its
+        # order carries pay_by); a sku without one pays no await for it.
+        windowed = info.payment_window_s
+        return await self._window.answer(result, purchase, info) if windowed else result
 
     async def _marked(self, purchase: Purchase, confirmed: ConfirmedIds | UnknownIds) -> Result:
         """The answer of a sku marked sold out here: without a request id, or with
@@ -338,24 +308,7 @@ class Purchases:
         except Unavailable:
             return
         if order is not None:
-            _replayed(order, purchase)
-
-    async def strategy(self, sku: str) -> Strategy:
-        """The strategy ``sku`` sells under; raises UnknownSku."""
-        return await self._catalog.strategy(sku)
-
-    async def rules(self, sku: str) -> SaleRules:
-        """The sku's window and own rates; raises UnknownSku."""
-        return (await self._catalog.get(sku)).rules
-
-    async def limit_group(self, sku: str) -> LimitGroup | None:
-        """The sku's limit group, if any (from the catalog); raises UnknownSku."""
-        return (await self._catalog.get(sku)).group
-
-    async def display(self, sku: str) -> Display:
-        """The sku's display fields (from the catalog: no query when cached);
-        raises UnknownSku."""
-        return (await self._catalog.get(sku)).display
+            replayed(order, purchase)
 
     def _admit(self) -> None:
         """Refuse a purchase before reserving when draining or the backlog is full."""
@@ -392,14 +345,14 @@ class Purchases:
             order = await self._orders.order(rid)
         if order is None:
             return SOLD_OUT
-        return _replayed(order, purchase)
+        return replayed(order, purchase)
 
     async def _verify(self, purchase: Purchase) -> Result | None:
         """While the sku is rebuilt: a replay's order, a repeat buyer's "duplicate"
         (from PostgreSQL, coalesced with the other new purchases'), else None."""
         made, bought = await self._priors.prior(purchase.sku, purchase.request_id, purchase.user_id)
         if made is not None:
-            return _replayed(made, purchase)
+            return replayed(made, purchase)
         return DUPLICATE if bought else None
 
     async def _reload(self, sku: str) -> None:
@@ -411,11 +364,3 @@ class Purchases:
         self._rebuilds.ensure(sku)
         self._observer.stock_reloaded()
         log.warning("stock_reloaded", sku=sku, stock=stock)
-
-
-def _replayed(order: Order, purchase: Purchase) -> Result:
-    """The answer to a purchase whose request id made ``order``; raises
-    IdempotencyMismatch when it names another sku, buyer or qty."""
-    if (order.sku, order.user_id, order.qty) != (purchase.sku, purchase.user_id, purchase.qty):
-        raise IdempotencyMismatch(purchase.request_id)
-    return Result(Outcome.CONFIRMED, order.as_first_answered())

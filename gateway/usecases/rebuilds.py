@@ -36,8 +36,7 @@ from typing import Protocol
 
 import structlog
 
-from gateway.postgres.orders import Orders
-from gateway.redis.rebuild_lease import RebuildLease
+from gateway.usecases.ports import OrderPages, RebuildLeases
 
 log = structlog.get_logger(__name__)
 
@@ -82,8 +81,8 @@ class Rebuilds:
 
     def __init__(
         self,
-        lease: RebuildLease,
-        orders: Orders,
+        lease: RebuildLeases,
+        orders: OrderPages,
         observer: RebuildObserver = UNOBSERVED,
         *,
         share: float,

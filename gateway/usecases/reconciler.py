@@ -53,16 +53,20 @@ from redis.exceptions import RedisError
 
 from gateway.domain.errors import Unavailable, UnknownSku
 from gateway.domain.model import Verdict
+from gateway.domain.skus import SkuState
+from gateway.domain.stock import Settlement, StockLoad
 from gateway.lock import LockError
-from gateway.postgres.identity import DatabaseIdentity
-from gateway.postgres.inventory import Inventory, SkuState
-from gateway.postgres.orders import Orders
-from gateway.postgres.retention import Retention
-from gateway.redis.identity import IdentityStamp
-from gateway.redis.reservations import Reservations, Settlement, StockLoad
 from gateway.usecases.catalog import Catalog
-from gateway.usecases.rebuilds import Rebuilds
-from gateway.write.sku_locks import SkuLocks
+from gateway.usecases.ports import (
+    Counters,
+    OrderBooks,
+    Pruning,
+    Rebuilding,
+    SkuLocking,
+    SkuStates,
+    Stamping,
+    WhichDatabase,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -109,19 +113,19 @@ class Reconciler:
     def __init__(
         self,
         *,
-        reservations: Reservations,
-        orders: Orders,
-        inventory: Inventory,
-        stamp: IdentityStamp,
-        database: DatabaseIdentity,
-        retention: Retention,
-        locks: SkuLocks,
+        reservations: Counters,
+        orders: OrderBooks,
+        inventory: SkuStates,
+        stamp: Stamping,
+        database: WhichDatabase,
+        retention: Pruning,
+        locks: SkuLocking,
         timeout_s: float,
         interval_s: float,
         observer: ReconcileObserver,
         queued: Callable[[str], Awaitable[set[str]]],
         catalog: Catalog,
-        rebuilds: Rebuilds,
+        rebuilds: Rebuilding,
     ) -> None:
         self._reservations = reservations
         self._orders = orders

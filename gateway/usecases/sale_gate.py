@@ -22,15 +22,15 @@ from collections.abc import Callable
 
 from gateway.domain.errors import Ended, NotStarted, RateLimited
 from gateway.domain.model import Purchase, SkuInfo
-from gateway.domain.rules import Rate, effective
-from gateway.postgres.sale_gate import Bucket, PostgresSaleGate
+from gateway.domain.rules import Bucket, Rate, effective
 from gateway.settings import Settings
+from gateway.usecases.ports import SaleGateCall
 
 
 class SaleGate:
     """Window and rates for a strategy without Redis state, decided in PostgreSQL."""
 
-    def __init__(self, gate: PostgresSaleGate, settings: Settings) -> None:
+    def __init__(self, gate: SaleGateCall, settings: Settings) -> None:
         self._gate = gate
         self._user_rate, self._client_rate = settings.user_rate, settings.client_rate
 

@@ -23,8 +23,8 @@ import structlog
 
 from gateway.domain.errors import NotConfigured, PostgresUnavailable
 from gateway.domain.model import WaitingRoom
-from gateway.postgres.inventory import Inventory
 from gateway.settings import Settings
+from gateway.usecases.ports import RoomSkus
 
 # Skus listed in /readyz at most: a few name the mistake; thousands would cost every probe.
 SHOWN = 20
@@ -38,7 +38,7 @@ log = structlog.get_logger(__name__)
 class Servability:
     """Checks sku configurations against this instance's settings."""
 
-    def __init__(self, settings: Settings, inventory: Inventory) -> None:
+    def __init__(self, settings: Settings, inventory: RoomSkus) -> None:
         self._signs = settings.admission_secret is not None
         self._pays = settings.payment_token is not None
         self._checks_bots = settings.bot_check_url is not None

@@ -20,8 +20,7 @@ from redis.backoff import ExponentialBackoff
 
 from gateway.domain.errors import GroupLimitReached, IdempotencyMismatch, Unavailable
 from gateway.domain.model import DUPLICATE, SOLD_OUT, Outcome, Result, Verdict
-from gateway.postgres.orders import Orders
-from gateway.redis.streams import Streams
+from gateway.usecases.ports import BuyersOrder, QueuedStatus
 
 # The longest a client may ask to wait for a final answer.
 MAX_WAIT_S = 30.0
@@ -32,7 +31,7 @@ POLL_BACKOFF = ExponentialBackoff(cap=0.5, base=0.02)
 class OrderTracker:
     """Answers what became of a request id."""
 
-    def __init__(self, *, orders: Orders, streams: Streams) -> None:
+    def __init__(self, *, orders: BuyersOrder, streams: QueuedStatus) -> None:
         self._orders = orders
         self._streams = streams
 

@@ -36,9 +36,10 @@ from redis.exceptions import RedisError
 
 from gateway.domain.errors import FencedOut, OutcomeUnknown, Unavailable
 from gateway.domain.model import Purchase, Result, Verdict
+from gateway.domain.stock import Settlement
 from gateway.lock import LockError, LockLost, LockTimeout
 from gateway.postgres.orders import BatchDecision, Orders
-from gateway.redis.reservations import Reservations, Settlement
+from gateway.redis.reservations import Reservations
 from gateway.write.pace import averaged
 from gateway.write.sku_locks import FlushLock, SkuLocks
 

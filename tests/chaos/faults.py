@@ -13,7 +13,8 @@ from dataclasses import dataclass
 
 from redis.asyncio import Redis
 
-from gateway.redis.layout import Pending, ledger, lock_key
+from gateway.domain.stock import Pending
+from gateway.redis.layout import ledger, lock_key
 from testkit.gateways import Gateway
 from testkit.metrics import metric, scrape
 from testkit.redis_servers import redis_client

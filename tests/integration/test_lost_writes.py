@@ -20,9 +20,10 @@ import asyncpg
 from redis.asyncio import Redis
 
 from gateway.domain.model import Purchase, Verdict
+from gateway.domain.stock import Pending
 from gateway.http.appkeys import ORDERS
 from gateway.ops.audit import audit
-from gateway.redis.layout import Pending, SkuKeys, encode_pending
+from gateway.redis.layout import SkuKeys, encode_pending
 from gateway.settings import Settings
 from testkit.polling import wait_for
 from testkit.purchases import ADMIN_HEADERS, buy, put_sku, wait_sold_out_marked

@@ -27,7 +27,7 @@ from gateway.ops.lifecycle_metrics import LifecycleMetrics
 from gateway.postgres.inventory import Inventory
 from gateway.postgres.lifecycle import Lifecycle
 from gateway.redis.connections import create_redis
-from gateway.redis.layout import SkuKeys
+from gateway.redis.layout import KeyTags, SkuKeys
 from gateway.redis.reservations import Reservations
 from gateway.redis.rooms import Rooms
 from gateway.settings import Settings
@@ -70,7 +70,7 @@ async def lifecycle(
             listings=book,
             returns=Reservations(redis, settings),
             rooms=Rooms(redis, settings),
-            catalog=Catalog(Inventory(pool)),
+            catalog=Catalog(Inventory(pool), Strategy.RESERVE_BATCH, KeyTags()),
             metrics=LifecycleMetrics(CollectorRegistry()),
             sweep_s=0.05,
         )
@@ -323,7 +323,7 @@ class TestReturnAgainstReconcile:
             listings=book,
             returns=client.app[RESERVATIONS],
             rooms=Rooms(client.app[REDIS], settings),
-            catalog=Catalog(Inventory(pool)),
+            catalog=Catalog(Inventory(pool), Strategy.RESERVE_BATCH, KeyTags()),
             metrics=LifecycleMetrics(CollectorRegistry()),
             sweep_s=0.05,
         )

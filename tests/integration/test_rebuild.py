@@ -19,10 +19,11 @@ import asyncpg
 import pytest
 from redis.asyncio import Redis
 
+from gateway.domain.stock import StockLoad
 from gateway.redis.connections import create_redis
 from gateway.redis.layout import SkuKeys
 from gateway.redis.rebuild_lease import RebuildLease
-from gateway.redis.reservations import Reservations, StockLoad
+from gateway.redis.reservations import Reservations
 from gateway.settings import Settings
 from testkit.polling import wait_for
 from testkit.purchases import buy, db_state, put_sku, redis_state

@@ -11,8 +11,9 @@ from structlog.contextvars import merge_contextvars
 from structlog.testing import capture_logs
 
 from gateway.domain.model import Purchase, SkuInfo
+from gateway.domain.stock import Pending
 from gateway.http.appkeys import BATCHER, ORDERS, RESERVATIONS, SETTINGS
-from gateway.redis.layout import Pending, SkuKeys, encode_pending
+from gateway.redis.layout import SkuKeys, encode_pending
 from testkit.metrics import samples
 from testkit.purchases import ADMIN_HEADERS, buy, counts, put_sku, redis_state
 

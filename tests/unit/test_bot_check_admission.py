@@ -20,7 +20,7 @@ from gateway.domain.errors import (
     Unavailable,
 )
 from gateway.domain.model import Outcome, Purchase, Result, SkuInfo, WaitingRoom
-from gateway.redis.rooms import Standing
+from gateway.domain.rooms import Standing
 from gateway.usecases.admission import Admissions
 from gateway.usecases.admission_tokens import CHECKED, Signer
 from gateway.usecases.ports import NO_BOT_CHECK, BotCheck, Client
@@ -165,6 +165,7 @@ def admissions(
         catalog=Catalog(room),
         soldout=Marks(marked),
         purchases=buying,
+        window=buying,
         rooms=store,
         signer=Signer(SECRET),
         bot_check=verifier or Verifier(),

@@ -4,13 +4,14 @@ token's expiry, and the catalog's memory of unknown skus, bounded."""
 
 from __future__ import annotations
 
-from typing import Any, cast
+from typing import Any
 
 import pytest
 
 from gateway.domain.errors import UnknownSku
+from gateway.domain.model import Strategy
 from gateway.domain.numerals import ascii_decimal, ascii_int
-from gateway.postgres.inventory import Inventory
+from gateway.redis.layout import KeyTags
 from gateway.usecases import catalog as catalog_module
 from gateway.usecases.admission_tokens import Signer
 from gateway.usecases.catalog import UNKNOWN_MAX, Catalog
@@ -100,7 +101,7 @@ class TestUnknownSkus:
         # Remembered for the whole test, however slow the machine.
         monkeypatch.setattr(catalog_module, "UNKNOWN_TTL_S", 3600.0)
         inventory = _NoSkus()
-        catalog = Catalog(cast(Inventory, inventory))
+        catalog = Catalog(inventory, Strategy.RESERVE_BATCH, KeyTags())
         for i in range(3000):
             with pytest.raises(UnknownSku):
                 await catalog.get(f"nope-{i}")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from collections.abc import Sequence
+from dataclasses import replace
 
 import pytest
 
@@ -18,16 +19,17 @@ from gateway.domain.model import (
     DUPLICATE,
     SOLD_OUT,
     Order,
+    OrderStatus,
     Outcome,
     Purchase,
     Result,
     SkuInfo,
     Strategy,
 )
-from gateway.postgres.lookups import Prior
-from gateway.redis.reservations import Reply, StockLoad
+from gateway.domain.stock import Prior, Reply, StockLoad
 from gateway.usecases.deductions import Deductions
 from gateway.usecases.doubt import RedisDoubt
+from gateway.usecases.lifecycle import HeldUnits, PaymentWindow
 from gateway.usecases.ports import Client, Lookups
 from gateway.usecases.purchases import Purchases
 from gateway.usecases.sold_out import ConfirmedIds, SoldOut
@@ -39,13 +41,15 @@ CONFIRMED = Result(Outcome.CONFIRMED, ORDER)
 
 
 class Catalog:
-    """Every sku exists with a per-user limit of 2, on ``strategy``."""
+    """Every sku exists with a per-user limit of 2, on ``strategy``, with a
+    payment window of ``window_s`` (0: none)."""
 
-    def __init__(self, strategy: Strategy = Strategy.RESERVE_BATCH) -> None:
+    def __init__(self, strategy: Strategy = Strategy.RESERVE_BATCH, window_s: int = 0) -> None:
         self.strategy_default = strategy
+        self.window_s = window_s
 
     async def get(self, sku: str) -> SkuInfo:
-        return SkuInfo(sku, per_user_limit=2)
+        return SkuInfo(sku, per_user_limit=2, payment_window_s=self.window_s)
 
     def strategy_of(self, info: SkuInfo) -> Strategy:
         return info.strategy or self.strategy_default
@@ -103,6 +107,8 @@ class Postgres:
         self.orders: dict[str, Order] = {}
         self.buyers: set[str] = set()
         self.asked: list[str] = []
+        # Units held for payment (of a sku with a payment window).
+        self.held = 0
 
     async def stock(self, sku: str) -> int | None:
         self.asked.append("stock")
@@ -115,6 +121,10 @@ class Postgres:
     async def prior(self, sku: str, request_id: str, user_id: str) -> Prior:
         self.asked.append("prior")
         return self.orders.get(request_id), user_id in self.buyers
+
+    async def held_of(self, sku: str) -> tuple[int, float]:
+        self.asked.append("held")
+        return self.held, 30.0
 
 
 class Arbitrations:
@@ -195,7 +205,12 @@ class Strategies:
 class World:
     """One :class:`Purchases` and the fakes it was handed."""
 
-    def __init__(self, *replies: Reply | Exception, strategy: Strategy = Strategy.RESERVE_BATCH):
+    def __init__(
+        self,
+        *replies: Reply | Exception,
+        strategy: Strategy = Strategy.RESERVE_BATCH,
+        window_s: int = 0,
+    ):
         self.redis = Redis(*replies)
         self.postgres = Postgres()
         self.batcher = Batcher()
@@ -211,7 +226,7 @@ class World:
             observer=self.recorder,
         )
         self.purchases = Purchases(
-            catalog=Catalog(strategy),
+            catalog=Catalog(strategy, window_s),
             soldout=self.soldout,
             marking=self.recorder,
             reservations=self.redis,
@@ -223,6 +238,7 @@ class World:
             streams=self.recorder,
             deductions=deductions,
             doubt=self.doubt,
+            window=PaymentWindow(HeldUnits(self.postgres), self.postgres),
             observer=self.recorder,
         )
 
@@ -298,6 +314,40 @@ class TestSoldOut:
         world = World(Reply("sold_out"))
         assert await world.buy() is SOLD_OUT
         assert world.recorder.marked == []
+
+
+class TestPaymentWindow:
+    """A sku with a payment window: its answers, decided in one place."""
+
+    async def test_a_sold_out_carries_the_units_held(self) -> None:
+        """Sold out while units are held for payment: how many, and a
+        Retry-After to the earliest deadline."""
+        world = World(window_s=60)
+        world.mark_sold_out()
+        world.postgres.held = 3
+        result = await world.buy(request_id="")
+        assert (result.outcome, result.held, result.retry_after_s) == (Outcome.SOLD_OUT, 3, 30)
+
+    async def test_a_replay_from_redis_is_answered_from_its_order_row(self) -> None:
+        """Redis's done record has no pay_by: a replay is answered from its order
+        row, as its 201 was."""
+        pending = replace(ORDER, status=OrderStatus.PENDING_PAYMENT, pay_by="2030-01-01T00:01:00Z")
+        world = World(Reply("confirmed", order=ORDER), window_s=60)
+        world.postgres.orders[RID] = pending
+        result = await world.buy()
+        assert result.order is not None
+        assert (result.order.status, result.order.pay_by) == (pending.status, pending.pay_by)
+
+    async def test_a_flushed_purchase_and_a_sku_without_a_window_ask_nothing_more(self) -> None:
+        """The batch's 201 carries its pay_by already, and a sku without a window
+        is never asked about units held: no query either way."""
+        world = World(Reply("ok", reserved_at_ms=1), window_s=60)
+        assert (await world.buy()).outcome is Outcome.CONFIRMED
+        plain = World()
+        plain.mark_sold_out()
+        plain.postgres.held = 3
+        assert await plain.buy(request_id="") is SOLD_OUT
+        assert world.postgres.asked == plain.postgres.asked == []
 
 
 class TestReplay:

@@ -7,7 +7,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import cast
 
-from gateway.postgres.orders import OrderPage, Orders
+from gateway.domain.stock import OrderPage
+from gateway.postgres.orders import Orders
 from gateway.redis.rebuild_lease import RebuildLease
 from gateway.usecases.rebuilds import LEASE_MS, MAX_PAUSE_S, Rebuilds
 from testkit.polling import wait_for
