@@ -9,7 +9,7 @@ refusals recorded and its entries acknowledged (``Streams.finish``). A batch
 that fails stays in the writer's pending entries and is tried again; entries a
 dead writer left are claimed after ``GATEWAY_WRITER_CLAIM_IDLE_S``.
 
-Every step may be replayed: ``flush_batch()`` answers a request id that already
+Every step may run again: ``flush_batch()`` answers a request id that already
 has an order with that order (unique ``request_id``), refuses a second order of
 a buyer (unique (sku, user)), and ``settle.lua`` settles a reservation once.
 So a writer killed anywhere loses nothing and duplicates nothing.
