@@ -134,10 +134,10 @@ class QueueWriter:
                     await self._apply(sku, entries)
                 else:
                     # Nothing queued: let other instances have the sku's lock.
-                    await self._flusher.idle(sku)
+                    await self._flusher.emptied(sku)
                 retry, failures = False, 0
             except StreamGone:
-                await self._flusher.idle(sku)
+                await self._flusher.emptied(sku)
                 return
             except Exception as exc:
                 # The batch stays pending for this writer (or, if it dies, another).
