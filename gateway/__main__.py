@@ -47,10 +47,15 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"create sku {DEMO_SKU!r} with stock {DEMO_STOCK} if it does not exist",
     )
     parser.add_argument("--sku", help="audit: only this sku (default: every sku)")
+    # A redelivery's flags; --replay and --replay-since, their first spelling, stay aliases.
     parser.add_argument(
-        "--replay", metavar="EVENT_ID", help="events: redeliver this event, delivered or not"
+        "--redeliver",
+        "--replay",
+        metavar="EVENT_ID",
+        help="events: redeliver this event, delivered or not",
     )
     parser.add_argument(
+        "--redeliver-since",
         "--replay-since",
         metavar="TIME",
         help="events: redeliver every event since TIME (RFC 3339) still in the outbox",
@@ -109,7 +114,9 @@ def _run(args: argparse.Namespace, config: settings.Settings, argv: list[str]) -
     if args.command == "audit":
         return audit.run(config, args.sku)
     if args.command == "events":
-        request = events_command.Request(args.replay, args.replay_since, args.sink, args.drop_sink)
+        request = events_command.Request(
+            args.redeliver, args.redeliver_since, args.sink, args.drop_sink
+        )
         return events_command.run(config, request)
     if args.command == "migrate":
         asyncio.run(run_migrate(config))

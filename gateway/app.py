@@ -10,7 +10,7 @@ writer's by :func:`build_flushing`), and the cleanup contexts load the scripts,
 start the background tasks and stop them; the order events' relay has a
 context of its own (:func:`events_ctx`), last. A stop begins with the lame duck
 (``/readyz`` 503, purchases still served, see :func:`lame_duck`); then the
-batcher drains: new purchases get 503, queued batches finish.
+batcher drains: new purchases get 503, the backlog's batches finish.
 """
 
 from __future__ import annotations
@@ -231,7 +231,7 @@ def _batcher(settings: Settings, flushing: Flushing) -> Batcher:
         batch_max=settings.batch_max,
         batch_wait_s=settings.batch_wait_ms / 1000,
         backlog_max=settings.backlog_max,
-        on_idle=flushing.flusher.idle,
+        on_empty=flushing.flusher.emptied,
         on_the_way=flushing.reservations.on_the_way,
     )
 
@@ -527,7 +527,7 @@ async def lame_duck(app: web.Application, seconds: float) -> None:
 
 async def drain(app: web.Application) -> None:
     """The step of shutdown after the lame duck: new purchases get 503 at once,
-    then every queued batch is flushed and settled."""
+    then the backlog is flushed and settled."""
     if BATCHER not in app:
         return
     batcher = app[BATCHER]

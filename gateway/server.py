@@ -4,7 +4,7 @@ On SIGTERM or SIGINT the gateway first plays lame duck for
 ``GATEWAY_LAME_DUCK_S``: ``/readyz`` answers 503 while purchases are still
 served, so the load balancer's checks take it out of rotation before anything
 is refused. Then it drains: new purchases get 503 (with Retry-After) while it
-keeps listening, every queued batch is finished and settled, it stops
+keeps listening, the backlog is flushed and settled, it stops
 listening, waits for the last handlers, and closes its resources. The drain is
 bounded by ``GATEWAY_DRAIN_S`` and the closing after it by ``CLOSE_S``, so the
 whole stop by the sum of the three; the process then exits 0. A close that

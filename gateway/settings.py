@@ -281,7 +281,7 @@ class Settings:
     key_prefix: str = setting("fs", _text)
     admin_token: str | None = setting(None, _text)
     batch_max: int = setting(256, _int(1))
-    # 0: natural batching, a flush takes whatever queued while the last one ran
+    # 0: natural batching, a flush takes whatever joined the backlog while the last one ran
     # (loadtests: the flush's wait holds every buyer of a closed loop, and no
     # open-loop rate measured gained from it; docs/performance.md).
     batch_wait_ms: float = setting(0.0, _float(0.0))

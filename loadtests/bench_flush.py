@@ -264,9 +264,9 @@ async def drain(rig: Rig, mode: str, batch: int, round_: int, batches: int) -> D
     for chunk in chunks:
         answers += await flusher.flush(sku, chunk)
         if mode == "per-batch":
-            await flusher.idle(sku)
+            await flusher.emptied(sku)
     # The slice's last hold ends with the drain.
-    await flusher.idle(sku)
+    await flusher.emptied(sku)
     wall = time.perf_counter() - started
     after = watched.usage()
     await _check(rig, sku, answers, len(purchases))

@@ -4,7 +4,7 @@
 -- Keys, channels and record formats are gateway/redis/layout.py's.
 --
 -- KEYS[1] stock, KEYS[2] buyers (as in reserve.lua)
--- KEYS[3] returned  hash: request_id -> "1" for every order given back
+-- KEYS[3] returned  hash: request_id -> "1" for every order returned
 -- ARGV[1] pub/sub channel, ARGV[2] sku
 -- ARGV[3] retention in ms: the keys are kept that long after a return
 -- ARGV[4..] groups of three: request_id, user_id, qty
@@ -16,7 +16,7 @@
 -- and this one is then given. The buyer leaves the buyers hash when it still
 -- names this order, so they may buy again. Publishes "avail:<sku>" when a unit
 -- came back, so every gateway drops its sold-out mark.
--- Returns the number of orders given back now.
+-- Returns the number of orders returned now.
 local counter = redis.call("EXISTS", KEYS[1]) == 1
 local given, units = 0, 0
 for i = 4, #ARGV, 3 do

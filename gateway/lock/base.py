@@ -62,8 +62,8 @@ class BaseLock(ABC, Generic[R]):
         """Count one more hold; False if the backend says the lock is not ours."""
 
     @abstractmethod
-    async def _give_back(self, hold: Hold[R]) -> int:
-        """Give back one hold: the holds left (0: freed), or -1 if it was not ours."""
+    async def _release_one(self, hold: Hold[R]) -> int:
+        """Release one hold: the holds left (0: freed), or -1 if it was not ours."""
 
     @abstractmethod
     async def _renew(self, hold: Hold[R]) -> bool:
@@ -121,15 +121,15 @@ class BaseLock(ABC, Generic[R]):
         return True
 
     async def release(self) -> None:
-        """Give back one hold of the calling task; the last one frees the lock.
+        """Release one hold of the calling task; the last one frees the lock.
 
         Shielded from cancellation (a cancelled release still completes). Local state is
         cleared only once the backend confirmed, so after an error a retry is safe.
 
         Raises:
             LockNotOwned: the calling task holds nothing through this object; nothing changes.
-            LockLost: the hold had been lost. The hold counts as given back: once all of
-                a lost hold's acquisitions are given back, further calls raise LockNotOwned.
+            LockLost: the hold had been lost. The hold counts as released: once all of
+                a lost hold's acquisitions are released, further calls raise LockNotOwned.
         """
         hold = self._holds.get(self._owners.current(self.name))
         if hold is None:
@@ -158,7 +158,7 @@ class BaseLock(ABC, Generic[R]):
 
     def _begin(self, task: asyncio.Task[Any], grant: Grant[R], started: float) -> None:
         stale = self._holds.get(task)
-        if stale is not None:  # a lost hold its task never gave back
+        if stale is not None:  # a lost hold its task never released
             self._finish(stale)
         now = time.monotonic()
         hold = Hold(
@@ -182,7 +182,7 @@ class BaseLock(ABC, Generic[R]):
             raise LockLost(self.name)
         hold.closing = hold.count == 1
         try:
-            left = await self._give_back(hold)
+            left = await self._release_one(hold)
         except BaseException:
             hold.closing = False
             self._ensure_watchdog(hold)

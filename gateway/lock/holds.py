@@ -82,7 +82,7 @@ class HoldTable(Generic[R]):
             del self._by_task[hold.task]
 
     def drop_one(self, hold: Hold[R]) -> None:
-        """Count one acquisition of ``hold`` as given back; drop it after the last."""
+        """Count one acquisition of ``hold`` as released; drop it after the last."""
         hold.count -= 1
         if hold.count <= 0:
             self.forget(hold)

@@ -133,7 +133,7 @@ class PgAdvisoryLock(BaseLock[PgSession]):
     async def _reenter(self, hold: Hold[PgSession]) -> bool:
         return not hold.resource.con.is_closed()
 
-    async def _give_back(self, hold: Hold[PgSession]) -> int:
+    async def _release_one(self, hold: Hold[PgSession]) -> int:
         if hold.count > 1:
             return hold.count - 1
         session = hold.resource

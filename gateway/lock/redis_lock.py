@@ -150,7 +150,7 @@ class RedisLock(BaseLock[None]):
         count = await self._bg.undoable(call, lambda c: self._release_as(hold.owner) if c else None)
         return int(count) > 0
 
-    async def _give_back(self, hold: Hold[None]) -> int:
+    async def _release_one(self, hold: Hold[None]) -> int:
         return int(await self._release_as(hold.owner))
 
     async def _renew(self, hold: Hold[None]) -> bool:

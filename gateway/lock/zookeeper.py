@@ -135,10 +135,10 @@ class ZooKeeperLock(BaseLock[ZkHold]):
         contended = False
         while True:
             checked = time.monotonic()  # the session answered after this: the lease counts
-            queue = sorted(await self._session.children(self.path), key=_sequence)
-            if mine not in queue:
+            contenders = sorted(await self._session.children(self.path), key=_sequence)
+            if mine not in contenders:
                 raise LockError(self.name, "the waiting node vanished: the session expired")
-            ahead = queue.index(mine)
+            ahead = contenders.index(mine)
             if ahead == 0:
                 hold = ZkHold(path, int(stat.ephemeralOwner))
                 await self._watch(hold)
@@ -148,7 +148,7 @@ class ZooKeeperLock(BaseLock[ZkHold]):
             if left is not None and left <= 0:
                 return None
             turn = asyncio.Event()
-            before = f"{self.path}/{queue[ahead - 1]}"
+            before = f"{self.path}/{contenders[ahead - 1]}"
             if await self._session.exists(before, watch=_waking(turn)) is None:
                 continue
             # Look again at least once a session timeout: an expiry may drop the watch.
@@ -176,7 +176,7 @@ class ZooKeeperLock(BaseLock[ZkHold]):
     async def _reenter(self, hold: Hold[ZkHold]) -> bool:
         return await self._ours(hold)
 
-    async def _give_back(self, hold: Hold[ZkHold]) -> int:
+    async def _release_one(self, hold: Hold[ZkHold]) -> int:
         if hold.count > 1:
             return hold.count - 1
         # The path is unique to this hold: deleting it can never free another's lock.

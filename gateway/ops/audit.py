@@ -9,7 +9,7 @@ Definitions, per sku (one SQL statement, so one snapshot even during a sale):
 
 - ``provided`` = sum of ``stock_movements.delta`` of the admin's movements: the
   net units the admin ever made available (an order's return, reason
-  ``expired``, ``cancelled`` or ``refunded``, is not provided: it gives back
+  ``expired``, ``cancelled`` or ``refunded``, is not provided: it returns
   what was).
   ``restock`` records ``+n``; ``set`` records the new stock minus the remaining
   stock it replaced (read under the row lock), so a reset provides the

@@ -33,7 +33,7 @@ class EventMetrics:
         )
         self._dead = Gauge(
             "flashsale_outbox_dead_letters",
-            "Events a sink was owed past its max age, until replayed.",
+            "Events a sink was owed past its max age, until redelivered.",
             ["sink"],
             registry=r,
             multiprocess_mode="max",

@@ -5,8 +5,8 @@ Without a flag it prints each sink's backlog, then one line per event owed to
 a sink (undelivered, or dead-lettered past the sink's max age) with its
 attempts, age and last error; it exits 0, or 1 when any is a dead letter.
 A redelivery makes events due again at once, delivered or not, for ``--sink
-NAME`` or every registered sink: ``--replay EVENT_ID`` one event (with its
-order's earlier dead letters, which go first), ``--replay-since TIME`` every
+NAME`` or every registered sink: ``--redeliver EVENT_ID`` one event (with its
+order's earlier dead letters, which go first), ``--redeliver-since TIME`` every
 event still in the outbox that occurred at or after an RFC 3339 time. It
 exits 0 when something is due again, 1 when nothing matched (no such event,
 or pruned). ``--drop-sink NAME`` forgets a sink and everything owed to it;
@@ -39,10 +39,10 @@ LIST_LIMIT = 1_000
 @dataclass(frozen=True, slots=True)
 class Request:
     """What the command was asked: a list, a redelivery of one event or since a
-    time (the flags keep the word "replay"), or a sink to drop."""
+    time, or a sink to drop."""
 
-    replay: str | None = None
-    replay_since: str | None = None
+    redeliver: str | None = None
+    redeliver_since: str | None = None
     sink: str | None = None
     drop_sink: str | None = None
 
@@ -78,7 +78,7 @@ async def _execute(settings: Settings, request: Request) -> tuple[str, int]:
         outbox = Outbox(pool)
         if request.drop_sink is not None:
             return await _drop(outbox, request.drop_sink)
-        if request.replay is not None or request.replay_since is not None:
+        if request.redeliver is not None or request.redeliver_since is not None:
             return await _redeliver(outbox, request)
         stats, owed = await outbox.stats(), await outbox.owed(LIST_LIMIT)
         if request.sink is not None:
@@ -90,7 +90,7 @@ async def _execute(settings: Settings, request: Request) -> tuple[str, int]:
 
 
 async def _redeliver(outbox: Outbox, request: Request) -> tuple[str, int]:
-    """``--replay`` or ``--replay-since``: the count now due, and 0, or 1 for none."""
+    """``--redeliver`` or ``--redeliver-since``: the count now due, and 0, or 1 for none."""
     sinks = await outbox.sinks()
     if request.sink is not None and request.sink not in sinks:
         # A typo would otherwise owe events to a sink no relay serves.
@@ -99,14 +99,14 @@ async def _redeliver(outbox: Outbox, request: Request) -> tuple[str, int]:
             " a gateway registers each sink it configures when it starts"
         )
     to = request.sink or ", ".join(sinks)
-    if request.replay is not None:
-        event_id = str(uuid.UUID(request.replay))
+    if request.redeliver is not None:
+        event_id = str(uuid.UUID(request.redeliver))
         n = await outbox.redeliver(event_id, request.sink)
         what = f"event {event_id}"
     else:
-        assert request.replay_since is not None
-        n = await outbox.redeliver_since(since(request.replay_since), request.sink)
-        what = f"events since {request.replay_since}"
+        assert request.redeliver_since is not None
+        n = await outbox.redeliver_since(since(request.redeliver_since), request.sink)
+        what = f"events since {request.redeliver_since}"
     if not n:
         return f"redelivered 0 deliveries: no {what} in the outbox (pruned, or none)", 1
     return f"redelivered {n} deliveries of {what} to {to}: due now", 0

@@ -96,7 +96,7 @@ ORDER BY pay_by LIMIT $1 FOR UPDATE SKIP LOCKED
 # Two sweeps that hold orders of the same skus take their inventory rows in one
 # order, so neither waits for the other's.
 LOCK_SKUS = "SELECT 1 FROM inventory WHERE sku = ANY($1::text[]) ORDER BY sku FOR UPDATE"
-# Returns a gateway committed and has not yet given back to Redis (it crashed
+# Returns a gateway committed and has not yet made in Redis (it crashed
 # between the two, or Redis failed), closed at least $1 seconds ago.
 OWED = f"""
 SELECT {ORDER_COLUMNS}, {UNITS} AS units FROM orders o

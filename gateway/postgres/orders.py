@@ -62,9 +62,9 @@ RECORD_RELEASED = """
 INSERT INTO released_reservations (request_id, reserved_at_ms)
 SELECT * FROM unnest($1::text[], $2::bigint[]) ON CONFLICT DO NOTHING
 """
-# The stock Redis should count: units of closed orders not yet given back to
+# The stock Redis should count: units of closed orders not yet returned to
 # it are owed (gateway.postgres.lifecycle), and return_units.lua adds them
-# when it gives them, so a counter loaded meanwhile must not count them yet.
+# when it returns them, so a counter loaded meanwhile must not count them yet.
 SKU_STOCK = """
 SELECT stock - COALESCE((
     SELECT sum(CASE WHEN restocked IS FALSE THEN 0 ELSE qty END) FROM orders
@@ -165,7 +165,7 @@ def _decision_of(row: asyncpg.Record) -> Decision:
         )
         return Decision(Result(Outcome.CONFIRMED, order.as_first_answered()), verdict)
     if verdict is Verdict.EXPIRED:
-        # Already given back by the reconciler: nothing to settle but the answer.
+        # Already released by the reconciler: nothing to settle but the answer.
         return Decision(Unavailable("reservation expired; retry"), verdict)
     if verdict is Verdict.GROUP_LIMIT:
         # The row names the group in order_status (sql/functions/flush_batch.sql).

@@ -1,7 +1,7 @@
 """The outbox in PostgreSQL: each sink's owed events claimed, recorded, dead-lettered,
 redelivered, dropped and listed (``sql/010_order_events.sql``, ``sql/011_event_delivery.sql``).
 
-A claim holds its rows, ``FOR UPDATE SKIP LOCKED``, in a transaction that lasts
+A claim keeps its rows, ``FOR UPDATE SKIP LOCKED``, in a transaction that lasts
 while the relay delivers them and ends with the record of what the sink took:
 another relay
 skips them, and a relay that dies mid-delivery (SIGKILL, PostgreSQL restarted)
@@ -50,7 +50,7 @@ WITH claimed AS (
 SELECT {EVENT_COLUMNS}, c.attempts
 FROM claimed c JOIN order_events e ON e.seq = c.seq ORDER BY e.seq
 """
-# The oldest batch not held by another relay; the claim takes them one by one
+# The oldest batch no other relay claimed; the claim takes them one by one
 # until it has enough events (a batch is a flush's new orders, one order each).
 BATCH = """
 SELECT first_seq, cardinality(seqs) FROM event_batches
@@ -92,11 +92,11 @@ WHERE sink = $1 AND seq IN (
     WHERE sink = $1 AND dead_at IS NULL AND owed_since < now() - make_interval(secs => $2)
     FOR UPDATE SKIP LOCKED)
 """
-# A redelivery (``events --replay``, ``--replay-since``): each event named
+# A redelivery (``events --redeliver``, ``--redeliver-since``): each event named
 # becomes owed again to each sink named (one, or every registered one), due
 # at once, delivered or not, never tried, its max age counted anew. An event
 # still in one of the sink's batches is due anyway and left there, so no
-# event is owed twice to one sink. Per-order order holds as for any owed
+# event is owed twice to one sink. Per-order order is kept as for any owed
 # event: a version waits while a lower one is owed.
 REDELIVERY = """
 WITH target AS (SELECT name FROM event_sinks WHERE $1::text IS NULL OR name = $1),
@@ -204,7 +204,7 @@ def _event(row: asyncpg.Record) -> OrderEvent:
 
 
 async def _take_batches(con: Connection, sink: str, room: int) -> list[asyncpg.Record]:
-    """Take the oldest batches no other relay holds, one by one while their
+    """Take the oldest batches no other relay claimed, one by one while their
     events fit in ``room`` (the first one whatever its size); their events."""
     taken: list[int] = []
     after, count = -1, 0
@@ -223,7 +223,7 @@ def _count(status: str) -> int:
 
 
 class Claim:
-    """A batch of one sink's events, held until its outcome is recorded (:meth:`Outbox.claim`):
+    """A batch of one sink's events, claimed until its outcome is recorded (:meth:`Outbox.claim`):
     those owed one by one, then those of whole batches (``fresh``, never tried)."""
 
     def __init__(
@@ -295,7 +295,7 @@ class Outbox:
 
     @asynccontextmanager
     async def claim(self, sink: str, limit: int) -> AsyncIterator[Claim]:
-        """Hold up to ``limit`` events due for ``sink`` (distinct orders) while
+        """Claim up to ``limit`` events due for ``sink`` (distinct orders) while
         the body delivers them and records the outcome; the rows go back to due if it
         raises or the gateway dies. Raises PostgresUnavailable."""
         with as_unavailable:

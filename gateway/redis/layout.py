@@ -13,7 +13,7 @@ below; their contracts point here.
 ``<prefix>:{<sku>}:pending``  hash    request_id -> ledger record ``user_id|qty|reserved_at_ms``
 ``<prefix>:{<sku>}:done``     hash    request_id -> confirmed record ``order_id|user_id|qty``
 ``<prefix>:{<sku>}:returned`` hash    request_id -> ``1`` for every closed order (cancelled,
-                              expired) whose units were given back (return_units.lua)
+                              expired) whose units were returned (return_units.lua)
 ``<prefix>:{<sku>}:rebuild``  string  ``owner|lease_until_ms`` while buyers and done are
                               rebuilt from PostgreSQL after Redis lost the sale
                               (``gateway.usecases.rebuilds``); reservations trust the two

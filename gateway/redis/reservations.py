@@ -347,8 +347,8 @@ class Reservations:
         return int(await self._call(self._settle, (*keys.all(), keys.rebuild), args))
 
     async def return_units(self, sku: str, closed: Iterable[Closed]) -> int:
-        """Give closed orders' units back to the sale and free their buyers, each
-        order once (return_units.lua); returns how many were given back now."""
+        """Return closed orders' units to the sale and free their buyers, each
+        order once (return_units.lua); how many were returned now."""
         args: list[str | int] = [self._channel, sku, self._retention_ms]
         for c in closed:
             args += (c.order.request_id, c.order.user_id, c.units)
@@ -403,13 +403,13 @@ class Reservations:
         return Snapshot(None if stock is None else int(stock), ledger(entries))
 
     async def returns_given(self, sku: str) -> int:
-        """How many orders return_units.lua has given back to the sale (it only
+        """How many orders return_units.lua has returned to the sale (it only
         adds to that count, so an unchanged count means no return in between)."""
         count: int = await redis_call(self.redis.hlen(self.keys(sku).returned))
         return count
 
     async def returned(self, sku: str, request_ids: Sequence[str]) -> set[str]:
-        """Which of ``request_ids`` return_units.lua has given back to the sale."""
+        """Which of ``request_ids`` return_units.lua has returned to the sale."""
         if not request_ids:
             return set()
         marks = await redis_call(self.redis.hmget(self.keys(sku).returned, list(request_ids)))

@@ -45,7 +45,7 @@ class Rooms:
         self._retention_ms = max(1, round(settings.sale_retention_s * 1000))
         self._join = read_script("room_join")
         self._poll = read_script("room_poll")
-        self._give_back = read_script("room_give_back")
+        self._unspend = read_script("room_unspend")
         self._leave = read_script("room_leave")
         for script in self.scripts:
             script.on_reload = on_noscript
@@ -53,7 +53,7 @@ class Rooms:
     @property
     def scripts(self) -> tuple[Script, ...]:
         """The scripts this adapter calls."""
-        return (self._join, self._poll, self._give_back, self._leave)
+        return (self._join, self._poll, self._unspend, self._leave)
 
     def _room(self, sku: str) -> RoomKeys:
         """The sku's room keys, in its limit group's slot when it has one."""
@@ -136,19 +136,19 @@ class Rooms:
         the sale's retention; the request id that had already spent it, else None."""
         key = self._room(sku).used(ticket)
         px = max(1, ttl_ms) + self._retention_ms
-        # SET NX GET: one round trip both claims the token and names its holder.
-        held = await redis_call(self._redis.set(key, request_id, nx=True, get=True, px=px))
-        return None if held is None else str(held)
+        # SET NX GET: one round trip both claims the token and names its spender.
+        spender = await redis_call(self._redis.set(key, request_id, nx=True, get=True, px=px))
+        return None if spender is None else str(spender)
 
     async def spent_by(self, sku: str, ticket: str) -> str | None:
         """The request id that spent ``ticket``'s token, if any."""
-        held = await redis_call(self._redis.get(self._room(sku).used(ticket)))
-        return None if held is None else str(held)
+        spender = await redis_call(self._redis.get(self._room(sku).used(ticket)))
+        return None if spender is None else str(spender)
 
-    async def give_back(self, sku: str, ticket: str, request_id: str) -> bool:
-        """Unspend ``ticket``'s token if ``request_id`` holds it; whether it did."""
+    async def unspend(self, sku: str, ticket: str, request_id: str) -> bool:
+        """Unspend ``ticket``'s token if ``request_id`` spent it; whether it did."""
         key = self._room(sku).used(ticket)
-        return bool(await redis_call(self._give_back(self._redis, (key,), (request_id,))))
+        return bool(await redis_call(self._unspend(self._redis, (key,), (request_id,))))
 
     async def end_turns(self, sku: str, spent: Sequence[tuple[str, str]]) -> int:
         """End the turns spent on closed orders, ``(user_id, request_id)`` each,

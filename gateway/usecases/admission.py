@@ -10,8 +10,8 @@ cached lookup.
 
 A token buys once: it is spent in Redis (SET NX of the request id) before the
 reservation, because ``lua/reserve.lua`` is not this module's to change. A
-purchase that then fails in a way the buyer may retry (503, 400, 422) gives the
-token back (compare-and-delete on the request id); a replay of the same request
+purchase that then fails in a way the buyer may retry (503, 400, 422) unspends
+the token (compare-and-delete on the request id); a replay of the same request
 id finds its own id on the token and gets the first outcome, even after expiry.
 
 A room with ``bot_check`` lets a join make a new ticket only with a bot token
@@ -107,7 +107,7 @@ class RoomStore(Protocol):
     ) -> Standing: ...
     async def spend(self, sku: str, ticket: str, request_id: str, ttl_ms: int) -> str | None: ...
     async def spent_by(self, sku: str, ticket: str) -> str | None: ...
-    async def give_back(self, sku: str, ticket: str, request_id: str) -> bool: ...
+    async def unspend(self, sku: str, ticket: str, request_id: str) -> bool: ...
 
 
 class RoomCatalog(Protocol):
@@ -301,7 +301,7 @@ class Admissions:
             return await self._purchases.purchase(purchase, client)
         except GatewayError:
             # Nothing was bought: the token may buy on the buyer's retry.
-            await self._rooms.give_back(purchase.sku, ticket, purchase.request_id)
+            await self._rooms.unspend(purchase.sku, ticket, purchase.request_id)
             raise
 
     async def _spend(self, purchase: Purchase, token: str, room: WaitingRoom) -> str:
@@ -313,21 +313,21 @@ class Admissions:
             self._refuse(Refusal.FORGED)
         if room.bot_check and not admission.bot_checked:
             # Only a replay of a purchase made before the room checked goes on.
-            holder = await self._rooms.spent_by(purchase.sku, admission.ticket)
-            if holder != purchase.request_id:
+            spender = await self._rooms.spent_by(purchase.sku, admission.ticket)
+            if spender != purchase.request_id:
                 self._refuse(Refusal.UNCHECKED)
             return admission.ticket
         ttl_ms = admission.expires_ms - _now_ms()
         if ttl_ms <= 0:
             # Expired: only the request that spent it in time may come back for its outcome.
-            holder = await self._rooms.spent_by(purchase.sku, admission.ticket)
-            if holder != purchase.request_id:
+            spender = await self._rooms.spent_by(purchase.sku, admission.ticket)
+            if spender != purchase.request_id:
                 self._refuse(Refusal.EXPIRED)
             return admission.ticket
-        holder = await self._rooms.spend(
+        spender = await self._rooms.spend(
             purchase.sku, admission.ticket, purchase.request_id, ttl_ms
         )
-        if holder is not None and holder != purchase.request_id:
+        if spender is not None and spender != purchase.request_id:
             self._refuse(Refusal.USED)
         return admission.ticket
 

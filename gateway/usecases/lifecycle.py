@@ -1,8 +1,8 @@
 """An order's life after its 201: pay, cancel, and the expiry sweep.
 
 PostgreSQL decides every transition (``gateway.postgres.lifecycle``); this
-module answers with what it decided and gives the units of a cancelled or
-expired order back to Redis. That give-back comes after the commit, so a crash
+module answers with what it decided and returns the units of a cancelled or
+expired order to Redis. That return comes after the commit, so a crash
 between the two would lose it: the order stays owed (``synced_at`` NULL) until
 ``lua/return_units.lua`` ran, and every gateway's sweep finishes the owed ones
 it finds, each given once whoever gives it. Between the script and its record
@@ -163,7 +163,7 @@ class OrderLifecycle:
             if order.status != OrderStatus.PENDING_PAYMENT:
                 await self._refuse_payment(order, found.payment_id, payment_id)
             # Pending past its deadline: no sweep took it yet. Expire it here.
-            await self._give_back(await self._expired(request_id))
+            await self._return_units(await self._expired(request_id))
         raise Unavailable("the order kept changing; retry")
 
     async def _refuse_payment(self, order: Order, paid_by: str | None, payment_id: str) -> None:
@@ -187,7 +187,7 @@ class OrderLifecycle:
             closed = await self._db.cancel(request_id, reason, cause)
             if closed is not None:
                 self._metrics.closed(OrderStatus.CANCELLED)
-                await self._give_back([closed])
+                await self._return_units([closed])
                 return closed.order
             found = await self._db.order(request_id)
             if found is None:
@@ -197,7 +197,7 @@ class OrderLifecycle:
             refused = _NOT_CANCELLED.get(found.order.status)
             if refused is not None:
                 raise refused(f"the order is {found.order.status}")
-            await self._give_back(await self._expired(request_id))
+            await self._return_units(await self._expired(request_id))
         raise Unavailable("the order kept changing; retry")
 
     async def refund(
@@ -210,7 +210,7 @@ class OrderLifecycle:
         closed = await self._db.refund(request_id, restock=restock, reason=reason, cause=cause)
         if closed is not None:
             self._metrics.closed(OrderStatus.REFUNDED)
-            await self._give_back([closed])
+            await self._return_units([closed])
             return closed
         found = await self._db.order(request_id)
         if found is None:
@@ -267,13 +267,13 @@ class OrderLifecycle:
             closed = await self._sweeps.expire_due(SWEEP_BATCH)
             expired += len(closed)
             self._metrics.closed(OrderStatus.EXPIRED, len(closed))
-            await self._give_back(closed)
+            await self._return_units(closed)
             if len(closed) < SWEEP_BATCH:
                 break
         owed = await self._sweeps.owed(OWED_GRACE_S, SWEEP_BATCH)
         if owed:
             log.warning("returns_finished", count=len(owed))
-            await self._give_back(owed)
+            await self._return_units(owed)
         return expired
 
     async def run(self) -> None:
@@ -298,10 +298,10 @@ class OrderLifecycle:
                 log.exception("expiry_sweep_failed")
             await asyncio.sleep(wait)
 
-    async def _give_back(self, closed: Iterable[Closed]) -> None:
+    async def _return_units(self, closed: Iterable[Closed]) -> None:
         """Put closed orders' units back on sale in Redis (those owed to it), then
         record it, and end the waiting-room turns they spent. A failure leaves
-        them owed: a later sweep gives them."""
+        them owed: a later sweep returns them."""
         closed = list(closed)
         by_sku: dict[str, list[Closed]] = defaultdict(list)
         for c in closed:
@@ -321,9 +321,9 @@ class OrderLifecycle:
 
     async def _end_turns(self, closed: Sequence[Closed]) -> None:
         """A buyer whose order closed joins the waiting room again at the back, at
-        once: the unit went back to the next ticket in line, and a turn given
-        back would let a buyer who let the hold lapse take it again, ahead of
-        that line. Not done (Redis failed): they join again once the token's
+        once: the unit went back to the next ticket in line, and a turn kept
+        would let a buyer who let it lapse take the unit again, ahead of that
+        line. Not done (Redis failed): they join again once the token's
         lifetime passed, as a buyer who let an admission lapse."""
         by_sku: dict[str, list[tuple[str, str]]] = defaultdict(list)
         for c in closed:

@@ -4,7 +4,7 @@ versions in order.
 Each gateway runs :meth:`Relay.run`, no leader: one loop per sink claims a
 batch of the events due for it (``gateway.postgres.outbox``: ``FOR UPDATE
 SKIP LOCKED``, so the relays of several gateways share the work and none
-sends what another holds), delivers it, and records the outcome in the same
+sends what another claimed), delivers it, and records the outcome in the same
 transaction: delivered events are no longer owed to the sink, the others are
 tried again after a backoff (:data:`DELIVERY_BACKOFF`). A gateway killed
 mid-batch leaves the batch due again; the sink gets the same events, with

@@ -3,11 +3,11 @@
 Purchases that survived the Redis reservation wait here for their sku's flush.
 One flush per sku runs at a time in this process and the next batch fills
 behind it, so batches grow with the load on their own (natural batching, the
-default: ``batch_wait`` 0). With a ``batch_wait``, a batch is also held until
+default: ``batch_wait`` 0). With a ``batch_wait``, a batch also waits until
 it reaches ``batch_max`` or its oldest entry has waited that long, but not at
 all when, at the backlog's recent pace of arrivals, no other purchase is due
 within the wait (a lone buyer is not kept waiting for nobody). When a sku's
-backlog runs empty the flusher hears of it (``on_idle``): advice, whose failure
+backlog runs empty the flusher hears of it (``on_empty``): advice, whose failure
 is logged and never ends the backlog (a backlog's task that died would leave its sku
 reserving and never flushing, for good). The flusher may keep the sku's lock
 a while through an empty backlog; it says how long, and the backlog calls again
@@ -21,7 +21,7 @@ loop turns, so over a few reserve calls: without the wait the first call's
 purchases flush alone and the others wait a whole flush behind them.
 The backlog, every sku's purchases waiting for or in a flush, is bounded
 (``backlog_max``): past it :attr:`Batcher.full` tells the caller to shed.
-Closing stops new submissions and drains what is queued: a closing batcher is
+Closing stops new submissions and drains the backlog: a closing batcher is
 what "draining" means for the whole instance.
 """
 
@@ -45,7 +45,7 @@ FlushFn = Callable[[str, Sequence[Purchase]], Awaitable[Sequence[Result | BaseEx
 # Told that a sku's backlog has nothing left to flush, and whether the backlog goes on
 # waiting (False once closing); returns for how long the flusher keeps the sku's
 # lock if nothing arrives (the backlog calls again then), or None.
-IdleFn = Callable[[str, bool], Awaitable[float | None]]
+EmptyFn = Callable[[str, bool], Awaitable[float | None]]
 # The calls in flight whose purchases of a sku will reach its backlog (empty: they
 # go out this loop turn), or None when none are on their way.
 OnTheWay = Callable[[str], Sequence["asyncio.Future[Any]"] | None]
@@ -93,12 +93,12 @@ class Batcher:
         batch_max: int,
         batch_wait_s: float,
         backlog_max: int,
-        on_idle: IdleFn = _no_flusher_lock,
+        on_empty: EmptyFn = _no_flusher_lock,
         on_the_way: OnTheWay = _none_on_the_way,
         landing_s: float = LANDING_S,
     ) -> None:
         self._flush = flush
-        self._on_idle = on_idle
+        self._on_empty = on_empty
         self._on_the_way = on_the_way
         self._landing_s = landing_s
         self._max = batch_max
@@ -130,9 +130,9 @@ class Batcher:
         own error. Cancelling the wait does not withdraw the purchase: it is
         reserved, so it is flushed and settled regardless.
         """
-        return await self.enqueue(purchase)
+        return await self.add(purchase)
 
-    def enqueue(self, purchase: Purchase) -> asyncio.Future[Result]:
+    def add(self, purchase: Purchase) -> asyncio.Future[Result]:
         """Add a reserved purchase to its sku's backlog; the future of its flush's
         result (:meth:`submit` without a coroutine, for the host's lanes)."""
         if self._closed:
@@ -159,7 +159,7 @@ class Batcher:
         return future
 
     async def close(self) -> None:
-        """Refuse new purchases, flush every queued one, and stop the flushers."""
+        """Refuse new purchases, flush the backlog, and stop the flushers."""
         self._closed = True
         for backlog in self._skus.values():
             backlog.arrived.set()
@@ -212,7 +212,7 @@ class Batcher:
     async def _empty(self, backlog: _SkuBacklog) -> bool:
         """The backlog ran empty: tell the flusher, then wait for an arrival, or
         until the flusher asks to be told again. False when the backlog ends."""
-        keep = await self._idle(backlog.sku)
+        keep = await self._emptied(backlog.sku)
         if backlog.entries:  # arrived while the flusher settled
             return True
         if self._closed:
@@ -236,18 +236,18 @@ class Batcher:
             if calls is None or left <= 0 or len(backlog.entries) >= self._max:
                 return
             if calls:
-                # Their purchases are queued before this wakes (see on_the_way).
+                # Their purchases join the backlog before this wakes (see on_the_way).
                 await asyncio.wait(calls, timeout=left)
             else:
                 await asyncio.sleep(0)  # sent at the end of this turn
 
-    async def _idle(self, sku: str) -> float | None:
+    async def _emptied(self, sku: str) -> float | None:
         try:
-            return await self._on_idle(sku, not self._closed)
+            return await self._on_empty(sku, not self._closed)
         except Exception as exc:
             # A lock release that failed in an unforeseen way (a Redis failover
             # raised one that nobody typed) must not end the backlog.
-            log.error("backlog_idle_failed", sku=sku, cause=repr(exc), exc_info=exc)
+            log.error("backlog_empty_failed", sku=sku, cause=repr(exc), exc_info=exc)
             return None
 
     async def _flush_batch(
@@ -278,6 +278,6 @@ def _next_gap(average: float, gap: float, wait: float) -> float:
 
     A gap longer than the wait counts as the wait: a quiet minute must not take
     a storm many arrivals to forget, and one arrival within the wait after a
-    lone one is enough to hold batches again.
+    lone one is enough to make batches wait again.
     """
     return averaged(average, min(gap, wait))

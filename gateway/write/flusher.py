@@ -4,7 +4,7 @@ The batcher hands each batch to :meth:`Flusher.flush`, which holds the sku's
 flush lock, makes one ``flush_batch()`` call (``Orders.commit_batch``) and
 settles the reservations with ``settle.lua`` (``Reservations.settle``). It keeps
 the lock for at most :data:`HOLD_SLICE_S` an acquisition across back-to-back
-flushes, and through its sku's backlog running empty (:meth:`Flusher.idle`) when
+flushes, and through its sku's backlog running empty (:meth:`Flusher.emptied`) when
 at the backlog's recent pace its next flush is due within the slice: a closed
 loop of buyers runs the backlog empty after every flush and refills it a few ms
 later, and taking the lock anew each time put a Redis round trip before every
@@ -113,7 +113,7 @@ class Flusher:
         self._settling: dict[str, asyncio.Future[bool]] = {}
         # Skus whose backlog ran empty, since when; and the moving average of
         # each sku's gaps from running empty to flushing again (seconds).
-        self._idle_since: dict[str, float] = {}
+        self._empty_since: dict[str, float] = {}
         self._gap: dict[str, float] = {}
 
     async def flush(self, sku: str, batch: Sequence[Purchase]) -> list[Result | BaseException]:
@@ -132,14 +132,14 @@ class Flusher:
         """Commit a batch under the sku's lock and settle it; what was decided.
 
         With ``answer_first`` it returns once committed, and the settle runs
-        until the sku's next flush or :meth:`idle` waits for it.
+        until the sku's next flush or :meth:`emptied` waits for it.
         A fenced-out flush or a lost lock is retried under a fresh acquisition.
         Raises the last failure, and gives nothing back: :meth:`flush` does for
         the batcher, while the queue's writers keep the purchases queued.
         """
-        idle_since = self._idle_since.pop(sku, None)
-        if idle_since is not None:
-            gap = time.monotonic() - idle_since
+        empty_since = self._empty_since.pop(sku, None)
+        if empty_since is not None:
+            gap = time.monotonic() - empty_since
             self._gap[sku] = averaged(self._gap.get(sku, float("inf")), gap)
         failure: Exception = Unavailable("flush failed")
         for _ in range(FLUSH_ATTEMPTS):
@@ -161,14 +161,14 @@ class Flusher:
             self._on_redis_failure()
             log.warning("give_back_failed", sku=sku, size=len(batch), cause=str(exc))
 
-    async def idle(self, sku: str, linger: bool = False) -> float | None:
+    async def emptied(self, sku: str, linger: bool = False) -> float | None:
         """The sku's backlog ran empty: settle its last batch and let other
         instances have the lock. With ``linger`` the lock is kept when, at the
         backlog's recent pace, its next flush is due within the slice: then the
         answer is how long (the backlog calls again then if nothing arrived, and
         the lock is let go); else None. In the backlog's task: the lock is its own."""
-        again = sku in self._idle_since  # still empty since the last call
-        self._idle_since.setdefault(sku, time.monotonic())
+        again = sku in self._empty_since  # still empty since the last call
+        self._empty_since.setdefault(sku, time.monotonic())
         await self._settled(sku)
         now = time.monotonic()
         lock = self._locks.get(sku)

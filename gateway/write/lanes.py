@@ -20,9 +20,9 @@ A worker links to every other as soon as each listens, before any purchase
 W * (W - 1) for a linked host of W workers. When the owner cannot take a
 purchase it is flushed here, as without lanes: the owner is not listening yet
 or any more (its link is retried at most every :data:`RECONNECT_S`), or it is
-draining (it answers ShuttingDown before queueing). A link lost while
+draining (it answers ShuttingDown before adding to its backlog). A link lost while
 purchases were passed on answers them :class:`OutcomeUnknown`, and so does a
-purchase the owner queued and then gave up in a drain out of time: the owner
+purchase the owner added to its backlog and then gave up in a drain out of time: the owner
 may have committed them, so their reservations stay in the ledger for the
 reconciler, as after a crash.
 """
@@ -213,7 +213,7 @@ class HostLanes:
 
 
 class _Writes:
-    """Frames queued in one turn of the loop, written together at its end."""
+    """Frames gathered in one turn of the loop, written together at its end."""
 
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
@@ -225,7 +225,7 @@ class _Writes:
         self._frames.append(frame)
 
     def write(self) -> None:
-        """Write the frames queued so far (at the end of the turn, or at once
+        """Write the frames gathered so far (at the end of the turn, or at once
         before the transport closes: a drain's last answers must not be lost)."""
         frames, self._frames = self._frames, []
         if frames and self.transport is not None and not self.transport.is_closing():
@@ -311,7 +311,7 @@ class _Link(_Lines):
 
 
 class _Serving(_Lines):
-    """The owner's end of one worker's link: queues purchases, answers each."""
+    """The owner's end of one worker's link: adds purchases to the backlog, answers each."""
 
     def __init__(self, batcher: Batcher, serving: set[_Serving], observer: LaneObserver) -> None:
         super().__init__()
@@ -324,7 +324,7 @@ class _Serving(_Lines):
         self._serving.add(self)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        # What was queued is flushed and settled all the same; its answers
+        # What joined the backlog is flushed and settled all the same; its answers
         # find no link (the worker that passed them answered 503 already).
         self._out.transport = None
         self._serving.discard(self)
@@ -332,7 +332,7 @@ class _Serving(_Lines):
     def frame_received(self, frame: frames.Frame) -> None:
         seq = frame[0]
         try:
-            future = self._batcher.enqueue(frames.purchase_of(frame))
+            future = self._batcher.add(frames.purchase_of(frame))
         except ShuttingDown as exc:
             self._out.send(_error_frame(seq, exc))
             return
@@ -343,7 +343,7 @@ class _Serving(_Lines):
         def answer(future: asyncio.Future[Result]) -> None:
             exc = future.exception()
             if isinstance(exc, ShuttingDown):
-                # Queued, then given up by a drain out of time, perhaps while
+                # In the backlog, then given up by a drain out of time, perhaps while
                 # its flush ran: not "not taken" (which the passer would flush
                 # again), but an outcome only the reconciler can tell.
                 exc = OutcomeUnknown("the owner stopped before its flush ended")

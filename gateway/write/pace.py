@@ -1,7 +1,7 @@
 """A sku's pace: a moving average of its gaps, read by the batcher and the flusher.
 
-The batcher averages the gaps between a sku's arrivals, to hold a batch only
-when another purchase is due within the wait; the flusher averages the gaps
+The batcher averages the gaps between a sku's arrivals, to make a batch wait
+only when another purchase is due within the wait; the flusher averages the gaps
 between its sku's backlog running empty and flushing again, to keep the sku's lock only
 when the next flush is due within the slice.
 """

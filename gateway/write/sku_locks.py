@@ -41,7 +41,7 @@ class FlushLock(Protocol):
         """Take the lock for the calling task; False when the wait ran out."""
 
     async def release(self) -> None:
-        """Give back the calling task's hold."""
+        """Release the calling task's hold."""
 
     def abandon(self) -> None:
         """Forget the calling task's hold when its release could not get through."""

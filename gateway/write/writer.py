@@ -9,7 +9,7 @@ refusals recorded and its entries acknowledged (``Streams.finish``). A batch
 that fails stays in the writer's pending entries and is tried again; entries a
 dead writer left are claimed after ``GATEWAY_WRITER_CLAIM_IDLE_S``.
 
-Every step may be replayed: ``flush_batch()`` answers a request id that already
+Every step may run again: ``flush_batch()`` answers a request id that already
 has an order with that order (unique ``request_id``), refuses a second order of
 a buyer (unique (sku, user)), and ``settle.lua`` settles a reservation once.
 So a writer killed anywhere loses nothing and duplicates nothing.
@@ -134,10 +134,10 @@ class QueueWriter:
                     await self._apply(sku, entries)
                 else:
                     # Nothing queued: let other instances have the sku's lock.
-                    await self._flusher.idle(sku)
+                    await self._flusher.emptied(sku)
                 retry, failures = False, 0
             except StreamGone:
-                await self._flusher.idle(sku)
+                await self._flusher.emptied(sku)
                 return
             except Exception as exc:
                 # The batch stays pending for this writer (or, if it dies, another).

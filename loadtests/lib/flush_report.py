@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 # How the flush lock is taken, in the order the tables show them:
 # per-batch: acquired and released around every batch (Flusher.flush, then
-#   Flusher.idle: a lane that runs empty after each flush, or a lock handed to
+#   Flusher.emptied: a backlog that runs empty after each flush, or a lock handed to
 #   another instance after every batch);
 # slice: the Flusher's own rule under a backlog, the lock kept across
 #   back-to-back flushes for HOLD_SLICE_S, then released and taken again;

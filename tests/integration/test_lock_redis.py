@@ -109,13 +109,13 @@ class TestWaking:
         waiter = RedisLock(redis, name, lease=30, subscriber=deaf)
         await holder.acquire()
 
-        async def take_and_give_back() -> bool:
+        async def take_and_release() -> bool:
             taken = await waiter.acquire(wait=10)
             if taken:
                 await waiter.release()
             return taken
 
-        task = asyncio.create_task(take_and_give_back())
+        task = asyncio.create_task(take_and_release())
         await asyncio.sleep(0.2)  # the waiter has tried once and is waiting
         await holder.release()
         # Another process takes the lock 3 s later and keeps it: a waiter asleep

@@ -174,9 +174,10 @@ class TestDeadLetters:
         self, pool: asyncpg.Pool, events_db: str, make_settings: Callable[..., Settings]
     ) -> None:
         """Owed past the sink's max age, an event is dead-lettered by the upkeep
-        and no longer tried; ``events`` lists it and exits 1; ``--replay`` makes
-        it due again, and once the sink takes it ``events`` lists nothing, exit 0;
-        an event id the outbox does not hold is exit 1."""
+        and no longer tried; ``events`` lists it and exits 1; ``--replay`` (the
+        alias of ``--redeliver``) makes it due again, and once the sink takes it
+        ``events`` lists nothing, exit 0; an event id the outbox does not hold is
+        exit 1."""
         sink = Recorder(name="webhook", max_age_s=0.2)
         sink.refuse = lambda e, attempt: True
         r = relay(pool, sink)

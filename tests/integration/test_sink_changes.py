@@ -3,8 +3,8 @@ PostgreSQL and Redis, with the real stream sink and the real webhook sink
 POSTing to a loopback receiver, each test on a database of its own.
 
 A webhook registered after events were written is owed none of them until an
-operator asks: ``events --replay-since T --sink webhook`` makes every event
-since T due for it, delivered elsewhere or not, and ``--replay EVENT_ID`` does
+operator asks: ``events --redeliver-since T --sink webhook`` makes every event
+since T due for it, delivered elsewhere or not, and ``--redeliver EVENT_ID`` does
 the same for one event already delivered to it. ``events --drop-sink`` forgets
 a sink and all it is owed, and a relay starting without a sink still owed
 events says so once."""
@@ -104,7 +104,7 @@ def posted(receiver: Receiver) -> list[dict[str, Any]]:
 class TestLateSink:
     """A webhook registered after the events it wants were delivered to the stream."""
 
-    async def test_replay_since_owes_a_late_sink_every_event_since_a_time(
+    async def test_redeliver_since_owes_a_late_sink_every_event_since_a_time(
         self,
         pool: asyncpg.Pool,
         events_db: str,
@@ -113,7 +113,7 @@ class TestLateSink:
         make_settings: Callable[..., Settings],
     ) -> None:
         """The stream takes every event; a webhook registered afterwards gets none
-        by itself. ``--replay-since T --sink webhook`` prints the count, exits 0,
+        by itself. ``--redeliver-since T --sink webhook`` prints the count, exits 0,
         and the webhook then gets every event, each order's versions in order,
         while the stream gets nothing again."""
         key = f"{key_prefix}:events"
@@ -131,7 +131,7 @@ class TestLateSink:
             settings = make_settings(database_url=events_db)
             since = before.isoformat().replace("+00:00", "Z")
             code, out, err = await run_events(
-                settings, "--replay-since", since, "--sink", "webhook"
+                settings, "--redeliver-since", since, "--sink", "webhook"
             )
             assert code == 0, (out, err)
             assert f"redelivered {ORDERS * VERSIONS} deliveries" in out, out
@@ -141,7 +141,7 @@ class TestLateSink:
         assert len(receiver.received) == ORDERS * VERSIONS
         assert len(await stream_entries(redis, key)) == ORDERS * VERSIONS
 
-    async def test_replay_redelivers_an_event_already_delivered(
+    async def test_redeliver_makes_an_event_already_delivered_due_again(
         self,
         pool: asyncpg.Pool,
         events_db: str,
@@ -149,7 +149,7 @@ class TestLateSink:
         key_prefix: str,
         make_settings: Callable[..., Settings],
     ) -> None:
-        """An event delivered to both sinks: ``--replay ID --sink webhook`` makes it
+        """An event delivered to both sinks: ``--redeliver ID --sink webhook`` makes it
         due for the webhook alone (exit 0), which gets it again with its
         event_id; without ``--sink`` every registered sink gets it once more. A
         sink no relay registered is exit 2, and nothing is owed to it."""
@@ -163,14 +163,16 @@ class TestLateSink:
             event_id = await pool.fetchval("SELECT event_id::text FROM order_events")
             assert await drain(r, stream) == 1 and await drain(r, hook) == 1
             settings = make_settings(database_url=events_db)
-            code, out, err = await run_events(settings, "--replay", event_id, "--sink", "webhook")
+            code, out, err = await run_events(
+                settings, "--redeliver", event_id, "--sink", "webhook"
+            )
             assert code == 0 and "redelivered 1 deliveries" in out, (out, err)
             assert await drain(r, stream) == 0
             assert await drain(r, hook) == 1
-            code, out, err = await run_events(settings, "--replay", event_id)
+            code, out, err = await run_events(settings, "--redeliver", event_id)
             assert code == 0 and "redelivered 2 deliveries" in out, (out, err)
             assert await drain(r, stream) == 1 and await drain(r, hook) == 1
-            code, out, err = await run_events(settings, "--replay", event_id, "--sink", "webhok")
+            code, out, err = await run_events(settings, "--redeliver", event_id, "--sink", "webhok")
             assert code == 2 and "webhok" in err, (out, err)
         assert [e["event_id"] for e in posted(receiver)] == [event_id] * 3
         assert [e["event_id"] for e in await stream_entries(redis, key)] == [event_id] * 2

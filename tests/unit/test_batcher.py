@@ -134,16 +134,16 @@ async def test_abort_answers_every_waiting_purchase_and_stops_the_flushers() -> 
 
 
 async def test_the_flusher_hears_when_a_backlog_runs_empty() -> None:
-    """on_idle is called for a sku once its backlog has nothing left to flush."""
-    idle: list[str] = []
+    """on_empty is called for a sku once its backlog has nothing left to flush."""
+    emptied: list[str] = []
 
-    async def on_idle(sku: str, linger: bool) -> None:
-        idle.append(sku)
+    async def on_empty(sku: str, linger: bool) -> None:
+        emptied.append(sku)
 
-    batcher = Batcher(Recorder(), batch_max=4, batch_wait_s=0.0, backlog_max=100, on_idle=on_idle)
+    batcher = Batcher(Recorder(), batch_max=4, batch_wait_s=0.0, backlog_max=100, on_empty=on_empty)
     await asyncio.gather(*(batcher.submit(purchase(i, "a")) for i in range(3)))
     await batcher.close()
-    assert "a" in idle
+    assert "a" in emptied
 
 
 async def test_a_lone_buyer_is_not_held_for_the_batch_wait() -> None:
@@ -172,22 +172,22 @@ async def test_a_storm_fills_batches() -> None:
     await batcher.close()
 
 
-async def test_a_failing_idle_call_does_not_end_the_backlog() -> None:
-    """The flusher's idle call (it gives back the sku's lock) raising something
+async def test_a_failing_empty_call_does_not_end_the_backlog() -> None:
+    """The flusher's empty call (it releases the sku's lock) raising something
     unforeseen, as a lock release did in a Redis Cluster failover, is logged and
     the sku's backlog keeps flushing: before, its task died and every later
     purchase of the sku waited for good."""
     flush = Recorder()
-    idle_calls: list[str] = []
+    empty_calls: list[str] = []
 
-    async def idle(sku: str, linger: bool) -> None:
-        idle_calls.append(sku)
-        if len(idle_calls) == 1:
+    async def emptied(sku: str, linger: bool) -> None:
+        empty_calls.append(sku)
+        if len(empty_calls) == 1:
             raise RuntimeError("unable to perform operation on <TCPTransport closed=True>")
 
-    batcher = Batcher(flush, batch_max=4, batch_wait_s=0, backlog_max=100, on_idle=idle)
+    batcher = Batcher(flush, batch_max=4, batch_wait_s=0, backlog_max=100, on_empty=emptied)
     assert await batcher.submit(purchase(1)) == SOLD_OUT
-    await wait_for(lambda: idle_calls, within=5, what="the backlog ran empty")
+    await wait_for(lambda: empty_calls, within=5, what="the backlog ran empty")
     async with asyncio.timeout(5):
         assert await batcher.submit(purchase(2)) == SOLD_OUT
     assert flush.batches == [["r1"], ["r2"]]
@@ -200,13 +200,13 @@ async def test_the_backlog_calls_again_when_the_flusher_keeps_the_lock() -> None
     go in the backlog's own task), and on close it is told the backlog stops."""
     calls: list[bool] = []
 
-    async def idle(sku: str, linger: bool) -> float | None:
+    async def emptied(sku: str, linger: bool) -> float | None:
         calls.append(linger)
         return 0.01 if linger and len(calls) == 1 else None
 
-    batcher = Batcher(Recorder(), batch_max=4, batch_wait_s=0, backlog_max=100, on_idle=idle)
+    batcher = Batcher(Recorder(), batch_max=4, batch_wait_s=0, backlog_max=100, on_empty=emptied)
     assert await batcher.submit(purchase(1)) == SOLD_OUT
-    await wait_for(lambda: len(calls) >= 2, within=5, what="the second idle call")
+    await wait_for(lambda: len(calls) >= 2, within=5, what="the second empty call")
     assert calls[:2] == [True, True]
     await batcher.close()
     assert calls[-1] is False
@@ -220,14 +220,14 @@ async def test_closing_while_the_lock_is_kept_lets_it_go(close_inside: bool) -> 
     calls: list[bool] = []
     closing: list[asyncio.Future[None]] = []
 
-    async def idle(sku: str, linger: bool) -> float | None:
+    async def emptied(sku: str, linger: bool) -> float | None:
         calls.append(linger)
         if close_inside and not closing:
             closing.append(asyncio.ensure_future(batcher.close()))
             await asyncio.sleep(0)  # the close begins
         return 60.0 if linger else None
 
-    batcher = Batcher(Recorder(), batch_max=4, batch_wait_s=0, backlog_max=100, on_idle=idle)
+    batcher = Batcher(Recorder(), batch_max=4, batch_wait_s=0, backlog_max=100, on_empty=emptied)
     assert await batcher.submit(purchase(1)) == SOLD_OUT
     await wait_for(lambda: calls, within=5, what="the backlog ran empty")
     await asyncio.wait_for(closing[0] if closing else batcher.close(), 5)

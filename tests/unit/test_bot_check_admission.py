@@ -108,7 +108,7 @@ class Store:
     async def spent_by(self, sku: str, ticket: str) -> str | None:
         return self.spent.get(ticket)
 
-    async def give_back(self, sku: str, ticket: str, request_id: str) -> bool:
+    async def unspend(self, sku: str, ticket: str, request_id: str) -> bool:
         return self.spent.pop(ticket, None) is not None
 
 

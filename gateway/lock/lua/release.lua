@@ -1,4 +1,4 @@
--- release.lua: give back one hold; the last one deletes the lock and wakes a waiter.
+-- release.lua: release one hold; the last one deletes the lock and wakes a waiter.
 --
 -- KEYS[1]  the lock hash {owner, count, fence}
 -- KEYS[2]  the unlock channel (not a key, passed here so it travels with the hash tag)
