@@ -165,6 +165,8 @@ PATHS = [
          purchase=(409, {"status": "duplicate"}, {})),
     Path("in progress", "error", {"#wr-status": "in_progress", "#wr-eta": "retry_in"},
          purchase=(409, {"status": "in_progress"}, {"Retry-After": "2"})),
+    Path("bot check", "bot_check", {"#wr-status": "bot_check"}, skus=[sku_info(room=True)],
+         queue=(403, {"error": "bot_check_failed", "detail": "bot_token is required"}, {})),
     Path("turn spent", "joining",
          {"#wr-status": "rejoin", "#wr-eta": ("rejoin_in", {"time": "minutes"})},
          skus=[sku_info(room=True)],
