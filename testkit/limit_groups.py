@@ -112,5 +112,8 @@ async def bot_storm(
     held = await live_units(database_url, skus)
     assert max(held.values()) == 1
     assert len(held) == SIZES * UNITS
-    code, out, err = await run_audit(settings)
-    assert code == 0, out + err
+    # The group's skus alone: the session's database holds other tests' skus,
+    # some of them unbalanced on purpose.
+    for sku in skus:
+        code, out, err = await run_audit(settings, "--sku", sku)
+        assert code == 0, out + err

@@ -168,4 +168,7 @@ class TestClientGone:
             writer.write(head("Expect: 100-continue"))
             writer.close()
         await counted(gateway, 10)
-        assert gateway.log_lines('"level":"error"') == []
+        # Beside the start-up's word about other tests' skus in the session's
+        # database that this instance cannot serve (a bot-checked room).
+        errors = gateway.log_lines('"level":"error"')
+        assert [line for line in errors if '"event":"sku_unservable"' not in line] == []
