@@ -44,6 +44,15 @@ class ClusterNodeServer(RedisServer):
             "cluster-replica-validity-factor 0",
         ]
 
+    async def slot_owners(self) -> dict[tuple[int, int], Address]:
+        """CLUSTER SLOTS as this node sees it: each slot range's primary."""
+        async with self.client() as r:
+            ranges = await command(r, "CLUSTER", "SLOTS")
+        return {
+            (int(first), int(last)): (str(primary[0]), int(primary[1]))
+            for first, last, primary, *_ in ranges
+        }
+
     async def cluster_info(self) -> dict[str, str]:
         """CLUSTER INFO as a dict (``cluster_state``, ``cluster_known_nodes``...)."""
         async with self.client() as r:
@@ -92,19 +101,37 @@ class LocalRedisCluster(Started):
         return self
 
     async def wait_healthy(self, within: float = 30.0) -> None:
-        """Wait until every running node reports ``cluster_state:ok`` and knows all nodes."""
+        """Wait until the cluster has :meth:`settled`."""
+        await wait_for(self.settled, within=within, what="the cluster settled", interval=0.1)
+
+    async def settled(self) -> bool:
+        """Whether every running node reports ``cluster_state:ok`` and knows all
+        nodes, names the same primary for each slot, and is what that map says:
+        a master, or a replica whose link to its primary is up.
+
+        ``cluster_state:ok`` alone is not enough after a restart: a killed primary
+        comes back believing, from its ``nodes.conf``, that it still serves its
+        slots until the cluster bus tells it otherwise. A client that read the slot
+        map from it wrote there, and its resync as a replica dropped the write (a
+        flush lock taken a moment before was lost that way)."""
+        running = [node for node in self.nodes if node.running]
         count = str(len(self.nodes))
-
-        async def healthy() -> bool:
-            for node in self.nodes:
-                if not node.running:
-                    continue
-                info = await node.cluster_info()
-                if info.get("cluster_state") != "ok" or info.get("cluster_known_nodes") != count:
+        maps = []
+        for node in running:
+            info = await node.cluster_info()
+            if info.get("cluster_state") != "ok" or info.get("cluster_known_nodes") != count:
+                return False
+            maps.append(await node.slot_owners())
+        if not maps or any(m != maps[0] for m in maps[1:]):
+            return False
+        owners = set(maps[0].values())
+        for node in running:
+            if node.address in owners:
+                if await node.role() != "master":
                     return False
-            return True
-
-        await wait_for(healthy, within=within, what="cluster state ok on every node", interval=0.1)
+            elif not await node.synced():
+                return False
+        return True
 
     async def primaries(self) -> list[ClusterNodeServer]:
         """The running nodes whose role is master."""

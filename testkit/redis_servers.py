@@ -197,12 +197,12 @@ class RedisServer(RedisProcess):
             reply = await command(r, "ROLE")
         return str(reply[0])
 
+    async def synced(self) -> bool:
+        """Whether this server is a replica whose link to its primary is up."""
+        async with self.client() as r:
+            info = await r.info("replication")
+        return bool(info.get("role") == "slave" and info.get("master_link_status") == "up")
+
     async def wait_synced(self, within: float = 10.0) -> None:
         """Wait until this replica's link to its primary is up."""
-
-        async def synced() -> bool:
-            async with self.client() as r:
-                info = await r.info("replication")
-            return info.get("master_link_status") == "up"
-
-        await wait_for(synced, within=within, what=f"replica {self.port} in sync")
+        await wait_for(self.synced, within=within, what=f"replica {self.port} in sync")
