@@ -15,8 +15,8 @@ from gateway.domain.events import EVENT_TYPES, OrderEvent
 def order_event(seq: int, *, type_: str = "order.confirmed", version: int = 1) -> OrderEvent:
     """Event ``seq`` of a new order (a fresh event id and order id)."""
     status = type_.removeprefix("order.")
-    return OrderEvent(
-        seq=seq,
+    return OrderEvent.of(
+        seq,
         event_id=str(uuid.uuid4()),
         type=type_,
         order_id=str(uuid.uuid4()),

@@ -31,59 +31,116 @@ EVENT_TYPES = (
 )
 
 
+# The fields every event has, in the order they come (sql/functions/event_fields.sql),
+# and those that come after them only where they apply.
+FIELDS = (
+    "event_id",
+    "type",
+    "order_id",
+    "request_id",
+    "sku",
+    "user_id",
+    "qty",
+    "status",
+    "version",
+    "occurred_at",
+)
+OPTIONAL_FIELDS = ("payment_id", "pay_by", "reason", "cause")
+# The fields whose JSON value is a number (every value is text on the stream).
+NUMBERS = frozenset({"qty", "version"})
+
+
 @dataclass(frozen=True, slots=True)
 class OrderEvent:
     """One change of one order. ``seq`` is the outbox's own order of writing,
-    not part of the event a sink sees; ``version`` counts 1, 2, ... per order."""
+    not part of the event a sink sees. ``fields`` is the event as the stream
+    carries it: name, value, name, value..., every value text, the
+    :data:`FIELDS` first in that order, then the :data:`OPTIONAL_FIELDS` that
+    apply. PostgreSQL renders them (``event_fields``) so the relay hands them
+    on as they are; :meth:`of` renders them here, for tests and tools."""
 
     seq: int
-    event_id: str
-    type: str
-    order_id: str
-    request_id: str
-    sku: str
-    user_id: str
-    qty: int
-    status: str
-    version: int
-    occurred_at: datetime
-    # Each None where it does not apply, and then left out of the event: the
-    # payment (paid, refunded, payment.*), the deadline (pending_payment), the
-    # caller's reason or the window's end (cancelled, expired, refunded,
-    # payment.*), and who made the change (every event written since 015).
-    payment_id: str | None = None
-    pay_by: datetime | None = None
-    reason: str | None = None
-    cause: str | None = None
+    fields: Sequence[str]
 
-    def fields(self) -> dict[str, str | int]:
-        """The event as a sink sees it: every field but ``seq``, those that do not
-        apply left out."""
-        found: dict[str, str | int] = {
-            "event_id": self.event_id,
-            "type": self.type,
-            "order_id": self.order_id,
-            "request_id": self.request_id,
-            "sku": self.sku,
-            "user_id": self.user_id,
-            "qty": self.qty,
-            "status": self.status,
-            "version": self.version,
-            "occurred_at": rfc3339(self.occurred_at),
+    @classmethod
+    def of(
+        cls,
+        seq: int,
+        *,
+        event_id: str,
+        type: str,
+        order_id: str,
+        request_id: str,
+        sku: str,
+        user_id: str,
+        qty: int,
+        status: str,
+        version: int,
+        occurred_at: datetime,
+        payment_id: str | None = None,
+        pay_by: datetime | None = None,
+        reason: str | None = None,
+        cause: str | None = None,
+    ) -> OrderEvent:
+        """The event of these values, rendered as ``event_fields`` renders them
+        (each None left out)."""
+        values: list[str | None] = [
+            event_id,
+            type,
+            order_id,
+            request_id,
+            sku,
+            user_id,
+            str(qty),
+            status,
+            str(version),
+            rfc3339(occurred_at),
+            payment_id,
+            None if pay_by is None else rfc3339(pay_by),
+            reason,
+            cause,
+        ]
+        pairs = zip((*FIELDS, *OPTIONAL_FIELDS), values, strict=True)
+        return cls(
+            seq, tuple(x for name, value in pairs if value is not None for x in (name, value))
+        )
+
+    @property
+    def event_id(self) -> str:
+        """The event's id (the same on every delivery of it)."""
+        return self.fields[1]
+
+    @property
+    def type(self) -> str:
+        """``order.<status>`` or ``payment.late`` / ``payment.refunded``."""
+        return self.fields[3]
+
+    @property
+    def order_id(self) -> str:
+        """The order's id."""
+        return self.fields[5]
+
+    @property
+    def version(self) -> int:
+        """1, 2, ... per order."""
+        return int(self.fields[17])
+
+    @property
+    def occurred_at(self) -> datetime:
+        """When the change was written (PostgreSQL's clock, to the millisecond)."""
+        return datetime.fromisoformat(self.fields[19])
+
+    def payload(self) -> dict[str, str | int]:
+        """The event as JSON has it: every field that applies, numbers as numbers."""
+        names, values = self.fields[::2], self.fields[1::2]
+        return {
+            name: int(value) if name in NUMBERS else value
+            for name, value in zip(names, values, strict=True)
         }
-        if self.payment_id is not None:
-            found["payment_id"] = self.payment_id
-        if self.pay_by is not None:
-            found["pay_by"] = rfc3339(self.pay_by)
-        if self.reason is not None:
-            found["reason"] = self.reason
-        if self.cause is not None:
-            found["cause"] = self.cause
-        return found
 
     def body(self) -> bytes:
         """The event's JSON, as POSTed to a webhook and published to RabbitMQ."""
-        return orjson.dumps(self.fields())
+        return orjson.dumps(self.payload())
 
 
 @dataclass(frozen=True, slots=True)

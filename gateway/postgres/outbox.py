@@ -27,43 +27,9 @@ from gateway.domain.events import OrderEvent, SinkStats
 from gateway.postgres.database import Connection, as_unavailable
 
 REGISTER = "INSERT INTO event_sinks (name) VALUES ($1) ON CONFLICT DO NOTHING"
-# An event as a sink gets it (gateway.domain.events.OrderEvent).
-EVENT_COLUMNS = """e.seq, e.event_id::text, e.type, e.order_id::text, e.request_id, e.sku,
-    e.user_id, e.qty, e.status, e.version, e.occurred_at, e.payment_id, e.pay_by, e.reason,
-    e.cause"""
-# Due now, oldest due first, the lowest version owed of each order; another
-# relay's rows are skipped, not waited for.
-CLAIM = f"""
-WITH claimed AS (
-    SELECT d.seq, d.attempts FROM event_deliveries d
-    WHERE d.sink = $1 AND d.dead_at IS NULL AND d.due_at <= now()
-        AND NOT EXISTS (
-            SELECT 1 FROM event_deliveries p
-            WHERE p.sink = d.sink AND p.order_id = d.order_id AND p.version < d.version)
-        -- A later version waits out every batch older than it: its order's
-        -- first version may be in one.
-        AND (d.version = 1 OR NOT EXISTS (
-            SELECT 1 FROM event_batches b WHERE b.sink = d.sink AND b.first_seq < d.seq))
-    ORDER BY d.due_at, d.seq LIMIT $2
-    FOR UPDATE OF d SKIP LOCKED
-)
-SELECT {EVENT_COLUMNS}, c.attempts
-FROM claimed c JOIN order_events e ON e.seq = c.seq ORDER BY e.seq
-"""
-# The oldest batch no other relay claimed; the claim takes them one by one
-# until it has enough events (a batch is a flush's new orders, one order each).
-BATCH = """
-SELECT first_seq, cardinality(seqs) FROM event_batches
-WHERE sink = $1 AND first_seq > $2 ORDER BY first_seq LIMIT 1 FOR UPDATE SKIP LOCKED
-"""
-TAKE_BATCHES = f"""
-WITH taken AS (
-    DELETE FROM event_batches WHERE sink = $1 AND first_seq = ANY($2::bigint[]) RETURNING seqs
-)
-SELECT {EVENT_COLUMNS}, 0 AS attempts
-FROM taken t CROSS JOIN LATERAL unnest(t.seqs) AS u(seq) JOIN order_events e ON e.seq = u.seq
-ORDER BY e.seq
-"""
+# Up to $2 events due for sink $1, locked until the claim's transaction ends
+# (sql/functions/claim_events.sql): seq, fields, attempts, fresh, occurred.
+CLAIM = "SELECT seq, fields, attempts, fresh, occurred FROM claim_events($1, $2)"
 # A batch's events a sink refused: owed one by one from now on, since their
 # write (the max age counts from there, as for any event).
 REFUSED_FROM_BATCH = """
@@ -74,10 +40,11 @@ SELECT $1, e.seq, e.order_id, e.version, e.occurred_at, e.occurred_at, 1,
 FROM unnest($2::bigint[], $3::float8[], $4::text[]) AS f(seq, delay, error)
 JOIN order_events e ON e.seq = f.seq
 """
-# The delivery lag by PostgreSQL's clock alone: now, not the transaction's start.
+# The events owed one by one ($2) delivered: forgotten. Returns PostgreSQL's
+# clock now (epoch seconds; not the transaction's start) for the lags.
 DELIVERED = """
-DELETE FROM event_deliveries WHERE sink = $1 AND seq = ANY($2::bigint[])
-RETURNING EXTRACT(EPOCH FROM clock_timestamp() - occurred_at)::float8
+WITH gone AS (DELETE FROM event_deliveries WHERE sink = $1 AND seq = ANY($2::bigint[]))
+SELECT extract(epoch FROM clock_timestamp())::float8
 """
 FAILED = """
 UPDATE event_deliveries d SET attempts = d.attempts + 1, last_error = f.error,
@@ -183,82 +150,39 @@ class Owed:
     age_s: float
 
 
-def _event(row: asyncpg.Record) -> OrderEvent:
-    return OrderEvent(
-        seq=row["seq"],
-        event_id=row["event_id"],
-        type=row["type"],
-        order_id=row["order_id"],
-        request_id=row["request_id"],
-        sku=row["sku"],
-        user_id=row["user_id"],
-        qty=row["qty"],
-        status=row["status"],
-        version=row["version"],
-        occurred_at=row["occurred_at"],
-        payment_id=row["payment_id"],
-        pay_by=row["pay_by"],
-        reason=row["reason"],
-        cause=row["cause"],
-    )
-
-
-async def _take_batches(con: Connection, sink: str, room: int) -> list[asyncpg.Record]:
-    """Take the oldest batches no other relay claimed, one by one while their
-    events fit in ``room`` (the first one whatever its size); their events."""
-    taken: list[int] = []
-    after, count = -1, 0
-    while room > 0:
-        row = await con.fetchrow(BATCH, sink, after)
-        if row is None or (taken and count + row[1] > room):
-            break
-        taken.append(row[0])
-        after, count = row[0], count + row[1]
-    return list(await con.fetch(TAKE_BATCHES, sink, taken)) if taken else []
-
-
 def _count(status: str) -> int:
     """The row count of an ``UPDATE n`` or ``DELETE n`` command status."""
     return int(status.split()[-1])
 
 
 class Claim:
-    """A batch of one sink's events, claimed until its outcome is recorded (:meth:`Outbox.claim`):
-    those owed one by one, then those of whole batches (``fresh``, never tried)."""
+    """A batch of one sink's events, claimed until its outcome is recorded
+    (:meth:`Outbox.claim`): those owed one by one, then those of whole batches
+    (``fresh``, never tried)."""
 
-    def __init__(
-        self,
-        con: Connection,
-        sink: str,
-        owed: Sequence[asyncpg.Record],
-        fresh: Sequence[asyncpg.Record],
-    ) -> None:
+    def __init__(self, con: Connection, sink: str, rows: Sequence[asyncpg.Record]) -> None:
         self._con, self._sink = con, sink
-        rows = [*owed, *fresh]
-        self.events = [_event(r) for r in rows]
+        self.events = [OrderEvent(r[0], r[1]) for r in rows]
         # Failed attempts so far, per event: what the next backoff grows from.
-        self.attempts = [r["attempts"] for r in rows]
-        self._fresh = frozenset(r["seq"] for r in fresh)
+        self.attempts = [r[2] for r in rows]
+        self._fresh = frozenset(r[0] for r in rows if r[3])
+        # When each occurred, by PostgreSQL's clock: the delivery lag counts from there.
+        self._occurred = {r[0]: r[4] for r in rows}
 
     async def record(
         self, delivered: Sequence[int], failed: Sequence[tuple[int, float, str]]
     ) -> list[float]:
-        """Forget the ``delivered`` seqs for this sink; try each ``failed``
-        (seq, delay in seconds, why) again after its delay. Returns the
-        delivered events' lags (from occurred_at to now, PostgreSQL's clock)."""
+        """Forget the ``delivered`` seqs for this sink (those of a batch went
+        with its row, deleted by the claim); try each ``failed`` (seq, delay in
+        seconds, why) again after its delay. Returns the delivered events' lags
+        (from occurred_at to now, PostgreSQL's clock)."""
         with as_unavailable:
             lags: list[float] = []
-            owed = [seq for seq in delivered if seq not in self._fresh]
-            if owed:
-                rows = await self._con.fetch(DELIVERED, self._sink, owed)
-                lags = [r[0] for r in rows]
-            if len(owed) < len(delivered):
-                # A batch's events went with its row, deleted by the claim.
-                now = await self._con.fetchval("SELECT clock_timestamp()")
-                taken = self._fresh.intersection(delivered)
-                lags += [
-                    (now - e.occurred_at).total_seconds() for e in self.events if e.seq in taken
-                ]
+            if delivered:
+                owed = [seq for seq in delivered if seq not in self._fresh]
+                now = await self._con.fetchval(DELIVERED, self._sink, owed)
+                occurred = self._occurred
+                lags = [now - occurred[seq] for seq in delivered]
             await self._refused(failed)
         return lags
 
@@ -300,10 +224,7 @@ class Outbox:
         raises or the gateway dies. Raises PostgresUnavailable."""
         with as_unavailable:
             async with self._pool.acquire() as con, con.transaction():
-                # The events owed one by one first: a later version that waits
-                # out an older batch must see the batches this claim takes.
-                owed = await con.fetch(CLAIM, sink, limit)
-                yield Claim(con, sink, owed, await _take_batches(con, sink, limit - len(owed)))
+                yield Claim(con, sink, await con.fetch(CLAIM, sink, limit))
 
     async def dead_letter(self, sink: str, max_age_s: float) -> int:
         """Dead-letter what ``sink`` was owed longer than ``max_age_s``; how many."""

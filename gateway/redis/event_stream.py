@@ -2,9 +2,11 @@
 
 Every event is one entry of ``GATEWAY_EVENTS_STREAM`` (default
 ``flashsale:events``) whose fields are the event's (``OrderEvent.fields``),
-read by consumer groups (XREADGROUP, XACK; README, "Events"). One key, so one
-slot of a Redis Cluster: a batch is one pipeline to one node. A batch's last
-XADD trims the stream, approximately (``~``, whole macro nodes):
+read by consumer groups (XREADGROUP, XACK; README, "Events"). A claim's
+events go in one call of ``lua/append_events.lua``, their fields as
+PostgreSQL rendered them: the gateway packs no event and reads one reply. One
+key, so one slot of a Redis Cluster: a batch is one call to one node. A
+batch's last XADD trims the stream, approximately (``~``, whole macro nodes):
 
 - by length (``GATEWAY_EVENTS_STREAM_MAX_LEN``) when set, else by age
   (``GATEWAY_EVENTS_STREAM_MAX_AGE_S``, counted back from the newest entry's
@@ -32,13 +34,13 @@ import math
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
 
-from redis.exceptions import RedisError
+from redis.exceptions import NoScriptError, RedisError
 
 from gateway.domain.errors import Unavailable
 from gateway.domain.events import OrderEvent
 from gateway.lock import connection_errors
 from gateway.redis.connections import RedisClient
-from gateway.redis.scripts import commands_many
+from gateway.redis.scripts import commands_many, read_script
 
 # An entry's id is Redis's clock when it was appended, at or after its event
 # occurred by PostgreSQL's. Two hosts' clocks disagree by well under this
@@ -47,6 +49,9 @@ from gateway.redis.scripts import commands_many
 SKEW_MARGIN_S = 60.0
 # How long a batch waits for its replicas before it is refused and retried.
 REPLICA_WAIT_MS = 1000
+
+# The append script's trim arguments when the call trims nothing.
+NO_TRIM = ("", 0)
 
 # When the oldest event still owed to the webhook occurred; None: none is.
 OwedFloor = Callable[[], Awaitable[datetime | None]]
@@ -89,38 +94,37 @@ class EventStream:
         self._redis, self._key, self._replicas = redis, key, replicas
         self._max_len, self._keep_ms = max_len, math.floor(max_age_s * 1000)
         self._webhook_owed = webhook_owed
+        self._append = read_script("append_events")
         # The newest entry's milliseconds: where an age trim counts back from.
         self._newest_ms: int | None = None
 
     async def deliver(self, events: Sequence[OrderEvent]) -> Sequence[str | None]:
-        """Append each event; None for each appended, else why not."""
+        """Append each event, in one script call; None for each appended, else
+        why not (the same answer for all: the call went through or it did not)."""
         if not events:
             return []
-        trim = await self._trim()
-        commands: list[list[str | bytes | int | float]] = []
+        args: list[str | int] = [*await self._trim()]
         for event in events:
-            command: list[str | bytes | int | float] = ["XADD", self._key, "*"]
-            for name, value in event.fields().items():
-                command += (name, value)
-            commands.append(command)
-        # The trim rides on the batch's last XADD: XADD key MAXLEN|MINID ~ n * ...
-        commands[-1][2:3] = [*trim, "*"]
+            args.append(len(event.fields))
+            args.extend(event.fields)
+        commands: list[tuple[str | int, ...]] = [("EVALSHA", self._append.sha, 1, self._key, *args)]
         if self._replicas:
-            commands.append(["WAIT", self._replicas, REPLICA_WAIT_MS])
+            commands.append(("WAIT", self._replicas, REPLICA_WAIT_MS))
         try:
             with connection_errors():
                 replies = await commands_many(self._redis, commands, node_of=self._key)
+                # Loaded by its first call, and again after a restart or a failover.
+                if isinstance(replies[0], NoScriptError):
+                    await self._append.load(self._redis)
+                    replies = await commands_many(self._redis, commands, node_of=self._key)
         except RedisError as exc:
             return [f"redis: {type(exc).__name__}"] * len(events)
-        short = self._short_of_replicas(replies.pop()) if self._replicas else None
-        answers: list[str | None] = []
-        for reply in replies:
-            if isinstance(reply, Exception):
-                answers.append(f"redis: {reply}")
-            else:
-                answers.append(short)
-                self._newest_ms = max(self._newest_ms or 0, _ms(reply))
-        return answers
+        appended = replies[0]
+        if isinstance(appended, Exception):
+            return [f"redis: {appended}"] * len(events)
+        self._newest_ms = max(self._newest_ms or 0, _ms(appended))
+        short = self._short_of_replicas(replies[1]) if self._replicas else None
+        return [short] * len(events)
 
     def _short_of_replicas(self, reached: int | Exception) -> str | None:
         """Why a batch whose WAIT answered ``reached`` is not delivered; None: it is."""
@@ -130,21 +134,22 @@ class EventStream:
             return f"redis: on {reached} of {self._replicas} replicas after {REPLICA_WAIT_MS} ms"
         return None
 
-    async def _trim(self) -> list[str | int]:
-        """The trim arguments of a batch's last XADD; empty: no trim."""
+    async def _trim(self) -> tuple[str, int]:
+        """The append script's trim arguments: kind ("" none, MAXLEN, MINID) and
+        threshold."""
         floor_ms: int | None = None
         if self._webhook_owed is not None:
             try:
                 owed = await self._webhook_owed()
             except Unavailable:
-                return []
+                return NO_TRIM
             if owed is not None:
                 floor_ms = math.floor((owed.timestamp() - SKEW_MARGIN_S) * 1000)
         if self._max_len:
-            return [] if floor_ms is not None else ["MAXLEN", "~", self._max_len]
+            return NO_TRIM if floor_ms is not None else ("MAXLEN", self._max_len)
         if not self._keep_ms or self._newest_ms is None:
-            return []
+            return NO_TRIM
         bound = self._newest_ms - self._keep_ms
         if floor_ms is not None:
             bound = min(bound, floor_ms)
-        return ["MINID", "~", bound] if bound > 0 else []
+        return ("MINID", bound) if bound > 0 else NO_TRIM

@@ -87,7 +87,7 @@ async def test_events_arrive_persistent_routed_by_type_with_their_id(
         assert message.routing_key == event.type and message.type == event.type
         assert message.delivery_mode == aio_pika.DeliveryMode.PERSISTENT
         assert message.content_type == "application/json"
-        assert orjson.loads(message.body) == event.fields()
+        assert orjson.loads(message.body) == event.payload()
 
 
 async def test_a_nack_is_not_a_delivery(channel: AbstractChannel, exchange: str) -> None:

@@ -18,6 +18,7 @@ from typing import Any
 import asyncpg
 from redis.asyncio import Redis
 
+from gateway.domain.events import OrderEvent
 from gateway.outbound.webhook import SIGNATURE_HEADER, signature
 from testkit.order_events import check_arrivals
 from testkit.order_lifecycle import PAY_HEADERS, cancel, pay, put_window, refund, start
@@ -289,3 +290,50 @@ class TestWhatEventsCarry:
             "payment.late",
             "payment.refunded",
         ]
+
+
+class TestFieldsRenderedByPostgres:
+    """Issue 42: PostgreSQL renders an event's fields in the claim
+    (``event_fields``); they must be what the API and the schema say, as
+    ``OrderEvent.of`` renders them in Python."""
+
+    async def test_postgres_renders_every_field_as_python_does(
+        self, con: asyncpg.Connection
+    ) -> None:
+        """Events with and without each optional field, instants with
+        microseconds and far from UTC: the same names, order and text."""
+        occurred = datetime.fromisoformat("2026-12-07T03:04:05.678999+05:30")
+        pay_by = datetime.fromisoformat("2026-12-31T23:59:59.999999-08:00")
+        cases: list[dict[str, Any]] = [
+            {},
+            {"pay_by": pay_by, "cause": "buyer"},
+            {"payment_id": "pi_3Oq", "reason": "no longer wanted", "cause": "admin"},
+            {"payment_id": "pi_x", "pay_by": pay_by, "reason": "expired", "cause": "sweep"},
+        ]
+        rolled_back = con.transaction()  # no sink is ever owed these
+        await rolled_back.start()
+        try:
+            for n, extra in enumerate(cases):
+                values: dict[str, Any] = {
+                    "event_id": str(uuid.uuid4()),
+                    "type": "order.paid",
+                    "order_id": str(uuid.uuid4()),
+                    "request_id": f"r{n}",
+                    "sku": "sku-rendered",
+                    "user_id": f"u{n}",
+                    "qty": 3,
+                    "status": "paid",
+                    "version": 2,
+                    "occurred_at": occurred,
+                    **extra,
+                }
+                columns = ", ".join(values)
+                params = ", ".join(f"${i}" for i in range(1, len(values) + 1))
+                insert = f"INSERT INTO order_events ({columns}) VALUES ({params}) RETURNING seq"
+                seq = await con.fetchval(insert, *values.values())
+                rendered = "SELECT event_fields(e) FROM order_events e WHERE seq = $1"
+                fields = await con.fetchval(rendered, seq)
+                assert tuple(fields) == OrderEvent.of(seq, **values).fields, extra
+                assert OrderEvent(seq, fields).payload()["qty"] == 3
+        finally:
+            await rolled_back.rollback()

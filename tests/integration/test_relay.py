@@ -27,7 +27,7 @@ from gateway.redis.event_stream import SKEW_MARGIN_S, EventStream
 from gateway.settings import Settings
 from gateway.usecases.relay import Relay
 from testkit.commands import run_events
-from testkit.order_events import WRITE_EVENTS, Observed, order_event
+from testkit.order_events import WRITE_EVENTS, Observed, order_event, order_events
 
 # Events a test writes as a status change of each order would: version 1..3.
 VERSIONS = 3
@@ -266,6 +266,24 @@ class TestStreamTrim:
         await stream.deliver([order_event(2)])
         ids = await entry_ids(redis, key)
         assert not set(guarded) <= ids
+
+    async def test_a_length_trim_keeps_the_newest_entries_whole_and_in_order(
+        self, redis: Redis, key_prefix: str
+    ) -> None:
+        """Appended by one script call per batch, with a length trim of 10:
+        the stream ends with the last events, each entry exactly its event's
+        fields, in the batch's order, and about 10 entries are kept (whole
+        macro nodes, at most 100 by default)."""
+        key = f"{key_prefix}:events"
+        stream = EventStream(redis, key, max_len=10, max_age_s=0, webhook_owed=None)
+        events = order_events(600)
+        for first in range(0, len(events), 200):
+            assert await stream.deliver(events[first : first + 200]) == [None] * 200
+        entries: list[tuple[bytes, dict[bytes, bytes]]] = await redis.xrange(key)  # type: ignore[assignment]
+        assert 10 <= len(entries) <= 110, len(entries)
+        kept = [{k.decode(): v.decode() for k, v in fields.items()} for _, fields in entries]
+        sent = [dict(zip(e.fields[::2], e.fields[1::2], strict=True)) for e in events]
+        assert kept == sent[-len(kept) :]
 
 
 async def entry_ids(redis: Redis, key: str) -> set[str]:

@@ -127,8 +127,8 @@ class FakeSink:
 
 def event(seq: int, order: str, version: int, age_s: float = 0.0) -> OrderEvent:
     """Version ``version`` of ``order``, written ``age_s`` before the clock's start."""
-    return OrderEvent(
-        seq=seq,
+    return OrderEvent.of(
+        seq,
         event_id=f"e{seq}",
         type="order.paid",
         order_id=order,

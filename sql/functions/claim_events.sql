@@ -1,0 +1,81 @@
+-- claim_events: a relay's claim of up to p_limit events owed to sink p_sink,
+-- in one round trip (gateway/postgres/outbox.py, sql/011_event_delivery.sql).
+--
+-- Called inside the claim's transaction, which lasts while the relay delivers
+-- the events and records the outcome: the rows it locks (FOR UPDATE SKIP
+-- LOCKED) are skipped by every other relay until then, and are due again at
+-- once if the relay dies.
+--
+-- First the events owed one by one (event_deliveries): due now, oldest due
+-- first, the lowest version owed of each order; a later version waits out
+-- every batch older than it (its order's first version may be in one).
+-- Then whole batches (event_batches, a flush's new orders, never tried), the
+-- oldest first, one by one while their events fit in what is left of
+-- p_limit (the first one whatever its size); they are deleted: a batch's
+-- event the sink refuses becomes owed one by one when the outcome is recorded.
+-- The events owed one by one come first because a later version that waits
+-- out an older batch must see the batches this claim takes.
+--
+-- Returns per event: seq, its fields as sinks get them (event_fields), the
+-- failed attempts so far, whether it came from a batch (fresh), and when it
+-- occurred (epoch seconds: the delivery lag counts from there); those owed
+-- one by one first, each part in seq order.
+--
+-- Why a function: the claim was 3 statements and a round trip per batch
+-- taken, and a flush writes a batch per sku; the relay's round trips were a
+-- large part of what the events cost a durable order (issue 42).
+--
+-- A function, not a migration: the migrations apply this file again whenever
+-- its text changes (gateway/postgres/database.py).
+CREATE OR REPLACE FUNCTION claim_events(p_sink text, p_limit integer)
+RETURNS TABLE (seq bigint, fields text[], attempts integer, fresh boolean, occurred double precision)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    owed integer;
+    room integer;
+    after bigint := -1;
+    taken bigint[] := '{}';
+    next_first bigint;
+    next_size integer;
+BEGIN
+    RETURN QUERY
+    WITH claimed AS (
+        SELECT d.seq, d.attempts FROM event_deliveries d
+        WHERE d.sink = p_sink AND d.dead_at IS NULL AND d.due_at <= now()
+            AND NOT EXISTS (
+                SELECT 1 FROM event_deliveries p
+                WHERE p.sink = d.sink AND p.order_id = d.order_id AND p.version < d.version)
+            AND (d.version = 1 OR NOT EXISTS (
+                SELECT 1 FROM event_batches b WHERE b.sink = d.sink AND b.first_seq < d.seq))
+        ORDER BY d.due_at, d.seq LIMIT p_limit
+        FOR UPDATE OF d SKIP LOCKED
+    )
+    SELECT e.seq, event_fields(e), c.attempts, false, extract(epoch FROM e.occurred_at)::float8
+    FROM claimed c JOIN order_events e ON e.seq = c.seq ORDER BY e.seq;
+    GET DIAGNOSTICS owed = ROW_COUNT;
+    room := p_limit - owed;
+    WHILE room > 0 LOOP
+        SELECT b.first_seq, cardinality(b.seqs) INTO next_first, next_size
+        FROM event_batches b
+        WHERE b.sink = p_sink AND b.first_seq > after
+        ORDER BY b.first_seq LIMIT 1
+        FOR UPDATE SKIP LOCKED;
+        EXIT WHEN NOT FOUND OR (cardinality(taken) > 0 AND next_size > room);
+        taken := taken || next_first;
+        after := next_first;
+        room := room - next_size;
+    END LOOP;
+    IF cardinality(taken) > 0 THEN
+        RETURN QUERY
+        WITH gone AS (
+            DELETE FROM event_batches b WHERE b.sink = p_sink AND b.first_seq = ANY (taken)
+            RETURNING b.seqs
+        )
+        SELECT e.seq, event_fields(e), 0, true, extract(epoch FROM e.occurred_at)::float8
+        FROM gone g CROSS JOIN LATERAL unnest(g.seqs) AS u(seq)
+        JOIN order_events e ON e.seq = u.seq
+        ORDER BY e.seq;
+    END IF;
+END
+$$;
