@@ -143,6 +143,28 @@ class TestSharing:
         assert await pool.fetchval("SELECT count(*) FROM events_owed") == 0
 
 
+class TestClaims:
+    """What one claim takes (sql/functions/claim_events.sql)."""
+
+    async def test_a_claim_takes_whole_batches_while_they_fit(self, pool: asyncpg.Pool) -> None:
+        """Batches of 3, 5, 4 and 10 events (one statement each): a claim of 8
+        takes the first two whole; a claim of 2 still takes the next batch, 4,
+        whole (the first one whatever its size); then the 10; then nothing.
+        Each claim's events in the order they were written."""
+        await Outbox(pool).register("stream")
+        for size in (3, 5, 4, 10):
+            await pool.execute(WRITE_EVENTS, size, 1)
+        outbox, sizes = Outbox(pool), []
+        for limit in (8, 2, 8, 8):
+            async with outbox.claim("stream", limit) as claim:
+                seqs = [e.seq for e in claim.events]
+                assert seqs == sorted(seqs)
+                sizes.append(len(seqs))
+                await claim.record(seqs, [])
+        assert sizes == [8, 4, 10, 0]
+        assert await pool.fetchval("SELECT count(*) FROM events_owed") == 0
+
+
 class TestRetries:
     """A sink that refuses some first attempts."""
 
