@@ -25,6 +25,7 @@
 -- taken, and a flush writes a batch per sku; the relay's round trips were a
 -- large part of what the events cost a durable order (issue 42).
 --
+-- Needs migration 015 (through event_fields).
 -- A function, not a migration: the migrations apply this file again whenever
 -- its text changes (gateway/postgres/database.py).
 CREATE OR REPLACE FUNCTION claim_events(p_sink text, p_limit integer)

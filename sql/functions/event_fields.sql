@@ -14,6 +14,7 @@
 -- turning typed columns into these strings, one event at a time (issue 42);
 -- PostgreSQL makes the array while it reads the row.
 --
+-- Needs migration 015 (the event's payment_id, pay_by, reason and cause).
 -- A function, not a migration: the migrations apply this file again whenever
 -- its text changes (gateway/postgres/database.py). A single-SELECT SQL
 -- function, so the planner inlines it into the claim.
