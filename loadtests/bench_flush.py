@@ -70,7 +70,7 @@ from gateway.postgres.orders import BatchDecision, Orders
 from gateway.redis.connections import RedisClient, create_redis
 from gateway.redis.reservations import Reservations
 from gateway.server import GC_THRESHOLDS
-from gateway.settings import Settings
+from gateway.settings import LockFamily, Settings
 from gateway.write.flusher import Flusher
 from gateway.write.sku_locks import FlushLock, SkuLocks, sku_locks
 from loadtests.lib import machine, pinning
@@ -209,7 +209,7 @@ class Rig:
             return TimedLock(lock, splits)
 
         locks = SkuLocks(real.family, real.wait_s, timed)
-        unlocked = SkuLocks("none", real.wait_s, None)
+        unlocked = SkuLocks(LockFamily.NONE, real.wait_s, None)
         return cls(
             redis=redis,
             pool=pool,
