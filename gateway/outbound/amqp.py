@@ -33,7 +33,7 @@ from aio_pika.exceptions import (
     ProbableAuthenticationError,
 )
 
-from gateway.domain.events import OrderEvent
+from gateway.domain.events import OrderEvent, SinkName
 from gateway.settings import Misconfigured, Settings
 
 # Longest wait for a publish's confirm: a broker under a memory or disk alarm
@@ -54,7 +54,7 @@ SETTING = "events_amqp_url"
 class AmqpSink:
     """Publishes events to GATEWAY_EVENTS_AMQP_EXCHANGE with publisher confirms."""
 
-    name = "amqp"
+    name = SinkName.AMQP
     # The broker is ours to wait for: an event is never dead-lettered for it.
     max_age_s: float | None = None
 
