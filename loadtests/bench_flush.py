@@ -62,6 +62,7 @@ import orjson
 import uvloop
 
 from gateway.domain.model import Outcome, Purchase, Result
+from gateway.domain.skus import IfMissing
 from gateway.domain.stock import Settlement, StockLoad
 from gateway.lock import LockStats, LockSubscriber, load_lock_scripts
 from gateway.postgres.database import create_pool
@@ -232,7 +233,7 @@ async def stock_up(rig: Rig, sku: str, count: int) -> list[Purchase]:
     """Create ``sku`` with ``count`` units and reserve them all in Redis, a new
     buyer each, as the gateway's purchases do; the reserved purchases."""
     inventory = Inventory(rig.pool)
-    await inventory.change_sku(sku, {"stock": count}, create=True)
+    await inventory.change_sku(sku, {"stock": count}, if_missing=IfMissing.CREATE)
     await rig.reservations.load_stock(sku, count, StockLoad.FRESH)
     info = await inventory.sku_info(sku)
     assert info is not None

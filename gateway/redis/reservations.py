@@ -310,7 +310,9 @@ class Reservations:
         rate limits from ``info``); ``client`` names the client address, asked
         only when a client rate applies. ``verified``: PostgreSQL holds no order
         of its request id or buyer, so it may go on while the sku is rebuilt."""
-        return await self._reserve_with(self._reserve_many, purchase, info, client, verified)
+        return await self._reserve_with(
+            self._reserve_many, purchase, info, client, verified=verified
+        )
 
     async def enqueue(
         self,
@@ -323,7 +325,9 @@ class Reservations:
         """Reserve stock for one purchase as :meth:`reserve` does and queue it in
         the sku's stream, in one script (enqueue.lua); "busy" when the stream is
         full."""
-        return await self._reserve_with(self._enqueue_many, purchase, info, client, verified)
+        return await self._reserve_with(
+            self._enqueue_many, purchase, info, client, verified=verified
+        )
 
     async def _reserve_with(
         self,
@@ -331,6 +335,7 @@ class Reservations:
         purchase: Purchase,
         info: SkuInfo,
         client: Callable[[], str | None] | None,
+        *,
         verified: bool,
     ) -> Reply:
         head = self._calls.head(info)
