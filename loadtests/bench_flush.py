@@ -63,7 +63,7 @@ import uvloop
 
 from gateway.domain.model import Outcome, Purchase, Result
 from gateway.domain.skus import IfMissing
-from gateway.domain.stock import Settlement, StockLoad
+from gateway.domain.stock import ReplyKind, Settlement, StockLoad
 from gateway.lock import LockStats, LockSubscriber, load_lock_scripts
 from gateway.postgres.database import create_pool
 from gateway.postgres.inventory import Inventory
@@ -243,7 +243,7 @@ async def stock_up(rig: Rig, sku: str, count: int) -> list[Purchase]:
         chunk = wanted[start : start + RESERVE_CHUNK]
         replies = await asyncio.gather(*(rig.reservations.reserve(p, info) for p in chunk))
         for purchase, reply in zip(chunk, replies, strict=True):
-            if reply.kind != "ok":
+            if reply.kind is not ReplyKind.OK:
                 raise RuntimeError(f"reserve {purchase.request_id}: {reply.kind}")
             reserved.append(
                 Purchase(sku, purchase.user_id, 1, purchase.request_id, reply.reserved_at_ms)

@@ -60,6 +60,9 @@ FLUSH_ATTEMPTS = 3
 # The failure reasons (see _reason) that say Redis, or the lock kept there,
 # failed under a flush: writes may have been lost (a failover).
 REDIS_REASONS = frozenset({"redis", "lock_lost", "lock_unavailable"})
+# The failures a flush expects (an outage, a lost lock): logged by their cause,
+# without a traceback; anything else is the reason "error".
+EXPECTED = (LockError, RedisError, Unavailable)
 
 
 class Answer(Enum):
@@ -211,7 +214,7 @@ class Flusher:
             size=len(batch),
             reason=reason,
             cause=repr(failure),
-            exc_info=failure if reason == "error" else None,
+            exc_info=None if isinstance(failure, EXPECTED) else failure,
         )
         if not isinstance(failure, OutcomeUnknown):
             await self.give_back(sku, batch)
@@ -328,4 +331,4 @@ def _reason(exc: BaseException) -> str:
         return "redis"
     if isinstance(exc, Unavailable):
         return exc.reason
-    return "error"
+    return "error"  # not EXPECTED
