@@ -96,17 +96,18 @@ class AmqpSink:
         return await asyncio.gather(*(self._publish(event) for event in events))
 
     async def _publish(self, event: OrderEvent) -> str | None:
+        kind = event.type.value  # the routing key and the message's type, as plain text
         message = aio_pika.Message(
             event.body(),
             content_type="application/json",
             delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
             message_id=event.event_id,
-            type=event.type,
+            type=kind,
         )
         async with self._slots:
             try:
                 await self._exchange.publish(
-                    message, event.type, mandatory=False, timeout=CONFIRM_TIMEOUT_S
+                    message, kind, mandatory=False, timeout=CONFIRM_TIMEOUT_S
                 )
             except TimeoutError:  # an OSError too: before the others
                 return f"no confirm within {CONFIRM_TIMEOUT_S:g}s"
