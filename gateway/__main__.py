@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from aiohttp import web
 
 from gateway import server, settings
+from gateway.domain.skus import IfMissing
 from gateway.http.appkeys import ADMIN, ORDERS, SETTINGS
 from gateway.http.clients import add_client
 from gateway.ops import audit, events_command, logs
@@ -82,7 +83,7 @@ async def run_migrate(config: settings.Settings) -> None:
 async def _create_demo_sku(app: web.Application) -> None:
     settings_ = app[SETTINGS]
     if await app[ORDERS].stock(DEMO_SKU) is None:
-        await app[ADMIN].change_sku(DEMO_SKU, {"stock": DEMO_STOCK}, create=True)
+        await app[ADMIN].change_sku(DEMO_SKU, {"stock": DEMO_STOCK}, if_missing=IfMissing.CREATE)
     body = f'{{"sku": "{DEMO_SKU}", "user_id": "alice"}}'
     print(
         f"demo sku {DEMO_SKU!r} ready; try:\n  curl -X POST "

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 from aiohttp import web
 
-from gateway.domain.events import EventSink
+from gateway.domain.events import EventSink, SinkName
 from gateway.domain.model import Strategy
 
 # Opened is imported from here by tests and benches: re-exported.
@@ -123,8 +123,6 @@ if TYPE_CHECKING:
     from gateway.lock.zk_session import ZkSession
 
 BACKLOG_SAMPLE_S = 0.5
-# The sink whose backlog bounds the stream's trim (gateway.outbound.WebhookSink's name).
-WEBHOOK = "webhook"
 # The relay's connections besides one per outbound sink: the stream's and the upkeep's.
 RELAY_CONNECTIONS = 2
 # Longest a stopping gateway waits for its background loops to end once cancelled.
@@ -448,13 +446,14 @@ def build_relay(opened: Opened, outbound: Sequence[EventSink], pool: Pool[Any]) 
     owed to it."""
     settings = opened.settings
     outbox = Outbox(pool)
-    webhook = any(sink.name == WEBHOOK for sink in outbound)
+    # The webhook's backlog bounds the stream's trim.
+    webhook = any(sink.name is SinkName.WEBHOOK for sink in outbound)
     stream = EventStream(
         opened.redis,
         settings.events_stream,
         max_len=settings.events_stream_max_len,
         max_age_s=settings.events_stream_max_age_s,
-        webhook_owed=functools.partial(outbox.oldest_owed, WEBHOOK) if webhook else None,
+        webhook_owed=functools.partial(outbox.oldest_owed, SinkName.WEBHOOK) if webhook else None,
         replicas=settings.stream_replicas,
     )
     return Relay(

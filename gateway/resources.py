@@ -27,7 +27,7 @@ from gateway.outbound.bot_check import SiteVerify
 from gateway.postgres.database import create_pool, migrate
 from gateway.postgres.orders import Orders
 from gateway.redis.connections import create_redis, reach
-from gateway.settings import Misconfigured, Settings
+from gateway.settings import LockFamily, Misconfigured, Settings
 from gateway.usecases.ports import NO_BOT_CHECK, BotCheck
 
 # Longest a stopping gateway waits for its PostgreSQL connections to close cleanly.
@@ -112,7 +112,7 @@ async def zookeeper_ctx(app: web.Application) -> AsyncIterator[None]:
     its timeout is the lock's lease (see gateway/lock/zookeeper.py)."""
     settings = app[SETTINGS]
     session = None
-    if settings.flush_lock == "zookeeper":
+    if settings.flush_lock is LockFamily.ZOOKEEPER:
         try:
             from gateway.lock.zk_session import ZkSession
         except ModuleNotFoundError as exc:

@@ -19,6 +19,7 @@ import os
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
+from enum import StrEnum
 from typing import Any, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
@@ -253,6 +254,19 @@ def _strategy(raw: str) -> Strategy:
     return Strategy(_choice(*Strategy)(raw))
 
 
+class LockFamily(StrEnum):
+    """Which distributed lock a sku's flush takes (``GATEWAY_FLUSH_LOCK``)."""
+
+    REDIS = "redis"
+    POSTGRES = "postgres"
+    ZOOKEEPER = "zookeeper"
+    NONE = "none"  # no lock: the database's guarded UPDATE alone
+
+
+def _lock_family(raw: str) -> LockFamily:
+    return LockFamily(_choice(*LockFamily)(raw))
+
+
 # The key of a field's parser in its metadata.
 PARSE = "parse"
 
@@ -286,7 +300,7 @@ class Settings:
     # open-loop rate measured gained from it; docs/performance.md).
     batch_wait_ms: float = setting(0.0, _float(0.0))
     reservation_timeout_s: float = setting(30.0, _float(0.1))
-    flush_lock: str = setting("redis", _choice("redis", "postgres", "zookeeper", "none"))
+    flush_lock: LockFamily = setting(LockFamily.REDIS, _lock_family)
     lock_lease_s: float = setting(10.0, _float(0.05))
     # Purchases in flight per process (the batcher's backlog, and those of the
     # strategies that decide in PostgreSQL) past which new ones are shed with 503.

@@ -62,7 +62,8 @@ import orjson
 import uvloop
 
 from gateway.domain.model import Outcome, Purchase, Result
-from gateway.domain.stock import Settlement, StockLoad
+from gateway.domain.skus import IfMissing
+from gateway.domain.stock import ReplyKind, Settlement, StockLoad
 from gateway.lock import LockStats, LockSubscriber, load_lock_scripts
 from gateway.postgres.database import create_pool
 from gateway.postgres.inventory import Inventory
@@ -70,7 +71,7 @@ from gateway.postgres.orders import BatchDecision, Orders
 from gateway.redis.connections import RedisClient, create_redis
 from gateway.redis.reservations import Reservations
 from gateway.server import GC_THRESHOLDS
-from gateway.settings import Settings
+from gateway.settings import LockFamily, Settings
 from gateway.write.flusher import Flusher
 from gateway.write.sku_locks import FlushLock, SkuLocks, sku_locks
 from loadtests.lib import machine, pinning
@@ -209,7 +210,7 @@ class Rig:
             return TimedLock(lock, splits)
 
         locks = SkuLocks(real.family, real.wait_s, timed)
-        unlocked = SkuLocks("none", real.wait_s, None)
+        unlocked = SkuLocks(LockFamily.NONE, real.wait_s, None)
         return cls(
             redis=redis,
             pool=pool,
@@ -232,7 +233,7 @@ async def stock_up(rig: Rig, sku: str, count: int) -> list[Purchase]:
     """Create ``sku`` with ``count`` units and reserve them all in Redis, a new
     buyer each, as the gateway's purchases do; the reserved purchases."""
     inventory = Inventory(rig.pool)
-    await inventory.change_sku(sku, {"stock": count}, create=True)
+    await inventory.change_sku(sku, {"stock": count}, if_missing=IfMissing.CREATE)
     await rig.reservations.load_stock(sku, count, StockLoad.FRESH)
     info = await inventory.sku_info(sku)
     assert info is not None
@@ -242,7 +243,7 @@ async def stock_up(rig: Rig, sku: str, count: int) -> list[Purchase]:
         chunk = wanted[start : start + RESERVE_CHUNK]
         replies = await asyncio.gather(*(rig.reservations.reserve(p, info) for p in chunk))
         for purchase, reply in zip(chunk, replies, strict=True):
-            if reply.kind != "ok":
+            if reply.kind is not ReplyKind.OK:
                 raise RuntimeError(f"reserve {purchase.request_id}: {reply.kind}")
             reserved.append(
                 Purchase(sku, purchase.user_id, 1, purchase.request_id, reply.reserved_at_ms)

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 import uvloop
 
 from gateway.app import Opened, build_gateway
+from gateway.domain.skus import IfMissing
 from gateway.lock import load_lock_scripts
 from gateway.ops.metrics import Metrics
 from gateway.postgres.database import create_pool
@@ -92,10 +93,10 @@ class Rig:
         await load_lock_scripts(redis)
         skus = [f"live-{i}" for i in range(active)]
         for sku in skus:
-            await gateway.admin.change_sku(sku, {"stock": STOCK}, create=True)
+            await gateway.admin.change_sku(sku, {"stock": STOCK}, if_missing=IfMissing.CREATE)
             await pool.execute(SELL_ONE, sku)
             # Redis in step with the order taken (no drift to repair in the passes).
-            await gateway.admin.change_sku(sku, {"stock": STOCK - 1}, create=False)
+            await gateway.admin.change_sku(sku, {"stock": STOCK - 1}, if_missing=IfMissing.REFUSE)
         if idle:
             await pool.execute(ADD_IDLE, idle)
             names = [f"idle-{n}" for n in range(1, idle + 1)]

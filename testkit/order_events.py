@@ -9,12 +9,17 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from gateway.domain.events import EVENT_TYPES, OrderEvent
+from gateway.domain.events import EVENT_TYPES, EventType, OrderEvent
+from gateway.domain.model import OrderStatus
 
 
-def order_event(seq: int, *, type_: str = "order.confirmed", version: int = 1) -> OrderEvent:
-    """Event ``seq`` of a new order (a fresh event id and order id)."""
-    status = type_.removeprefix("order.")
+def order_event(
+    seq: int, *, type_: EventType = EventType.ORDER_CONFIRMED, version: int = 1
+) -> OrderEvent:
+    """Event ``seq`` of a new order (a fresh event id and order id); a payment.*
+    event's order stands expired."""
+    order, _, took = type_.partition(".")
+    status = OrderStatus(took) if order == "order" else OrderStatus.EXPIRED
     return OrderEvent.of(
         seq,
         event_id=str(uuid.uuid4()),

@@ -11,24 +11,44 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from enum import StrEnum
 from typing import Protocol
 
 import orjson
 
+from gateway.domain.model import Cause, OrderStatus
 from gateway.domain.rules import rfc3339
 
-# An order's change of status is "order." and the status it changed to; a late
-# payment recorded for it, or refunded, is "payment.late" / "payment.refunded".
-EVENT_TYPES = (
-    "order.confirmed",
-    "order.pending_payment",
-    "order.paid",
-    "order.cancelled",
-    "order.expired",
-    "order.refunded",
-    "payment.late",
-    "payment.refunded",
-)
+
+class EventType(StrEnum):
+    """What an event says happened (its ``type``, as the outbox and every sink
+    spell it): an order's change of status is "order." and the status it changed
+    to; a late payment recorded for it, or refunded, is "payment.late" /
+    "payment.refunded"."""
+
+    ORDER_CONFIRMED = f"order.{OrderStatus.CONFIRMED}"
+    ORDER_PENDING_PAYMENT = f"order.{OrderStatus.PENDING_PAYMENT}"
+    ORDER_PAID = f"order.{OrderStatus.PAID}"
+    ORDER_CANCELLED = f"order.{OrderStatus.CANCELLED}"
+    ORDER_EXPIRED = f"order.{OrderStatus.EXPIRED}"
+    ORDER_REFUNDED = f"order.{OrderStatus.REFUNDED}"
+    PAYMENT_LATE = "payment.late"
+    PAYMENT_REFUNDED = "payment.refunded"
+
+
+# Every event type, in the order above.
+EVENT_TYPES: tuple[EventType, ...] = tuple(EventType)
+# A rendered event's text as its member: one dict lookup, no Enum call.
+_TYPES = {member.value: member for member in EventType}
+_STATUSES = {member.value: member for member in OrderStatus}
+
+
+class SinkName(StrEnum):
+    """A sink's name, as the outbox records its deliveries under it."""
+
+    STREAM = "stream"
+    WEBHOOK = "webhook"
+    AMQP = "amqp"
 
 
 # The fields every event has, in the order they come (sql/functions/event_fields.sql),
@@ -68,37 +88,37 @@ class OrderEvent:
         seq: int,
         *,
         event_id: str,
-        type: str,
+        type: EventType,
         order_id: str,
         request_id: str,
         sku: str,
         user_id: str,
         qty: int,
-        status: str,
+        status: OrderStatus,
         version: int,
         occurred_at: datetime,
         payment_id: str | None = None,
         pay_by: datetime | None = None,
         reason: str | None = None,
-        cause: str | None = None,
+        cause: Cause | None = None,
     ) -> OrderEvent:
         """The event of these values, rendered as ``event_fields`` renders them
         (each None left out)."""
         values: list[str | None] = [
             event_id,
-            type,
+            type.value,
             order_id,
             request_id,
             sku,
             user_id,
             str(qty),
-            status,
+            status.value,
             str(version),
             rfc3339(occurred_at),
             payment_id,
             None if pay_by is None else rfc3339(pay_by),
             reason,
-            cause,
+            None if cause is None else cause.value,
         ]
         pairs = zip((*FIELDS, *OPTIONAL_FIELDS), values, strict=True)
         return cls(
@@ -111,14 +131,19 @@ class OrderEvent:
         return self.fields[1]
 
     @property
-    def type(self) -> str:
+    def type(self) -> EventType:
         """``order.<status>`` or ``payment.late`` / ``payment.refunded``."""
-        return self.fields[3]
+        return _TYPES[self.fields[3]]
 
     @property
     def order_id(self) -> str:
         """The order's id."""
         return self.fields[5]
+
+    @property
+    def status(self) -> OrderStatus:
+        """The status the order took (an order.* event), or stands in (payment.*)."""
+        return _STATUSES[self.fields[15]]
 
     @property
     def version(self) -> int:
@@ -166,7 +191,7 @@ class EventSink(Protocol):
     """
 
     @property
-    def name(self) -> str:
+    def name(self) -> SinkName:
         """The sink's name: ``stream``, ``webhook`` or ``amqp``."""
         ...
 

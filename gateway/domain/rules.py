@@ -13,6 +13,7 @@ import math
 import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from enum import StrEnum
 from typing import NamedTuple
 
 # "5/s:10", "0.5/s:1": tokens per second, then the bucket's size.
@@ -131,10 +132,23 @@ class Bucket(NamedTuple):
     burst: int
 
 
+class GateDecision(StrEnum):
+    """What ``sale_gate()`` decided for one purchase (its ``verdict``, as the
+    function spells it)."""
+
+    PASS = "pass"
+    NOT_STARTED = "not_started"
+    ENDED = "ended"
+    RATE_LIMITED = "rate_limited"
+
+
+# sale_gate()'s raw verdict to its member: one dict lookup, no Enum call.
+GATE_DECISIONS: dict[str, GateDecision] = {d.value: d for d in GateDecision}
+
+
 class GateAnswer(NamedTuple):
     """What ``sale_gate()`` answered for one purchase."""
 
-    # "pass", "not_started", "ended" or "rate_limited".
-    verdict: str
+    verdict: GateDecision
     # "not_started", "rate_limited": how long until trying again makes sense.
     wait_ms: int

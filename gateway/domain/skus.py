@@ -5,6 +5,7 @@ rows say (``gateway.postgres.inventory`` reads them). No I/O here."""
 from __future__ import annotations
 
 from datetime import datetime
+from enum import Enum
 from typing import NamedTuple
 
 from gateway.domain.model import SkuSettings
@@ -47,6 +48,14 @@ class SkuSheet(NamedTuple):
     confirmed: int  # units of orders final at their 201 (no payment window)
     paid: int
     held: int  # units of orders pending payment
+
+
+class IfMissing(Enum):
+    """What an admin change does with a sku that is not there: ``PUT`` creates
+    it (and lists an archived one again), ``PATCH`` refuses (``UnknownSku``)."""
+
+    CREATE = "create"
+    REFUSE = "refuse"
 
 
 class SkuChange(NamedTuple):

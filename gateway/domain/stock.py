@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Literal, NamedTuple
+from typing import NamedTuple
 
 from gateway.domain.errors import (
     Ended,
@@ -30,21 +30,39 @@ from gateway.domain.model import (
     Verdict,
 )
 
-ReplyKind = Literal[
-    "ok",
-    "confirmed",
-    "mismatch",
-    "in_progress",
-    "missing",
-    "unverified",
-    "duplicate",
-    "sold_out",
-    "not_started",
-    "ended",
-    "rate_limited",
-    "busy",
-    "group_limit",
-]
+
+class ReplyKind(StrEnum):
+    """What reserve.lua (or the queue strategy's script) decided for one
+    purchase: its answer's first element, as the script spells it.
+
+    A hot module compares a reply's kind by identity with members bound to its
+    own module-level names (``OK = ReplyKind.OK``): on CPython 3.11 a global is
+    several times cheaper to read than an Enum class's attribute."""
+
+    OK = "ok"  # reserved (and in the stream, for the queue strategy)
+    CONFIRMED = "confirmed"  # a replay: the request id's order
+    MISMATCH = "mismatch"  # the request id made another purchase
+    IN_PROGRESS = "in_progress"  # the request id is reserved and not yet flushed
+    MISSING = "missing"  # no counter: Redis lost it, or it expired
+    UNVERIFIED = "unverified"  # the sku's hashes are being rebuilt
+    DUPLICATE = "duplicate"  # the buyer holds another request id's reservation or order
+    SOLD_OUT = "sold_out"
+    NOT_STARTED = "not_started"
+    ENDED = "ended"
+    RATE_LIMITED = "rate_limited"
+    BUSY = "busy"  # the queue strategy's stream is full
+    GROUP_LIMIT = "group_limit"  # the buyer's limit group is spent
+
+
+# The script's raw kind to its member: one dict lookup, no Enum call.
+REPLY_KINDS: dict[str, ReplyKind] = {kind.value: kind for kind in ReplyKind}
+
+_CONFIRMED = ReplyKind.CONFIRMED
+_MISMATCH = ReplyKind.MISMATCH
+_RATE_LIMITED = ReplyKind.RATE_LIMITED
+_NOT_STARTED = ReplyKind.NOT_STARTED
+_ENDED = ReplyKind.ENDED
+_GROUP_LIMIT = ReplyKind.GROUP_LIMIT
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,36 +71,41 @@ class Reply:
 
     kind: ReplyKind
     order: Order | None = None
-    # "sold_out", "unverified": stock is 0 and nothing is pending.
+    # SOLD_OUT, UNVERIFIED: stock is 0 and nothing is pending.
     exhausted: bool = False
-    # "ok": when Redis reserved it, by Redis's clock (the ledger's stamp).
+    # OK: when Redis reserved it, by Redis's clock (the ledger's stamp).
     reserved_at_ms: int = 0
-    # "not_started", "rate_limited": how long until trying again makes sense.
+    # NOT_STARTED, RATE_LIMITED: how long until trying again makes sense.
     wait_ms: int = 0
-    # "unverified": nobody holds the sku's rebuild lease (its holder died).
+    # UNVERIFIED: nobody holds the sku's rebuild lease (its holder died).
     orphaned: bool = False
 
 
-_OUTCOMES = {"sold_out": SOLD_OUT, "duplicate": DUPLICATE, "in_progress": IN_PROGRESS}
+_OUTCOMES = {
+    ReplyKind.SOLD_OUT: SOLD_OUT,
+    ReplyKind.DUPLICATE: DUPLICATE,
+    ReplyKind.IN_PROGRESS: IN_PROGRESS,
+}
 
 
 def outcome_of(reply: Reply, request_id: str, info: SkuInfo) -> Result:
     """The outcome of a reservation that did not reserve; raises the
     :class:`GatewayError` of a refusal (mismatch, rate limit, window, 503)."""
-    if reply.kind == "confirmed":
+    kind = reply.kind
+    if kind is _CONFIRMED:
         return Result(Outcome.CONFIRMED, reply.order)
-    if reply.kind == "mismatch":
+    if kind is _MISMATCH:
         raise IdempotencyMismatch(request_id)
-    if reply.kind == "rate_limited":
+    if kind is _RATE_LIMITED:
         raise RateLimited(reply.wait_ms)
-    if reply.kind == "not_started":
+    if kind is _NOT_STARTED:
         starts_at = info.rules.window_json()["starts_at"]
         raise NotStarted(starts_at or "", reply.wait_ms)
-    if reply.kind == "ended":
+    if kind is _ENDED:
         raise Ended()
-    if reply.kind == "group_limit" and info.group is not None:
+    if kind is _GROUP_LIMIT and info.group is not None:
         raise GroupLimitReached(info.group.name)
-    result = _OUTCOMES.get(reply.kind)
+    result = _OUTCOMES.get(kind)
     if result is None:
         raise Unavailable("stock not loaded")
     return result

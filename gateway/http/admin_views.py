@@ -10,6 +10,7 @@ import structlog
 from aiohttp import web
 
 from gateway.domain.errors import Forbidden, GatewayError, InvalidRequest, Unauthorized
+from gateway.domain.skus import IfMissing
 from gateway.http import payloads
 from gateway.http.appkeys import ADMIN, ADMIN_TOKENS, RECONCILER, WAITING_PAGE
 from gateway.http.params import header, query_int
@@ -83,25 +84,25 @@ def admin_change(change: Change) -> Callable[[web.Request], Awaitable[web.Respon
 async def put_sku(request: web.Request, admin: StockAdmin) -> tuple[Any, dict[str, Any]]:
     """PUT /admin/skus/{sku}: create the sku or set every field of it (an absent
     field takes its default); its remaining stock is reset, orders stay."""
-    return await _change_sku(request, admin, whole=True)
+    return await _change_sku(request, admin, IfMissing.CREATE)
 
 
 @admin_change
 async def patch_sku(request: web.Request, admin: StockAdmin) -> tuple[Any, dict[str, Any]]:
     """PATCH /admin/skus/{sku}: change only the fields given, of a sku that exists."""
-    return await _change_sku(request, admin, whole=False)
+    return await _change_sku(request, admin, IfMissing.REFUSE)
 
 
 async def _change_sku(
-    request: web.Request, admin: StockAdmin, *, whole: bool
+    request: web.Request, admin: StockAdmin, if_missing: IfMissing
 ) -> tuple[Any, dict[str, Any]]:
     """Set the body's fields on the path's sku: all of them, creating it
-    (``whole``), or only those given."""
+    (``PUT``: ``IfMissing.CREATE``), or only those given (``PATCH``)."""
     sku = payloads.identifier(request.match_info["sku"], "sku")
     data = payloads.parse_object(await read_body(request), payloads.SKU_FIELDS)
-    fields = payloads.sku_fields(data, partial=not whole)
+    fields = payloads.sku_fields(data, partial=if_missing is IfMissing.REFUSE)
     check_image_url(fields.get("image_url"), request.app[WAITING_PAGE].image_origins)
-    return await admin.change_sku(sku, fields, create=whole)
+    return await admin.change_sku(sku, fields, if_missing=if_missing)
 
 
 @admin_change

@@ -288,7 +288,7 @@ QUERIES = {
 }
 
 
-def routes(with_metrics: bool) -> list[web.RouteDef]:
+def routes(*, with_metrics: bool) -> list[web.RouteDef]:
     """Every route of the API."""
     return [
         web.post("/v1/purchase", purchase),

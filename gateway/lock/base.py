@@ -174,7 +174,7 @@ class BaseLock(ABC, Generic[R]):
         # Most holds end before their first renewal: a timer is cheaper than a task.
         first = min(self.lease / 3, self.max_hold or self.lease)
         hold.timer = asyncio.get_running_loop().call_later(first, self._ensure_watchdog, hold)
-        self.metrics.acquired(now - started, grant.contended)
+        self.metrics.acquired(now - started, contended=grant.contended)
 
     async def _release(self, hold: Hold[R]) -> None:
         if not hold.live:

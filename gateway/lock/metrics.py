@@ -13,7 +13,7 @@ class LockMetrics(Protocol):
     Every method is called on the event loop and must not block.
     """
 
-    def acquired(self, wait_s: float, contended: bool) -> None:
+    def acquired(self, wait_s: float, *, contended: bool) -> None:
         """A first acquisition (not a re-entry) after ``wait_s`` seconds; ``contended``
         if the first attempt found the lock held."""
 
@@ -58,7 +58,7 @@ class LockStats:
     held_total_s: float = 0.0
     waits: deque[float] = field(default_factory=lambda: deque(maxlen=1024))
 
-    def acquired(self, wait_s: float, contended: bool) -> None:
+    def acquired(self, wait_s: float, *, contended: bool) -> None:
         """Count an acquisition and record how long it waited."""
         self.acquisitions += 1
         self.contended += contended

@@ -108,7 +108,7 @@ class RedisLock(BaseLock[None]):
         sent = time.monotonic()
         won, value = await self._attempt(owner)
         if won:
-            return Grant(value, None, False, sent)
+            return Grant(value, None, contended=False, sent_at=sent)
         if deadline is not None and time.monotonic() >= deadline:
             return None
         async with self._subscriber.subscription(self.channel) as waiter:
@@ -117,7 +117,7 @@ class RedisLock(BaseLock[None]):
                 won, value = await self._attempt(owner)
                 waiter.use_wake()
                 if won:
-                    return Grant(value, None, True, sent)
+                    return Grant(value, None, contended=True, sent_at=sent)
                 pause = self._pause(value, deadline)
                 if pause is None:
                     return None

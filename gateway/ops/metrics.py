@@ -175,7 +175,7 @@ class FlushLockMetrics:
         """The lease the flush locks are taken with."""
         self.lock_lease.set(seconds)
 
-    def acquired(self, wait_s: float, contended: bool) -> None:
+    def acquired(self, wait_s: float, *, contended: bool) -> None:
         """A first acquisition after ``wait_s`` seconds."""
         self.lock_wait.observe(wait_s)
         self.lock_acquisitions.labels("true" if contended else "false").inc()
@@ -502,7 +502,7 @@ class StreamMetrics:
         )
         skus.labelled(self.stream_length, self.stream_pending)
 
-    def writer_batch(self, size: int, failed: bool) -> None:
+    def writer_batch(self, size: int, *, failed: bool) -> None:
         """A writer committed a batch of ``size`` entries, or failed one."""
         self.writer_batches.labels("failed" if failed else "committed").inc()
         if not failed:

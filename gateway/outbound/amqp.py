@@ -33,7 +33,7 @@ from aio_pika.exceptions import (
     ProbableAuthenticationError,
 )
 
-from gateway.domain.events import OrderEvent
+from gateway.domain.events import OrderEvent, SinkName
 from gateway.settings import Misconfigured, Settings
 
 # Longest wait for a publish's confirm: a broker under a memory or disk alarm
@@ -54,7 +54,7 @@ SETTING = "events_amqp_url"
 class AmqpSink:
     """Publishes events to GATEWAY_EVENTS_AMQP_EXCHANGE with publisher confirms."""
 
-    name = "amqp"
+    name = SinkName.AMQP
     # The broker is ours to wait for: an event is never dead-lettered for it.
     max_age_s: float | None = None
 
@@ -96,17 +96,18 @@ class AmqpSink:
         return await asyncio.gather(*(self._publish(event) for event in events))
 
     async def _publish(self, event: OrderEvent) -> str | None:
+        kind = event.type.value  # the routing key and the message's type, as plain text
         message = aio_pika.Message(
             event.body(),
             content_type="application/json",
             delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
             message_id=event.event_id,
-            type=event.type,
+            type=kind,
         )
         async with self._slots:
             try:
                 await self._exchange.publish(
-                    message, event.type, mandatory=False, timeout=CONFIRM_TIMEOUT_S
+                    message, kind, mandatory=False, timeout=CONFIRM_TIMEOUT_S
                 )
             except TimeoutError:  # an OSError too: before the others
                 return f"no confirm within {CONFIRM_TIMEOUT_S:g}s"

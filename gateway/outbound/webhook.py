@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 
 import aiohttp
 
-from gateway.domain.events import OrderEvent
+from gateway.domain.events import OrderEvent, SinkName
 from gateway.settings import Settings
 
 # Called once per POST with its answer's class: "2xx", "3xx", "4xx", "5xx",
@@ -49,7 +49,7 @@ def answer_class(status: int) -> str:
 class WebhookSink:
     """POSTs events to GATEWAY_WEBHOOK_URL on one connection pool."""
 
-    name = "webhook"
+    name = SinkName.WEBHOOK
 
     def __init__(self, settings: Settings, on_answer: OnAnswer) -> None:
         if settings.webhook_url is None or settings.webhook_secret is None:

@@ -29,7 +29,7 @@ from urllib.parse import urlsplit, urlunsplit
 import asyncpg
 
 from gateway.domain.errors import PostgresUnavailable
-from gateway.settings import Misconfigured, Settings
+from gateway.settings import LockFamily, Misconfigured, Settings
 
 SQL_DIR: Traversable = resources.files("gateway.sql")
 MIGRATION_NAME = re.compile(r"[0-9]{3}_.*\.sql")
@@ -174,7 +174,7 @@ async def create_pool(settings: Settings) -> Pool:
             max_size=settings.db_pool_size,
             command_timeout=10,
             timeout=CONNECT_TIMEOUT_S,
-            reset=None if settings.flush_lock == "postgres" else _stateless,
+            reset=None if settings.flush_lock is LockFamily.POSTGRES else _stateless,
         )
     assert pool is not None
     return pool

@@ -28,7 +28,7 @@ from gateway.domain.model import (
     WaitingRoom,
 )
 from gateway.domain.rules import Rate, rate_from_db
-from gateway.domain.skus import SkuChange, SkuListing, SkuSheet, SkuState
+from gateway.domain.skus import IfMissing, SkuChange, SkuListing, SkuSheet, SkuState
 from gateway.postgres.database import Connection, as_unavailable
 
 # The display fields come from a table of their own (sql/012_display_fields.sql).
@@ -332,16 +332,18 @@ class Inventory:
             return [r["sku"] for r in await self._pool.fetch(BOT_CHECK_SKUS, limit)]
 
     async def change_sku(
-        self, sku: str, fields: Mapping[str, Any], *, create: bool
+        self, sku: str, fields: Mapping[str, Any], *, if_missing: IfMissing
     ) -> SkuChange | None:
         """Set ``fields`` (:class:`SkuSettings` attributes) on ``sku`` under its row
         lock, the others kept, recording a stock movement when ``stock`` is one
-        of them; with ``create`` a missing sku is created first. Returns the
-        change; None for a missing sku without ``create``. Raises
+        of them; with ``IfMissing.CREATE`` a missing sku is created first (an
+        archived one listed again). Returns the change; None for a missing sku
+        with ``IfMissing.REFUSE``. Raises
         :class:`InvalidRequest` when the window that results ends before it
         starts (nothing is written)."""
         with as_unavailable:
             async with self._pool.acquire() as con, con.transaction():
+                create = if_missing is IfMissing.CREATE
                 created = create and await con.fetchval(CREATE_SKU, sku) is not None
                 # A PUT of an archived sku lists it again, as a shop re-listing it expects.
                 listed = create and not created and await con.fetchval(UNARCHIVE, sku) is not None

@@ -231,7 +231,7 @@ class Lifecycle:
         with as_unavailable:
             async with self._pool.acquire() as con, con.transaction():
                 return await _closed(
-                    con, request_ids, status, self._default, reason, cause, restock
+                    con, request_ids, status, self._default, reason, cause, restock=restock
                 )
 
     async def expire_due(self, limit: int) -> list[Closed]:
@@ -244,8 +244,9 @@ class Lifecycle:
                     return []
                 await con.execute(LOCK_SKUS, sorted({r["sku"] for r in due}))
                 rids = [r["request_id"] for r in due]
+                expired, sweep = OrderStatus.EXPIRED, Cause.SWEEP
                 return await _closed(
-                    con, rids, OrderStatus.EXPIRED, self._default, WINDOW_ELAPSED, Cause.SWEEP, True
+                    con, rids, expired, self._default, WINDOW_ELAPSED, sweep, restock=True
                 )
 
     async def owed(self, older_than_s: float, limit: int) -> list[Closed]:
@@ -356,6 +357,7 @@ async def _closed(
     default: str,
     reason: str | None,
     cause: Cause,
+    *,
     restock: bool,
 ) -> list[Closed]:
     rows = await con.fetch(

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncpg
 
 from gateway.domain.model import Purchase
-from gateway.domain.rules import Bucket, GateAnswer
+from gateway.domain.rules import GATE_DECISIONS, Bucket, GateAnswer
 from gateway.postgres.database import as_unavailable
 
 # The window and rate limits of one purchase, in one round trip.
@@ -39,4 +39,4 @@ class PostgresSaleGate:
         with as_unavailable:
             row = await self._pool.fetchrow(SALE_GATE, *args)
         assert row is not None  # a function call returns its one row
-        return GateAnswer(row["verdict"], row["wait_ms"])
+        return GateAnswer(GATE_DECISIONS[row["verdict"]], row["wait_ms"])

@@ -37,7 +37,7 @@ from datetime import datetime
 from redis.exceptions import NoScriptError, RedisError
 
 from gateway.domain.errors import Unavailable
-from gateway.domain.events import OrderEvent
+from gateway.domain.events import OrderEvent, SinkName
 from gateway.lock import connection_errors
 from gateway.redis.connections import RedisClient
 from gateway.redis.scripts import commands_many, read_script
@@ -78,7 +78,7 @@ class EventStream:
             answer is enough.
     """
 
-    name = "stream"
+    name = SinkName.STREAM
     max_age_s: float | None = None
 
     def __init__(

@@ -39,7 +39,15 @@ from gateway.domain.model import (
     SkuInfo,
 )
 from gateway.domain.rules import effective, epoch_ms
-from gateway.domain.stock import Pending, Reply, ReplyKind, Settlement, Snapshot, StockLoad
+from gateway.domain.stock import (
+    REPLY_KINDS,
+    Pending,
+    Reply,
+    ReplyKind,
+    Settlement,
+    Snapshot,
+    StockLoad,
+)
 from gateway.redis.connections import RedisClient, redis_call
 from gateway.redis.layout import (
     Change,
@@ -57,41 +65,52 @@ from gateway.redis.layout import (
 from gateway.redis.scripts import Script, ScriptArg, ScriptCoalescer, read_composed, read_script
 from gateway.settings import Settings
 
-# reserve.lua's answers as values (gateway.domain.stock), made once where they carry nothing.
+# reserve.lua's answers as values (gateway.domain.stock), made once where they
+# carry nothing. The script's raw kind becomes its ReplyKind by one dict lookup
+# (REPLY_KINDS), then is compared by identity with these module-level names: on
+# CPython 3.11 a global is several times cheaper to read than ReplyKind.OK.
+OK = ReplyKind.OK
+SOLD_OUT = ReplyKind.SOLD_OUT
+CONFIRMED = ReplyKind.CONFIRMED
+UNVERIFIED = ReplyKind.UNVERIFIED
+_WAITING_KINDS = frozenset({ReplyKind.NOT_STARTED, ReplyKind.RATE_LIMITED})
 
-_SIMPLE_KINDS: tuple[ReplyKind, ...] = (
-    "mismatch",
-    "in_progress",
-    "missing",
-    "duplicate",
-    "ended",
-    "busy",
-    "group_limit",
-)
-_SIMPLE: dict[str, Reply] = {kind: Reply(kind) for kind in _SIMPLE_KINDS}
-_SOLD_OUT_REPLY = Reply("sold_out")
-_EXHAUSTED_REPLY = Reply("sold_out", exhausted=True)
-# "unverified", by (orphaned, exhausted).
+_SIMPLE: dict[ReplyKind, Reply] = {
+    kind: Reply(kind)
+    for kind in (
+        ReplyKind.MISMATCH,
+        ReplyKind.IN_PROGRESS,
+        ReplyKind.MISSING,
+        ReplyKind.DUPLICATE,
+        ReplyKind.ENDED,
+        ReplyKind.BUSY,
+        ReplyKind.GROUP_LIMIT,
+    )
+}
+_SOLD_OUT_REPLY = Reply(SOLD_OUT)
+_EXHAUSTED_REPLY = Reply(SOLD_OUT, exhausted=True)
+# UNVERIFIED, by (orphaned, exhausted).
 _UNVERIFIED = {
-    (orphaned, exhausted): Reply("unverified", exhausted=exhausted, orphaned=orphaned)
+    (orphaned, exhausted): Reply(UNVERIFIED, exhausted=exhausted, orphaned=orphaned)
     for orphaned in (False, True)
     for exhausted in (False, True)
 }
 
 
 def reply_of(raw: Any, purchase: Purchase) -> Reply:
-    """reserve.lua's (or enqueue.lua's) raw answer for ``purchase`` as a :class:`Reply`."""
-    kind = raw[0]
-    if kind == "ok":
-        return Reply("ok", reserved_at_ms=int(raw[2]))
-    if kind == "sold_out":
+    """reserve.lua's (or enqueue.lua's) raw answer for ``purchase`` as a :class:`Reply`;
+    raises KeyError on a kind the scripts never answer."""
+    kind = REPLY_KINDS[raw[0]]
+    if kind is OK:
+        return Reply(OK, reserved_at_ms=int(raw[2]))
+    if kind is SOLD_OUT:
         return _EXHAUSTED_REPLY if int(raw[1]) == 1 else _SOLD_OUT_REPLY
-    if kind == "confirmed":
+    if kind is CONFIRMED:
         order = Order(raw[1], purchase.request_id, purchase.sku, raw[2], int(raw[3]))
-        return Reply("confirmed", order)
-    if kind == "unverified":
+        return Reply(CONFIRMED, order)
+    if kind is UNVERIFIED:
         return _UNVERIFIED[int(raw[1]) == 1, int(raw[2]) == 1]
-    if kind in ("not_started", "rate_limited"):
+    if kind in _WAITING_KINDS:
         return Reply(kind, wait_ms=int(raw[1]))
     return _SIMPLE[kind]
 
@@ -291,7 +310,9 @@ class Reservations:
         rate limits from ``info``); ``client`` names the client address, asked
         only when a client rate applies. ``verified``: PostgreSQL holds no order
         of its request id or buyer, so it may go on while the sku is rebuilt."""
-        return await self._reserve_with(self._reserve_many, purchase, info, client, verified)
+        return await self._reserve_with(
+            self._reserve_many, purchase, info, client, verified=verified
+        )
 
     async def enqueue(
         self,
@@ -304,7 +325,9 @@ class Reservations:
         """Reserve stock for one purchase as :meth:`reserve` does and queue it in
         the sku's stream, in one script (enqueue.lua); "busy" when the stream is
         full."""
-        return await self._reserve_with(self._enqueue_many, purchase, info, client, verified)
+        return await self._reserve_with(
+            self._enqueue_many, purchase, info, client, verified=verified
+        )
 
     async def _reserve_with(
         self,
@@ -312,6 +335,7 @@ class Reservations:
         purchase: Purchase,
         info: SkuInfo,
         client: Callable[[], str | None] | None,
+        *,
         verified: bool,
     ) -> Reply:
         head = self._calls.head(info)

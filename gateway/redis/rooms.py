@@ -11,7 +11,8 @@ from __future__ import annotations
 import secrets
 from collections.abc import Callable, Sequence
 
-from gateway.domain.rooms import Standing
+from gateway.domain.model import WaitingRoom
+from gateway.domain.rooms import STANDING_STATUSES, Exhausted, Standing, StandingStatus
 from gateway.redis.connections import RedisClient, redis_call
 from gateway.redis.layout import KeyTags, RoomKeys, SkuKeys
 from gateway.redis.scripts import Script, read_script
@@ -22,10 +23,17 @@ from gateway.settings import Settings
 BOT_TOKEN_KEPT_MS = 300_000
 
 
-_UNKNOWN_STANDING = Standing("unknown")
-_SOLD_OUT_STANDING = Standing("sold_out")
-_BOT_CHECK_STANDING = Standing("bot_check")
-_REUSED_STANDING = Standing("reused")
+UNKNOWN = StandingStatus.UNKNOWN
+SOLD_OUT = StandingStatus.SOLD_OUT
+WAITING = StandingStatus.WAITING
+ADMITTED = StandingStatus.ADMITTED
+# The standings that carry nothing but their status, made once.
+_BARE = {status: Standing(status) for status in StandingStatus}
+# room_join.lua's refusals by its raw answer; anything else is "joined".
+_JOIN_REFUSALS = {
+    status.value: _BARE[status]
+    for status in (StandingStatus.SOLD_OUT, StandingStatus.BOT_CHECK, StandingStatus.REUSED)
+}
 
 
 class Rooms:
@@ -71,65 +79,62 @@ class Rooms:
         fresh_ticket: str,
         starts_ms: int,
         token_ttl_ms: int,
-        held: bool = False,
         *,
+        exhausted: Exhausted = Exhausted.SOLD_OUT,
         bot_check: bool = False,
         bot_passed: str | None = None,
     ) -> Standing:
         """Put ``user_id`` in ``sku``'s room with ``fresh_ticket``, or find the ticket
         they already hold (unless its admission is older than ``token_ttl_ms``:
-        then the fresh ticket, at the back); ``sold_out`` when the sku is exhausted
-        sold out. ``starts_ms`` is the sale's start (0: none), to tell early
-        arrivals apart; ``held``: units are held for payment, so the sku is not
-        sold out yet. With ``bot_check`` a new ticket needs ``bot_passed``, the
-        SHA-256 (hex) of a bot token that passed its check, claimed with the
-        ticket (``bot_check`` without it, ``reused`` when it made one before)."""
+        then the fresh ticket, at the back); ``SOLD_OUT`` when the sku is exhausted,
+        unless ``exhausted`` is ``Exhausted.HELD`` (units are held for payment, so
+        the sku is not sold out yet). ``starts_ms`` is the sale's start (0: none),
+        to tell early arrivals apart. With ``bot_check`` a new ticket needs
+        ``bot_passed``, the SHA-256 (hex) of a bot token that passed its check,
+        claimed with the ticket (``BOT_CHECK`` without it, ``REUSED`` when it made
+        one before)."""
         group = self._tags.group_of(sku)
         q, s = RoomKeys.of(self._prefix, sku, group), SkuKeys.of(self._prefix, sku, group)
         bot_key = q.bot(bot_passed or "-")
         keys = (q.wait, q.users, q.tickets, q.seq, s.stock, s.pending, q.early, bot_key)
-        args = (user_id, fresh_ticket, self._retention_ms, starts_ms, token_ttl_ms, int(held))
+        args = (user_id, fresh_ticket, self._retention_ms, starts_ms, token_ttl_ms, exhausted.value)
         checks = (int(bot_check), int(bot_passed is not None), BOT_TOKEN_KEPT_MS)
         raw = await redis_call(self._join(self._redis, keys, args + checks))
-        kind = raw[0]
-        if kind == "sold_out":
-            return _SOLD_OUT_STANDING
-        if kind == "bot_check":
-            return _BOT_CHECK_STANDING
-        if kind == "reused":
-            return _REUSED_STANDING
-        return Standing("waiting", raw[1], user_id, int(raw[2]), waiting=int(raw[3]))
+        refused = _JOIN_REFUSALS.get(raw[0])
+        if refused is not None:
+            return refused
+        return Standing(WAITING, raw[1], user_id, int(raw[2]), waiting=int(raw[3]))
 
     async def poll(
         self,
         sku: str,
         ticket: str,
-        admit_per_s: int,
+        room: WaitingRoom,
         starts_ms: int,
-        shuffle: bool,
-        held: bool = False,
+        *,
+        exhausted: Exhausted = Exhausted.SOLD_OUT,
     ) -> Standing:
-        """Let the next people in if the sale has started and the pace allows (the
-        early arrivals shuffled first, once, if ``shuffle``), then where ``ticket``
-        stands. ``held``: units are held for payment: the line is kept, and let
-        in only while there is stock."""
+        """Let the next people in if the sale has started and ``room``'s pace allows
+        (the early arrivals shuffled first, once, if it shuffles them), then where
+        ``ticket`` stands. An exhausted sku is ``SOLD_OUT``; with ``Exhausted.HELD``
+        (units are held for payment) the line is kept, and let in only while
+        there is stock."""
         q, s = (
             self._room(sku),
             SkuKeys.of(self._prefix, sku, self._tags.group_of(sku)),
         )
         keys = (q.wait, q.tickets, q.recent, s.stock, s.pending, q.early, q.shuffled)
         salt = secrets.token_hex(8)
-        args = (ticket, admit_per_s, self._retention_ms, starts_ms, int(shuffle), salt, int(held))
+        pace = (room.admit_per_s, self._retention_ms, starts_ms, int(room.shuffle_at_start))
+        args = (ticket, *pace, salt, exhausted.value)
         raw = await redis_call(self._poll(self._redis, keys, args))
-        kind = raw[0]
-        if kind == "unknown":
-            return _UNKNOWN_STANDING
-        if kind == "sold_out":
-            return _SOLD_OUT_STANDING
+        status = STANDING_STATUSES[raw[0]]
+        if status is UNKNOWN or status is SOLD_OUT:
+            return _BARE[status]
         admitted_now, waiting = int(raw[3]), int(raw[4])
-        if kind == "admitted":
-            return Standing("admitted", ticket, raw[1], 0, int(raw[2]), admitted_now, waiting)
-        return Standing("waiting", ticket, raw[1], int(raw[2]), 0, admitted_now, waiting)
+        if status is ADMITTED:
+            return Standing(ADMITTED, ticket, raw[1], 0, int(raw[2]), admitted_now, waiting)
+        return Standing(WAITING, ticket, raw[1], int(raw[2]), 0, admitted_now, waiting)
 
     async def spend(self, sku: str, ticket: str, request_id: str, ttl_ms: int) -> str | None:
         """Spend ``ticket``'s token on ``request_id`` (SET NX), kept ``ttl_ms`` plus

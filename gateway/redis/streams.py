@@ -125,7 +125,9 @@ class Streams:
         entries queued before the group existed are read too."""
         key = self._stream(sku)
         try:
-            await _stream_call(sku, self.redis.xgroup_create(key, WRITERS_GROUP, "0", True))
+            await _stream_call(
+                sku, self.redis.xgroup_create(key, WRITERS_GROUP, "0", mkstream=True)
+            )
         except GroupExists:
             return
         # MKSTREAM may have made an empty stream: it expires like a used one.

@@ -25,6 +25,7 @@ from typing import Any
 from gateway.domain.errors import LimitGroupLocked, UnknownSku
 from gateway.domain.model import Display, SkuSettings, StockReport
 from gateway.domain.rules import rfc3339
+from gateway.domain.skus import IfMissing
 from gateway.domain.stock import StockLoad
 from gateway.usecases.catalog import Catalog
 from gateway.usecases.limit_groups import LimitGroupsAdmin
@@ -66,21 +67,22 @@ class StockAdmin:
         self._rebuilds = rebuilds
 
     async def change_sku(
-        self, sku: str, fields: Mapping[str, Any], *, create: bool
+        self, sku: str, fields: Mapping[str, Any], *, if_missing: IfMissing
     ) -> tuple[dict[str, Any], dict[str, Any]]:
         """Set ``fields`` (:class:`SkuSettings` attributes) on ``sku``, keeping the
-        others: ``PUT`` gives them all and creates a missing sku (``create``),
-        ``PATCH`` the ones it changes. Orders stay. Returns the API's answer and
-        what changed, each field set as ``[before, after]`` (before None for a
-        sku created now). Raises :class:`UnknownSku` (without ``create``),
-        :class:`InvalidRequest` for a window that would end before it starts and
-        :class:`NotConfigured` for a waiting room this instance could not serve."""
+        others: ``PUT`` gives them all and creates a missing sku
+        (``IfMissing.CREATE``), ``PATCH`` the ones it changes. Orders stay.
+        Returns the API's answer and what changed, each field set as ``[before,
+        after]`` (before None for a sku created now). Raises :class:`UnknownSku`
+        (``IfMissing.REFUSE``), :class:`InvalidRequest` for a window that would
+        end before it starts and :class:`NotConfigured` for a waiting room this
+        instance could not serve."""
         self._servability.check(fields.get("waiting_room"), fields.get("payment_window_s"))
         redis_stock: int | None = None
         async with self._locks.held(sku):
             if "limit_group" in fields and fields["limit_group"] != await self._group_of(sku):
                 await self._refuse_pending(sku)
-            changed = await self._inventory.change_sku(sku, fields, create=create)
+            changed = await self._inventory.change_sku(sku, fields, if_missing=if_missing)
             if changed is None:
                 raise UnknownSku(f"no sku {sku!r}")
             before, after, unarchived = changed

@@ -43,7 +43,7 @@ from gateway.domain.errors import (
     UnknownTicket,
 )
 from gateway.domain.model import Purchase, Result, SkuInfo, WaitingRoom
-from gateway.domain.rooms import Standing
+from gateway.domain.rooms import Exhausted, Standing, StandingStatus
 from gateway.usecases.admission_tokens import Refusal, Signer, fresh_ticket
 from gateway.usecases.ports import BotCheck, Client
 from gateway.usecases.servable import NO_BOT_CHECK
@@ -51,6 +51,12 @@ from gateway.usecases.sold_out import ConfirmedIds, UnknownIds
 
 # Clients are told to come back no sooner than this, and no later.
 MIN_POLL_S, MAX_POLL_S = 1, 30
+
+UNKNOWN = StandingStatus.UNKNOWN
+SOLD_OUT = StandingStatus.SOLD_OUT
+WAITING = StandingStatus.WAITING
+BOT_CHECK = StandingStatus.BOT_CHECK
+REUSED = StandingStatus.REUSED
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,8 +97,8 @@ class RoomStore(Protocol):
         fresh_ticket: str,
         starts_ms: int,
         token_ttl_ms: int,
-        held: bool = False,
         *,
+        exhausted: Exhausted = Exhausted.SOLD_OUT,
         bot_check: bool = False,
         bot_passed: str | None = None,
     ) -> Standing: ...
@@ -100,10 +106,10 @@ class RoomStore(Protocol):
         self,
         sku: str,
         ticket: str,
-        admit_per_s: int,
+        room: WaitingRoom,
         starts_ms: int,
-        shuffle: bool,
-        held: bool = False,
+        *,
+        exhausted: Exhausted = Exhausted.SOLD_OUT,
     ) -> Standing: ...
     async def spend(self, sku: str, ticket: str, request_id: str, ttl_ms: int) -> str | None: ...
     async def spent_by(self, sku: str, ticket: str) -> str | None: ...
@@ -197,15 +203,15 @@ class Admissions:
         if room.bot_check and bot_token is not None and self._soldout.lookup(sku) is None:
             verdict, asked = await self._verdict(bot_token, client), True
         standing = await self._enter(info, room, user_id, verdict)
-        if standing.status == "bot_check" and bot_token is not None and not asked:
+        if standing.status is BOT_CHECK and bot_token is not None and not asked:
             # Marked sold out, yet the line stays (units held for payment).
             verdict = await self._verdict(bot_token, client)
             standing = await self._enter(info, room, user_id, verdict)
-        if standing.status == "sold_out":
+        if standing.status is SOLD_OUT:
             return None
-        if standing.status == "bot_check":
+        if standing.status is BOT_CHECK:
             raise BotCheckFailed(NO_BOT_TOKEN) if isinstance(verdict, str) else verdict
-        if standing.status == "reused":
+        if standing.status is REUSED:
             raise BotCheckFailed(BOT_TOKEN_USED)
         self._seen(sku, standing)
         starts_ms = _ms(info.rules.starts_at)
@@ -221,9 +227,10 @@ class Admissions:
         args = (info.sku, user_id, fresh, starts_ms, ttl_ms)
         check, rooms = room.bot_check, self._rooms
         standing = await rooms.join(*args, bot_check=check, bot_passed=passed)
-        if standing.status == "sold_out" and await self._window.holding(info):
+        if standing.status is SOLD_OUT and await self._window.holding(info):
             # Units held for payment may come back: the line stays.
-            standing = await rooms.join(*args, True, bot_check=check, bot_passed=passed)
+            held = Exhausted.HELD
+            standing = await rooms.join(*args, exhausted=held, bot_check=check, bot_passed=passed)
         return standing
 
     async def _verdict(self, token: str, client: Client) -> Verdict:
@@ -244,18 +251,18 @@ class Admissions:
         Raises :class:`UnknownSku`, :class:`NoWaitingRoom` or :class:`UnknownTicket`."""
         info, room, signer = await self._room(sku)
         starts_ms = _ms(info.rules.starts_at)
-        pace = (room.admit_per_s, starts_ms, room.shuffle_at_start)
-        standing = await self._rooms.poll(sku, ticket, *pace)
-        if standing.status == "sold_out" and await self._window.holding(info):
+        standing = await self._rooms.poll(sku, ticket, room, starts_ms)
+        if standing.status is SOLD_OUT and await self._window.holding(info):
             # Units held for payment may come back: the line stays, let in
             # only while there is stock.
-            standing = await self._rooms.poll(sku, ticket, *pace, held=True)
-        if standing.status == "unknown":
+            held = Exhausted.HELD
+            standing = await self._rooms.poll(sku, ticket, room, starts_ms, exhausted=held)
+        if standing.status is UNKNOWN:
             raise UnknownTicket(f"no ticket {ticket!r} for sku {sku!r}")
-        if standing.status == "sold_out":
+        if standing.status is SOLD_OUT:
             return None
         self._seen(sku, standing)
-        if standing.status == "waiting":
+        if standing.status is WAITING:
             return _place(standing.position, room, starts_ms)
         # Signed from Redis's admission time, so every poll gets the same token.
         expires_ms = standing.admitted_ms + room.token_ttl_s * 1000

@@ -45,7 +45,7 @@ class Refusal(StrEnum):
     UNCHECKED = "unchecked"  # its room checks for bots, and its ticket was not checked
 
 
-def fresh_ticket(checked: bool) -> str:
+def fresh_ticket(*, checked: bool) -> str:
     """A new ticket: 64 random bits in hex, marked :data:`CHECKED` when a bot
     check passed for the join that makes it."""
     return f"{CHECKED if checked else ''}{secrets.token_hex(8)}"

@@ -31,7 +31,7 @@ from gateway.domain.model import (
 )
 from gateway.domain.payments import BuyerOrder, LatePayment, LateStatus, OrderCursor, Paying
 from gateway.domain.rules import Bucket, GateAnswer
-from gateway.domain.skus import SkuChange, SkuListing, SkuSheet, SkuState
+from gateway.domain.skus import IfMissing, SkuChange, SkuListing, SkuSheet, SkuState
 from gateway.domain.stock import OrderPage, Pending, Prior, Reply, Settlement, Snapshot, StockLoad
 
 # Names the client's address, asked only when a client rate limit applies.
@@ -433,7 +433,7 @@ class SkuRows(Protocol):
     (gateway.postgres.inventory.Inventory)."""
 
     async def change_sku(
-        self, sku: str, fields: Mapping[str, Any], *, create: bool
+        self, sku: str, fields: Mapping[str, Any], *, if_missing: IfMissing
     ) -> SkuChange | None: ...
     async def restock(self, sku: str, delta: int) -> int | None: ...
     async def archive(self, sku: str) -> tuple[datetime, bool] | None: ...

@@ -22,9 +22,13 @@ from collections.abc import Callable
 
 from gateway.domain.errors import Ended, NotStarted, RateLimited
 from gateway.domain.model import Purchase, SkuInfo
-from gateway.domain.rules import Bucket, Rate, effective
+from gateway.domain.rules import Bucket, GateDecision, Rate, effective
 from gateway.settings import Settings
 from gateway.usecases.ports import SaleGateCall
+
+PASS = GateDecision.PASS
+NOT_STARTED = GateDecision.NOT_STARTED
+ENDED = GateDecision.ENDED
 
 
 class SaleGate:
@@ -51,12 +55,14 @@ class SaleGate:
             None if address is None or client_rate is None else _bucket(f"c:{address}", client_rate)
         )
         answer = await self._gate.check(purchase, user, by_client)
-        if answer.verdict == "not_started":
+        verdict = answer.verdict
+        if verdict is PASS:
+            return
+        if verdict is NOT_STARTED:
             raise NotStarted(info.rules.window_json()["starts_at"] or "", answer.wait_ms)
-        if answer.verdict == "ended":
+        if verdict is ENDED:
             raise Ended()
-        if answer.verdict == "rate_limited":
-            raise RateLimited(answer.wait_ms)
+        raise RateLimited(answer.wait_ms)
 
 
 def _bucket(name: str, rate: Rate) -> Bucket:

@@ -32,6 +32,7 @@ import contextlib
 import contextvars
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any
 
 import structlog
@@ -42,16 +43,27 @@ from gateway.write.pace import averaged
 
 # Flushes one sku's batch; returns one result or exception per purchase, in order.
 FlushFn = Callable[[str, Sequence[Purchase]], Awaitable[Sequence[Result | BaseException]]]
-# Told that a sku's backlog has nothing left to flush, and whether the backlog goes on
-# waiting (False once closing); returns for how long the flusher keeps the sku's
-# lock if nothing arrives (the backlog calls again then), or None.
-EmptyFn = Callable[[str, bool], Awaitable[float | None]]
+
+
+class AfterEmpty(Enum):
+    """What a sku's backlog does once it ran empty, as its flusher hears it."""
+
+    # It waits for arrivals: the flusher may keep the sku's lock a while.
+    WAIT = "wait"
+    # It ends (closing), or nothing waits (a stream's writer): the lock goes now.
+    END = "end"
+
+
+# Told that a sku's backlog has nothing left to flush, and what the backlog does
+# next; returns for how long the flusher keeps the sku's lock if nothing arrives
+# (the backlog calls again then), or None.
+EmptyFn = Callable[[str, AfterEmpty], Awaitable[float | None]]
 # The calls in flight whose purchases of a sku will reach its backlog (empty: they
 # go out this loop turn), or None when none are on their way.
 OnTheWay = Callable[[str], Sequence["asyncio.Future[Any]"] | None]
 
 
-async def _no_flusher_lock(sku: str, waiting: bool) -> None:
+async def _no_flusher_lock(sku: str, after: AfterEmpty) -> None:
     """No flusher to tell: nothing to keep."""
 
 
@@ -243,7 +255,7 @@ class Batcher:
 
     async def _emptied(self, sku: str) -> float | None:
         try:
-            return await self._on_empty(sku, not self._closed)
+            return await self._on_empty(sku, AfterEmpty.END if self._closed else AfterEmpty.WAIT)
         except Exception as exc:
             # A lock release that failed in an unforeseen way (a Redis failover
             # raised one that nobody typed) must not end the backlog.

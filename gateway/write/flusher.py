@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Sequence
+from enum import Enum
 from typing import Protocol
 
 import structlog
@@ -40,6 +41,7 @@ from gateway.domain.stock import Settlement
 from gateway.lock import LockError, LockLost, LockTimeout
 from gateway.postgres.orders import BatchDecision, Orders
 from gateway.redis.reservations import Reservations
+from gateway.write.batcher import AfterEmpty
 from gateway.write.pace import averaged
 from gateway.write.sku_locks import FlushLock, SkuLocks
 
@@ -58,6 +60,19 @@ FLUSH_ATTEMPTS = 3
 # The failure reasons (see _reason) that say Redis, or the lock kept there,
 # failed under a flush: writes may have been lost (a failover).
 REDIS_REASONS = frozenset({"redis", "lock_lost", "lock_unavailable"})
+# The failures a flush expects (an outage, a lost lock): logged by their cause,
+# without a traceback; anything else is the reason "error".
+EXPECTED = (LockError, RedisError, Unavailable)
+
+
+class Answer(Enum):
+    """When :meth:`Flusher.commit` returns, against the batch's settle."""
+
+    # Once the batch is committed and settled (the queue's writers).
+    AFTER_SETTLE = "after_settle"
+    # Once committed: the buyers hear sooner, and the settle runs until the
+    # sku's next flush or its backlog running empty waits for it (the batcher).
+    BEFORE_SETTLE = "before_settle"
 
 
 class FlushObserver(Protocol):
@@ -120,19 +135,19 @@ class Flusher:
         """Commit a batch and settle its reservations; one result per purchase."""
         started = time.perf_counter()
         try:
-            decision = await self.commit(sku, batch, answer_first=True)
+            decision = await self.commit(sku, batch, answer=Answer.BEFORE_SETTLE)
         except Exception as exc:
             return await self._failed(sku, batch, exc)
         self._observer.flushed(len(batch), time.perf_counter() - started)
         return [decision.decisions[p.request_id].result for p in batch]
 
     async def commit(
-        self, sku: str, batch: Sequence[Purchase], *, answer_first: bool = False
+        self, sku: str, batch: Sequence[Purchase], *, answer: Answer = Answer.AFTER_SETTLE
     ) -> BatchDecision:
         """Commit a batch under the sku's lock and settle it; what was decided.
 
-        With ``answer_first`` it returns once committed, and the settle runs
-        until the sku's next flush or :meth:`emptied` waits for it.
+        With ``Answer.BEFORE_SETTLE`` it returns once committed, and the settle
+        runs until the sku's next flush or :meth:`emptied` waits for it.
         A fenced-out flush or a lost lock is retried under a fresh acquisition.
         Raises the last failure, and gives nothing back: :meth:`flush` does for
         the batcher, while the queue's writers keep the purchases queued.
@@ -144,7 +159,7 @@ class Flusher:
         failure: Exception = Unavailable("flush failed")
         for _ in range(FLUSH_ATTEMPTS):
             try:
-                return await self._flush_once(sku, batch, answer_first)
+                return await self._flush_once(sku, batch, answer)
             except FencedOut as exc:
                 self._observer.fenced_out()
                 failure = exc
@@ -161,12 +176,13 @@ class Flusher:
             self._on_redis_failure()
             log.warning("give_back_failed", sku=sku, size=len(batch), cause=str(exc))
 
-    async def emptied(self, sku: str, linger: bool = False) -> float | None:
+    async def emptied(self, sku: str, after: AfterEmpty = AfterEmpty.END) -> float | None:
         """The sku's backlog ran empty: settle its last batch and let other
-        instances have the lock. With ``linger`` the lock is kept when, at the
-        backlog's recent pace, its next flush is due within the slice: then the
-        answer is how long (the backlog calls again then if nothing arrived, and
-        the lock is let go); else None. In the backlog's task: the lock is its own."""
+        instances have the lock. When the backlog waits (``AfterEmpty.WAIT``) the
+        lock is kept when, at the backlog's recent pace, its next flush is due
+        within the slice: then the answer is how long (the backlog calls again
+        then if nothing arrived, and the lock is let go); else None. In the
+        backlog's task: the lock is its own."""
         again = sku in self._empty_since  # still empty since the last call
         self._empty_since.setdefault(sku, time.monotonic())
         await self._settled(sku)
@@ -175,7 +191,8 @@ class Flusher:
         if lock is None:
             return None
         taken = self._holding.get(sku)
-        if linger and not again and taken is not None and not lock.lost.is_set():
+        waits = after is AfterEmpty.WAIT
+        if waits and not again and taken is not None and not lock.lost.is_set():
             # No gap measured yet (inf): nothing says the next flush is due.
             keep = LINGER_GAPS * self._gap.get(sku, float("inf"))
             if keep < HOLD_SLICE_S - (now - taken):
@@ -197,7 +214,7 @@ class Flusher:
             size=len(batch),
             reason=reason,
             cause=repr(failure),
-            exc_info=failure if reason == "error" else None,
+            exc_info=None if isinstance(failure, EXPECTED) else failure,
         )
         if not isinstance(failure, OutcomeUnknown):
             await self.give_back(sku, batch)
@@ -205,7 +222,7 @@ class Flusher:
         return [answer] * len(batch)
 
     async def _flush_once(
-        self, sku: str, batch: Sequence[Purchase], answer_first: bool
+        self, sku: str, batch: Sequence[Purchase], answer: Answer
     ) -> BatchDecision:
         await self._settled(sku)
         lock = self._locks.get(sku)
@@ -217,7 +234,7 @@ class Flusher:
         decision: BatchDecision | None = None
         try:
             decision = await self._orders.commit_batch(sku, batch, lock.fence)
-            if answer_first:
+            if answer is Answer.BEFORE_SETTLE:
                 self._settling[sku] = asyncio.ensure_future(self._settle_held(sku, batch, decision))
                 return decision
             # Settled under the lock, so the ledger and the database stock it
@@ -314,4 +331,4 @@ def _reason(exc: BaseException) -> str:
         return "redis"
     if isinstance(exc, Unavailable):
         return exc.reason
-    return "error"
+    return "error"  # not EXPECTED

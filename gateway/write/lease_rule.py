@@ -88,8 +88,8 @@ class _Watched:
     def __init__(self, inner: LockMetrics, sku: str, rule: LeaseRule) -> None:
         self._inner, self._sku, self._rule = inner, sku, rule
 
-    def acquired(self, wait_s: float, contended: bool) -> None:
-        self._inner.acquired(wait_s, contended)
+    def acquired(self, wait_s: float, *, contended: bool) -> None:
+        self._inner.acquired(wait_s, contended=contended)
 
     def released(self, held_s: float) -> None:
         self._inner.released(held_s)

@@ -19,7 +19,7 @@ import asyncpg
 from gateway.lock import LockMetrics, LockSubscriber, PgAdvisoryLock, RedisLock
 from gateway.redis.connections import RedisClient
 from gateway.redis.layout import lock_key
-from gateway.settings import Settings
+from gateway.settings import LockFamily, Settings
 from gateway.write.lease_rule import LeaseRule
 
 if TYPE_CHECKING:
@@ -53,7 +53,7 @@ class FlushLock(Protocol):
 class SkuLocks:
     """One flush lock object per sku, of one family, or none at all."""
 
-    def __init__(self, family: str, wait_s: float, make: _Maker | None) -> None:
+    def __init__(self, family: LockFamily, wait_s: float, make: _Maker | None) -> None:
         self.family = family
         # How long a flush, an admin change or the reconciler waits for the lock.
         self.wait_s = wait_s
@@ -116,10 +116,10 @@ def sku_locks(
         watched = rule.metrics_for(sku, metrics)
         return ZooKeeperLock(zookeeper, lock_key(prefix, sku), lease=lease, metrics=watched)
 
-    makers: dict[str, _Maker | None] = {
-        "redis": redis_lock,
-        "postgres": pg_lock,
-        "zookeeper": zk_lock,
-        "none": None,
+    makers: dict[LockFamily, _Maker | None] = {
+        LockFamily.REDIS: redis_lock,
+        LockFamily.POSTGRES: pg_lock,
+        LockFamily.ZOOKEEPER: zk_lock,
+        LockFamily.NONE: None,
     }
     return SkuLocks(settings.flush_lock, lease, makers[settings.flush_lock])

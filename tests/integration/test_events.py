@@ -18,7 +18,8 @@ from typing import Any
 import asyncpg
 from redis.asyncio import Redis
 
-from gateway.domain.events import OrderEvent
+from gateway.domain.events import EventType, OrderEvent
+from gateway.domain.model import Cause, OrderStatus
 from gateway.outbound.webhook import SIGNATURE_HEADER, signature
 from testkit.order_events import check_arrivals
 from testkit.order_lifecycle import PAY_HEADERS, cancel, pay, put_window, refund, start
@@ -306,9 +307,9 @@ class TestFieldsRenderedByPostgres:
         pay_by = datetime.fromisoformat("2026-12-31T23:59:59.999999-08:00")
         cases: list[dict[str, Any]] = [
             {},
-            {"pay_by": pay_by, "cause": "buyer"},
-            {"payment_id": "pi_3Oq", "reason": "no longer wanted", "cause": "admin"},
-            {"payment_id": "pi_x", "pay_by": pay_by, "reason": "expired", "cause": "sweep"},
+            {"pay_by": pay_by, "cause": Cause.BUYER},
+            {"payment_id": "pi_3Oq", "reason": "no longer wanted", "cause": Cause.ADMIN},
+            {"payment_id": "pi_x", "pay_by": pay_by, "reason": "expired", "cause": Cause.SWEEP},
         ]
         rolled_back = con.transaction()  # no sink is ever owed these
         await rolled_back.start()
@@ -316,13 +317,13 @@ class TestFieldsRenderedByPostgres:
             for n, extra in enumerate(cases):
                 values: dict[str, Any] = {
                     "event_id": str(uuid.uuid4()),
-                    "type": "order.paid",
+                    "type": EventType.ORDER_PAID,
                     "order_id": str(uuid.uuid4()),
                     "request_id": f"r{n}",
                     "sku": "sku-rendered",
                     "user_id": f"u{n}",
                     "qty": 3,
-                    "status": "paid",
+                    "status": OrderStatus.PAID,
                     "version": 2,
                     "occurred_at": occurred,
                     **extra,

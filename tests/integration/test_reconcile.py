@@ -11,7 +11,7 @@ from structlog.contextvars import merge_contextvars
 from structlog.testing import capture_logs
 
 from gateway.domain.model import Purchase, SkuInfo
-from gateway.domain.stock import Pending
+from gateway.domain.stock import Pending, ReplyKind
 from gateway.http.appkeys import BATCHER, ORDERS, RESERVATIONS, SETTINGS
 from gateway.redis.layout import SkuKeys, encode_pending
 from testkit.metrics import samples
@@ -33,7 +33,7 @@ async def crash_leftovers(client: Any, sku: str, database_url: str) -> None:
     for user in ("a", "b"):
         rid = f"{sku}.ghost-{user}"
         reply = await reservations.reserve(Purchase(sku, user, 1, rid), SkuInfo(sku, 1))
-        assert reply.kind == "ok"
+        assert reply.kind is ReplyKind.OK
         # reserve.lua stamps with Redis's clock: backdate the ledger entry.
         old = encode_pending(Pending(rid, user, 1, LONG_AGO_MS))
         await reservations.redis.hset(SkuKeys.of(key_prefix_of(client), sku).pending, rid, old)

@@ -20,7 +20,7 @@ import pytest
 from redis.asyncio import Redis
 from redis.backoff import ConstantBackoff
 
-from gateway.domain.events import OrderEvent
+from gateway.domain.events import OrderEvent, SinkName
 from gateway.postgres.outbox import Outbox
 from gateway.postgres.retention import Retention
 from gateway.redis.event_stream import SKEW_MARGIN_S, EventStream
@@ -39,7 +39,7 @@ class Recorder:
 
     def __init__(
         self,
-        name: str = "stream",
+        name: SinkName = SinkName.STREAM,
         max_age_s: float | None = None,
         taken: list[OrderEvent] | None = None,
     ) -> None:
@@ -200,7 +200,7 @@ class TestDeadLetters:
         alias of ``--redeliver``) makes it due again, and once the sink takes it
         ``events`` lists nothing, exit 0; an event id the outbox does not hold is
         exit 1."""
-        sink = Recorder(name="webhook", max_age_s=0.2)
+        sink = Recorder(name=SinkName.WEBHOOK, max_age_s=0.2)
         sink.refuse = lambda e, attempt: True
         r = relay(pool, sink)
         await r.register()

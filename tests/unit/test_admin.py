@@ -15,7 +15,7 @@ import pytest
 
 from gateway.domain.errors import UnknownSku
 from gateway.domain.model import Display, LimitGroup, SkuInfo, SkuSettings, Strategy
-from gateway.domain.skus import SkuChange, SkuListing, SkuSheet
+from gateway.domain.skus import IfMissing, SkuChange, SkuListing, SkuSheet
 from gateway.domain.stock import StockLoad
 from gateway.settings import Settings
 from gateway.usecases.admin import StockAdmin
@@ -39,14 +39,14 @@ class Rows:
         return None if found is None or sku in self.archived else found.info(sku)
 
     async def change_sku(
-        self, sku: str, fields: Mapping[str, Any], *, create: bool
+        self, sku: str, fields: Mapping[str, Any], *, if_missing: IfMissing
     ) -> SkuChange | None:
         before = self.skus.get(sku)
-        if before is None and not create:
+        if before is None and if_missing is IfMissing.REFUSE:
             return None
         after = replace(before or SkuSettings(), **fields)
         self.skus[sku] = after
-        unarchived = create and sku in self.archived
+        unarchived = if_missing is IfMissing.CREATE and sku in self.archived
         self.archived.discard(sku)
         return SkuChange(before, after, unarchived)
 
@@ -151,7 +151,7 @@ class TestChanges:
         flagged, and clears this instance's sold-out mark."""
         world.redis.reserve("r-1", 2)
         world.soldout.mark(SKU, world.soldout.generation(SKU), ConfirmedIds(0))
-        answer, done = await world.admin.change_sku(SKU, {"stock": 20}, create=False)
+        answer, done = await world.admin.change_sku(SKU, {"stock": 20}, if_missing=IfMissing.REFUSE)
         assert world.redis.loads == [(SKU, 20, StockLoad.RESET)]
         assert (answer["redis_stock"], answer["stock"]) == (18, 20)
         assert done == {"sku": SKU, "created": False, "set": {"stock": [10, 20]}}
@@ -160,7 +160,9 @@ class TestChanges:
 
     async def test_a_sku_created_loads_a_fresh_counter(self, world: World) -> None:
         """A PUT of a new sku loads its counter FRESH: no orders to rebuild."""
-        answer, done = await world.admin.change_sku("new", {"stock": 5}, create=True)
+        answer, done = await world.admin.change_sku(
+            "new", {"stock": 5}, if_missing=IfMissing.CREATE
+        )
         assert world.redis.loads == [("new", 5, StockLoad.FRESH)]
         assert (answer["redis_stock"], done["created"], world.rebuilds.started) == (5, True, [])
 
@@ -168,7 +170,7 @@ class TestChanges:
         """Moved to a strategy that decides in PostgreSQL alone, the sku's counter
         goes and nothing is loaded; a restock then touches the database alone."""
         answer, _ = await world.admin.change_sku(
-            SKU, {"strategy": Strategy.SQL_DIRECT}, create=False
+            SKU, {"strategy": Strategy.SQL_DIRECT}, if_missing=IfMissing.REFUSE
         )
         assert (answer["strategy"], answer["redis_stock"]) == ("sql-direct", None)
         assert SKU not in world.redis.counters
@@ -180,7 +182,7 @@ class TestChanges:
         """A PATCH, a restock and a report of a sku that does not exist raise
         UnknownSku, and Redis is not touched."""
         with pytest.raises(UnknownSku):
-            await world.admin.change_sku("nope", {"stock": 1}, create=False)
+            await world.admin.change_sku("nope", {"stock": 1}, if_missing=IfMissing.REFUSE)
         with pytest.raises(UnknownSku):
             await world.admin.restock("nope", 1)
         with pytest.raises(UnknownSku):
@@ -206,7 +208,7 @@ class TestArchive:
         again, done = await world.admin.archive(SKU)
         assert (again, done) == (answer, {"sku": SKU, "archived": False})
         assert world.redis.counters[SKU] == 0
-        _, listed = await world.admin.change_sku(SKU, {"stock": 4}, create=True)
+        _, listed = await world.admin.change_sku(SKU, {"stock": 4}, if_missing=IfMissing.CREATE)
         assert listed["unarchived"] is True
 
     async def test_an_unknown_sku_cannot_be_archived(self, world: World) -> None:

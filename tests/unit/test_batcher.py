@@ -12,7 +12,7 @@ import pytest
 
 from gateway.domain.errors import ShuttingDown, Unavailable
 from gateway.domain.model import SOLD_OUT, Purchase, Result
-from gateway.write.batcher import Batcher
+from gateway.write.batcher import AfterEmpty, Batcher
 from testkit.polling import wait_for
 
 
@@ -137,7 +137,7 @@ async def test_the_flusher_hears_when_a_backlog_runs_empty() -> None:
     """on_empty is called for a sku once its backlog has nothing left to flush."""
     emptied: list[str] = []
 
-    async def on_empty(sku: str, linger: bool) -> None:
+    async def on_empty(sku: str, after: AfterEmpty) -> None:
         emptied.append(sku)
 
     batcher = Batcher(Recorder(), batch_max=4, batch_wait_s=0.0, backlog_max=100, on_empty=on_empty)
@@ -180,7 +180,7 @@ async def test_a_failing_empty_call_does_not_end_the_backlog() -> None:
     flush = Recorder()
     empty_calls: list[str] = []
 
-    async def emptied(sku: str, linger: bool) -> None:
+    async def emptied(sku: str, after: AfterEmpty) -> None:
         empty_calls.append(sku)
         if len(empty_calls) == 1:
             raise RuntimeError("unable to perform operation on <TCPTransport closed=True>")
@@ -198,18 +198,18 @@ async def test_the_backlog_calls_again_when_the_flusher_keeps_the_lock() -> None
     """A flusher that keeps the sku's lock through an empty backlog says for how
     long; with nothing arriving the backlog calls it again then (the lock is let
     go in the backlog's own task), and on close it is told the backlog stops."""
-    calls: list[bool] = []
+    calls: list[AfterEmpty] = []
 
-    async def emptied(sku: str, linger: bool) -> float | None:
-        calls.append(linger)
-        return 0.01 if linger and len(calls) == 1 else None
+    async def emptied(sku: str, after: AfterEmpty) -> float | None:
+        calls.append(after)
+        return 0.01 if after is AfterEmpty.WAIT and len(calls) == 1 else None
 
     batcher = Batcher(Recorder(), batch_max=4, batch_wait_s=0, backlog_max=100, on_empty=emptied)
     assert await batcher.submit(purchase(1)) == SOLD_OUT
     await wait_for(lambda: len(calls) >= 2, within=5, what="the second empty call")
-    assert calls[:2] == [True, True]
+    assert calls[:2] == [AfterEmpty.WAIT, AfterEmpty.WAIT]
     await batcher.close()
-    assert calls[-1] is False
+    assert calls[-1] is AfterEmpty.END
 
 
 @pytest.mark.parametrize("close_inside", [False, True])
@@ -217,21 +217,21 @@ async def test_closing_while_the_lock_is_kept_lets_it_go(close_inside: bool) -> 
     """Closing a backlog whose flusher keeps the lock for a long while ends the
     backlog after telling the flusher, which lets go, not after the while; also
     when the closing began while the flusher was deciding to keep it."""
-    calls: list[bool] = []
+    calls: list[AfterEmpty] = []
     closing: list[asyncio.Future[None]] = []
 
-    async def emptied(sku: str, linger: bool) -> float | None:
-        calls.append(linger)
+    async def emptied(sku: str, after: AfterEmpty) -> float | None:
+        calls.append(after)
         if close_inside and not closing:
             closing.append(asyncio.ensure_future(batcher.close()))
             await asyncio.sleep(0)  # the close begins
-        return 60.0 if linger else None
+        return 60.0 if after is AfterEmpty.WAIT else None
 
     batcher = Batcher(Recorder(), batch_max=4, batch_wait_s=0, backlog_max=100, on_empty=emptied)
     assert await batcher.submit(purchase(1)) == SOLD_OUT
     await wait_for(lambda: calls, within=5, what="the backlog ran empty")
     await asyncio.wait_for(closing[0] if closing else batcher.close(), 5)
-    assert calls == [True, False]
+    assert calls == [AfterEmpty.WAIT, AfterEmpty.END]
 
 
 class OnTheWay:

@@ -20,7 +20,7 @@ from gateway.domain.errors import (
     Unavailable,
 )
 from gateway.domain.model import Outcome, Purchase, Result, SkuInfo, WaitingRoom
-from gateway.domain.rooms import Standing
+from gateway.domain.rooms import Exhausted, Standing, StandingStatus
 from gateway.usecases.admission import Admissions
 from gateway.usecases.admission_tokens import CHECKED, Signer
 from gateway.usecases.ports import NO_BOT_CHECK, BotCheck, Client
@@ -68,35 +68,35 @@ class Store:
         fresh_ticket: str,
         starts_ms: int,
         token_ttl_ms: int,
-        held: bool = False,
         *,
+        exhausted: Exhausted = Exhausted.SOLD_OUT,
         bot_check: bool = False,
         bot_passed: str | None = None,
     ) -> Standing:
         self.joins.append((bot_check, bot_passed))
         if self.sold_out:
-            return Standing("sold_out")
+            return Standing(StandingStatus.SOLD_OUT)
         ticket = self.tickets.get(user_id)
         if ticket is not None and bot_check and not ticket.startswith(CHECKED):
             ticket = None
         if ticket is None:
             if bot_check and bot_passed is None:
-                return Standing("bot_check")
+                return Standing(StandingStatus.BOT_CHECK)
             if bot_check and bot_passed is not None:
                 if bot_passed in self.claimed:
-                    return Standing("reused")
+                    return Standing(StandingStatus.REUSED)
                 self.claimed.add(bot_passed)
             ticket = self.tickets[user_id] = fresh_ticket
-        return Standing("waiting", ticket, user_id, position=len(self.tickets))
+        return Standing(StandingStatus.WAITING, ticket, user_id, position=len(self.tickets))
 
     async def poll(
         self,
         sku: str,
         ticket: str,
-        admit_per_s: int,
+        room: WaitingRoom,
         starts_ms: int,
-        shuffle: bool,
-        held: bool = False,
+        *,
+        exhausted: Exhausted = Exhausted.SOLD_OUT,
     ) -> Standing:
         raise AssertionError("not polled here")
 

@@ -70,7 +70,7 @@ def test_the_sku_metrics_pass_everything_on_and_report_holds() -> None:
     rule = LeaseRule(0.3, clock=Clock())
     watched = rule.metrics_for("a", inner)
     with capture_logs() as logs:
-        watched.acquired(0.5, True)
+        watched.acquired(0.5, contended=True)
         watched.timed_out()
         watched.renewed()
         watched.renewal_failed()

@@ -26,7 +26,7 @@ from gateway.domain.model import (
     SkuInfo,
     Strategy,
 )
-from gateway.domain.stock import Prior, Reply, StockLoad
+from gateway.domain.stock import Prior, Reply, ReplyKind, StockLoad
 from gateway.usecases.deductions import Deductions
 from gateway.usecases.doubt import RedisDoubt
 from gateway.usecases.lifecycle import HeldUnits, PaymentWindow
@@ -256,7 +256,7 @@ class TestInStock:
     async def test_a_reserved_purchase_goes_to_the_batch_stamped_by_redis(self) -> None:
         """In stock: one reserve.lua call, then the batch, whose answer is the
         client's (201); the purchase carries Redis's stamp, and PostgreSQL is not asked."""
-        world = World(Reply("ok", reserved_at_ms=123))
+        world = World(Reply(ReplyKind.OK, reserved_at_ms=123))
         result = await world.buy()
         assert result.outcome is Outcome.CONFIRMED
         [(script, _, verified)] = world.redis.calls
@@ -267,7 +267,7 @@ class TestInStock:
 
     async def test_a_purchase_without_a_request_id_is_given_one(self) -> None:
         """A purchase the client sent no request id for is reserved under a new one."""
-        world = World(Reply("ok", reserved_at_ms=1))
+        world = World(Reply(ReplyKind.OK, reserved_at_ms=1))
         result = await world.buy(request_id="")
         assert result.order is not None and result.order.request_id
         assert world.batcher.submitted[0].request_id == result.order.request_id
@@ -275,7 +275,7 @@ class TestInStock:
     async def test_a_reservation_made_while_draining_goes_back(self) -> None:
         """Draining began while Redis reserved: the reservation is given back and
         the client told 503 (ShuttingDown)."""
-        world = World(Reply("ok", reserved_at_ms=1))
+        world = World(Reply(ReplyKind.OK, reserved_at_ms=1))
         world.batcher.closing = True
         with pytest.raises(ShuttingDown):
             await world.buy()
@@ -305,13 +305,13 @@ class TestSoldOut:
     async def test_redis_exhausted_starts_the_mark(self) -> None:
         """reserve.lua's exhausted sold out is the client's answer, and starts the
         sku's in-process mark."""
-        world = World(Reply("sold_out", exhausted=True))
+        world = World(Reply(ReplyKind.SOLD_OUT, exhausted=True))
         assert await world.buy() is SOLD_OUT
         assert world.recorder.marked == [(SKU, False)]
 
     async def test_sold_out_with_stock_pending_is_not_marked(self) -> None:
         """A sold out with reservations pending (they may come back) marks nothing."""
-        world = World(Reply("sold_out"))
+        world = World(Reply(ReplyKind.SOLD_OUT))
         assert await world.buy() is SOLD_OUT
         assert world.recorder.marked == []
 
@@ -332,7 +332,7 @@ class TestPaymentWindow:
         """Redis's done record has no pay_by: a replay is answered from its order
         row, as its 201 was."""
         pending = replace(ORDER, status=OrderStatus.PENDING_PAYMENT, pay_by="2030-01-01T00:01:00Z")
-        world = World(Reply("confirmed", order=ORDER), window_s=60)
+        world = World(Reply(ReplyKind.CONFIRMED, order=ORDER), window_s=60)
         world.postgres.orders[RID] = pending
         result = await world.buy()
         assert result.order is not None
@@ -341,7 +341,7 @@ class TestPaymentWindow:
     async def test_a_flushed_purchase_and_a_sku_without_a_window_ask_nothing_more(self) -> None:
         """The batch's 201 carries its pay_by already, and a sku without a window
         is never asked about units held: no query either way."""
-        world = World(Reply("ok", reserved_at_ms=1), window_s=60)
+        world = World(Reply(ReplyKind.OK, reserved_at_ms=1), window_s=60)
         assert (await world.buy()).outcome is Outcome.CONFIRMED
         plain = World()
         plain.mark_sold_out()
@@ -373,7 +373,7 @@ class TestReplay:
 
     async def test_redis_answers_a_replay_it_confirmed(self) -> None:
         """reserve.lua's "confirmed" is the replay's order, and nothing is batched."""
-        world = World(Reply("confirmed", order=ORDER))
+        world = World(Reply(ReplyKind.CONFIRMED, order=ORDER))
         assert await world.buy() == CONFIRMED
         assert world.batcher.submitted == []
 
@@ -385,10 +385,10 @@ class TestRebuild:
         """Two purchases that find the counter missing cost one reload from
         PostgreSQL, which starts the rebuild and is counted; then both reserve."""
         world = World(
-            Reply("missing"),
-            Reply("missing"),
-            Reply("ok", reserved_at_ms=1),
-            Reply("ok", reserved_at_ms=2),
+            Reply(ReplyKind.MISSING),
+            Reply(ReplyKind.MISSING),
+            Reply(ReplyKind.OK, reserved_at_ms=1),
+            Reply(ReplyKind.OK, reserved_at_ms=2),
         )
         results = await asyncio.gather(world.buy("r1"), world.buy("r2"))
         assert [r.outcome for r in results] == [Outcome.CONFIRMED] * 2
@@ -399,7 +399,7 @@ class TestRebuild:
         """reserve.lua says "unverified" (the hashes are rebuilt, their lease
         orphaned): the rebuild is taken over, and PostgreSQL's order answers the
         replay with no second reserve.lua call."""
-        world = World(Reply("unverified", orphaned=True))
+        world = World(Reply(ReplyKind.UNVERIFIED, orphaned=True))
         world.postgres.orders[RID] = ORDER
         assert await world.buy() == CONFIRMED
         assert world.recorder.rebuilt == [SKU]
@@ -407,7 +407,7 @@ class TestRebuild:
 
     async def test_a_repeat_buyer_while_rebuilt_is_a_duplicate(self) -> None:
         """While rebuilt, a buyer PostgreSQL knows bought the sku gets "duplicate"."""
-        world = World(Reply("unverified"))
+        world = World(Reply(ReplyKind.UNVERIFIED))
         world.postgres.buyers.add("alice")
         assert await world.buy() is DUPLICATE
 
@@ -416,7 +416,9 @@ class TestRebuild:
         verified; the next one within the recheck goes to PostgreSQL first, with
         one reserve.lua call."""
         world = World(
-            Reply("unverified"), Reply("ok", reserved_at_ms=1), Reply("ok", reserved_at_ms=2)
+            Reply(ReplyKind.UNVERIFIED),
+            Reply(ReplyKind.OK, reserved_at_ms=1),
+            Reply(ReplyKind.OK, reserved_at_ms=2),
         )
         await world.buy("r1")
         await world.buy("r2")
@@ -430,7 +432,7 @@ class TestRebuild:
     async def test_settled_while_rebuilt_marks_at_once_and_looks_up(self) -> None:
         """Sold out for good while rebuilt: the sku is marked at once without its
         filter, and the request id looked up in PostgreSQL's orders."""
-        world = World(Reply("unverified", exhausted=True))
+        world = World(Reply(ReplyKind.UNVERIFIED, exhausted=True))
         assert await world.buy() is SOLD_OUT
         assert world.recorder.marked == [(SKU, True)]
         assert world.postgres.asked == ["order"]
@@ -449,7 +451,7 @@ class TestDoubt:
     async def test_a_doubted_sold_out_is_arbitrated_in_postgres(self) -> None:
         """After Redis failed, a sold out to a request id the client sent is
         arbitrated in PostgreSQL, whose order wins over Redis's sold out."""
-        world = World(Reply("sold_out"))
+        world = World(Reply(ReplyKind.SOLD_OUT))
         world.doubt.failed()
         world.postgres.orders[RID] = ORDER
         assert await world.buy() == CONFIRMED
@@ -458,7 +460,7 @@ class TestDoubt:
     async def test_a_doubted_sold_out_without_a_request_id_is_final(self) -> None:
         """A purchase without a client's request id cannot be a replay: sold out,
         doubt or not, with no arbitration."""
-        world = World(Reply("sold_out"))
+        world = World(Reply(ReplyKind.SOLD_OUT))
         world.doubt.failed()
         assert await world.buy(request_id="") is SOLD_OUT
         assert world.postgres.asked == []
@@ -480,7 +482,7 @@ class TestQueue:
     async def test_a_queued_purchase_is_accepted_and_remembered(self) -> None:
         """On the queue strategy a purchase goes to enqueue.lua, not to the
         batch: 202 with its request id, remembered with its buyer for its status."""
-        world = World(Reply("ok", reserved_at_ms=1), strategy=Strategy.QUEUE)
+        world = World(Reply(ReplyKind.OK, reserved_at_ms=1), strategy=Strategy.QUEUE)
         result = await world.buy()
         assert result == Result(Outcome.ACCEPTED, request_id=RID)
         assert world.redis.calls[0][0] == "enqueue"
@@ -489,7 +491,7 @@ class TestQueue:
 
     async def test_a_full_stream_is_a_counted_503(self) -> None:
         """A full stream answers 503, counted as shed, and remembers nothing."""
-        world = World(Reply("busy"), strategy=Strategy.QUEUE)
+        world = World(Reply(ReplyKind.BUSY), strategy=Strategy.QUEUE)
         with pytest.raises(Unavailable):
             await world.buy()
         assert (world.recorder.shed, world.recorder.remembered) == (1, [])

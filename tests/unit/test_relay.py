@@ -16,7 +16,8 @@ import pytest
 from redis.backoff import ExponentialBackoff
 from structlog.testing import capture_logs
 
-from gateway.domain.events import OrderEvent, SinkStats
+from gateway.domain.events import EventType, OrderEvent, SinkName, SinkStats
+from gateway.domain.model import OrderStatus
 from gateway.lock.backoff import pause
 from gateway.usecases.relay import Relay
 from testkit.order_events import Observed
@@ -109,7 +110,7 @@ class FakeSink:
     """A sink that takes what ``refuse`` lets through, and remembers the order."""
 
     refuse: Callable[[OrderEvent, int], str | None] = lambda event, attempt: None
-    name: str = "stream"
+    name: SinkName = SinkName.STREAM
     max_age_s: float | None = None
     taken: list[OrderEvent] = field(default_factory=list)
     tries: dict[int, int] = field(default_factory=dict)
@@ -130,13 +131,13 @@ def event(seq: int, order: str, version: int, age_s: float = 0.0) -> OrderEvent:
     return OrderEvent.of(
         seq,
         event_id=f"e{seq}",
-        type="order.paid",
+        type=EventType.ORDER_PAID,
         order_id=order,
         request_id=f"r-{order}",
         sku="sku",
         user_id=f"u-{order}",
         qty=1,
-        status="paid",
+        status=OrderStatus.PAID,
         version=version,
         occurred_at=START - timedelta(seconds=age_s),
     )
