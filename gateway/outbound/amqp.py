@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from urllib.parse import urlsplit
 
 import aio_pika
+import orjson
 from aio_pika.abc import AbstractExchange, AbstractRobustConnection
 from aio_pika.exceptions import (
     CONNECTION_EXCEPTIONS,
@@ -96,9 +97,12 @@ class AmqpSink:
         return await asyncio.gather(*(self._publish(event) for event in events))
 
     async def _publish(self, event: OrderEvent) -> str | None:
-        kind = event.type.value  # the routing key and the message's type, as plain text
+        payload = event.payload()
+        # The routing key and the message's type: the event's type as sent, even
+        # one a newer release writes that this one has no member for.
+        kind = str(payload["type"])
         message = aio_pika.Message(
-            event.body(),
+            orjson.dumps(payload),
             content_type="application/json",
             delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
             message_id=event.event_id,
