@@ -13,6 +13,7 @@ status) or when its budget (attempts and seconds) runs out, and then counts as
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import random
 import time
@@ -153,6 +154,7 @@ class LoadDriver:
         run_id: str | None = None,
         start_spread_s: float = 0.0,
         seed: int | None = None,
+        hurry: asyncio.Event | None = None,
     ) -> None:
         if not urls:
             raise ValueError("no gateway urls")
@@ -163,6 +165,8 @@ class LoadDriver:
         self.policy = policy or ClientPolicy()
         self.run_id = run_id or uuid.uuid4().hex[:8]
         self.start_spread_s = start_spread_s
+        # Once set, a client still waiting out its start in the spread starts at once.
+        self.hurry = hurry
         self._random = random.Random(seed)
         self._t0 = 0.0
 
@@ -185,7 +189,7 @@ class LoadDriver:
         record = ClientRecord(user, self.request_id(user), self.qty)
         body = {"sku": self.sku, "user_id": user, "qty": self.qty, "request_id": record.request_id}
         if self.start_spread_s:
-            await asyncio.sleep(self._random.uniform(0, self.start_spread_s))
+            await self._arrive(self._random.uniform(0, self.start_spread_s))
         deadline = time.monotonic() + self.policy.budget_s
         instance = index % len(self.urls)
         for _ in range(self.policy.max_attempts):
@@ -201,6 +205,14 @@ class LoadDriver:
                 instance = (instance + 1) % len(self.urls)
             await asyncio.sleep(step.pause_s)
         return record
+
+    async def _arrive(self, delay_s: float) -> None:
+        """Wait ``delay_s``, or until :attr:`hurry` is set, whichever comes first."""
+        if self.hurry is None:
+            await asyncio.sleep(delay_s)
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.hurry.wait(), delay_s)
 
     async def _attempt(
         self, http: aiohttp.ClientSession, instance: int, body: dict[str, Any]

@@ -32,7 +32,9 @@ from testkit.services import REDIS_URL
 # Longer than HAProxy needs to take a gateway out (fall 2, inter 1s).
 LAME_DUCK_S = 3
 # Buyers arrive for 45 s and the stock lasts about 27 s of them: both restarts
-# (about 8 s each) fall inside the sale.
+# (about 8 s each) fall inside the sale. Once both are done, the buyers not yet
+# arrived come at once (the driver's hurry): the sale ends with the restarts,
+# not 45 s after its start.
 STOCK, BUYERS, SPREAD_S = 300, 500, 45.0
 
 # A loopback address outside the trusted proxies (127.0.0.1/32), for a buyer.
@@ -102,20 +104,29 @@ class TestRollingRestart:
     async def test_rolling_restart_mid_storm(self, topology: Topology, database_url: str) -> None:
         """500 buyers for 300 units arrive over 45 s through HAProxy, retrying with
         their request id; meanwhile each gateway in turn gets SIGTERM, leaves the
-        rotation through its /readyz while still serving, exits 0, and comes back.
+        rotation through its /readyz while still serving, exits 0, and comes back
+        (then the buyers yet to arrive come at once).
         Every buyer ends 201 or 409 sold out, every 503 carried Retry-After, exactly
         the stock is sold, and the audit is clean."""
         cluster, proxy = topology
         sku = f"sku-{cluster.key_prefix}"
         await cluster.put_sku(sku, STOCK)
         policy = ClientPolicy(max_attempts=100, budget_s=90.0, attempt_timeout_s=20.0)
+        restarted = asyncio.Event()
         driver = LoadDriver(
-            [proxy.url], sku, users=BUYERS, policy=policy, start_spread_s=SPREAD_S, seed=11
+            [proxy.url],
+            sku,
+            users=BUYERS,
+            policy=policy,
+            start_spread_s=SPREAD_S,
+            seed=11,
+            hurry=restarted,
         )
         sale = asyncio.create_task(driver.run())
         await wait_for(lambda: _sold(database_url, sku), within=30, what="first orders")
         seen = await _rolling_restart(cluster, proxy)
         sold_when_restarted = await _sold(database_url, sku)
+        restarted.set()
         summary = await sale
         context = f"{summary.counts_text()} {summary.attempts_by()}\n{proxy.log_tail()}"
         assert seen == ["gw1 down while running=True", "gw2 down while running=True"]

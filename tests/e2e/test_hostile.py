@@ -5,12 +5,15 @@ admin tokens come from a file that is re-read on change."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
 import pytest
+import pytest_asyncio
 
 from gateway.http.admin_tokens import fingerprint
 from testkit.gateways import GatewayCluster
@@ -26,14 +29,19 @@ MAX_CONNECTIONS = 6
 DROPPED_WITHIN = READ_TIMEOUT_S + 8
 
 
-@pytest.fixture
-async def gateway(
-    database_url: str, key_prefix: str, tmp_path: Path
+def tokens_file(folder: Path) -> Path:
+    """``folder``'s admin-tokens file, holding one token."""
+    tokens = folder / "admin-tokens"
+    tokens.write_text("# current\nfile-token-one\n")
+    return tokens
+
+
+@contextlib.asynccontextmanager
+async def hostile_gateway(
+    database_url: str, key_prefix: str, tokens: Path
 ) -> AsyncIterator[GatewayCluster]:
     """One gateway process with a short read deadline and a small connection cap,
-    its admin tokens in a file (besides GATEWAY_ADMIN_TOKEN)."""
-    tokens = tmp_path / "admin-tokens"
-    tokens.write_text("# current\nfile-token-one\n")
+    its admin tokens in the file ``tokens`` (besides GATEWAY_ADMIN_TOKEN)."""
     async with GatewayCluster(
         1,
         redis_url=REDIS_URL,
@@ -45,6 +53,29 @@ async def gateway(
             "admin_token_file": str(tokens),
         },
     ) as cluster:
+        yield cluster
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def gateway(
+    database_url: str, run_id: str, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[GatewayCluster]:
+    """The hostile gateway of the module's tests that open a connection or two
+    each, which the gateway or the test closes, and change nothing: one process
+    for them all (a start is 1.5-2 s). The lag check runs once, at the end."""
+    tokens = tokens_file(tmp_path_factory.mktemp("hostile"))
+    async with hostile_gateway(database_url, f"t{run_id}{uuid.uuid4().hex[:6]}", tokens) as cluster:
+        yield cluster
+
+
+@pytest.fixture
+async def own_gateway(
+    database_url: str, key_prefix: str, tmp_path: Path
+) -> AsyncIterator[GatewayCluster]:
+    """A hostile gateway of the test's own: for a test that counts the open
+    connections (another test's last one may not be closed yet) or rewrites the
+    tokens file."""
+    async with hostile_gateway(database_url, key_prefix, tokens_file(tmp_path)) as cluster:
         yield cluster
 
 
@@ -152,16 +183,16 @@ class TestConnectionCap:
     """At most GATEWAY_MAX_CONNECTIONS open connections per process."""
 
     async def test_connections_beyond_the_cap_get_503_and_a_close(
-        self, gateway: GatewayCluster
+        self, own_gateway: GatewayCluster
     ) -> None:
         """With the cap's worth of connections open, the next one is answered 503 at
         once and closed; when one closes, a new connection is served again."""
-        held = [await connect(gateway) for _ in range(MAX_CONNECTIONS)]
+        held = [await connect(own_gateway) for _ in range(MAX_CONNECTIONS)]
         for reader, writer in held:
             writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
             await writer.drain()
             assert b" 200 " in await asyncio.wait_for(reader.readline(), 5)
-        reader, writer = await connect(gateway)
+        reader, writer = await connect(own_gateway)
         status, body = await response(reader, 5)
         assert (status, body) == (503, {"error": "unavailable"})
         writer.close()
@@ -170,7 +201,7 @@ class TestConnectionCap:
         async def served() -> bool:
             async with (
                 aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2)) as http,
-                http.get(f"{gateway[0].url}/healthz") as resp,
+                http.get(f"{own_gateway[0].url}/healthz") as resp,
             ):
                 return resp.status == 200
 
@@ -179,7 +210,7 @@ class TestConnectionCap:
             w.close()
         async with (
             aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as http,
-            http.get(f"{gateway[0].url}/metrics") as resp,
+            http.get(f"{own_gateway[0].url}/metrics") as resp,
         ):
             assert metric(samples(await resp.text()), "flashsale_connections_refused_total") >= 1
 
@@ -187,11 +218,13 @@ class TestConnectionCap:
 class TestAdminTokenFile:
     """GATEWAY_ADMIN_TOKEN_FILE: every line a token, re-read when it changes."""
 
-    async def test_rotation_through_the_file(self, gateway: GatewayCluster, tmp_path: Path) -> None:
+    async def test_rotation_through_the_file(
+        self, own_gateway: GatewayCluster, tmp_path: Path
+    ) -> None:
         """The file's token works beside GATEWAY_ADMIN_TOKEN; after the file is
         rewritten with two new tokens the old one is refused and both new ones work;
         each change is logged with the token's fingerprint, never the token."""
-        url = f"{gateway[0].url}/admin/skus/rot"
+        url = f"{own_gateway[0].url}/admin/skus/rot"
 
         async def put(token: str) -> int:
             headers = {"Authorization": f"Bearer {token}"}
@@ -202,14 +235,19 @@ class TestAdminTokenFile:
                 return resp.status
 
         assert await put("file-token-one") == 200
-        assert await put(gateway.admin_token) == 200
+        assert await put(own_gateway.admin_token) == 200
         (tmp_path / "admin-tokens").write_text("file-token-two\nfile-token-three\n")
         assert await put("file-token-one") == 401
         assert await put("file-token-two") == 200
         assert await put("file-token-three") == 200
-        changes = gateway[0].log_events("admin_change")
+        changes = own_gateway[0].log_events("admin_change")
         assert [c["token"] for c in changes] == [
             fingerprint(t)
-            for t in ("file-token-one", gateway.admin_token, "file-token-two", "file-token-three")
+            for t in (
+                "file-token-one",
+                own_gateway.admin_token,
+                "file-token-two",
+                "file-token-three",
+            )
         ]
-        assert "file-token" not in gateway[0].log_text()
+        assert "file-token" not in own_gateway[0].log_text()

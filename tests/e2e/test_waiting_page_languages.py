@@ -264,7 +264,6 @@ async def walk(buyer: Buyer, path: Path, lang: str) -> None:
         )
         raise AssertionError(f"{path.name} at {buyer.page.url}: {now}") from None
     assert await buyer.attr("state") == path.state, path.name
-    await buyer.snap(path.name)
     await buyer.audit(path.name)
     missing = [e for e in buyer.console_errors if e.startswith("waiting page:")]
     assert missing == [] and buyer.page_errors == [], (path.name, missing, buyer.page_errors)

@@ -27,10 +27,10 @@ StartGateway = Callable[..., Awaitable[Client]]
 async def test_a_bot_buying_every_size_gets_one_pair(
     start_gateway: StartGateway, database_url: str, make_settings: Any, strategy: Strategy
 ) -> None:
-    """On the strategies that reserve in Redis: a group of 5 skus of 200 units,
-    limit 1; 2,000 buyers each send one purchase to every sku at once (10,000
+    """On the strategies that reserve in Redis: a group of 5 skus of 40 units,
+    limit 1; 400 buyers each send one purchase to every sku at once (2,000
     requests): no buyer ends with more than one unit across the group, exactly
-    1,000 units are sold, and the audit is clean (the strategies deciding in
+    200 units are sold, and the audit is clean (the strategies deciding in
     PostgreSQL alone: test_limit_groups_sql.py, so that two workers share them)."""
     await bot_storm(start_gateway, database_url, make_settings(), strategy)
 

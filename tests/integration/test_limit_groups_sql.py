@@ -22,9 +22,9 @@ async def test_a_bot_buying_every_size_gets_one_pair(
     make_settings: Any,
     strategy: Strategy,
 ) -> None:
-    """A group of 5 skus of 200 units, limit 1; 2,000 buyers each send one
-    purchase to every sku at once (10,000 requests): no buyer ends with more
-    than one unit across the group, exactly 1,000 units are sold (nothing lost
+    """A group of 5 skus of 40 units, limit 1; 400 buyers each send one
+    purchase to every sku at once (2,000 requests): no buyer ends with more
+    than one unit across the group, exactly 200 units are sold (nothing lost
     to a refusal that should not have been: the trigger's rollback returns the
     stock its refusal took), and the audit is clean."""
     await bot_storm(start_gateway, database_url, make_settings(), strategy)
