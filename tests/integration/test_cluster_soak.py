@@ -46,7 +46,11 @@ STOCK = 100_000
 BUYERS_AT_ONCE = 8
 FAILOVERS = 3
 CONFIRMED_AGAIN_S = 10.0
-HEALTHZ_S = 0.5
+# /healthz must answer a balancer's check in time through every failover:
+# half of deploy/haproxy.cfg's `timeout check 2s`. A /healthz waiting on a
+# dead node would take its socket timeout (seconds); 0.5 s failed a run with a
+# core burned at 0.67 s, the test process's own scheduling.
+HEALTHZ_S = 1.0
 
 
 @dataclass
@@ -109,7 +113,7 @@ async def test_three_failovers_under_load_leave_every_sku_selling_and_the_books_
 ) -> None:
     """Three primary failovers in a row under a steady load of new buyers, with a
     reconcile pass over 220 skus every 0.1 s: every sku confirms again within 10 s of each, no 500,
-    no flush failed for an unexpected error, /healthz always answered within 0.5 s,
+    no flush failed for an unexpected error, /healthz always answered within 1 s,
     and the books and the audit are clean at the end."""
     skus = [f"{key_prefix}-s{i}" for i in range(SKUS)]
     settings: dict[str, str | float] = {
