@@ -9,10 +9,15 @@
 -- First the events owed one by one (event_deliveries): due now, oldest due
 -- first, the lowest version owed of each order; a later version waits out
 -- every batch older than it (its order's first version may be in one).
--- Then whole batches (event_batches, a flush's new orders, never tried), the
--- oldest first, one by one while their events fit in what is left of
--- p_limit (the first one whatever its size); they are deleted: a batch's
--- event the sink refuses becomes owed one by one when the outcome is recorded.
+-- Then batches (event_batches, a statement's new orders, never tried), the
+-- oldest first, until p_limit events are claimed: the last one taken is split
+-- when it does not fit, its first events claimed and the rest left a batch of
+-- its own, which starts later (a later version of one of its orders still
+-- waits for it). So a claim never holds more than p_limit events, however
+-- many rows one statement wrote (a bulk INSERT of 100,000 orders was one
+-- batch, and a relay claiming it whole stalled its event loop for seconds).
+-- The batches taken are deleted: an event of one that the sink refuses
+-- becomes owed one by one when the outcome is recorded.
 -- The events owed one by one come first because a later version that waits
 -- out an older batch must see the batches this claim takes.
 --
@@ -37,8 +42,9 @@ DECLARE
     room integer;
     after bigint := -1;
     taken bigint[] := '{}';
+    fresh_seqs bigint[] := '{}';
     next_first bigint;
-    next_size integer;
+    next_seqs bigint[];
 BEGIN
     RETURN QUERY
     WITH claimed AS (
@@ -57,25 +63,27 @@ BEGIN
     GET DIAGNOSTICS owed = ROW_COUNT;
     room := p_limit - owed;
     WHILE room > 0 LOOP
-        SELECT b.first_seq, cardinality(b.seqs) INTO next_first, next_size
+        SELECT b.first_seq, b.seqs INTO next_first, next_seqs
         FROM event_batches b
         WHERE b.sink = p_sink AND b.first_seq > after
         ORDER BY b.first_seq LIMIT 1
         FOR UPDATE SKIP LOCKED;
-        EXIT WHEN NOT FOUND OR (cardinality(taken) > 0 AND next_size > room);
+        EXIT WHEN NOT FOUND;
         taken := taken || next_first;
         after := next_first;
-        room := room - next_size;
+        IF cardinality(next_seqs) > room THEN
+            INSERT INTO event_batches (sink, first_seq, seqs)
+            VALUES (p_sink, next_seqs[room + 1], next_seqs[room + 1:]);
+            next_seqs := next_seqs[:room];
+        END IF;
+        fresh_seqs := fresh_seqs || next_seqs;
+        room := room - cardinality(next_seqs);
     END LOOP;
     IF cardinality(taken) > 0 THEN
+        DELETE FROM event_batches b WHERE b.sink = p_sink AND b.first_seq = ANY (taken);
         RETURN QUERY
-        WITH gone AS (
-            DELETE FROM event_batches b WHERE b.sink = p_sink AND b.first_seq = ANY (taken)
-            RETURNING b.seqs
-        )
         SELECT e.seq, event_fields(e), 0, true, extract(epoch FROM e.occurred_at)::float8
-        FROM gone g CROSS JOIN LATERAL unnest(g.seqs) AS u(seq)
-        JOIN order_events e ON e.seq = u.seq
+        FROM order_events e WHERE e.seq = ANY (fresh_seqs)
         ORDER BY e.seq;
     END IF;
 END

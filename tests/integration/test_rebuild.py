@@ -140,7 +140,7 @@ class TestSoldOutSaleLost:
         sku: str,
         redis: Redis,
         key_prefix: str,
-        database_url: str,
+        events_db: str,
         other: Other,
     ) -> None:
         """While another instance holds the rebuild (the hashes still empty), the
@@ -151,14 +151,14 @@ class TestSoldOutSaleLost:
         gateway does not rebuild the sale a second time. Once the lease runs
         out another gateway takes the rebuild over, which writes every order
         back: the replay is then answered from Redis."""
-        client = await start_gateway(rebuild_share=UNPACED)
+        client = await start_gateway(database_url=events_db, rebuild_share=UNPACED)
         keys = SkuKeys.of(key_prefix, sku)
         await put_sku(client, sku, 0)
-        await write_orders(database_url, sku, BIG_SALE, 0)
+        await write_orders(events_db, sku, BIG_SALE, 0)
         await lose_sale(redis, keys)
         await stall_rebuild(other, sku, 0)
         ids = [f"{sku}.r{i}" for i in range(1, AT_ONCE + 1)]
-        orders = await order_ids(database_url, ids)
+        orders = await order_ids(events_db, ids)
         first = orders[f"{sku}.r1"]
 
         assert await buy(client, sku, "late") == (409, {"status": "sold_out"})
@@ -179,12 +179,12 @@ class TestSoldOutSaleLost:
 
         # This gateway answers the sku in-process now; another of the fleet, which
         # asks Redis, finds the lease run out.
-        fleet = await start_gateway(rebuild_share=UNPACED)
+        fleet = await start_gateway(database_url=events_db, rebuild_share=UNPACED)
         await take_over(fleet, redis, other, sku, keys)
         assert await redis.hlen(keys.done) == await redis.hlen(keys.buyers) == BIG_SALE
         status, replay = await buy(client, sku, "u1", "r1")
         assert (status, replay["order_id"]) == (201, first)
-        assert await db_state(database_url, sku) == (0, BIG_SALE, BIG_SALE)
+        assert await db_state(events_db, sku) == (0, BIG_SALE, BIG_SALE)
 
 
 class TestInStockSaleLost:
@@ -239,7 +239,7 @@ class TestInStockSaleLost:
         sku: str,
         redis: Redis,
         key_prefix: str,
-        database_url: str,
+        events_db: str,
         other: Other,
     ) -> None:
         """A sale of 100,000 orders with 1,000 units left loses its keys and
@@ -249,13 +249,13 @@ class TestInStockSaleLost:
         PostgreSQL together); then a second wave alike. Each new buyer gets one
         order, an earlier buyer is a duplicate, a replay gets its order; exactly
         200 units more are sold."""
-        client = await start_gateway(rebuild_share=UNPACED)
+        client = await start_gateway(database_url=events_db, rebuild_share=UNPACED)
         keys = SkuKeys.of(key_prefix, sku)
         await put_sku(client, sku, LEFT)
-        await write_orders(database_url, sku, BIG_SALE, LEFT)
+        await write_orders(events_db, sku, BIG_SALE, LEFT)
         await lose_sale(redis, keys)
         await stall_rebuild(other, sku, LEFT)
-        earlier = await order_ids(database_url, [f"{sku}.r2", f"{sku}.r4"])
+        earlier = await order_ids(events_db, [f"{sku}.r2", f"{sku}.r4"])
 
         answers = await asyncio.gather(
             *(buy(client, sku, f"new{i}", f"new{i}") for i in range(AT_ONCE)),
@@ -289,4 +289,4 @@ class TestInStockSaleLost:
 
         assert await held_by(redis, keys) == "stalled"
         sold = BIG_SALE + 2 * AT_ONCE
-        assert await db_state(database_url, sku) == (LEFT - 2 * AT_ONCE, sold, sold)
+        assert await db_state(events_db, sku) == (LEFT - 2 * AT_ONCE, sold, sold)

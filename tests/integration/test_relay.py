@@ -146,22 +146,41 @@ class TestSharing:
 class TestClaims:
     """What one claim takes (sql/functions/claim_events.sql)."""
 
-    async def test_a_claim_takes_whole_batches_while_they_fit(self, pool: asyncpg.Pool) -> None:
-        """Batches of 3, 5, 4 and 10 events (one statement each): a claim of 8
-        takes the first two whole; a claim of 2 still takes the next batch, 4,
-        whole (the first one whatever its size); then the 10; then nothing.
-        Each claim's events in the order they were written."""
+    async def test_a_claim_never_holds_more_than_its_limit(self, pool: asyncpg.Pool) -> None:
+        """Batches of 3, 5, 4 and 10 events (one statement each): claims of 8, 2,
+        8 and 8 take 3+5, then 2 of the 4 (the batch split, its rest left a batch
+        of its own), then those 2 and 6 of the 10, then the last 4; then nothing.
+        Every event once, each claim's in the order they were written."""
         await Outbox(pool).register("stream")
         for size in (3, 5, 4, 10):
             await pool.execute(WRITE_EVENTS, size, 1)
-        outbox, sizes = Outbox(pool), []
-        for limit in (8, 2, 8, 8):
+        outbox, sizes, seen = Outbox(pool), [], []
+        for limit in (8, 2, 8, 8, 8):
             async with outbox.claim("stream", limit) as claim:
                 seqs = [e.seq for e in claim.events]
                 assert seqs == sorted(seqs)
                 sizes.append(len(seqs))
+                seen += seqs
                 await claim.record(seqs, [])
-        assert sizes == [8, 4, 10, 0]
+        assert sizes == [8, 2, 8, 4, 0]
+        assert seen == sorted(set(seen)) and len(seen) == 22
+        assert await pool.fetchval("SELECT count(*) FROM events_owed") == 0
+
+    async def test_one_statement_of_many_orders_is_claimed_in_pieces(
+        self, pool: asyncpg.Pool
+    ) -> None:
+        """One statement writes 1,000 first versions and then their second
+        versions (a bulk change): claims of 256 take 256, 256, 256 and 232 of
+        the batch, never more; each second version comes only after its first
+        was delivered."""
+        sink = Recorder()
+        r = relay(pool, sink, batch=256)
+        await r.register()
+        await pool.execute(WRITE_EVENTS, 1000, 2)
+        await drain(r, sink)
+        assert [len(p) for p in sink.passes][:4] == [256, 256, 256, 232]
+        assert max(len(p) for p in sink.passes) <= 256
+        assert len(sink.taken) == 2000 and in_order(sink.taken) and not sink.early
         assert await pool.fetchval("SELECT count(*) FROM events_owed") == 0
 
 
