@@ -157,8 +157,8 @@ def _count(status: str) -> int:
 
 class Claim:
     """A batch of one sink's events, claimed until its outcome is recorded
-    (:meth:`Outbox.claim`): those owed one by one, then those of whole batches
-    (``fresh``, never tried)."""
+    (:meth:`Outbox.claim`): those owed one by one, then those of batches
+    (``fresh``, never tried; the last batch split when it did not fit)."""
 
     def __init__(self, con: Connection, sink: str, rows: Sequence[asyncpg.Record]) -> None:
         self._con, self._sink = con, sink
