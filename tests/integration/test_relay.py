@@ -21,7 +21,7 @@ from redis.asyncio import Redis
 from redis.backoff import ConstantBackoff
 
 from gateway.domain.events import OrderEvent, SinkName
-from gateway.postgres.outbox import Outbox
+from gateway.postgres.outbox import CLAIM, REFUSED_FROM_BATCH, STATS, Outbox
 from gateway.postgres.retention import Retention
 from gateway.redis.event_stream import SKEW_MARGIN_S, EventStream
 from gateway.settings import Settings
@@ -182,6 +182,41 @@ class TestClaims:
         assert max(len(p) for p in sink.passes) <= 256
         assert len(sink.taken) == 2000 and in_order(sink.taken) and not sink.early
         assert await pool.fetchval("SELECT count(*) FROM events_owed") == 0
+
+    async def test_a_claim_reads_its_events_by_key_not_the_whole_outbox(
+        self, pool: asyncpg.Pool
+    ) -> None:
+        """A sale's outbox grows under a relay that has claimed since it was
+        small: its connection claims 10 times while the outbox holds a few
+        events (PostgreSQL then keeps a generic plan of the claim), then the
+        outbox grows to 6,000 (statements of 60, as flushes write them, half of
+        them delivered). A claim of 256, the refusal of its events and the
+        backlog's sample on that connection read order_events by its key alone:
+        no sequential scan. Given the seqs as an array, the cached plan scanned
+        the whole table on every claim (the stack bench: 82 µs an event)."""
+        await Outbox(pool).register("stream")
+        await pool.execute("ALTER TABLE order_events SET (autovacuum_enabled = off)")
+        async with pool.acquire() as con:
+            for _ in range(10):
+                await con.execute(WRITE_EVENTS, 6, 1)
+                async with con.transaction():
+                    assert len(await con.fetch(CLAIM, "stream", 256)) == 6
+            start = await con.fetchval("SELECT max(seq) FROM order_events")
+            for _ in range(100):
+                await con.execute(WRITE_EVENTS, 60, 1)
+            await con.execute("DELETE FROM event_batches WHERE first_seq <= $1", start + 3000)
+            async with con.transaction():
+                rows = await con.fetch(CLAIM, "stream", 256)
+                seqs = [r["seq"] for r in rows]
+                await con.execute(REFUSED_FROM_BATCH, "stream", seqs, [1.0] * 256, ["down"] * 256)
+                (stats,) = await con.fetch(STATS)
+                scans = await con.fetchrow(
+                    "SELECT seq_scan, idx_scan FROM pg_stat_xact_user_tables"
+                    " WHERE relname = 'order_events'"
+                )
+        assert len(seqs) == 256 and seqs == sorted(seqs) and seqs[0] > start + 3000
+        assert (stats["depth"], stats["dead"]) == (3000, 0)
+        assert scans["seq_scan"] == 0 and scans["idx_scan"] > 0, dict(scans)
 
 
 class TestRetries:
