@@ -186,7 +186,8 @@ def progress(result: RoundResult) -> str:
         f"  round {result.round} {result.mode:9} {w.rps:8,.0f} req/s  p99 "
         f"{w.latency_ms['p99']:5.1f} ms  {result.orders:7,} orders  µs/order: gateway "
         f"{result.per_order_us('gateway'):5.1f} postgres {result.per_order_us('postgres'):5.1f} "
-        f"redis {result.per_order_us('redis'):5.1f}  owed after {result.owed_after}{lag_note}"
+        f"redis {result.per_order_us('redis'):5.1f}  flush batch {result.mean_batch:.0f}  "
+        f"owed after {result.owed_after}{lag_note}"
     )
 
 

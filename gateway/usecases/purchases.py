@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import replace
 
 import structlog
 
@@ -178,7 +177,7 @@ class Purchases:
                 # and reserved afterwards, when its client had long given up
                 # and its retry been told no.
                 reserved_at = min(reply.reserved_at_ms, arrived_ms)
-                purchase = replace(purchase, reserved_at_ms=reserved_at)
+                purchase = purchase.stamped(reserved_at)
                 try:
                     return await self._batcher.submit(purchase)
                 except ShuttingDown:

@@ -76,6 +76,8 @@ class RoundResult:
     owed_after: int
     lag_ms: dict[str, float] = field(default_factory=dict)
     statements: list[dict[str, Any]] = field(default_factory=list)
+    # Purchases per flush over the window (the gateway's flashsale_batch_size).
+    mean_batch: float = 0.0
 
     def per_order_us(self, group: str) -> float:
         """µs of CPU per order of one group (gateway, postgres, redis)."""
@@ -94,6 +96,7 @@ class RoundResult:
             "owed_after": self.owed_after,
             "lag_ms": self.lag_ms,
             "statements": self.statements,
+            "mean_batch": self.mean_batch,
         }
 
 
@@ -136,6 +139,7 @@ def _measure(
         commands_before = _command_usec(stack.redis_url)
         if plan.statements:
             _statements(stack.pg_url, None)
+        batches_before = gateway.scrape("flashsale_batch_size")
         started = time.time()
         before = {group: proc_cpu.snapshot(pid) for group, pid in roots.items()}
         name = f"{plan.mode}{plan.round}"
@@ -144,6 +148,8 @@ def _measure(
             time.sleep(plan.catchup_s)
         after = {group: proc_cpu.snapshot(pid) for group, pid in roots.items()}
         lag = reader.result() if reader is not None else {}
+    batches = _delta(batches_before, gateway.scrape("flashsale_batch_size"))
+    flushes = batches.get("flashsale_batch_size_count", 0.0)
     if gateway.process.poll() is not None:
         raise RuntimeError(f"{gateway.name} died under load:\n{gateway.log_tail()}")
     cpu_s = {
@@ -166,6 +172,7 @@ def _measure(
         owed_after=_owed(db_url),
         lag_ms=lag,
         statements=_statements(stack.pg_url, db_name) if plan.statements else [],
+        mean_batch=batches.get("flashsale_batch_size_sum", 0.0) / flushes if flushes else 0.0,
     )
 
 
