@@ -77,10 +77,18 @@ class OrderEvent:
     carries it: name, value, name, value..., every value text, the
     :data:`FIELDS` first in that order, then the :data:`OPTIONAL_FIELDS` that
     apply. PostgreSQL renders them (``event_fields``) so the relay hands them
-    on as they are; :meth:`of` renders them here, for tests and tools."""
+    on as they are; :meth:`of` renders them here, for tests and tools.
+
+    A claim for a sink that takes events packed (``EventSink.packed``: the
+    stream on one Redis) has ``fields`` empty and ``packed`` instead: the
+    number of fields, then the fields, as the stream's append script takes
+    them, each a RESP bulk string (``sql/functions/event_packed.sql``). The
+    properties below read ``fields``: such an event is only written to Redis.
+    """
 
     seq: int
     fields: Sequence[str]
+    packed: str = ""
 
     @classmethod
     def of(
@@ -200,6 +208,12 @@ class EventSink(Protocol):
         """How long an event may stay undelivered to this sink before the relay
         dead-letters it (``GATEWAY_WEBHOOK_MAX_AGE_S`` for the webhook); None:
         retried for as long as it takes."""
+        ...
+
+    @property
+    def packed(self) -> bool:
+        """Whether ``deliver`` takes the events packed (``OrderEvent.packed``,
+        rendered by PostgreSQL) rather than as their fields."""
         ...
 
     async def deliver(self, events: Sequence[OrderEvent]) -> Sequence[str | None]: ...

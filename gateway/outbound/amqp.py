@@ -58,6 +58,8 @@ class AmqpSink:
     name = SinkName.AMQP
     # The broker is ours to wait for: an event is never dead-lettered for it.
     max_age_s: float | None = None
+    # Publishes each event's JSON, made from its fields.
+    packed = False
 
     def __init__(self, connection: AbstractRobustConnection, exchange: AbstractExchange) -> None:
         self._connection, self._exchange = connection, exchange

@@ -50,6 +50,8 @@ class WebhookSink:
     """POSTs events to GATEWAY_WEBHOOK_URL on one connection pool."""
 
     name = SinkName.WEBHOOK
+    # POSTs each event's JSON, made from its fields.
+    packed = False
 
     def __init__(self, settings: Settings, on_answer: OnAnswer) -> None:
         if settings.webhook_url is None or settings.webhook_secret is None:

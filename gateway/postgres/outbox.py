@@ -29,7 +29,7 @@ from gateway.postgres.database import Connection, as_unavailable
 REGISTER = "INSERT INTO event_sinks (name) VALUES ($1) ON CONFLICT DO NOTHING"
 # Up to $2 events due for sink $1, locked until the claim's transaction ends
 # (sql/functions/claim_events.sql): seq, fields, attempts, fresh, occurred.
-CLAIM = "SELECT seq, fields, attempts, fresh, occurred FROM claim_events($1, $2)"
+CLAIM = "SELECT seq, fields, packed, attempts, fresh, occurred FROM claim_events($1, $2, $3)"
 # A batch's events a sink refused: owed one by one from now on, since their
 # write (the max age counts from there, as for any event). Each read by its own
 # probe (OFFSET 0: a join hashed the whole order_events; sql/functions/claim_events.sql).
@@ -175,12 +175,12 @@ class Claim:
 
     def __init__(self, con: Connection, sink: str, rows: Sequence[asyncpg.Record]) -> None:
         self._con, self._sink = con, sink
-        self.events = [OrderEvent(r[0], r[1]) for r in rows]
+        self.events = [OrderEvent(r[0], r[1], r[2]) for r in rows]
         # Failed attempts so far, per event: what the next backoff grows from.
-        self.attempts = [r[2] for r in rows]
-        self._fresh = frozenset(r[0] for r in rows if r[3])
+        self.attempts = [r[3] for r in rows]
+        self._fresh = frozenset(r[0] for r in rows if r[4])
         # When each occurred, by PostgreSQL's clock: the delivery lag counts from there.
-        self._occurred = {r[0]: r[4] for r in rows}
+        self._occurred = {r[0]: r[5] for r in rows}
 
     async def record(
         self, delivered: Sequence[int], failed: Sequence[tuple[int, float, str]]
@@ -231,13 +231,14 @@ class Outbox:
         await self._execute(REGISTER, sink)
 
     @asynccontextmanager
-    async def claim(self, sink: str, limit: int) -> AsyncIterator[Claim]:
+    async def claim(self, sink: str, limit: int, *, packed: bool) -> AsyncIterator[Claim]:
         """Claim up to ``limit`` events due for ``sink`` (distinct orders) while
         the body delivers them and records the outcome; the rows go back to due if it
-        raises or the gateway dies. Raises PostgresUnavailable."""
+        raises or the gateway dies. With ``packed`` the events come packed for the
+        stream (``OrderEvent.packed``), not as fields. Raises PostgresUnavailable."""
         with as_unavailable:
             async with self._pool.acquire() as con, con.transaction():
-                yield Claim(con, sink, await con.fetch(CLAIM, sink, limit))
+                yield Claim(con, sink, await con.fetch(CLAIM, sink, limit, packed))
 
     async def dead_letter(self, sink: str, max_age_s: float) -> int:
         """Dead-letter what ``sink`` was owed longer than ``max_age_s``; how many."""

@@ -3,8 +3,9 @@
 Every event is one entry of ``GATEWAY_EVENTS_STREAM`` (default
 ``flashsale:events``) whose fields are the event's (``OrderEvent.fields``),
 read by consumer groups (XREADGROUP, XACK; README, "Events"). A claim's
-events go in one call of ``lua/append_events.lua``, their fields as
-PostgreSQL rendered them: the gateway packs no event and reads one reply. One
+events go in one call of ``lua/append_events.lua``, on one Redis packed by
+PostgreSQL (``OrderEvent.packed``: the gateway decodes one string per event,
+packs none, and reads one reply), on a cluster as their fields. One
 key, so one slot of a Redis Cluster: a batch is one call to one node. A
 batch's last XADD trims the stream, approximately (``~``, whole macro nodes):
 
@@ -33,14 +34,16 @@ from __future__ import annotations
 import math
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
+from typing import Any
 
+from redis.asyncio import Redis
 from redis.exceptions import NoScriptError, RedisError
 
 from gateway.domain.errors import Unavailable
 from gateway.domain.events import OrderEvent, SinkName
 from gateway.lock import connection_errors
 from gateway.redis.connections import RedisClient
-from gateway.redis.scripts import commands_many, read_script
+from gateway.redis.scripts import commands_many, pack, packed_many, read_script
 
 # An entry's id is Redis's clock when it was appended, at or after its event
 # occurred by PostgreSQL's. Two hosts' clocks disagree by well under this
@@ -55,6 +58,8 @@ NO_TRIM = ("", 0)
 
 # When the oldest event still owed to the webhook occurred; None: none is.
 OwedFloor = Callable[[], Awaitable[datetime | None]]
+# One attempt of an append, sent again after the script was loaded.
+Send = Callable[[], Awaitable[list[Any]]]
 
 
 def _ms(entry_id: str | bytes) -> int:
@@ -98,25 +103,31 @@ class EventStream:
         # The newest entry's milliseconds: where an age trim counts back from.
         self._newest_ms: int | None = None
 
+    @property
+    def packed(self) -> bool:
+        """Whether the relay claims events packed for this sink: on one Redis,
+        where the append's bytes are written as they are. A cluster's pipeline
+        routes and packs commands itself, so it takes the events' fields."""
+        return isinstance(self._redis, Redis)
+
     async def deliver(self, events: Sequence[OrderEvent]) -> Sequence[str | None]:
         """Append each event, in one script call; None for each appended, else
         why not (the same answer for all: the call went through or it did not)."""
         if not events:
             return []
-        args: list[str | int] = [*await self._trim()]
-        for event in events:
-            args.append(len(event.fields))
-            args.extend(event.fields)
-        commands: list[tuple[str | int, ...]] = [("EVALSHA", self._append.sha, 1, self._key, *args)]
-        if self._replicas:
-            commands.append(("WAIT", self._replicas, REPLICA_WAIT_MS))
+        trim = await self._trim()
+        send = (
+            self._send_packed(trim, events)
+            if self.packed and all(e.packed for e in events)
+            else self._send_fields(trim, events)
+        )
         try:
             with connection_errors():
-                replies = await commands_many(self._redis, commands, node_of=self._key)
+                replies = await send()
                 # Loaded by its first call, and again after a restart or a failover.
                 if isinstance(replies[0], NoScriptError):
                     await self._append.load(self._redis)
-                    replies = await commands_many(self._redis, commands, node_of=self._key)
+                    replies = await send()
         except RedisError as exc:
             return [f"redis: {type(exc).__name__}"] * len(events)
         appended = replies[0]
@@ -125,6 +136,34 @@ class EventStream:
         self._newest_ms = max(self._newest_ms or 0, _ms(appended))
         short = self._short_of_replicas(replies[1]) if self._replicas else None
         return [short] * len(events)
+
+    def _wait(self) -> tuple[tuple[str | int, ...], ...]:
+        """The WAIT that follows the append when replicas must hold it."""
+        return (("WAIT", self._replicas, REPLICA_WAIT_MS),) if self._replicas else ()
+
+    def _send_fields(self, trim: tuple[str, int], events: Sequence[OrderEvent]) -> Send:
+        """The append of events given as fields, packed by the client."""
+        args: list[str | int] = [*trim]
+        for event in events:
+            args.append(len(event.fields))
+            args.extend(event.fields)
+        commands = [("EVALSHA", self._append.sha, 1, self._key, *args), *self._wait()]
+        return lambda: commands_many(self._redis, commands, node_of=self._key)
+
+    def _send_packed(self, trim: tuple[str, int], events: Sequence[OrderEvent]) -> Send:
+        """The append of events PostgreSQL packed: the command's head, packed
+        here, then their bytes as they are. Each event's part starts with its
+        number of fields, the first bulk string: one argument for it and one
+        per field."""
+        assert isinstance(self._redis, Redis)
+        redis = self._redis
+        head = pack(("EVALSHA", self._append.sha, 1, self._key, *trim))
+        count = 6 + sum(1 + int(e.packed.split("\r\n", 2)[1]) for e in events)
+        body = "".join([e.packed for e in events]).encode()
+        command = b"*%d\r\n%s%s" % (count, head[head.index(b"\r\n") + 2 :], body)
+        wait = self._wait()
+        packed = command + b"".join(map(pack, wait))
+        return lambda: packed_many(redis, packed, 1 + len(wait))
 
     def _short_of_replicas(self, reached: int | Exception) -> str | None:
         """Why a batch whose WAIT answered ``reached`` is not delivered; None: it is."""

@@ -79,13 +79,26 @@ async def commands_many(
         for command in commands:
             pipe.execute_command(*command, **routed)
         return await pipe.execute(raise_on_error=False)
+    return await packed_many(redis, b"".join(map(pack, commands)), len(commands))
+
+
+def pack(command: Sequence[ScriptArg]) -> bytes:
+    """One command as Redis reads it (RESP), packed by hiredis."""
     # hiredis's stub types the command as a 1-tuple; it takes any length.
-    packed = b"".join(hiredis.pack_command(tuple(c)) for c in commands)  # type: ignore[arg-type]
+    packed: bytes = hiredis.pack_command(tuple(command))  # type: ignore[arg-type]
+    return packed
+
+
+async def packed_many(redis: Redis, packed: bytes, count: int) -> list[Any]:
+    """Send ``count`` commands already packed (RESP) to a single Redis in one
+    round trip; per command its reply or the ``ResponseError`` Redis answered.
+    Raises a ``RedisError`` when the connection fails, after the client's own
+    retries (which send every command again)."""
     pool = redis.connection_pool
     conn = await pool.get_connection()  # type: ignore[no-untyped-call]
     try:
         replies: list[Any] = await conn.retry.call_with_retry(
-            lambda: _exchange(conn, packed, len(commands)), lambda _: conn.disconnect()
+            lambda: _exchange(conn, packed, count), lambda _: conn.disconnect()
         )
         return replies
     finally:

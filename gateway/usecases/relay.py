@@ -119,7 +119,7 @@ class Relay:
         """One pass for ``sink``: claim a batch, deliver it, record what the sink
         took; returns
         how many events it claimed. Raises PostgresUnavailable."""
-        async with self._outbox.claim(sink.name, self._batch) as claim:
+        async with self._outbox.claim(sink.name, self._batch, packed=sink.packed) as claim:
             if not claim.events:
                 return 0
             answers = await sink.deliver(claim.events)

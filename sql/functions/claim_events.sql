@@ -21,10 +21,11 @@
 -- The events owed one by one come first because a later version that waits
 -- out an older batch must see the batches this claim takes.
 --
--- Returns per event: seq, its fields as sinks get them (event_fields), the
--- failed attempts so far, whether it came from a batch (fresh), and when it
--- occurred (epoch seconds: the delivery lag counts from there); those owed
--- one by one first, each part in seq order.
+-- Returns per event: seq, its fields as sinks get them (event_fields), or with
+-- p_packed its fields as the stream's append script takes them (event_packed;
+-- the other column then empty), the failed attempts so far, whether it came
+-- from a batch (fresh), and when it occurred (epoch seconds: the delivery lag
+-- counts from there); those owed one by one first, each part in seq order.
 --
 -- Each event is read by its own probe of order_events' primary key (a LATERAL
 -- subquery the planner may not flatten, OFFSET 0): given the seqs as an array,
@@ -36,11 +37,18 @@
 -- taken, and a flush writes a batch per sku; the relay's round trips were a
 -- large part of what the events cost a durable order (issue 42).
 --
--- Needs migration 015 (through event_fields).
+-- Needs migration 015 (through event_fields and event_packed).
 -- A function, not a migration: the migrations apply this file again whenever
--- its text changes (gateway/postgres/database.py).
-CREATE OR REPLACE FUNCTION claim_events(p_sink text, p_limit integer)
-RETURNS TABLE (seq bigint, fields text[], attempts integer, fresh boolean, occurred double precision)
+-- its text changes (gateway/postgres/database.py). p_packed made the return
+-- type grow (packed), which CREATE OR REPLACE cannot change: this version is an
+-- overload beside the two-argument one a gateway of the version before calls,
+-- still running (or restarting, and applying its own text) during a rolling
+-- upgrade.
+CREATE OR REPLACE FUNCTION claim_events(p_sink text, p_limit integer, p_packed boolean)
+RETURNS TABLE (
+    seq bigint, fields text[], packed text, attempts integer, fresh boolean,
+    occurred double precision
+)
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 DECLARE
@@ -64,7 +72,9 @@ BEGIN
         ORDER BY d.due_at, d.seq LIMIT p_limit
         FOR UPDATE OF d SKIP LOCKED
     )
-    SELECT e.seq, event_fields(e), c.attempts, false, extract(epoch FROM e.occurred_at)::float8
+    SELECT e.seq, CASE WHEN p_packed THEN '{}' ELSE event_fields(e) END,
+        CASE WHEN p_packed THEN event_packed(e) ELSE '' END, c.attempts, false,
+        extract(epoch FROM e.occurred_at)::float8
     FROM claimed c
     CROSS JOIN LATERAL (SELECT * FROM order_events o WHERE o.seq = c.seq OFFSET 0) e
     ORDER BY e.seq;
@@ -90,7 +100,9 @@ BEGIN
     IF cardinality(taken) > 0 THEN
         DELETE FROM event_batches b WHERE b.sink = p_sink AND b.first_seq = ANY (taken);
         RETURN QUERY
-        SELECT e.seq, event_fields(e), 0, true, extract(epoch FROM e.occurred_at)::float8
+        SELECT e.seq, CASE WHEN p_packed THEN '{}' ELSE event_fields(e) END,
+            CASE WHEN p_packed THEN event_packed(e) ELSE '' END, 0, true,
+            extract(epoch FROM e.occurred_at)::float8
         FROM unnest(fresh_seqs) AS u(seq)
         CROSS JOIN LATERAL (SELECT * FROM order_events o WHERE o.seq = u.seq OFFSET 0) e
         ORDER BY e.seq;

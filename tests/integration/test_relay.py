@@ -16,6 +16,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import asyncpg
+import hiredis
 import pytest
 from redis.asyncio import Redis
 from redis.backoff import ConstantBackoff
@@ -44,6 +45,8 @@ class Recorder:
         taken: list[OrderEvent] | None = None,
     ) -> None:
         self.name, self.max_age_s = name, max_age_s
+        # Takes events as their fields (OrderEvent.payload and friends read them).
+        self.packed = False
         self.passes: list[list[OrderEvent]] = []
         # What the sink took, in order (shared by the sinks of relays side by side).
         self.taken: list[OrderEvent] = [] if taken is None else taken
@@ -156,7 +159,7 @@ class TestClaims:
             await pool.execute(WRITE_EVENTS, size, 1)
         outbox, sizes, seen = Outbox(pool), [], []
         for limit in (8, 2, 8, 8, 8):
-            async with outbox.claim("stream", limit) as claim:
+            async with outbox.claim("stream", limit, packed=False) as claim:
                 seqs = [e.seq for e in claim.events]
                 assert seqs == sorted(seqs)
                 sizes.append(len(seqs))
@@ -200,13 +203,13 @@ class TestClaims:
             for _ in range(10):
                 await con.execute(WRITE_EVENTS, 6, 1)
                 async with con.transaction():
-                    assert len(await con.fetch(CLAIM, "stream", 256)) == 6
+                    assert len(await con.fetch(CLAIM, "stream", 256, True)) == 6
             start = await con.fetchval("SELECT max(seq) FROM order_events")
             for _ in range(100):
                 await con.execute(WRITE_EVENTS, 60, 1)
             await con.execute("DELETE FROM event_batches WHERE first_seq <= $1", start + 3000)
             async with con.transaction():
-                rows = await con.fetch(CLAIM, "stream", 256)
+                rows = await con.fetch(CLAIM, "stream", 256, True)
                 seqs = [r["seq"] for r in rows]
                 await con.execute(REFUSED_FROM_BATCH, "stream", seqs, [1.0] * 256, ["down"] * 256)
                 (stats,) = await con.fetch(STATS)
@@ -216,7 +219,68 @@ class TestClaims:
                 )
         assert len(seqs) == 256 and seqs == sorted(seqs) and seqs[0] > start + 3000
         assert (stats["depth"], stats["dead"]) == (3000, 0)
+        assert scans is not None
         assert scans["seq_scan"] == 0 and scans["idx_scan"] > 0, dict(scans)
+
+
+# Events of one order whose text tests the packing: every optional field, a
+# reason of several lines with RESP's own characters, and letters beyond ASCII
+# (RESP counts bytes, not characters).
+WRITE_AWKWARD_EVENTS = """
+INSERT INTO order_events (order_id, version, type, request_id, sku, user_id, qty, status,
+    payment_id, pay_by, reason, cause)
+VALUES (gen_random_uuid(), 1, 'order.pending_payment', 'rq-ü', 'skü-é', 'ü1', 12,
+        'pending_payment', NULL, now(), NULL, NULL),
+    (gen_random_uuid(), 1, 'order.refunded', 'rq-2', 'sku', 'u2', 3, 'refunded', 'pay_ü',
+        now(), E'raison ç\r\n$3\r\n*1', 'admin')
+"""
+
+
+class TestPacked:
+    """Events packed by PostgreSQL for the stream (sql/functions/event_packed.sql)."""
+
+    async def test_a_packed_event_is_its_fields_as_the_append_script_takes_them(
+        self, pool: asyncpg.Pool
+    ) -> None:
+        """For events with and without every optional field, with CRLF, "$" and
+        "*" in a value and letters beyond ASCII: the packed text is, byte for
+        byte, what hiredis packs of the number of fields and the fields."""
+        await pool.execute(WRITE_EVENTS, 3, 2)
+        await pool.execute(WRITE_AWKWARD_EVENTS)
+        rows = await pool.fetch("SELECT event_fields(e), event_packed(e) FROM order_events e")
+        assert len(rows) == 8
+        for fields, packed in rows:
+            command = hiredis.pack_command((len(fields), *fields))
+            assert packed.encode() == command[command.index(b"\r\n") + 2 :], fields
+
+    async def test_the_stream_gets_each_event_as_its_fields(
+        self, pool: asyncpg.Pool, redis: Redis, key_prefix: str
+    ) -> None:
+        """The relay of the stream on one Redis claims its events packed and
+        appends them in one call: each entry is exactly its event's fields,
+        in seq order (an order's versions in order), the awkward ones too."""
+        key = f"{key_prefix}:events"
+        stream = EventStream(redis, key, max_len=0, max_age_s=0, webhook_owed=None)
+        assert stream.packed
+        r = Relay(outbox=Outbox(pool), sinks=[stream], observer=Observed(), batch=7, poll_s=0.01)
+        await r.register()
+        await pool.execute(WRITE_EVENTS, 10, 2)
+        await pool.execute(WRITE_AWKWARD_EVENTS)
+        for _ in range(20):
+            if not await r.relay_once(stream):
+                break
+        entries: list[tuple[bytes, dict[bytes, bytes]]] = await redis.xrange(key)  # type: ignore[assignment]
+        got = [[x.decode() for kv in fields.items() for x in kv] for _, fields in entries]
+        rows = await pool.fetch("SELECT event_fields(e) FROM order_events e ORDER BY seq")
+        want = [list(row[0]) for row in rows]
+        assert sorted(map(tuple, got)) == sorted(map(tuple, want)) and len(got) == 22
+        versions = [
+            (f["order_id"], int(f["version"]))
+            for f in (dict(zip(g[::2], g[1::2], strict=True)) for g in got)
+        ]
+        assert all(v == 1 or (o, v - 1) in versions[:i] for i, (o, v) in enumerate(versions)), (
+            "a version before the one below it"
+        )
 
 
 class TestRetries:

@@ -74,13 +74,16 @@ class FakeOutbox:
     delays: list[tuple[int, float]] = field(default_factory=list)
     registered: list[str] = field(default_factory=list)
     others: list[SinkStats] = field(default_factory=list)
+    # Per claim, whether it asked for the events packed.
+    packed: list[bool] = field(default_factory=list)
 
     async def register(self, sink: str) -> None:
         self.registered.append(sink)
 
     @asynccontextmanager
-    async def claim(self, sink: str, limit: int) -> AsyncIterator[FakeClaim]:
+    async def claim(self, sink: str, limit: int, *, packed: bool) -> AsyncIterator[FakeClaim]:
         """Due now, oldest due first, of each order its lowest owed version."""
+        self.packed.append(packed)
         lowest: dict[str, int] = {}
         for o in self.owed:
             lowest[o.event.order_id] = min(o.event.version, lowest.get(o.event.order_id, 1 << 30))
@@ -112,6 +115,7 @@ class FakeSink:
     refuse: Callable[[OrderEvent, int], str | None] = lambda event, attempt: None
     name: SinkName = SinkName.STREAM
     max_age_s: float | None = None
+    packed: bool = False
     taken: list[OrderEvent] = field(default_factory=list)
     tries: dict[int, int] = field(default_factory=dict)
 
@@ -194,6 +198,15 @@ class TestOrder:
         sink = FakeSink()
         assert await relay_of(outbox, sink).relay_once(sink) == 1
         assert [e.version for e in sink.taken] == [1]
+
+    @pytest.mark.parametrize("packed", [True, False])
+    async def test_a_claim_asks_for_the_events_as_the_sink_takes_them(self, packed: bool) -> None:
+        """A sink that takes events packed (the stream on one Redis) gets its
+        claims packed; the others' claims come as fields."""
+        outbox = FakeOutbox(owed=[Owed(event(1, "A", 1))])
+        sink = FakeSink(packed=packed)
+        await relay_of(outbox, sink).relay_once(sink)
+        assert outbox.packed == [packed]
 
 
 class TestBackoff:
