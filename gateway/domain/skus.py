@@ -41,13 +41,16 @@ class SkuListing(NamedTuple):
 
 class SkuSheet(NamedTuple):
     """A sku as ``GET /admin/skus/{sku}`` shows it: its settings, its status,
-    and the units of its live orders by status."""
+    the units of its live orders by status, and those refunded without restock."""
 
     settings: SkuSettings
     listing: SkuListing
     confirmed: int  # units of orders final at their 201 (no payment window)
     paid: int
     held: int  # units of orders pending payment
+    # Units of orders refunded without restock: out of stock for good, in no
+    # live order (the audit counts them with the sold).
+    refunded_not_restocked: int
 
 
 class IfMissing(Enum):

@@ -110,7 +110,9 @@ FROM inventory LEFT JOIN sku_display USING (sku)
 CROSS JOIN LATERAL (
     SELECT COALESCE(SUM(qty) FILTER (WHERE status = 'confirmed'), 0) AS confirmed,
            COALESCE(SUM(qty) FILTER (WHERE status = 'paid'), 0) AS paid,
-           COALESCE(SUM(qty) FILTER (WHERE status = 'pending_payment'), 0) AS held
+           COALESCE(SUM(qty) FILTER (WHERE status = 'pending_payment'), 0) AS held,
+           COALESCE(SUM(qty) FILTER (WHERE status = 'refunded' AND NOT restocked), 0)
+               AS refunded_not_restocked
     FROM orders AS o WHERE o.sku = inventory.sku) u
 WHERE sku = $1
 """
@@ -278,7 +280,14 @@ class Inventory:
         if row is None:
             return None
         listing = SkuListing(sku, row["stock"], row["archived_at"], row["active"])
-        return SkuSheet(_settings_of(row), listing, row["confirmed"], row["paid"], row["held"])
+        return SkuSheet(
+            _settings_of(row),
+            listing,
+            row["confirmed"],
+            row["paid"],
+            row["held"],
+            row["refunded_not_restocked"],
+        )
 
     async def states(self, *, every: bool = False) -> list[SkuState]:
         """The active skus (``ACTIVE``), by name; ``every`` sku of the inventory,

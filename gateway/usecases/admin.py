@@ -229,8 +229,11 @@ class StockAdmin:
         it (a display field absent when not set; ``strategy`` and a rate null
         when the instance's default applies), so the settings put back change
         nothing; its status; and the counts: stock in PostgreSQL and Redis,
-        pending, and the units sold (``sold``) split into ``confirmed``,
-        ``paid`` and ``held`` (pending payment). Raises :class:`UnknownSku`."""
+        pending, the units sold (``sold``) split into ``confirmed``,
+        ``paid`` and ``held`` (pending payment), and the units refunded without
+        restock, gone from the stock in no live order (``refunded_not_restocked``):
+        ``db_stock`` plus those four is what the sku was given. Raises
+        :class:`UnknownSku`."""
         found = await self._inventory.sheet(sku)
         if found is None:
             raise UnknownSku(f"no sku {sku!r}")
@@ -248,6 +251,7 @@ class StockAdmin:
             "confirmed": found.confirmed,
             "paid": found.paid,
             "held": found.held,
+            "refunded_not_restocked": found.refunded_not_restocked,
         }
         for name in DISPLAY_FIELDS:
             if answer[name] is None:

@@ -14,7 +14,7 @@ from structlog.contextvars import merge_contextvars
 from structlog.testing import capture_logs
 
 from gateway.http.payloads import SKU_FIELDS
-from testkit.order_lifecycle import pay, start, status_of
+from testkit.order_lifecycle import pay, refund, start, status_of
 from testkit.polling import wait_for
 from testkit.purchases import ADMIN_HEADERS, Client, buy
 
@@ -68,7 +68,16 @@ class TestSettings:
         assert "image_url" not in got, "a display field not set is absent, as on every answer"
         assert got["status"] == "active" and got["archived_at"] is None
         assert got["sku"] == sku
-        counts = ("db_stock", "redis_stock", "pending", "sold", "confirmed", "paid", "held")
+        counts = (
+            "db_stock",
+            "redis_stock",
+            "pending",
+            "sold",
+            "confirmed",
+            "paid",
+            "held",
+            "refunded_not_restocked",
+        )
         assert {name: got[name] for name in counts} == {
             "db_stock": 7,
             "redis_stock": None,
@@ -77,6 +86,7 @@ class TestSettings:
             "confirmed": 0,
             "paid": 0,
             "held": 0,
+            "refunded_not_restocked": 0,
         }
 
     async def test_the_settings_read_put_back_change_nothing(
@@ -123,6 +133,32 @@ class TestCounts:
         assert (await buy(client, plain, "u0", "r0"))[0] == 201
         got = await sheet(client, plain)
         assert (got["sold"], got["confirmed"], got["paid"], got["held"]) == (1, 1, 0, 0)
+
+    async def test_the_counts_add_up_to_the_stock_given_after_refunds(
+        self, start_gateway: Any, sku: str
+    ) -> None:
+        """Of 10 units, four orders: one paid then refunded with restock, one paid
+        then refunded without, one paid, one held. The refunded with restock is
+        back in db_stock; the one without is in no live order, so not sold, and
+        is counted apart: db_stock, sold and refunded_not_restocked add up to the
+        10 given, as the audit's books do."""
+        client = await start(start_gateway)
+        await admin(client, "PUT", sku, {"stock": 10, "payment_window_s": 600})
+        for n in range(4):
+            assert (await buy(client, sku, f"u{n}", f"r{n}"))[0] == 201
+        for n in range(3):
+            assert (await pay(client, sku, f"r{n}", f"{sku}-pay-{n}"))[0] == 200
+        assert (await refund(client, sku, "r0", restock=True))[0] == 200
+        assert (await refund(client, sku, "r1", restock=False))[0] == 200
+        got = await sheet(client, sku)
+        assert (got["sold"], got["paid"], got["held"], got["refunded_not_restocked"]) == (
+            2,
+            1,
+            1,
+            1,
+        )
+        assert got["db_stock"] == 7
+        assert got["db_stock"] + got["sold"] + got["refunded_not_restocked"] == 10
 
 
 class TestArchived:
