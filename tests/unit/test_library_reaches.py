@@ -1,6 +1,6 @@
 """Where the gateway reaches past a library's public API, the release it was read from.
 
-Two libraries are reached into, each pinned to one release in pyproject.toml:
+Three libraries are reached into, each pinned to one release in pyproject.toml:
 
 - redis-py: ``gateway.redis.scripts._send`` is ``send_packed_command`` with its
   write bounded in the caller's task, calling the private ``_send_packed_command``
@@ -8,7 +8,10 @@ Two libraries are reached into, each pinned to one release in pyproject.toml:
 - aiohttp: ``gateway.http.fastpath`` swaps ``web.Server.request_handler`` after
   start-up, and ``gateway.http.limits`` subclasses ``RequestHandler`` (reading
   its ``_messages``, ``_current_request`` and ``_loop``) and ``BaseSite``
-  (``_runner``, ``_backlog``, ``_server``), listening as ``TCPSite.start`` does.
+  (``_runner``, ``_backlog``, ``_server``), listening as ``TCPSite.start`` does;
+- prometheus_client: ``gateway.ops.event_metrics.observe_many`` is
+  ``Histogram.observe`` for many values at once, on its ``_upper_bounds``,
+  ``_buckets`` and ``_sum``.
 
 A failure here after an upgrade is the signal to read the library's new code,
 bring the reach in line, and only then move the pin and the digests below.
@@ -32,14 +35,17 @@ import hiredis
 import pytest
 from aiohttp import StreamReader, web, web_protocol
 from packaging.requirements import Requirement
+from prometheus_client import CollectorRegistry, Histogram, generate_latest, multiprocess, values
 from redis.asyncio.cluster import ClusterNode
 from redis.asyncio.connection import AbstractConnection, Connection, ConnectionPool
 
+from gateway.ops.event_metrics import LAG_BUCKETS, observe_many
 from gateway.redis.scripts import _send
 
 ROOT = Path(__file__).resolve().parents[2]
 # sha256 of the source each reach mirrors, in the pinned release.
 SEND_PACKED_COMMAND = "baaeabd916209157db40455f034a0bac6fb3e2db902271313e0702bcbc678321"
+HISTOGRAM_OBSERVE = "38beca3be1d1595b61a274180f55537000e15133ead54fa07e303a86d9ceca39"
 TCP_SITE_START = "0baaeca3d4f956ad5e5e05e7379dce04b117f2386f53640463e7879325d8c654"
 
 
@@ -51,7 +57,7 @@ def _parameters(function: Callable[..., Any]) -> list[str]:
     return list(inspect.signature(function).parameters)
 
 
-@pytest.mark.parametrize("name", ["redis", "aiohttp"])
+@pytest.mark.parametrize("name", ["redis", "aiohttp", "prometheus-client"])
 def test_a_reached_library_is_pinned_to_the_installed_release(name: str) -> None:
     """pyproject.toml pins the library to one release, and that release is installed."""
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
@@ -59,6 +65,47 @@ def test_a_reached_library_is_pinned_to_the_installed_release(name: str) -> None
     [spec] = pin.specifier
     assert spec.operator == "==", f"{name} must be pinned: its internals are reached into"
     assert metadata.version(name) == spec.version
+
+
+def test_histogram_observe_is_the_one_observe_many_mirrors() -> None:
+    """prometheus_client's ``Histogram.observe`` is the code ``observe_many`` does
+    for many values (a bucket per value: the first bound at least the value)."""
+    assert _digest(Histogram.observe) == HISTOGRAM_OBSERVE
+
+
+@pytest.mark.parametrize("workers", [False, True])
+def test_observe_many_counts_as_observe_does(
+    workers: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Values on the bounds, between them, past the last and at 0, observed one
+    by one into one histogram and all at once into another: the same buckets,
+    count and sum, in one process and in the files several workers share."""
+    observed = [0.0, 0.01, 0.011, 0.1, 0.25, 0.2501, 59.0, 3600.0, 7200.5, 0.05, 0.05]
+    exposed = []
+    for observe in (None, observe_many):
+        directory = tmp_path / ("one" if observe is None else "many")
+        if workers:
+            # A value class of its own per histogram: it keeps its files open.
+            directory.mkdir()
+            monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(directory))
+            value_class = values.MultiProcessValue(lambda: 1)  # type: ignore[no-untyped-call]
+            monkeypatch.setattr(values, "ValueClass", value_class)
+        registry = CollectorRegistry()
+        histogram = Histogram("lag", "x", ["sink"], buckets=LAG_BUCKETS, registry=registry)
+        child = histogram.labels("stream")
+        if observe is None:
+            for value in observed:
+                child.observe(value)
+        else:
+            observe(child, observed)
+        if workers:
+            registry = CollectorRegistry()
+            multiprocess.MultiProcessCollector(registry, path=str(directory))  # type: ignore[no-untyped-call]
+        text = generate_latest(registry).decode()
+        exposed.append([line for line in text.splitlines() if "_created" not in line])
+    assert exposed[0] == exposed[1]
+    assert 'lag_bucket{le="0.01",sink="stream"} 2.0' in exposed[1]
+    assert 'lag_count{sink="stream"} 11.0' in exposed[1]
 
 
 def test_send_packed_command_is_the_one_send_mirrors() -> None:
