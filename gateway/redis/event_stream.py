@@ -62,6 +62,14 @@ OwedFloor = Callable[[], Awaitable[datetime | None]]
 Send = Callable[[], Awaitable[list[Any]]]
 
 
+def _arguments(event: OrderEvent) -> int:
+    """The append script's arguments a packed event takes: its number of
+    fields, then the fields. event_packed writes that number first, always
+    two digits (20 to 28: "$2", CRLF, the digits), so it is read from there
+    (splitting the text cost 0.8 µs an event, a few hundred a claim)."""
+    return 1 + int(event.packed[4:6])
+
+
 def _ms(entry_id: str | bytes) -> int:
     """The milliseconds part of a stream entry id (as a client decoding replies
     or not answers it)."""
@@ -158,7 +166,7 @@ class EventStream:
         assert isinstance(self._redis, Redis)
         redis = self._redis
         head = pack(("EVALSHA", self._append.sha, 1, self._key, *trim))
-        count = 6 + sum(1 + int(e.packed.split("\r\n", 2)[1]) for e in events)
+        count = 6 + sum(map(_arguments, events))
         body = "".join([e.packed for e in events]).encode()
         command = b"*%d\r\n%s%s" % (count, head[head.index(b"\r\n") + 2 :], body)
         wait = self._wait()
