@@ -19,8 +19,10 @@ registered), then runs R relays side by side, each claiming batches of B, pass a
 claims anything, timed from the first claim to the last settle. It checks
 that the outbox owes nothing, and that the stream holds every event once.
 Every (sink, relays, batch size) is one drain per round, ``--rounds``
-rounds, the order shifted each round. It prints a Markdown table and writes
-``loadtests/results/relay.json``.
+rounds, the order shifted each round. Besides the events a second it takes
+this process's CPU over each drain, an event: what the relay costs the
+gateway, its metrics included (PostgreSQL's and Redis's share is not in it).
+It prints a Markdown table and writes ``loadtests/results/relay.json``.
 """
 
 from __future__ import annotations
@@ -41,9 +43,11 @@ from typing import Any
 import asyncpg
 import orjson
 import uvloop
+from prometheus_client import CollectorRegistry
 from redis.asyncio import Redis
 
 from gateway.domain.events import EventSink
+from gateway.ops.event_metrics import EventMetrics
 from gateway.outbound import WebhookSink
 from gateway.postgres.database import migrate
 from gateway.postgres.outbox import Outbox
@@ -75,28 +79,29 @@ RECEIVERS = {"webhook": 0.0, "webhook-50ms": 50.0}
 SINKS = ("stream", *RECEIVERS)
 
 
-class Quiet:
-    """The relay's observer: nothing to report here."""
+class Metered(EventMetrics):
+    """The gateway's own metrics of the relay (their cost is the gateway's),
+    and a bench drain fails on any refusal."""
 
-    def delivered(self, sink: str, lags_s: Sequence[float]) -> None:
-        """Not measured."""
+    def __init__(self) -> None:
+        super().__init__(CollectorRegistry())
 
     def failed(self, sink: str, count: int) -> None:
-        """A bench drain fails on any refusal."""
         raise RuntimeError(f"{count} events refused by {sink}")
 
-    def sample(self, stats: object) -> None:
-        """Not measured."""
 
-
-async def drain(pool: asyncpg.Pool, sink: EventSink, events: int, relays: int, batch: int) -> float:
-    """One drain of ``events`` to ``sink`` by ``relays`` relays; its events a second."""
+async def drain(
+    pool: asyncpg.Pool, sink: EventSink, events: int, relays: int, batch: int
+) -> tuple[float, float]:
+    """One drain of ``events`` to ``sink`` by ``relays`` relays: its events a
+    second, and this process's CPU an event in µs (the relay's share of the
+    core: the gateway's, without PostgreSQL's and Redis's)."""
     await pool.execute(CLEAR)
     await pool.execute(REGISTER, sink.name)
     for first in range(0, events, FLUSH_EVENTS):
         await pool.execute(WRITE, first, min(FLUSH_EVENTS, events - first))
     workers = [
-        Relay(outbox=Outbox(pool), sinks=[sink], observer=Quiet(), batch=batch, poll_s=0.01)
+        Relay(outbox=Outbox(pool), sinks=[sink], observer=Metered(), batch=batch, poll_s=0.01)
         for _ in range(relays)
     ]
 
@@ -104,13 +109,13 @@ async def drain(pool: asyncpg.Pool, sink: EventSink, events: int, relays: int, b
         while await relay.relay_once(sink):
             pass
 
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     await asyncio.gather(*(loop(r) for r in workers))
-    elapsed = time.perf_counter() - started
+    elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu
     owed = await pool.fetchval("SELECT count(*) FROM events_owed")
     if owed:
         raise RuntimeError(f"a drain to {sink.name} left {owed} events owed")
-    return events / elapsed
+    return events / elapsed, cpu / events * 1e6
 
 
 @contextlib.asynccontextmanager
@@ -164,12 +169,12 @@ async def rounds(
         for name, relays, batch in cells[shift:] + cells[:shift]:
             events = config.slow_events if name == "webhook-50ms" else config.events
             async with opened(name, redis, key, urls.get(name), config.stream_replicas) as sink:
-                rate = await drain(pool, sink, events, relays, batch)
+                rate, cpu_us = await drain(pool, sink, events, relays, batch)
             if name == "stream" and await redis.xlen(key) != events:
                 raise RuntimeError("the stream does not hold every event once")
             await redis.delete(key)
             cell = {"sink": name, "relays": relays, "batch": batch, "events": events}
-            drains.append({"round": round_, **cell, "rate": rate})
+            drains.append({"round": round_, **cell, "rate": rate, "relay_cpu_us": cpu_us})
     return drains
 
 
@@ -200,24 +205,32 @@ def receivers(names: Sequence[str], pinning: Pinning, logs: Path) -> Iterator[di
 
 
 def summary(drains: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per (sink, relays, batch): the median, min and max events/s of the rounds."""
-    cells: dict[tuple[str, int, int], list[float]] = {}
+    """Per (sink, relays, batch): the median, min and max events/s of the rounds,
+    and the median of the relay's CPU an event."""
+    cells: dict[tuple[str, int, int], list[dict[str, Any]]] = {}
     for d in drains:
-        cells.setdefault((d["sink"], d["relays"], d["batch"]), []).append(d["rate"])
-    return [
-        {"sink": s, "relays": r, "batch": b}
-        | {"median": statistics.median(v), "min": min(v), "max": max(v)}
-        for (s, r, b), v in sorted(cells.items(), key=lambda c: (SINKS.index(c[0][0]), c[0][1:]))
-    ]
+        cells.setdefault((d["sink"], d["relays"], d["batch"]), []).append(d)
+    rows = []
+    for (s, r, b), found in sorted(cells.items(), key=lambda c: (SINKS.index(c[0][0]), c[0][1:])):
+        rates = [d["rate"] for d in found]
+        rows.append(
+            {"sink": s, "relays": r, "batch": b}
+            | {"median": statistics.median(rates), "min": min(rates), "max": max(rates)}
+            | {"relay_cpu_us": statistics.median(d["relay_cpu_us"] for d in found)}
+        )
+    return rows
 
 
 def report(rows: Sequence[dict[str, Any]]) -> str:
     """A Markdown table of the summary."""
-    lines = ["| sink | relays | batch | events/s median (min-max) |", "|---|--:|--:|--:|"]
+    lines = [
+        "| sink | relays | batch | events/s median (min-max) | relay CPU µs/event |",
+        "|---|--:|--:|--:|--:|",
+    ]
     for row in rows:
         lines.append(
             f"| {row['sink']} | {row['relays']} | {row['batch']} | {row['median']:,.0f}"
-            f" ({row['min']:,.0f}-{row['max']:,.0f}) |"
+            f" ({row['min']:,.0f}-{row['max']:,.0f}) | {row['relay_cpu_us']:.1f} |"
         )
     return "\n".join(lines)
 
