@@ -165,9 +165,11 @@ class EventStream:
         per field."""
         assert isinstance(self._redis, Redis)
         redis = self._redis
-        head = pack(("EVALSHA", self._append.sha, 1, self._key, *trim))
-        count = 6 + sum(map(_arguments, events))
+        head_args = ("EVALSHA", self._append.sha, 1, self._key, *trim)
+        head = pack(head_args)
+        count = len(head_args) + sum(map(_arguments, events))
         body = "".join([e.packed for e in events]).encode()
+        # The head's own count ("*6" CRLF) gives way to the whole command's.
         command = b"*%d\r\n%s%s" % (count, head[head.index(b"\r\n") + 2 :], body)
         wait = self._wait()
         packed = command + b"".join(map(pack, wait))
