@@ -106,7 +106,7 @@ from gateway.usecases.catalog import Catalog
 from gateway.usecases.deductions import Deductions
 from gateway.usecases.lifecycle import HeldUnits, OrderLifecycle, PaymentWindow
 from gateway.usecases.marking import SoldOutMarking
-from gateway.usecases.ports import NO_BOT_CHECK, Batching, Lookups, Marking
+from gateway.usecases.ports import NO_BOT_CHECK, NO_SIGNER, Batching, Lookups, Marking, Signing
 from gateway.usecases.purchases import Purchases
 from gateway.usecases.rebuilds import Rebuilds
 from gateway.usecases.reconciler import Reconciler
@@ -297,7 +297,7 @@ def _admissions(
 ) -> Admissions:
     """The waiting rooms in front of ``purchases``, signing tokens when a secret is set."""
     settings = opened.settings
-    signer = None
+    signer: Signing = NO_SIGNER
     if settings.admission_secret is not None:
         signer = Signer(settings.admission_secret, settings.admission_secret_previous)
     return Admissions(

@@ -44,8 +44,14 @@ from gateway.domain.errors import (
 )
 from gateway.domain.model import Purchase, Result, SkuInfo, WaitingRoom
 from gateway.domain.rooms import Exhausted, Standing, StandingStatus
-from gateway.usecases.admission_tokens import Refusal, Signer, fresh_ticket
-from gateway.usecases.ports import BotCheck, Client
+from gateway.usecases.admission_tokens import Refusal, fresh_ticket
+from gateway.usecases.ports import (
+    NO_ADMISSION_SECRET,
+    AdmissionObserver,
+    BotCheck,
+    Client,
+    Signing,
+)
 from gateway.usecases.servable import NO_BOT_CHECK
 from gateway.usecases.sold_out import ConfirmedIds, UnknownIds
 
@@ -152,13 +158,6 @@ BOT_TOKEN_USED = "this bot_token was already used"
 Verdict = str | BotCheckFailed | BotCheckUnavailable
 
 
-class AdmissionObserver(Protocol):
-    """What the metrics want to know of the waiting rooms (see gateway.ops.metrics)."""
-
-    def room_seen(self, sku: str, waiting: int, admitted_now: int) -> None: ...
-    def admission_refused(self, reason: str) -> None: ...
-
-
 class Admissions:
     """The waiting-room use cases, in front of :class:`Purchases`."""
 
@@ -170,9 +169,9 @@ class Admissions:
         purchases: Buying,
         window: Holding,
         rooms: RoomStore,
-        signer: Signer | None,
+        signer: Signing,
         bot_check: BotCheck,
-        observer: AdmissionObserver | None = None,
+        observer: AdmissionObserver,
     ) -> None:
         self._catalog = catalog
         self._soldout = soldout
@@ -193,7 +192,7 @@ class Admissions:
 
         Raises :class:`UnknownSku`, :class:`NoWaitingRoom`,
         :class:`BotCheckFailed` (403) or :class:`BotCheckUnavailable` (503)."""
-        info, room, _ = await self._room(sku)
+        info, room = await self._room(sku)
         if room.bot_check and not self._bot_check.configured:
             raise Unavailable(NO_BOT_CHECK, retry_after=5)
         verdict: Verdict = BotCheckFailed(NO_BOT_TOKEN)
@@ -249,7 +248,7 @@ class Admissions:
         admitted, None when sold out.
 
         Raises :class:`UnknownSku`, :class:`NoWaitingRoom` or :class:`UnknownTicket`."""
-        info, room, signer = await self._room(sku)
+        info, room = await self._room(sku)
         starts_ms = _ms(info.rules.starts_at)
         standing = await self._rooms.poll(sku, ticket, room, starts_ms)
         if standing.status is SOLD_OUT and await self._window.holding(info):
@@ -269,7 +268,7 @@ class Admissions:
         # The user the token is for, echoed: a client that follows the poll (the
         # schema's BuyAdmitted link, the waiting page) then needs nothing else.
         return Admitted(
-            signer.sign(sku, standing.user_id, ticket, expires_ms),
+            self._signer.sign(sku, standing.user_id, ticket, expires_ms),
             datetime.fromtimestamp(expires_ms / 1000, UTC),
             standing.user_id,
         )
@@ -314,8 +313,7 @@ class Admissions:
     async def _spend(self, purchase: Purchase, token: str, room: WaitingRoom) -> str:
         """Check the token's signature (and, in a room that checks for bots, its
         ticket's verdict) and spend it on this request; its ticket."""
-        signer = self._require_signer()
-        admission = signer.verify(token, purchase.sku, purchase.user_id)
+        admission = self._signer.verify(token, purchase.sku, purchase.user_id)
         if admission is None:
             self._refuse(Refusal.FORGED)
         if room.bot_check and not admission.bot_checked:
@@ -338,27 +336,22 @@ class Admissions:
             self._refuse(Refusal.USED)
         return admission.ticket
 
-    async def _room(self, sku: str) -> tuple[SkuInfo, WaitingRoom, Signer]:
+    async def _room(self, sku: str) -> tuple[SkuInfo, WaitingRoom]:
         info = await self._catalog.get(sku)
         if info.waiting_room is None:
             raise NoWaitingRoom(f"sku {sku!r} has no waiting room")
-        return info, info.waiting_room, self._require_signer()
-
-    def _require_signer(self) -> Signer:
-        if self._signer is None:
-            raise Unavailable("waiting room: GATEWAY_ADMISSION_SECRET is not set", retry_after=5)
-        return self._signer
+        if not self._signer.configured:
+            raise Unavailable(NO_ADMISSION_SECRET, retry_after=5)
+        return info, info.waiting_room
 
     def _refuse(self, reason: Refusal) -> NoReturn:
-        if self._observer is not None:
-            self._observer.admission_refused(reason.value)
+        self._observer.admission_refused(reason.value)
         if reason is Refusal.MISSING:
             raise AdmissionRequired("this sku is bought through its waiting room")
         raise AdmissionInvalid(f"admission token {reason.value}")
 
     def _seen(self, sku: str, standing: Standing) -> None:
-        if self._observer is not None:
-            self._observer.room_seen(sku, standing.waiting, standing.admitted_now)
+        self._observer.room_seen(sku, standing.waiting, standing.admitted_now)
 
 
 def _place(position: int, room: WaitingRoom, starts_ms: int) -> Place:

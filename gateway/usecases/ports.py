@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
 
+from gateway.domain.errors import Unavailable
 from gateway.domain.events import OrderEvent, SinkStats
 from gateway.domain.model import (
     Cause,
@@ -33,6 +34,7 @@ from gateway.domain.payments import BuyerOrder, LatePayment, LateStatus, OrderCu
 from gateway.domain.rules import Bucket, GateAnswer
 from gateway.domain.skus import IfMissing, SkuChange, SkuListing, SkuSheet, SkuState
 from gateway.domain.stock import OrderPage, Pending, Prior, Reply, Settlement, Snapshot, StockLoad
+from gateway.usecases.admission_tokens import Admission
 
 # Names the client's address, asked only when a client rate limit applies.
 Client = Callable[[], str | None] | None
@@ -201,6 +203,56 @@ class BotCheck(Protocol):
         ...
 
 
+# Why a waiting room is unavailable on an instance without GATEWAY_ADMISSION_SECRET.
+NO_ADMISSION_SECRET = "waiting room: GATEWAY_ADMISSION_SECRET is not set"
+
+
+class Signing(Protocol):
+    """Signs and checks the waiting rooms' admission tokens
+    (gateway.usecases.admission_tokens.Signer)."""
+
+    @property
+    def configured(self) -> bool:
+        """Whether this instance can sign tokens (GATEWAY_ADMISSION_SECRET)."""
+        ...
+
+    def sign(self, sku: str, user_id: str, ticket: str, expires_ms: int) -> str:
+        """The token admitting ``user_id`` to buy ``sku`` until ``expires_ms``."""
+        ...
+
+    def verify(self, token: str, sku: str, user_id: str) -> Admission | None:
+        """The admission ``token`` grants, or None when it is not ours."""
+        ...
+
+
+class _NoSigner:
+    """An instance without GATEWAY_ADMISSION_SECRET: its waiting rooms answer
+    503, since no token could be signed or checked."""
+
+    @property
+    def configured(self) -> bool:
+        """Not configured."""
+        return False
+
+    def sign(self, sku: str, user_id: str, ticket: str, expires_ms: int) -> str:
+        """Refused: raises :class:`Unavailable`."""
+        raise Unavailable(NO_ADMISSION_SECRET, retry_after=5)
+
+    def verify(self, token: str, sku: str, user_id: str) -> Admission | None:
+        """Refused: raises :class:`Unavailable`."""
+        raise Unavailable(NO_ADMISSION_SECRET, retry_after=5)
+
+
+NO_SIGNER = _NoSigner()
+
+
+class AdmissionObserver(Protocol):
+    """What the metrics want to know of the waiting rooms (see gateway.ops.metrics)."""
+
+    def room_seen(self, sku: str, waiting: int, admitted_now: int) -> None: ...
+    def admission_refused(self, reason: str) -> None: ...
+
+
 class _NoBotCheck:
     """An instance without GATEWAY_BOT_CHECK_URL: no token passes (a room that
     checks is refused when configured here, and unservable if it arrives)."""
@@ -222,7 +274,7 @@ NO_BOT_CHECK = _NoBotCheck()
 
 
 class _Unobserved:
-    """Purchases nobody counts."""
+    """Purchases and waiting rooms nobody counts."""
 
     def shed_one(self) -> None:
         """Nothing to count."""
@@ -231,6 +283,12 @@ class _Unobserved:
         """Nothing to count."""
 
     def purchase_confirmed(self, sku: str) -> None:
+        """Nothing to count."""
+
+    def room_seen(self, sku: str, waiting: int, admitted_now: int) -> None:
+        """Nothing to count."""
+
+    def admission_refused(self, reason: str) -> None:
         """Nothing to count."""
 
 

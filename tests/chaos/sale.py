@@ -9,7 +9,10 @@ time:
 1. a sku with less stock than buyers; the first wave of buyers arrives spread
    over a few seconds (real clients: retries, Retry-After, instance switching);
 2. once orders exist but the sale is not over (polled in PostgreSQL), the
-   fault runs; the sale must have been neither over before it nor stopped by it;
+   fault runs; the sale must have been neither over before it nor stopped by it.
+   Once the fault is over, the buyers of the wave yet to arrive come at once
+   (the driver's hurry): what follows the fault is the recovery, which a
+   spread of arrivals only stretches in time;
 3. after the wave: every client has a final answer (201 or ``sold_out``), the
    invariants hold (no oversell, no user twice, stock adds up, every 201 has
    its row with that order id, nobody told "no" has an order), and the audit
@@ -118,6 +121,7 @@ async def run_scenario(
     run = ScenarioRun(name, stack, sku, plan)
     started = time.monotonic()
     await stack.gateways.put_sku(sku, plan.stock)
+    fault_over = asyncio.Event()
     driver = LoadDriver(
         stack.gateways.urls,
         sku,
@@ -126,11 +130,13 @@ async def run_scenario(
         seed=plan.seed,
         policy=plan.policy,
         run_id=f"w1{uuid.uuid4().hex[:4]}",
+        hurry=fault_over,
     )
     sale = asyncio.create_task(driver.run())
     try:
         run.orders_at_fault = await _mid_sale(stack, sku, plan, sale, ready)
         run.fault = await fault(stack, sku)
+        fault_over.set()
         async with asyncio.timeout(90):
             run.first = await sale
         await _check_first_wave(run)

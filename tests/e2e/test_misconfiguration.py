@@ -5,6 +5,11 @@ and the rest of the configuration good. The cross-wired cases point a URL at
 the real Redis and PostgreSQL of the test session; "nothing answers" uses a
 port nothing listens on. Each run is bounded by a timeout, so a hang fails the
 test rather than holding the suite.
+
+The runs are made together, a few at a time, before the first case is checked
+(:func:`runs`), and each case's test checks its own: most of a run is waiting
+(PostgreSQL's connect timeout of 5 s against a Redis, the 1 s start-up wait of
+serve and writer), and one after another they took a minute.
 """
 
 from __future__ import annotations
@@ -13,6 +18,9 @@ import asyncio
 import json
 import subprocess
 import sys
+import uuid
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import pytest
@@ -24,6 +32,8 @@ from testkit.services import REDIS_URL
 
 # Far beyond what any case takes: reaching it means the command hung.
 RUN_BOUND_S = 60
+# CLI runs at once: enough to overlap their waits, few enough for two cores.
+AT_ONCE = 4
 PASSWORD = "s3cret-pw"
 PG_PORT, REDIS_PORT = 5432, 6379
 NO_HOST = "no-such-host.invalid"
@@ -154,27 +164,50 @@ def log_events(lines: list[str]) -> list[dict[str, str]]:
     return [json.loads(line) for line in lines if line.startswith("{")]
 
 
+@dataclass(frozen=True)
+class Run:
+    """One case's run of one command: the bad URL given, the free port it may
+    name, and the run (its result raises what running it raised)."""
+
+    url: str
+    port: int
+    done: Future[subprocess.CompletedProcess[str]]
+
+
+@pytest.fixture(scope="module")
+def runs(migrated: str, run_id: str) -> Iterator[dict[tuple[str, str], Run]]:
+    """Every case's runs, started together (:data:`AT_ONCE` at a time), by
+    (case, command); each with a key prefix of its own."""
+    db = migrated.rsplit("/", 1)[1]
+    with ThreadPoolExecutor(AT_ONCE) as pool:
+        made = {}
+        for case, command in _runs():
+            bad, port = CASES[case], free_port()
+            url = bad.url.format(db=db, port=port)
+            settings = {
+                "GATEWAY_DATABASE_URL": migrated,
+                "GATEWAY_REDIS_URL": REDIS_URL,
+                "GATEWAY_KEY_PREFIX": f"t{run_id}{uuid.uuid4().hex[:6]}",
+                "GATEWAY_PORT": str(free_port()),
+                "GATEWAY_STARTUP_WAIT_S": "1",
+                bad.setting: url,
+            }
+            made[case, command] = Run(url, port, pool.submit(run_cli, command, settings))
+        yield made
+
+
 @pytest.mark.parametrize(("case", "command"), _runs(), ids=[f"{c}-{m}" for c, m in _runs()])
 def test_one_line_names_setting_url_and_finding(
-    migrated: str, key_prefix: str, case: str, command: str
+    migrated: str, runs: dict[tuple[str, str], Run], case: str, command: str
 ) -> None:
     """The command ends with status 2 and, on stderr, no traceback and one line:
     the setting, its URL with the password masked, and what was found there.
     Serve and writer wait briefly (GATEWAY_STARTUP_WAIT_S=1) when nothing
     answers, and each line they log meanwhile names the setting and URL too;
     for anything else they do not wait, and the line is all they print."""
-    bad = CASES[case]
-    db, port = migrated.rsplit("/", 1)[1], free_port()
-    url = bad.url.format(db=db, port=port)
-    settings = {
-        "GATEWAY_DATABASE_URL": migrated,
-        "GATEWAY_REDIS_URL": REDIS_URL,
-        "GATEWAY_KEY_PREFIX": key_prefix,
-        "GATEWAY_PORT": str(free_port()),
-        "GATEWAY_STARTUP_WAIT_S": "1",
-        bad.setting: url,
-    }
-    done = run_cli(command, settings)
+    bad, run = CASES[case], runs[case, command]
+    db, port, url = migrated.rsplit("/", 1)[1], run.port, run.url
+    done = run.done.result()
     lines = done.stderr.splitlines()
     assert done.returncode == 2, done.stderr
     assert "Traceback" not in done.stderr and PASSWORD not in done.stderr, done.stderr

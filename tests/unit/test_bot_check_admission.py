@@ -23,13 +23,22 @@ from gateway.domain.model import Outcome, Purchase, Result, SkuInfo, WaitingRoom
 from gateway.domain.rooms import Exhausted, Standing, StandingStatus
 from gateway.usecases.admission import Admissions
 from gateway.usecases.admission_tokens import CHECKED, Signer
-from gateway.usecases.ports import NO_BOT_CHECK, BotCheck, Client
+from gateway.usecases.ports import (
+    NO_BOT_CHECK,
+    NO_SIGNER,
+    UNOBSERVED,
+    AdmissionObserver,
+    BotCheck,
+    Client,
+    Signing,
+)
 from gateway.usecases.sold_out import ConfirmedIds, UnknownIds
 
 SKU = "drop"
 SECRET = "unit-admission-secret-0123"
 CHECKING = WaitingRoom(admit_per_s=10, token_ttl_s=60, bot_check=True)
 OPEN = WaitingRoom(admit_per_s=10, token_ttl_s=60)
+SIGNER = Signer(SECRET)
 
 
 class Verifier:
@@ -152,13 +161,30 @@ class Marks:
         return ConfirmedIds(0) if self.marked else None
 
 
+class Counted:
+    """The metrics: every room seen and every refusal, recorded."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, int, int]] = []
+        self.refused: list[str] = []
+
+    def room_seen(self, sku: str, waiting: int, admitted_now: int) -> None:
+        self.seen.append((sku, waiting, admitted_now))
+
+    def admission_refused(self, reason: str) -> None:
+        self.refused.append(reason)
+
+
 def admissions(
     room: WaitingRoom = CHECKING,
     verifier: BotCheck | None = None,
     store: Store | None = None,
     marked: bool = False,
+    signer: Signing = SIGNER,
+    observer: AdmissionObserver = UNOBSERVED,
 ) -> tuple[Admissions, Store, Buying]:
-    """Admissions for one sku with ``room``, the given verifier and store."""
+    """Admissions for one sku with ``room``, the given verifier, store, signer
+    and observer."""
     store = store or Store()
     buying = Buying()
     made = Admissions(
@@ -167,8 +193,9 @@ def admissions(
         purchases=buying,
         window=buying,
         rooms=store,
-        signer=Signer(SECRET),
+        signer=signer,
         bot_check=verifier or Verifier(),
+        observer=observer,
     )
     return made, store, buying
 
@@ -267,9 +294,31 @@ class TestPurchase:
 
     async def test_an_unchecked_ticket_does_not(self) -> None:
         """A token whose ticket was made without the check: 403 admission_invalid,
-        nothing bought."""
-        rooms, _, buying = admissions()
+        nothing bought, the refusal counted by its reason."""
+        counted = Counted()
+        rooms, _, buying = admissions(observer=counted)
         token = Signer(SECRET).sign(SKU, "alice", "0123abcd", 2**42)
         with pytest.raises(AdmissionInvalid, match="unchecked"):
             await rooms.purchase(Purchase(SKU, "alice", 1, "r-1"), token)
         assert buying.bought == []
+        assert counted.refused == ["unchecked"]
+
+
+class TestWithoutASecret:
+    """An instance without GATEWAY_ADMISSION_SECRET (the NO_SIGNER port): its
+    waiting rooms answer 503, and nobody joins or buys through them."""
+
+    async def test_a_join_is_unavailable(self) -> None:
+        """No ticket is made: the room is refused before the store is asked."""
+        rooms, store, _ = admissions(OPEN, signer=NO_SIGNER)
+        with pytest.raises(Unavailable, match="GATEWAY_ADMISSION_SECRET"):
+            await rooms.join(SKU, "alice", None, client)
+        assert store.joins == []
+
+    async def test_a_purchase_is_unavailable(self) -> None:
+        """A token, even one another instance signed, buys nothing here."""
+        rooms, store, buying = admissions(OPEN, signer=NO_SIGNER)
+        token = Signer(SECRET).sign(SKU, "alice", "0123abcd", 2**42)
+        with pytest.raises(Unavailable, match="GATEWAY_ADMISSION_SECRET"):
+            await rooms.purchase(Purchase(SKU, "alice", 1, "r-1"), token)
+        assert buying.bought == [] and store.spent == {}
