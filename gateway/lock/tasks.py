@@ -94,3 +94,15 @@ async def _undo_when_done(inner: asyncio.Task[T], undo: Undo[T]) -> None:
     action = undo(result)
     if action is not None:
         await action
+
+
+def stop_if_cancelled(exc: BaseException) -> None:
+    """Raise CancelledError when the running task is being cancelled: ``exc`` then
+    took the cancellation's place. A context manager's exit that fails on the way
+    out does that, such as a lock's release or a transaction's end on a connection
+    gone at shutdown. A loop that logs a failure and tries again calls this first:
+    a reconciler that caught such an error as one sku's failure went on to the
+    next sku, pass after pass, and its task never stopped."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError from exc

@@ -26,6 +26,7 @@ from redis.asyncio.client import PubSub
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import RedisError
 
+from gateway.lock.tasks import stop_if_cancelled
 from gateway.redis.connections import RedisClient
 from gateway.redis.layout import Change, parse_change
 
@@ -79,10 +80,12 @@ class ChangeFeed:
             try:
                 await self._listen()
             except (RedisError, OSError) as exc:
+                stop_if_cancelled(exc)
                 self.subscribed.clear()
                 log.warning("change_feed_down", cause=type(exc).__name__)
                 await asyncio.sleep(RETRY_S)
-            except Exception:
+            except Exception as exc:
+                stop_if_cancelled(exc)
                 # Not a connection error we know, yet the feed must outlive it: a
                 # dead feed would leave restocked skus marked sold out for good.
                 # (redis-py lets a write on a connection closed under it escape as

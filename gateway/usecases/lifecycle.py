@@ -57,6 +57,7 @@ from gateway.domain.model import (
 )
 from gateway.domain.payments import BuyerOrder, LatePayment, LateStatus, OrderCursor, Page
 from gateway.domain.stock import replayed
+from gateway.lock.tasks import stop_if_cancelled
 from gateway.usecases.ports import (
     HeldCounts,
     Listings,
@@ -293,8 +294,10 @@ class OrderLifecycle:
                 if due_in is not None:
                     wait = min(wait, max(due_in, 0.0))
             except Unavailable as exc:
+                stop_if_cancelled(exc)
                 log.warning("expiry_sweep_failed", error=str(exc))
-            except Exception:
+            except Exception as exc:
+                stop_if_cancelled(exc)
                 log.exception("expiry_sweep_failed")
             await asyncio.sleep(wait)
 

@@ -56,6 +56,7 @@ from gateway.domain.model import Verdict
 from gateway.domain.skus import SkuState
 from gateway.domain.stock import Settlement, StockLoad
 from gateway.lock import LockError
+from gateway.lock.tasks import stop_if_cancelled
 from gateway.usecases.catalog import Catalog
 from gateway.usecases.ports import (
     Counters,
@@ -156,7 +157,8 @@ class Reconciler:
             await asyncio.sleep(self._interval)
             try:
                 await self.reconcile_all()
-            except Exception:
+            except Exception as exc:
+                stop_if_cancelled(exc)
                 log.exception("reconcile_pass_failed")
 
     async def reconcile_all(self) -> dict[str, SkuReconciliation]:
@@ -178,6 +180,7 @@ class Reconciler:
             try:
                 found = await self.reconcile(state.sku)
             except (Unavailable, LockError, RedisError) as exc:
+                stop_if_cancelled(exc)
                 log.warning("reconcile_failed", sku=state.sku, cause=repr(exc))
                 self._returned.add(state.sku)  # not known idle: seen again next pass
                 if not state.archived:

@@ -32,6 +32,7 @@ from redis.backoff import AbstractBackoff, EqualJitterBackoff, ExponentialBackof
 from gateway.domain.errors import Unavailable
 from gateway.domain.events import EventSink, SinkStats
 from gateway.lock.backoff import DOUBLINGS, pause
+from gateway.lock.tasks import stop_if_cancelled
 from gateway.usecases.ports import Claimed, Deliveries
 
 log = structlog.get_logger(__name__)
@@ -151,11 +152,13 @@ class Relay:
                 claimed = await self.relay_once(sink)
                 failures = 0
             except Unavailable as exc:
+                stop_if_cancelled(exc)
                 log.warning("relay_failed", sink=sink.name, error=str(exc))
                 await asyncio.sleep(pause(OUTAGE_BACKOFF, failures))
                 failures += 1
                 continue
-            except Exception:
+            except Exception as exc:
+                stop_if_cancelled(exc)
                 log.exception("relay_failed", sink=sink.name)
                 await asyncio.sleep(pause(OUTAGE_BACKOFF, DOUBLINGS))
                 continue
@@ -176,7 +179,9 @@ class Relay:
             try:
                 await self.upkeep()
             except Unavailable as exc:
+                stop_if_cancelled(exc)
                 log.warning("relay_upkeep_failed", error=str(exc))
-            except Exception:
+            except Exception as exc:
+                stop_if_cancelled(exc)
                 log.exception("relay_upkeep_failed")
             await asyncio.sleep(UPKEEP_S)

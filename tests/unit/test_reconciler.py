@@ -6,7 +6,9 @@ once under a lock, seen twice alike without one), and an idle sku left alone."""
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+import asyncio
+from collections.abc import AsyncIterator, Collection, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -15,8 +17,10 @@ import pytest
 from gateway.domain.model import Order, SkuInfo, Strategy, Verdict
 from gateway.domain.skus import SkuState
 from gateway.domain.stock import Pending, StockLoad
+from gateway.lock import LockLost
 from gateway.usecases.catalog import Catalog
 from gateway.usecases.reconciler import Reconciler
+from testkit.polling import wait_for
 from tests.unit.stock_fakes import SKU, TIMEOUT_S, Locks, Rebuilds, Redis, Tags
 
 NOW = datetime(2030, 1, 1, tzinfo=UTC)
@@ -127,7 +131,7 @@ class World:
     observer: Observer
     queued: set[str]
 
-    def reconciler(self, *, locked: bool = True) -> Reconciler:
+    def reconciler(self, *, locked: bool = True, locks: Locks | None = None) -> Reconciler:
         async def queued(sku: str) -> set[str]:
             return self.queued
 
@@ -139,7 +143,7 @@ class World:
             stamp=same,
             database=same,
             retention=same,
-            locks=Locks(enabled=locked),
+            locks=locks or Locks(enabled=locked),
             timeout_s=TIMEOUT_S,
             interval_s=3600.0,
             observer=self.observer,
@@ -229,3 +233,51 @@ class TestIdleSkus:
         """Stock on sale keeps a sku active, in the passes and the metrics."""
         await world.reconciler().reconcile_all()
         assert (world.db.idled, world.observer.kept) == ([], [SKU])
+
+
+class ReleaseFailsOnCancel(Locks):
+    """A flush lock whose release fails when the pass inside it is cancelled (its
+    Redis gone, as at a gateway's shutdown): the release's error takes the
+    cancellation's place, as an ``async with`` whose exit raises does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.entered: list[str] = []
+
+    @asynccontextmanager
+    async def held(self, sku: str) -> AsyncIterator[None]:
+        self.entered.append(sku)
+        try:
+            yield
+        except asyncio.CancelledError:
+            raise LockLost(sku) from None
+
+
+@dataclass
+class Stalling(Redis):
+    """Redis that never answers a ledger read: a pass waits inside the lock."""
+
+    async def pending(self, sku: str) -> list[Pending]:
+        await asyncio.Event().wait()
+        return []
+
+
+class TestStopping:
+    """The reconciler's task stops when cancelled."""
+
+    async def test_a_pass_cancelled_inside_a_lock_whose_release_fails_stops(self) -> None:
+        """Two skus; the pass is cancelled while the first one's lock is held,
+        and the lock's release fails in its place: the pass ends cancelled, and
+        the second sku is not visited (it went on to it, and on pass after pass:
+        a test gateway's reconciler was stuck for the 120 s of its teardown)."""
+        db = Database()
+        db.add_sku(SKU, 10)
+        db.add_sku("sku-2", 10)
+        world = World(Stalling(counters={SKU: 10, "sku-2": 10}), db, Rebuilds(), Observer(), set())
+        locks = ReleaseFailsOnCancel()
+        task = asyncio.create_task(world.reconciler(locks=locks).reconcile_all())
+        await wait_for(lambda: bool(locks.entered), within=5, what="the first sku's pass")
+        task.cancel()
+        done, _ = await asyncio.wait({task}, timeout=5)
+        assert done and task.cancelled(), "the pass went on after its cancel"
+        assert locks.entered == [SKU]

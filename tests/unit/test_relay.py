@@ -7,6 +7,7 @@ letters of a sink with a max age, and a word about a sink nobody serves."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -16,11 +17,13 @@ import pytest
 from redis.backoff import ExponentialBackoff
 from structlog.testing import capture_logs
 
+from gateway.domain.errors import Unavailable
 from gateway.domain.events import EventType, OrderEvent, SinkName, SinkStats
 from gateway.domain.model import OrderStatus
 from gateway.lock.backoff import pause
 from gateway.usecases.relay import Relay
 from testkit.order_events import Observed
+from testkit.polling import wait_for
 
 START = datetime(2026, 12, 1, tzinfo=UTC)
 # No jitter: the delays the relay asks for are known in advance.
@@ -271,3 +274,46 @@ class TestUpkeep:
         assert outbox.registered == ["stream"]
         warned = [e for e in logs if e["event"] == "events_owed_to_unconfigured_sink"]
         assert [(e["sink"], e["owed"]) for e in warned] == [("webhook", 4)]
+
+
+class LostOnCancel(FakeOutbox):
+    """An outbox whose claim's transaction fails to end when the relay is
+    cancelled mid-delivery (its connection gone with the shutdown): the error
+    takes the cancellation's place, as an ``async with`` whose exit raises does."""
+
+    @asynccontextmanager
+    async def claim(self, sink: str, limit: int, *, packed: bool) -> AsyncIterator[FakeClaim]:
+        async with super().claim(sink, limit, packed=packed) as claim:
+            try:
+                yield claim
+            except asyncio.CancelledError:
+                raise Unavailable("the connection went with the shutdown") from None
+
+
+@dataclass
+class Stalling(FakeSink):
+    """A sink that never answers, its deliveries counted."""
+
+    calls: int = 0
+
+    async def deliver(self, events: Sequence[OrderEvent]) -> list[str | None]:
+        self.calls += 1
+        await asyncio.Event().wait()
+        return []
+
+
+class TestStopping:
+    """A relay stops when cancelled."""
+
+    async def test_a_relay_cancelled_mid_delivery_stops_though_its_claim_fails(self) -> None:
+        """Cancelled while the sink holds a claim whose transaction then fails
+        to end: the relay's task ends cancelled, and no claim is tried again
+        (it took the failure for an outage, and retried forever)."""
+        outbox = LostOnCancel(owed=[Owed(event(1, "A", 1))])
+        sink = Stalling()
+        task = asyncio.create_task(relay_of(outbox, sink).run())
+        await wait_for(lambda: sink.calls == 1, within=5, what="the first delivery")
+        task.cancel()
+        done, _ = await asyncio.wait({task}, timeout=5)
+        assert done and task.cancelled(), "the relay went on after its cancel"
+        assert sink.calls == 1
