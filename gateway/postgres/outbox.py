@@ -28,7 +28,8 @@ from gateway.postgres.database import Connection, as_unavailable
 
 REGISTER = "INSERT INTO event_sinks (name) VALUES ($1) ON CONFLICT DO NOTHING"
 # Up to $2 events due for sink $1, locked until the claim's transaction ends
-# (sql/functions/claim_events.sql): seq, fields, attempts, fresh, occurred.
+# (sql/functions/claim_events.sql): seq, fields or with $3 packed, attempts,
+# fresh, occurred.
 CLAIM = "SELECT seq, fields, packed, attempts, fresh, occurred FROM claim_events($1, $2, $3)"
 # A batch's events a sink refused: owed one by one from now on, since their
 # write (the max age counts from there, as for any event). Each read by its own
@@ -140,6 +141,9 @@ SELECT s.name, COALESCE(sum(o.depth), 0)::bigint AS depth, COALESCE(sum(o.dead),
 FROM event_sinks s LEFT JOIN owed o ON o.sink = s.name
 GROUP BY s.name ORDER BY s.name
 """
+# The oldest event owed to a sink, dead letters included, by the lowest seq:
+# the order of writing, which is occurred_at's but for transactions open at
+# once (a margin on the reader's side covers them).
 OLDEST_OWED = """
 SELECT least(
     (SELECT occurred_at FROM event_deliveries WHERE sink = $1 ORDER BY seq LIMIT 1),

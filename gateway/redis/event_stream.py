@@ -168,11 +168,16 @@ class EventStream:
         head_args = ("EVALSHA", self._append.sha, 1, self._key, *trim)
         head = pack(head_args)
         count = len(head_args) + sum(map(_arguments, events))
-        body = "".join([e.packed for e in events]).encode()
-        # The head's own count ("*6" CRLF) gives way to the whole command's.
-        command = b"*%d\r\n%s%s" % (count, head[head.index(b"\r\n") + 2 :], body)
         wait = self._wait()
-        packed = command + b"".join(map(pack, wait))
+        # The head's own count ("*6" CRLF) gives way to the whole command's.
+        packed = b"".join(
+            [
+                b"*%d\r\n" % count,
+                head[head.index(b"\r\n") + 2 :],
+                "".join([e.packed for e in events]).encode(),
+                *map(pack, wait),
+            ]
+        )
         return lambda: packed_many(redis, packed, 1 + len(wait))
 
     def _short_of_replicas(self, reached: int | Exception) -> str | None:

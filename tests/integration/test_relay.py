@@ -282,6 +282,22 @@ class TestPacked:
             "a version before the one below it"
         )
 
+    async def test_a_packed_append_waits_for_its_replicas(
+        self, pool: asyncpg.Pool, redis: Redis, key_prefix: str
+    ) -> None:
+        """Packed, the append is followed by its WAIT on the same connection: on a
+        Redis with no replica, a sink asking for one gets the event appended and
+        refused as short of replicas (to be sent again), as with fields."""
+        key = f"{key_prefix}:events"
+        stream = EventStream(redis, key, max_len=0, max_age_s=0, webhook_owed=None, replicas=1)
+        await Outbox(pool).register("stream")
+        await pool.execute(WRITE_EVENTS, 2, 1)
+        async with Outbox(pool).claim("stream", 10, packed=True) as claim:
+            assert all(e.packed and not e.fields for e in claim.events)
+            answers = await stream.deliver(claim.events)
+        assert answers == ["redis: on 0 of 1 replicas after 1000 ms"] * 2
+        assert await redis.xlen(key) == 2
+
 
 class TestRetries:
     """A sink that refuses some first attempts."""
