@@ -21,7 +21,10 @@ that the outbox owes nothing, and that the stream holds every event once.
 Every (sink, relays, batch size) is one drain per round, ``--rounds``
 rounds, the order shifted each round. Besides the events a second it takes
 this process's CPU over each drain, an event: what the relay costs the
-gateway, its metrics included (PostgreSQL's and Redis's share is not in it).
+gateway, its metrics included; and, for the stream on a Redis of this
+machine, that Redis's CPU an event (``loadtests.lib.proc_cpu``: everything
+the server did meanwhile, so give it a Redis of its own, ``--redis-url``, on a
+shared machine). PostgreSQL's share is not in it.
 It prints a Markdown table and writes ``loadtests/results/relay.json``.
 """
 
@@ -36,7 +39,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +60,7 @@ from gateway.usecases.relay import Relay
 from loadtests.lib.machine import describe, load_average
 from loadtests.lib.options import PG_URL, REDIS_URL, REPO_ROOT, RESULTS_DIR
 from loadtests.lib.pinning import Pinning, choose
+from loadtests.lib.proc_cpu import snapshot
 from loadtests.lib.targets import Target, wait_ready
 from testkit.ports import free_port
 from testkit.processes import die_with_parent, stop_process
@@ -91,11 +95,12 @@ class Metered(EventMetrics):
 
 
 async def drain(
-    pool: asyncpg.Pool, sink: EventSink, events: int, relays: int, batch: int
-) -> tuple[float, float]:
+    pool: asyncpg.Pool, sink: EventSink, events: int, relays: int, batch: int, redis: int | None
+) -> tuple[float, float, float | None]:
     """One drain of ``events`` to ``sink`` by ``relays`` relays: its events a
-    second, and this process's CPU an event in µs (the relay's share of the
-    core: the gateway's, without PostgreSQL's and Redis's)."""
+    second, this process's CPU an event in µs (the relay's share of the core:
+    the gateway's, without PostgreSQL's and Redis's), and that of the Redis
+    whose pid is ``redis`` (None: not measured)."""
     await pool.execute(CLEAR)
     await pool.execute(REGISTER, sink.name)
     for first in range(0, events, FLUSH_EVENTS):
@@ -109,13 +114,20 @@ async def drain(
         while await relay.relay_once(sink):
             pass
 
+    server = snapshot(redis) if redis is not None else None
     started, cpu = time.perf_counter(), time.process_time()
     await asyncio.gather(*(loop(r) for r in workers))
     elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu
+    served = None if server is None or redis is None else snapshot(redis).total() - server.total()
     owed = await pool.fetchval("SELECT count(*) FROM events_owed")
     if owed:
         raise RuntimeError(f"a drain to {sink.name} left {owed} events owed")
-    return events / elapsed, cpu / events * 1e6
+    return events / elapsed, cpu / events * 1e6, None if served is None else served / events * 1e6
+
+
+def local(pid: int) -> int | None:
+    """``pid`` when it is a process of this machine (its /proc readable)."""
+    return pid if Path(f"/proc/{pid}/stat").exists() else None
 
 
 @contextlib.asynccontextmanager
@@ -163,18 +175,23 @@ async def rounds(
 ) -> list[dict[str, Any]]:
     """The rounds of drains, each round's order shifted by one cell."""
     cells = [(s, r, b) for s in config.sinks for r in config.relays for b in config.batches]
+    server = local(int((await redis.info("server"))["process_id"]))
     drains: list[dict[str, Any]] = []
     for round_ in range(config.rounds):
         shift = round_ % len(cells)
         for name, relays, batch in cells[shift:] + cells[:shift]:
             events = config.slow_events if name == "webhook-50ms" else config.events
             async with opened(name, redis, key, urls.get(name), config.stream_replicas) as sink:
-                rate, cpu_us = await drain(pool, sink, events, relays, batch)
+                measured = server if name == "stream" else None
+                rate, cpu_us, redis_us = await drain(pool, sink, events, relays, batch, measured)
             if name == "stream" and await redis.xlen(key) != events:
                 raise RuntimeError("the stream does not hold every event once")
             await redis.delete(key)
             cell = {"sink": name, "relays": relays, "batch": batch, "events": events}
-            drains.append({"round": round_, **cell, "rate": rate, "relay_cpu_us": cpu_us})
+            drains.append(
+                {"round": round_, **cell, "rate": rate, "relay_cpu_us": cpu_us}
+                | {"redis_cpu_us": redis_us}
+            )
     return drains
 
 
@@ -206,7 +223,7 @@ def receivers(names: Sequence[str], pinning: Pinning, logs: Path) -> Iterator[di
 
 def summary(drains: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per (sink, relays, batch): the median, min and max events/s of the rounds,
-    and the median of the relay's CPU an event."""
+    and the medians of the relay's and Redis's CPU an event."""
     cells: dict[tuple[str, int, int], list[dict[str, Any]]] = {}
     for d in drains:
         cells.setdefault((d["sink"], d["relays"], d["batch"]), []).append(d)
@@ -217,6 +234,7 @@ def summary(drains: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             {"sink": s, "relays": r, "batch": b}
             | {"median": statistics.median(rates), "min": min(rates), "max": max(rates)}
             | {"relay_cpu_us": statistics.median(d["relay_cpu_us"] for d in found)}
+            | {"redis_cpu_us": _median(d["redis_cpu_us"] for d in found)}
         )
     return rows
 
@@ -224,15 +242,23 @@ def summary(drains: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 def report(rows: Sequence[dict[str, Any]]) -> str:
     """A Markdown table of the summary."""
     lines = [
-        "| sink | relays | batch | events/s median (min-max) | relay CPU µs/event |",
-        "|---|--:|--:|--:|--:|",
+        "| sink | relays | batch | events/s median (min-max) | relay CPU µs/event"
+        " | Redis CPU µs/event |",
+        "|---|--:|--:|--:|--:|--:|",
     ]
     for row in rows:
+        redis = "-" if row["redis_cpu_us"] is None else f"{row['redis_cpu_us']:.1f}"
         lines.append(
             f"| {row['sink']} | {row['relays']} | {row['batch']} | {row['median']:,.0f}"
-            f" ({row['min']:,.0f}-{row['max']:,.0f}) | {row['relay_cpu_us']:.1f} |"
+            f" ({row['min']:,.0f}-{row['max']:,.0f}) | {row['relay_cpu_us']:.1f} | {redis} |"
         )
     return "\n".join(lines)
+
+
+def _median(values: Iterable[float | None]) -> float | None:
+    """The median of the measured values; None when none was."""
+    measured = [v for v in values if v is not None]
+    return statistics.median(measured) if measured else None
 
 
 def _ints(raw: str) -> list[int]:

@@ -81,8 +81,8 @@ class OrderEvent:
 
     A claim for a sink that takes events packed (``EventSink.packed``: the
     stream on one Redis) has ``fields`` empty and ``packed`` instead: the
-    number of fields, then the fields, as the stream's append script takes
-    them, each a RESP bulk string (``sql/functions/event_packed.sql``). The
+    number of fields, then the fields, as the stream's XADD takes them,
+    each a RESP bulk string (``sql/functions/event_packed.sql``). The
     properties below read ``fields``: such an event is only written to Redis.
     """
 

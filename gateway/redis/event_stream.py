@@ -3,11 +3,14 @@
 Every event is one entry of ``GATEWAY_EVENTS_STREAM`` (default
 ``flashsale:events``) whose fields are the event's (``OrderEvent.fields``),
 read by consumer groups (XREADGROUP, XACK; README, "Events"). A claim's
-events go in one call of ``lua/append_events.lua``, on one Redis packed by
-PostgreSQL (``OrderEvent.packed``: the gateway decodes one string per event,
-packs none, and reads one reply), on a cluster as their fields. One
-key, so one slot of a Redis Cluster: a batch is one call to one node. A
-batch's last XADD trims the stream, approximately (``~``, whole macro nodes):
+events go as one XADD each, all in one round trip: on one Redis packed by
+PostgreSQL (``OrderEvent.packed``: the gateway decodes one string per event
+and packs only the XADD's head), on a cluster as their fields through
+redis-py's pipeline. Plain XADDs, not a script: a Lua script's call of XADD
+cost Redis 3.5 µs an event against 1.7 for the command itself (issue 42;
+docs/performance.md, "Order events"). One key, so one slot of a
+Redis Cluster: a batch is one round trip to one node. A batch's last XADD
+trims the stream, approximately (``~``, whole macro nodes):
 
 - by length (``GATEWAY_EVENTS_STREAM_MAX_LEN``) when set, else by age
   (``GATEWAY_EVENTS_STREAM_MAX_AGE_S``, counted back from the newest entry's
@@ -34,16 +37,15 @@ from __future__ import annotations
 import math
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
-from typing import Any
 
 from redis.asyncio import Redis
-from redis.exceptions import NoScriptError, RedisError
+from redis.exceptions import RedisError
 
 from gateway.domain.errors import Unavailable
 from gateway.domain.events import OrderEvent, SinkName
 from gateway.lock import connection_errors
 from gateway.redis.connections import RedisClient
-from gateway.redis.scripts import commands_many, pack, packed_many, read_script
+from gateway.redis.scripts import commands_many, pack, packed_many
 
 # An entry's id is Redis's clock when it was appended, at or after its event
 # occurred by PostgreSQL's. Two hosts' clocks disagree by well under this
@@ -53,21 +55,14 @@ SKEW_MARGIN_S = 60.0
 # How long a batch waits for its replicas before it is refused and retried.
 REPLICA_WAIT_MS = 1000
 
-# The append script's trim arguments when the call trims nothing.
-NO_TRIM = ("", 0)
+# What a batch's last XADD trims by: MAXLEN or MINID and the threshold; None: nothing.
+Trim = tuple[str, int] | None
 
 # When the oldest event still owed to the webhook occurred; None: none is.
 OwedFloor = Callable[[], Awaitable[datetime | None]]
-# One attempt of an append, sent again after the script was loaded.
-Send = Callable[[], Awaitable[list[Any]]]
-
-
-def _arguments(event: OrderEvent) -> int:
-    """The append script's arguments a packed event takes: its number of
-    fields, then the fields. event_packed writes that number first, always
-    two digits (20 to 28: "$2", CRLF, the digits), so it is read from there
-    (splitting the text cost 0.8 µs an event, a few hundred a claim)."""
-    return 1 + int(event.packed[4:6])
+# A packed event's start: its number of fields as a bulk string ("$2", CRLF,
+# two digits, CRLF; sql/functions/event_packed.sql). Its XADD's head replaces it.
+COUNT_PREFIX = len("$2\r\n20\r\n")
 
 
 def _ms(entry_id: str | bytes) -> int:
@@ -75,6 +70,12 @@ def _ms(entry_id: str | bytes) -> int:
     or not answers it)."""
     text = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
     return int(text.partition("-")[0])
+
+
+def _xadd(key: str, trim: Trim) -> tuple[str | int, ...]:
+    """An XADD's arguments before its fields: a new entry's id and, on a batch's
+    last, its approximate trim."""
+    return ("XADD", key, *(() if trim is None else (trim[0], "~", trim[1])), "*")
 
 
 class EventStream:
@@ -107,78 +108,77 @@ class EventStream:
         self._redis, self._key, self._replicas = redis, key, replicas
         self._max_len, self._keep_ms = max_len, math.floor(max_age_s * 1000)
         self._webhook_owed = webhook_owed
-        self._append = read_script("append_events")
+        # The XADD's head before a packed event's fields, by the event's count
+        # prefix (20 to 28 fields: a handful of heads).
+        self._heads: dict[str, str] = {}
         # The newest entry's milliseconds: where an age trim counts back from.
         self._newest_ms: int | None = None
 
     @property
     def packed(self) -> bool:
         """Whether the relay claims events packed for this sink: on one Redis,
-        where the append's bytes are written as they are. A cluster's pipeline
+        where the XADDs' bytes are written as they are. A cluster's pipeline
         routes and packs commands itself, so it takes the events' fields."""
         return isinstance(self._redis, Redis)
 
     async def deliver(self, events: Sequence[OrderEvent]) -> Sequence[str | None]:
-        """Append each event, in one script call; None for each appended, else
-        why not (the same answer for all: the call went through or it did not)."""
+        """Append each event, all in one round trip; None for each appended,
+        else why not. A refused XADD does not stop the next: a claim holds one
+        event of an order at most, and an order's next event waits for the
+        refused one (the outbox's per-order order)."""
         if not events:
             return []
         trim = await self._trim()
-        send = (
-            self._send_packed(trim, events)
-            if self.packed and all(e.packed for e in events)
-            else self._send_fields(trim, events)
-        )
+        wait = (("WAIT", self._replicas, REPLICA_WAIT_MS),) if self._replicas else ()
         try:
             with connection_errors():
-                replies = await send()
-                # Loaded by its first call, and again after a restart or a failover.
-                if isinstance(replies[0], NoScriptError):
-                    await self._append.load(self._redis)
-                    replies = await send()
+                if self.packed and all(e.packed for e in events):
+                    assert isinstance(self._redis, Redis)
+                    packed = self._packed(trim, events) + b"".join(map(pack, wait))
+                    replies = await packed_many(self._redis, packed, len(events) + len(wait))
+                else:
+                    commands = [*self._commands(trim, events), *wait]
+                    replies = await commands_many(self._redis, commands, node_of=self._key)
         except RedisError as exc:
             return [f"redis: {type(exc).__name__}"] * len(events)
-        appended = replies[0]
-        if isinstance(appended, Exception):
-            return [f"redis: {appended}"] * len(events)
-        self._newest_ms = max(self._newest_ms or 0, _ms(appended))
-        short = self._short_of_replicas(replies[1]) if self._replicas else None
-        return [short] * len(events)
+        appended = replies[: len(events)]
+        ids = [r for r in appended if not isinstance(r, Exception)]
+        if ids:
+            self._newest_ms = max(self._newest_ms or 0, _ms(ids[-1]))
+        short = self._short_of_replicas(replies[-1]) if self._replicas else None
+        return [f"redis: {r}" if isinstance(r, Exception) else short for r in appended]
 
-    def _wait(self) -> tuple[tuple[str | int, ...], ...]:
-        """The WAIT that follows the append when replicas must hold it."""
-        return (("WAIT", self._replicas, REPLICA_WAIT_MS),) if self._replicas else ()
+    def _commands(self, trim: Trim, events: Sequence[OrderEvent]) -> list[tuple[str | int, ...]]:
+        """The XADDs of events given as fields, packed by the client (on a
+        cluster, routed by its pipeline)."""
+        last = len(events) - 1
+        return [
+            (*_xadd(self._key, trim if i == last else None), *e.fields)
+            for i, e in enumerate(events)
+        ]
 
-    def _send_fields(self, trim: tuple[str, int], events: Sequence[OrderEvent]) -> Send:
-        """The append of events given as fields, packed by the client."""
-        args: list[str | int] = [*trim]
-        for event in events:
-            args.append(len(event.fields))
-            args.extend(event.fields)
-        commands = [("EVALSHA", self._append.sha, 1, self._key, *args), *self._wait()]
-        return lambda: commands_many(self._redis, commands, node_of=self._key)
+    def _packed(self, trim: Trim, events: Sequence[OrderEvent]) -> bytes:
+        """The XADDs of events PostgreSQL packed: each event's fields as they
+        are, behind its XADD's head, packed here once per number of fields."""
+        heads = self._heads
+        last = events[-1].packed
+        parts: list[str] = []
+        for event in events[:-1]:
+            packed = event.packed
+            head = heads.get(packed[:COUNT_PREFIX])
+            if head is None:
+                head = heads[packed[:COUNT_PREFIX]] = self._head(packed, None)
+            parts += (head, packed[COUNT_PREFIX:])
+        parts += (self._head(last, trim), last[COUNT_PREFIX:])
+        return "".join(parts).encode()
 
-    def _send_packed(self, trim: tuple[str, int], events: Sequence[OrderEvent]) -> Send:
-        """The append of events PostgreSQL packed: the command's head, packed
-        here, then their bytes as they are. Each event's part starts with its
-        number of fields, the first bulk string: one argument for it and one
-        per field."""
-        assert isinstance(self._redis, Redis)
-        redis = self._redis
-        head_args = ("EVALSHA", self._append.sha, 1, self._key, *trim)
-        head = pack(head_args)
-        count = len(head_args) + sum(map(_arguments, events))
-        wait = self._wait()
-        # The head's own count ("*6" CRLF) gives way to the whole command's.
-        packed = b"".join(
-            [
-                b"*%d\r\n" % count,
-                head[head.index(b"\r\n") + 2 :],
-                "".join([e.packed for e in events]).encode(),
-                *map(pack, wait),
-            ]
-        )
-        return lambda: packed_many(redis, packed, 1 + len(wait))
+    def _head(self, packed: str, trim: Trim) -> str:
+        """The XADD's head for a packed event: the array's length (the head's
+        arguments and the fields), then the head's arguments."""
+        args = _xadd(self._key, trim)
+        head = pack(args).decode()
+        fields = int(packed[4 : COUNT_PREFIX - 2])
+        return f"*{len(args) + fields}\r\n" + head[head.index("\r\n") + 2 :]
 
     def _short_of_replicas(self, reached: int | Exception) -> str | None:
         """Why a batch whose WAIT answered ``reached`` is not delivered; None: it is."""
@@ -188,22 +188,22 @@ class EventStream:
             return f"redis: on {reached} of {self._replicas} replicas after {REPLICA_WAIT_MS} ms"
         return None
 
-    async def _trim(self) -> tuple[str, int]:
-        """The append script's trim arguments: kind ("" none, MAXLEN, MINID) and
-        threshold."""
+    async def _trim(self) -> Trim:
+        """What the batch's last XADD trims by: MAXLEN or MINID and the
+        threshold; None: nothing."""
         floor_ms: int | None = None
         if self._webhook_owed is not None:
             try:
                 owed = await self._webhook_owed()
             except Unavailable:
-                return NO_TRIM
+                return None
             if owed is not None:
                 floor_ms = math.floor((owed.timestamp() - SKEW_MARGIN_S) * 1000)
         if self._max_len:
-            return NO_TRIM if floor_ms is not None else ("MAXLEN", self._max_len)
+            return None if floor_ms is not None else ("MAXLEN", self._max_len)
         if not self._keep_ms or self._newest_ms is None:
-            return NO_TRIM
+            return None
         bound = self._newest_ms - self._keep_ms
         if floor_ms is not None:
             bound = min(bound, floor_ms)
-        return ("MINID", bound) if bound > 0 else NO_TRIM
+        return ("MINID", bound) if bound > 0 else None

@@ -22,7 +22,7 @@
 -- out an older batch must see the batches this claim takes.
 --
 -- Returns per event: seq, its fields as sinks get them (event_fields), or with
--- p_packed its fields as the stream's append script takes them (event_packed;
+-- p_packed its fields packed for the stream's XADD (event_packed;
 -- the other column then empty), the failed attempts so far, whether it came
 -- from a batch (fresh), and when it occurred (epoch seconds: the delivery lag
 -- counts from there); those owed one by one first, each part in seq order.

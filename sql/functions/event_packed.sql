@@ -1,13 +1,12 @@
--- event_packed: an order event as the stream's append script takes it, in the
+-- event_packed: an order event as the stream's XADD takes its fields, in the
 -- Redis protocol (RESP), rendered once, by PostgreSQL, in the relay's claim
--- for the stream sink (gateway/postgres/outbox.py, lua/append_events.lua).
+-- for the stream sink (gateway/postgres/outbox.py).
 --
--- The result is the event's part of the script's arguments, each a RESP bulk
--- string ("$" byte length CRLF bytes CRLF): first the number of fields, then
--- the fields exactly as event_fields renders them (name, value, ...; the
--- optional ones only when not NULL). gateway.redis.event_stream.EventStream
--- puts the command's head in front of the claim's events and writes the bytes
--- as they are.
+-- The result is a run of RESP bulk strings ("$" byte length CRLF bytes CRLF):
+-- first the number of fields (two digits), then the fields exactly as
+-- event_fields renders them (name, value, ...; the optional ones only when
+-- not NULL). gateway.redis.event_stream.EventStream puts the XADD's head in
+-- place of the number and writes the bytes as they are.
 --
 -- Why here: handing event_fields' arrays to Redis cost the gateway, per event,
 -- decoding an array of 20 to 28 strings (asyncpg, 1.2 µs) and packing them

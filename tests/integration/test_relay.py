@@ -239,7 +239,7 @@ VALUES (gen_random_uuid(), 1, 'order.pending_payment', 'rq-ü', 'skü-é', 'ü1'
 class TestPacked:
     """Events packed by PostgreSQL for the stream (sql/functions/event_packed.sql)."""
 
-    async def test_a_packed_event_is_its_fields_as_the_append_script_takes_them(
+    async def test_a_packed_event_is_its_count_and_fields_as_hiredis_packs_them(
         self, pool: asyncpg.Pool
     ) -> None:
         """For events with and without every optional field, with CRLF, "$" and
@@ -257,7 +257,7 @@ class TestPacked:
         self, pool: asyncpg.Pool, redis: Redis, key_prefix: str
     ) -> None:
         """The relay of the stream on one Redis claims its events packed and
-        appends them in one call: each entry is exactly its event's fields,
+        appends them in one round trip: each entry is exactly its event's fields,
         in seq order (an order's versions in order), the awkward ones too."""
         key = f"{key_prefix}:events"
         stream = EventStream(redis, key, max_len=0, max_age_s=0, webhook_owed=None)
@@ -297,6 +297,24 @@ class TestPacked:
             answers = await stream.deliver(claim.events)
         assert answers == ["redis: on 0 of 1 replicas after 1000 ms"] * 2
         assert await redis.xlen(key) == 2
+
+    async def test_an_append_redis_refuses_leaves_the_others_appended(
+        self, redis: Redis, key_prefix: str
+    ) -> None:
+        """The middle one of three packed events lost its last field, an odd
+        number Redis's XADD refuses: it alone is answered with Redis's error (to
+        be retried), and the other two are on the stream, in order."""
+        key = f"{key_prefix}:events"
+        stream = EventStream(redis, key, max_len=0, max_age_s=0, webhook_owed=None)
+        events = order_events(3)
+        broken = packed_as_postgres(OrderEvent(events[1].seq, events[1].fields[:-1]))
+        sending = [packed_as_postgres(events[0]), broken, packed_as_postgres(events[2])]
+        answers = await stream.deliver(sending)
+        assert answers[0] is None and answers[2] is None
+        assert answers[1] is not None and "wrong number of arguments" in answers[1]
+        entries: list[tuple[bytes, dict[bytes, bytes]]] = await redis.xrange(key)  # type: ignore[assignment]
+        got = [[x.decode() for kv in fields.items() for x in kv] for _, fields in entries]
+        assert got == [list(events[0].fields), list(events[2].fields)]
 
 
 class TestRetries:
@@ -423,23 +441,33 @@ class TestStreamTrim:
         ids = await entry_ids(redis, key)
         assert not set(guarded) <= ids
 
+    @pytest.mark.parametrize("packed", [False, True], ids=["fields", "packed"])
     async def test_a_length_trim_keeps_the_newest_entries_whole_and_in_order(
-        self, redis: Redis, key_prefix: str
+        self, redis: Redis, key_prefix: str, packed: bool
     ) -> None:
-        """Appended by one script call per batch, with a length trim of 10:
-        the stream ends with the last events, each entry exactly its event's
-        fields, in the batch's order, and about 10 entries are kept (whole
-        macro nodes, at most 100 by default)."""
+        """Appended in one round trip per batch, with a length trim of 10 on
+        its last XADD, as fields or packed: the stream ends with the last
+        events, each entry exactly its event's fields, in the batch's order,
+        and about 10 entries are kept (whole macro nodes, at most 100 by
+        default)."""
         key = f"{key_prefix}:events"
         stream = EventStream(redis, key, max_len=10, max_age_s=0, webhook_owed=None)
         events = order_events(600)
+        sending = [packed_as_postgres(e) for e in events] if packed else events
         for first in range(0, len(events), 200):
-            assert await stream.deliver(events[first : first + 200]) == [None] * 200
+            assert await stream.deliver(sending[first : first + 200]) == [None] * 200
         entries: list[tuple[bytes, dict[bytes, bytes]]] = await redis.xrange(key)  # type: ignore[assignment]
         assert 10 <= len(entries) <= 110, len(entries)
         kept = [{k.decode(): v.decode() for k, v in fields.items()} for _, fields in entries]
         sent = [dict(zip(e.fields[::2], e.fields[1::2], strict=True)) for e in events]
         assert kept == sent[-len(kept) :]
+
+
+def packed_as_postgres(event: OrderEvent) -> OrderEvent:
+    """``event`` as a packed claim has it: its number of fields, then its
+    fields, as hiredis packs them (``TestPacked``: the bytes event_packed renders)."""
+    command = hiredis.pack_command((len(event.fields), *event.fields))  # type: ignore[arg-type]
+    return OrderEvent(event.seq, (), command[command.index(b"\r\n") + 2 :].decode())
 
 
 async def entry_ids(redis: Redis, key: str) -> set[str]:

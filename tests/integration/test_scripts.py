@@ -21,7 +21,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError, NoScriptError, ResponseError
 
-from gateway.redis.scripts import Script, ScriptCoalescer, evalsha_many
+from gateway.redis.scripts import Script, ScriptCoalescer, commands_many, evalsha_many
 from testkit.services import REDIS_URL
 
 ECHO = "return {KEYS[1], ARGV[1], tonumber(ARGV[2]) + 1}"
@@ -71,6 +71,28 @@ async def test_each_call_gets_its_own_reply_and_the_connection_stays_in_step(
     assert isinstance(replies[2], ResponseError) and "planted failure" in str(replies[2])
     again = await evalsha_many(client, [(sha(ECHO), [key], ["b", 41.5])])
     assert again == [[key, "b", 42]]
+
+
+async def test_replies_past_one_read_each_come_back_in_their_place(
+    client: Redis, key_prefix: str
+) -> None:
+    """3,000 commands in one write, their replies about 3 MB (many reads of the
+    socket): values, a nil and errors each in its place, and the connection in
+    step for the next caller."""
+    key = f"{key_prefix}:{{s}}:k"
+    value = "v" * 3_000
+    commands: list[tuple[str | int, ...]] = []
+    for i in range(1_000):
+        commands += [("SET", f"{key}:{i}", value), ("GET", f"{key}:{i}"), ("INCR", f"{key}:{i}")]
+    commands[1_501] = ("GET", f"{key}:absent")
+    replies = await commands_many(client, commands)
+    assert len(replies) == 3_000
+    for i in range(0, 3_000, 3):
+        assert replies[i] == "OK", i
+        assert replies[i + 1] == (None if i + 1 == 1_501 else value), i
+        assert isinstance(replies[i + 2], ResponseError), i
+        assert "not an integer" in str(replies[i + 2]), i
+    assert await evalsha_many(client, [(sha(ECHO), [key], ["c", 1])]) == [[key, "c", 2]]
 
 
 async def _connection_id(redis: Redis, name: str) -> int:

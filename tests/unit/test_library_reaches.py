@@ -3,8 +3,10 @@
 Three libraries are reached into, each pinned to one release in pyproject.toml:
 
 - redis-py: ``gateway.redis.scripts._send`` is ``send_packed_command`` with its
-  write bounded in the caller's task, calling the private ``_send_packed_command``
-  (and ``gateway.lock.subscriber`` drives a connection below the client);
+  write bounded in the caller's task, calling the private ``_send_packed_command``;
+  ``_take_buffered`` takes the replies already in the hiredis parser's reader
+  as its ``read_response`` does (and ``gateway.lock.subscriber`` drives a
+  connection below the client);
 - aiohttp: ``gateway.http.fastpath`` swaps ``web.Server.request_handler`` after
   start-up, and ``gateway.http.limits`` subclasses ``RequestHandler`` (reading
   its ``_messages``, ``_current_request`` and ``_loop``) and ``BaseSite``
@@ -36,6 +38,7 @@ import pytest
 from aiohttp import StreamReader, web, web_protocol
 from packaging.requirements import Requirement
 from prometheus_client import CollectorRegistry, Histogram, generate_latest, multiprocess, values
+from redis._parsers.hiredis import _AsyncHiredisParser
 from redis.asyncio.cluster import ClusterNode
 from redis.asyncio.connection import AbstractConnection, Connection, ConnectionPool
 
@@ -45,6 +48,9 @@ from gateway.redis.scripts import _send
 ROOT = Path(__file__).resolve().parents[2]
 # sha256 of the source each reach mirrors, in the pinned release.
 SEND_PACKED_COMMAND = "baaeabd916209157db40455f034a0bac6fb3e2db902271313e0702bcbc678321"
+HIREDIS_ON_CONNECT = "5c7b848496314124f40e3684eca6edab6a0435a46cae9e62980eb497516db013"
+HIREDIS_READ_RESPONSE = "6cba18b62d2aad4dfe9e4be4e3bbb834ba4728640cbba421587e31bc096b2315"
+READ_RESPONSE = "c1b374bc1a30d0b4f987af86e3ce475a1a1288382dc140b39f436d25beebe5d4"
 HISTOGRAM_OBSERVE = "38beca3be1d1595b61a274180f55537000e15133ead54fa07e303a86d9ceca39"
 TCP_SITE_START = "0baaeca3d4f956ad5e5e05e7379dce04b117f2386f53640463e7879325d8c654"
 
@@ -111,6 +117,18 @@ def test_observe_many_counts_as_observe_does(
 def test_send_packed_command_is_the_one_send_mirrors() -> None:
     """redis-py's ``send_packed_command`` is the code ``_send`` was copied from."""
     assert _digest(AbstractConnection.send_packed_command) == SEND_PACKED_COMMAND
+
+
+def test_the_reader_take_buffered_reads_is_the_one_read_response_reads() -> None:
+    """The hiredis parser's reader (its not-enough-data sentinel, error replies
+    as exceptions), what its ``read_response`` does with a reply (a
+    ConnectionError raised, a push to its handler) and the connection's
+    ``read_response`` (the timeout, the health check's clock, a ResponseError
+    raised): the code ``_take_buffered`` was read from."""
+    assert _digest(_AsyncHiredisParser.on_connect) == HIREDIS_ON_CONNECT
+    assert _digest(_AsyncHiredisParser.read_response) == HIREDIS_READ_RESPONSE
+    assert _digest(AbstractConnection.read_response) == READ_RESPONSE
+    assert isinstance(Connection()._parser, _AsyncHiredisParser)
 
 
 def test_the_redis_internals_send_calls_keep_their_shape() -> None:
