@@ -429,6 +429,9 @@ async def _stop(tasks: list[asyncio.Task[None]]) -> None:
     """Cancel the background loops and wait for them, boundedly: one that died is
     reported, not raised, and one that does not stop is left behind with a log
     line, so the rest of shutdown (pools, connections) still runs."""
+    if not tasks:
+        # Nothing started (the relay off): asyncio.wait refuses an empty set.
+        return
     for task in tasks:
         task.cancel()
     done, stuck = await asyncio.wait(tasks, timeout=TASK_STOP_S)

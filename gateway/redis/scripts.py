@@ -116,7 +116,8 @@ async def _exchange(conn: AbstractConnection, packed: bytes, count: int) -> list
             replies.append(await conn.read_response())
         except ResponseError as exc:
             replies.append(exc)
-        await _take_buffered(conn, replies, count)
+        if len(replies) < count:
+            await _take_buffered(conn, replies, count)
     return replies
 
 

@@ -58,6 +58,28 @@ class TestLameDuck:
             assert gateway.log_events("lame_duck")[0]["seconds"] == LAME_DUCK_S
 
 
+class TestStopWithoutTheRelay:
+    """SIGTERM to a gateway whose events are not relayed (GATEWAY_EVENTS_RELAY=false)."""
+
+    async def test_it_exits_0_without_a_traceback(
+        self, database_url: str, key_prefix: str, sku: str
+    ) -> None:
+        """It stops as one with the relay does: exit 0, nothing raised on the way
+        (its background loops are none)."""
+        async with GatewayCluster(
+            1,
+            redis_url=REDIS_URL,
+            database_url=database_url,
+            key_prefix=key_prefix,
+            settings={"events_relay": False},
+        ) as cluster:
+            gateway = cluster[0]
+            await cluster.put_sku(sku, 5)
+            gateway.kill(signal.SIGTERM)
+            assert await gateway.wait_exit(within=SIGTERM_EXIT_S) == 0, cluster.logs()
+            assert "Traceback" not in gateway.log_text(), cluster.logs()
+
+
 class TestClientAddressLogged:
     """A logged request names its client, believing X-Forwarded-For only from a proxy."""
 
