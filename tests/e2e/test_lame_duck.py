@@ -20,6 +20,13 @@ from testkit.services import REDIS_URL
 LAME_DUCK_S = 2.0
 
 
+def one_gateway(database_url: str, key_prefix: str, **settings: Any) -> GatewayCluster:
+    """A gateway process of its own, with ``settings``."""
+    return GatewayCluster(
+        1, redis_url=REDIS_URL, database_url=database_url, key_prefix=key_prefix, settings=settings
+    )
+
+
 class TestLameDuck:
     """SIGTERM with GATEWAY_LAME_DUCK_S: out of rotation first, serving all along."""
 
@@ -29,13 +36,7 @@ class TestLameDuck:
         """Right after SIGTERM /readyz answers 503 (draining) while the gateway keeps
         listening and confirms a purchase; it exits 0 after the lame duck and the
         drain, not before the lame duck is over."""
-        async with GatewayCluster(
-            1,
-            redis_url=REDIS_URL,
-            database_url=database_url,
-            key_prefix=key_prefix,
-            settings={"lame_duck_s": LAME_DUCK_S},
-        ) as cluster:
+        async with one_gateway(database_url, key_prefix, lame_duck_s=LAME_DUCK_S) as cluster:
             gateway = cluster[0]
             await cluster.put_sku(sku, 5)
             async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as http:
@@ -66,13 +67,7 @@ class TestStopWithoutTheRelay:
     ) -> None:
         """It stops as one with the relay does: exit 0, nothing raised on the way
         (its background loops are none)."""
-        async with GatewayCluster(
-            1,
-            redis_url=REDIS_URL,
-            database_url=database_url,
-            key_prefix=key_prefix,
-            settings={"events_relay": False},
-        ) as cluster:
+        async with one_gateway(database_url, key_prefix, events_relay=False) as cluster:
             gateway = cluster[0]
             await cluster.put_sku(sku, 5)
             gateway.kill(signal.SIGTERM)
