@@ -182,6 +182,8 @@ def progress(result: RoundResult) -> str:
     w = result.wrk
     lag = result.lag_ms
     lag_note = f"  lag p50 {lag['p50']:.0f} p99 {lag['p99']:.0f} ms" if lag.get("count") else ""
+    if result.problems:
+        lag_note += f"  logged {result.problems}"
     return (
         f"  round {result.round} {result.mode:9} {w.rps:8,.0f} req/s  p99 "
         f"{w.latency_ms['p99']:5.1f} ms  {result.orders:7,} orders  µs/order: gateway "

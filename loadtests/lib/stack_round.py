@@ -78,6 +78,9 @@ class RoundResult:
     statements: list[dict[str, Any]] = field(default_factory=list)
     # Purchases per flush over the window (the gateway's flashsale_batch_size).
     mean_batch: float = 0.0
+    # Warnings and errors the gateway logged, by event (a relay that fell
+    # behind says why here).
+    problems: dict[str, int] = field(default_factory=dict)
 
     def per_order_us(self, group: str) -> float:
         """µs of CPU per order of one group (gateway, postgres, redis)."""
@@ -97,6 +100,7 @@ class RoundResult:
             "lag_ms": self.lag_ms,
             "statements": self.statements,
             "mean_batch": self.mean_batch,
+            "problems": self.problems,
         }
 
 
@@ -173,6 +177,7 @@ def _measure(
         lag_ms=lag,
         statements=_statements(stack.pg_url, db_name) if plan.statements else [],
         mean_batch=batches.get("flashsale_batch_size_sum", 0.0) / flushes if flushes else 0.0,
+        problems=gateway.log_problems(),
     )
 
 
