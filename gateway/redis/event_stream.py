@@ -3,14 +3,14 @@
 Every event is one entry of ``GATEWAY_EVENTS_STREAM`` (default
 ``flashsale:events``) whose fields are the event's (``OrderEvent.fields``),
 read by consumer groups (XREADGROUP, XACK; README, "Events"). A claim's
-events go as one XADD each, all in one round trip: on one Redis packed by
+events go in one round trip: on one Redis as one XADD each, packed by
 PostgreSQL (``OrderEvent.packed``: the gateway decodes one string per event
-and packs only the XADD's head), on a cluster as their fields through
-redis-py's pipeline. Plain XADDs, not a script: a Lua script's call of XADD
-cost Redis 3.5 µs an event against 1.7 for the command itself (issue 42;
-docs/performance.md, "Order events"). One key, so one slot of a
-Redis Cluster: a batch is one round trip to one node. A batch's last XADD
-trims the stream, approximately (``~``, whole macro nodes):
+and packs only the XADD's head), since a Lua script's call of XADD cost Redis
+3.5 µs an event against 1.7 for the command itself (issue 42;
+docs/performance.md, "Order events"); on a cluster as their fields, in one
+call of ``lua/append_events.lua``. One key, so one slot of a Redis Cluster: a
+batch is one round trip to one node. A batch's last XADD trims the stream,
+approximately (``~``, whole macro nodes):
 
 - by length (``GATEWAY_EVENTS_STREAM_MAX_LEN``) when set, else by age
   (``GATEWAY_EVENTS_STREAM_MAX_AGE_S``, counted back from the newest entry's
@@ -37,15 +37,16 @@ from __future__ import annotations
 import math
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
+from typing import Any
 
 from redis.asyncio import Redis
-from redis.exceptions import RedisError
+from redis.exceptions import NoScriptError, RedisError
 
 from gateway.domain.errors import Unavailable
 from gateway.domain.events import OrderEvent, SinkName
 from gateway.lock import connection_errors
 from gateway.redis.connections import RedisClient
-from gateway.redis.scripts import commands_many, pack, packed_many
+from gateway.redis.scripts import commands_many, pack, packed_many, read_script
 
 # An entry's id is Redis's clock when it was appended, at or after its event
 # occurred by PostgreSQL's. Two hosts' clocks disagree by well under this
@@ -111,6 +112,7 @@ class EventStream:
         # The XADD's head before a packed event's fields, by the event's count
         # prefix (20 to 28 fields: a handful of heads).
         self._heads: dict[str, str] = {}
+        self._script = read_script("append_events")
         # The newest entry's milliseconds: where an age trim counts back from.
         self._newest_ms: int | None = None
 
@@ -123,9 +125,9 @@ class EventStream:
 
     async def deliver(self, events: Sequence[OrderEvent]) -> Sequence[str | None]:
         """Append each event, all in one round trip; None for each appended,
-        else why not. A refused XADD does not stop the next: a claim holds one
-        event of an order at most, and an order's next event waits for the
-        refused one (the outbox's per-order order)."""
+        else why not. Packed, a refused XADD does not stop the next: a claim
+        holds one event of an order at most, and an order's next event waits
+        for the refused one (the outbox's per-order order)."""
         if not events:
             return []
         trim = await self._trim()
@@ -136,26 +138,37 @@ class EventStream:
                     assert isinstance(self._redis, Redis)
                     packed = self._packed(trim, events) + b"".join(map(pack, wait))
                     replies = await packed_many(self._redis, packed, len(events) + len(wait))
+                    appended = replies[: len(events)]
                 else:
-                    commands = [*self._commands(trim, events), *wait]
-                    replies = await commands_many(self._redis, commands, node_of=self._key)
+                    replies = await self._append(trim, events, wait)
+                    appended = replies[:1] * len(events)
         except RedisError as exc:
             return [f"redis: {type(exc).__name__}"] * len(events)
-        appended = replies[: len(events)]
         ids = [r for r in appended if not isinstance(r, Exception)]
         if ids:
             self._newest_ms = max(self._newest_ms or 0, _ms(ids[-1]))
         short = self._short_of_replicas(replies[-1]) if self._replicas else None
         return [f"redis: {r}" if isinstance(r, Exception) else short for r in appended]
 
-    def _commands(self, trim: Trim, events: Sequence[OrderEvent]) -> list[tuple[str | int, ...]]:
-        """The XADDs of events given as fields, packed by the client (on a
-        cluster, routed by its pipeline)."""
-        last = len(events) - 1
-        return [
-            (*_xadd(self._key, trim if i == last else None), *e.fields)
-            for i, e in enumerate(events)
-        ]
+    async def _append(
+        self, trim: Trim, events: Sequence[OrderEvent], wait: Sequence[tuple[str | int, ...]]
+    ) -> list[Any]:
+        """Events given as fields, in one call of the append script (packed and
+        routed by the client: on a cluster, its pipeline, which packs and reads
+        each command in Python, 13 µs an event more for XADDs than for the
+        script's arguments; docs/performance.md, "Order events"). Its reply,
+        the last entry's id, answers for all: a refused XADD ends the script."""
+        args: list[str | int] = ["", 0] if trim is None else [*trim]
+        for event in events:
+            args.append(len(event.fields))
+            args.extend(event.fields)
+        commands = [("EVALSHA", self._script.sha, 1, self._key, *args), *wait]
+        replies = await commands_many(self._redis, commands, node_of=self._key)
+        # Loaded by its first call, and again after a restart or a failover.
+        if isinstance(replies[0], NoScriptError):
+            await self._script.load(self._redis)
+            replies = await commands_many(self._redis, commands, node_of=self._key)
+        return replies
 
     def _packed(self, trim: Trim, events: Sequence[OrderEvent]) -> bytes:
         """The XADDs of events PostgreSQL packed: each event's fields as they
