@@ -70,21 +70,28 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
+# The suite starts Python processes by the hundred (gateways, writers, commands,
+# pytest runs of its own). Where the environment sets PYTHONDONTWRITEBYTECODE
+# (this machine's image does), every one of them compiled the project's modules
+# again, and each pytest process rewrote every test module's asserts: the tests
+# write their bytecode (to the ignored __pycache__ folders) and read it after.
+PYTEST := PYTHONDONTWRITEBYTECODE= $(BIN)/pytest
+
 # Two workers, a test file each at a time (a file's servers and module fixtures
 # stay in one process): the suite mostly waits, on servers, faults and leases.
 # The 15 slowest tests are printed at the end, for whoever speeds it up next.
 PYTEST_WORKERS ?= 2
 pytest: $(STAMP) services
-	$(BIN)/pytest -q -p no:cacheprovider -n $(PYTEST_WORKERS) --dist loadfile --durations=15
+	$(PYTEST) -q -p no:cacheprovider -n $(PYTEST_WORKERS) --dist loadfile --durations=15
 
 test: lint typecheck pytest
 
 # The inner loop: lint, types and the unit tests (no servers needed).
 check: lint typecheck
-	$(BIN)/pytest -q -p no:cacheprovider tests/unit loadtests/tests/unit
+	$(PYTEST) -q -p no:cacheprovider tests/unit loadtests/tests/unit
 
 chaos: $(STAMP) services
-	$(BIN)/pytest -q -p no:cacheprovider tests/chaos
+	$(PYTEST) -q -p no:cacheprovider tests/chaos
 
 audit: $(SERVING) services
 	$(BIN)/flashsale-gateway audit $(if $(SKU),--sku $(SKU))

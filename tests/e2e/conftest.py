@@ -2,9 +2,10 @@
 and the error-level log lines of a gateway served in the test's process.
 
 ``chromium`` is found, or installed with apt-get, once per session. ``buyers``
-opens tabs of one browser launched for the test; when the test fails, every
-tab's screenshots (one per state it reached, and its last view) are written
-under ``test-artifacts/waiting-page/<test>/``.
+opens tabs, each in a context of its own (cookies, storage and cache apart), of
+one browser launched for the test module; when the test fails, every tab's
+screenshots (one per state it reached, and its last view) are written under
+``test-artifacts/waiting-page/<test>/``.
 """
 
 from __future__ import annotations
@@ -16,8 +17,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Itera
 from typing import Any
 
 import pytest
+import pytest_asyncio
 import structlog
-from playwright.async_api import async_playwright
+from playwright.async_api import Browser, BrowserContext, async_playwright
 
 from testkit.browser import ARTIFACTS, Buyer, chromium_executable, write_shots
 
@@ -47,31 +49,64 @@ def chromium() -> str:
 
 
 @pytest.fixture
-async def buyers(chromium: str, request: pytest.FixtureRequest) -> AsyncIterator[OpenBuyer]:
-    """A factory of buyers: ``await buyers(origin, viewport=PHONE)`` opens a tab of
-    its own (separate session storage) on a browser launched for this test; other
-    keywords are the browser context's (``locale="zh-CN"``: its Accept-Language)."""
-    opened: list[Buyer] = []
+def _function_scoped_runner(
+    request: pytest.FixtureRequest, _function_scoped_runner: asyncio.Runner
+) -> asyncio.Runner:
+    """The event loop of a test that uses the browser, and of its fixtures: the
+    test module's, which the browser's Playwright connection is bound to.
+
+    Launching Playwright's driver and chromium took 1-2 s a test; one browser per
+    module saves that for all but the first. pytest-asyncio runs a test and its
+    function-scoped fixtures on the loop of this fixture of its (one new loop a
+    test), and has no public way to give only some tests' fixtures a wider loop:
+    hence this override of its internal name. Were that name to change, the
+    browser tests would fail loudly (a future attached to a different loop), not
+    pass unchecked. Every other test keeps a loop of its own."""
+    if "browser" in request.fixturenames:
+        runner: asyncio.Runner = request.getfixturevalue("_module_scoped_runner")
+        return runner
+    return _function_scoped_runner
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def browser(chromium: str) -> AsyncIterator[Browser]:
+    """Chromium, launched once for the test module's browser tests."""
     async with async_playwright() as playwright:
-        browser = await playwright.chromium.launch(executable_path=chromium)
+        launched = await playwright.chromium.launch(executable_path=chromium)
         try:
-
-            async def open_buyer(
-                origin: str, viewport: dict[str, int] = DESKTOP, **options: Any
-            ) -> Buyer:
-                context = await browser.new_context(viewport=viewport, **options)  # type: ignore[arg-type]
-                buyer = Buyer(await context.new_page(), origin)
-                opened.append(buyer)
-                return buyer
-
-            yield open_buyer
-            if request.node.stash.get(FAILED, False):
-                name = re.sub(r"[^A-Za-z0-9_.-]", "_", request.node.name)
-                for i, buyer in enumerate(opened):
-                    shots = await buyer.all_shots()
-                    await asyncio.to_thread(write_shots, ARTIFACTS / name / f"buyer-{i}", shots)
+            yield launched
         finally:
-            await browser.close()
+            await launched.close()
+
+
+@pytest.fixture
+async def buyers(browser: Browser, request: pytest.FixtureRequest) -> AsyncIterator[OpenBuyer]:
+    """A factory of buyers: ``await buyers(origin, viewport=PHONE)`` opens a tab in
+    a browser context of its own (separate cookies and session storage), closed
+    when the test ends; other keywords are the browser context's
+    (``locale="zh-CN"``: its Accept-Language)."""
+    opened: list[Buyer] = []
+    contexts: list[BrowserContext] = []
+    try:
+
+        async def open_buyer(
+            origin: str, viewport: dict[str, int] = DESKTOP, **options: Any
+        ) -> Buyer:
+            context = await browser.new_context(viewport=viewport, **options)  # type: ignore[arg-type]
+            contexts.append(context)
+            buyer = Buyer(await context.new_page(), origin)
+            opened.append(buyer)
+            return buyer
+
+        yield open_buyer
+        if request.node.stash.get(FAILED, False):
+            name = re.sub(r"[^A-Za-z0-9_.-]", "_", request.node.name)
+            for i, buyer in enumerate(opened):
+                shots = await buyer.all_shots()
+                await asyncio.to_thread(write_shots, ARTIFACTS / name / f"buyer-{i}", shots)
+    finally:
+        for context in contexts:
+            await context.close()
 
 
 @pytest.fixture
