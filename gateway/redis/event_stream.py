@@ -144,10 +144,15 @@ class EventStream:
                     appended = replies[:1] * len(events)
         except RedisError as exc:
             return [f"redis: {type(exc).__name__}"] * len(events)
+        short = self._short_of_replicas(replies[-1]) if self._replicas else None
+        # Each reply is an entry id, or the error Redis answered: looked at one
+        # by one only when some error is among them (a pass in C otherwise).
+        if all(issubclass(kind, str | bytes) for kind in set(map(type, appended))):
+            self._newest_ms = max(self._newest_ms or 0, _ms(appended[-1]))
+            return [short] * len(appended)
         ids = [r for r in appended if not isinstance(r, Exception)]
         if ids:
             self._newest_ms = max(self._newest_ms or 0, _ms(ids[-1]))
-        short = self._short_of_replicas(replies[-1]) if self._replicas else None
         return [f"redis: {r}" if isinstance(r, Exception) else short for r in appended]
 
     async def _append(
