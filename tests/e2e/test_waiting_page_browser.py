@@ -9,6 +9,7 @@ bounded timeouts, on ``#waiting-room``'s ``data-state``. Rooms let people in at
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import time
@@ -41,14 +42,17 @@ SHOTS_DIR = os.environ.get("WAITING_PAGE_SHOTS")
 
 class QueueCalls:
     """Every call the page makes to ``/v1/queue``, intercepted: when it was made,
-    and what it was told; the first ``fail`` polls are answered 503 instead."""
+    and what it was told; the first ``fail`` polls are answered 503 instead, and
+    with ``hold`` every poll waits until it is set (a poll lets people in)."""
 
-    def __init__(self, fail: int = 0) -> None:
-        self.fail = fail
+    def __init__(self, fail: int = 0, hold: asyncio.Event | None = None) -> None:
+        self.fail, self.hold = fail, hold
         self.calls: list[tuple[float, str, int, dict[str, Any]]] = []
 
     async def handle(self, route: Route) -> None:
         at, method = time.monotonic(), route.request.method
+        if method == "GET" and self.hold is not None:
+            await self.hold.wait()
         if method == "GET" and self.fail > 0:
             self.fail -= 1
             body = {"error": "unavailable", "detail": "try later"}
@@ -90,12 +94,16 @@ class TestWaitAndBuy:
         for i in range(3):
             assert (await join(client, sku, f"ahead{i}"))[0] == 200
         buyer = await buyers(origin, viewport=PHONE)
-        calls = QueueCalls()
+        # Polls wait until place 4 was read: the page's first poll lets two in
+        # (admit_per_s), and on a slow machine it came before the read.
+        polls = asyncio.Event()
+        calls = QueueCalls(hold=polls)
         await buyer.page.route("**/v1/queue/**", calls.handle)
         await buyer.open(f"/wait/{sku}?user_id=buyer")
         await buyer.reach("waiting")
         assert await buyer.attr("position") == "4"
         assert "4" in await buyer.text("#wr-status")
+        polls.set()
         await buyer.page.wait_for_selector('#waiting-room[data-position="2"]', timeout=10_000)
         await buyer.snap("waiting")
         await buyer.reach("admitted")
