@@ -30,11 +30,12 @@ async def test_gateway_killed_with_batches_in_flight(
     lock: str, pg: PostgresCluster, diagnostics: Diagnostics
 ) -> None:
     """Gateway 0 is SIGKILLed while its batch of reservations waits to flush
-    (batch wait 400 ms): those reservations are orphaned in the ledger. Their
-    buyers retry on gateway 1 (in_progress) until its reconciler settles them after
+    (batch wait 800 ms: a loaded machine's polls still catch a batch filling
+    before the first wave ends): those reservations are orphaned in the ledger.
+    Their buyers retry on gateway 1 (in_progress) until its reconciler settles them after
     the reservation timeout (stock and buyer given back); they buy again and the
     whole stock sells. Gateway 1's relay delivers every order's event."""
-    settings = settings_for(lock, batch_wait_ms=400, batch_max=1000)
+    settings = settings_for(lock, batch_wait_ms=800, batch_max=1000)
     async with proxied_stack(pg, diagnostics, settings) as stack:
         orphaned = []
 
@@ -44,7 +45,7 @@ async def test_gateway_killed_with_batches_in_flight(
             orphaned.extend(left)
             return f"SIGKILL gw0 with {len(left)} reservations in its batch"
 
-        ready = young_batch_on(stack, SKU, younger_than_ms=200)
+        ready = young_batch_on(stack, SKU, younger_than_ms=400)
         run = await run_scenario(stack, f"6 gateway SIGKILL [{lock}]", sigkill, ready=ready)
         await every_event_relayed(stack, run.sku)
         assert stack.gateways[0].returncode == -signal.SIGKILL
