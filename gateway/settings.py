@@ -442,6 +442,15 @@ class Settings:
                 f"{env_name('release_retention_s')}={self.release_retention_s:g}: must be at"
                 f" least {env_name('reservation_timeout_s')}={self.reservation_timeout_s:g}"
             )
+        # A batch's reservations age while it waits; past the timeout the
+        # reconciler gives them back and the flush finds them expired. Half
+        # the timeout leaves the flush (its lock, its round trip) the rest.
+        if self.batch_wait_ms >= self.reservation_timeout_s * 1000 / 2:
+            raise SettingsError(
+                f"{env_name('batch_wait_ms')}={self.batch_wait_ms:g}: must be below half of"
+                f" {env_name('reservation_timeout_s')}={self.reservation_timeout_s:g}"
+                " (in ms), or the reconciler gives back batches still waiting"
+            )
         if self.redis_sentinels and self.redis_cluster_nodes:
             raise SettingsError(
                 f"{env_name('redis_cluster_nodes')} and {env_name('redis_sentinels')}:"

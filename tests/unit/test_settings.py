@@ -137,6 +137,19 @@ def test_a_release_outlasts_the_reservation_timeout() -> None:
     assert load({"GATEWAY_RELEASE_RETENTION_S": "30"}).release_retention_s == 30.0
 
 
+def test_a_batch_waits_well_within_the_reservation_timeout() -> None:
+    """GATEWAY_BATCH_WAIT_MS of half GATEWAY_RESERVATION_TIMEOUT_S or more is
+    refused naming both: the reconciler would give back batches still waiting."""
+    long = {"GATEWAY_BATCH_WAIT_MS": "500", "GATEWAY_RESERVATION_TIMEOUT_S": "1"}
+    with pytest.raises(SettingsError) as refused:
+        load(long)
+    assert str(refused.value) == (
+        "GATEWAY_BATCH_WAIT_MS=500: must be below half of GATEWAY_RESERVATION_TIMEOUT_S=1"
+        " (in ms), or the reconciler gives back batches still waiting"
+    )
+    assert load({**long, "GATEWAY_BATCH_WAIT_MS": "499"}).batch_wait_ms == 499.0
+
+
 def test_strategy_and_the_optimistic_budget() -> None:
     """GATEWAY_STRATEGY defaults to reserve-batch and takes each strategy's name;
     the optimistic budget is read too; an unknown strategy names the setting."""
