@@ -15,7 +15,7 @@ from gateway.redis.layout import ledger
 from testkit.gateways import SIGTERM_EXIT_S
 from testkit.postgres_servers import PostgresCluster
 from tests.chaos.checks import every_event_relayed
-from tests.chaos.faults import batch_behind_the_lock, first_sent_to, young_batch_on
+from tests.chaos.faults import first_sent_to, reserved_on, young_batch_on
 from tests.chaos.reporting import Diagnostics
 from tests.chaos.sale import LOCKS, SKU, run_scenario, settings_for
 from tests.chaos.stacks import Stack, proxied_stack
@@ -31,8 +31,9 @@ async def test_gateway_killed_with_batches_in_flight(
 ) -> None:
     """Gateway 0 is SIGKILLed while its batch of reservations waits to flush
     (batch wait 800 ms: a loaded machine's polls still catch a batch filling
-    before the first wave ends; under the Redis lock, while gateway 1 holds
-    the lock): those reservations are orphaned in the ledger.
+    before the first wave ends; under the Redis lock, any of its reservations:
+    there its batches wait out gateway 1's hold of the lock, never young): those
+    reservations are orphaned in the ledger.
     Their buyers retry on gateway 1 (in_progress) until its reconciler settles them after
     the reservation timeout (stock and buyer given back); they buy again and the
     whole stock sells. Gateway 1's relay delivers every order's event.
@@ -49,7 +50,7 @@ async def test_gateway_killed_with_batches_in_flight(
             return f"SIGKILL gw0 with {len(left)} reservations in its batch"
 
         if lock == "redis":
-            ready = batch_behind_the_lock(stack, SKU)
+            ready = reserved_on(stack, SKU)
         else:
             ready = young_batch_on(stack, SKU, younger_than_ms=400)
         run = await run_scenario(stack, f"6 gateway SIGKILL [{lock}]", sigkill, ready=ready)
