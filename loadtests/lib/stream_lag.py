@@ -10,8 +10,12 @@ It prints ``READY`` once it is reading, then, at the end, one line
 ``LAG_JSON {...}``: the count and the p50, p90, p99 and max in ms.
 
 ``loadtests.bench_stack`` runs it on the load generator's core beside wrk, so
-the reading costs the stack's core nothing but Redis's answers (which the
-bench takes out of Redis's CPU by ``INFO commandstats``).
+the reading costs the stack's core nothing but Redis's answers. The bench takes
+their command time out of Redis's CPU (``INFO commandstats``), not Redis's
+writes of them: 0.4-0.95 µs an event more, which the relay-on rounds' Redis
+share still carries (a private Redis, 60,000 XADDs of 10 fields in pipelines
+of 200, with and without this reader, 3 rounds each, 2026-12-07: 2.8-3.2 µs
+an event without, 4.7-5.2 with, of which XREAD's command time 1.3-1.4).
 """
 
 from __future__ import annotations
