@@ -80,7 +80,9 @@ PYTEST := PYTHONDONTWRITEBYTECODE= $(BIN)/pytest
 # One worker more than cores, a test file each at a time (a file's servers and
 # module fixtures stay in one process): the suite mostly waits, on servers,
 # faults and leases, so a third worker fills two cores' idle time (2 cores:
-# 8:07 with two workers, 6:59 with three, the cores then 85 % busy).
+# 8:07 with two workers, 6:59 with three, the cores then 85 % busy). A fourth
+# gained 10-20 s, but with a core burned the contract's two runs then took 97 s
+# of the 115 their budget allows (tests/e2e/contract.py).
 # The 15 slowest tests are printed at the end, for whoever speeds it up next.
 PYTEST_WORKERS ?= $(shell echo $$(( $$(nproc) + 1 )))
 pytest: $(STAMP) services
