@@ -79,23 +79,29 @@ class _Coalesced(ABC, Generic[K, V]):
     def _start(self) -> None:
         self._scheduled = False
         if self._waiting and len(self._readers) < self._max_reads:
-            reader = asyncio.ensure_future(self._read())
-            self._readers.add(reader)
-            reader.add_done_callback(self._readers.discard)
+            self._readers.add(asyncio.ensure_future(self._read()))
 
     async def _read(self) -> None:
         """Read for the waiting keys until none wait; a read's failure goes to
-        its own callers."""
-        while self._waiting:
-            batch = {key: self._waiting.pop(key) for key in self._batch()}
-            try:
-                found = await self._read_many(list(batch))
-            except Exception as exc:  # never leave a caller waiting: each answers 503
-                for futures in batch.values():
-                    _fail(futures, exc)
-                continue
-            for key, futures in batch.items():
-                _resolve(futures, found[key])
+        its own callers. The reader leaves the reads in flight in the step that
+        finds nothing waiting: left to its task's done callback, it still
+        counted after a caller it answered had asked again, and that key, with
+        every read slot seen taken, waited for a read that never came."""
+        try:
+            while self._waiting:
+                batch = {key: self._waiting.pop(key) for key in self._batch()}
+                try:
+                    found = await self._read_many(list(batch))
+                except Exception as exc:  # never leave a caller waiting: each answers 503
+                    for futures in batch.values():
+                        _fail(futures, exc)
+                    continue
+                for key, futures in batch.items():
+                    _resolve(futures, found[key])
+        finally:
+            reader = asyncio.current_task()
+            if reader is not None:
+                self._readers.discard(reader)
 
     def _batch(self) -> list[K]:
         return list(self._waiting)[: self._max_ids]

@@ -102,3 +102,23 @@ async def test_a_failed_read_fails_each_of_its_callers() -> None:
     assert all(isinstance(a, PostgresUnavailable) for a in answers)
     with pytest.raises(PostgresUnavailable):
         await priors.prior("a", "a.next", "next")
+
+
+async def test_a_purchase_asked_as_the_last_read_ends_is_read() -> None:
+    """A caller whose answer came asks again at once, before the read that
+    answered it has left the reads in flight (its task's end is a callback
+    queued behind the caller's wake-up): that key is read too. Before, with
+    every read slot seen taken, nothing was started for it, and the purchase
+    waited forever (a rebuild's storm hung a buyer on a loaded CI run)."""
+    rows = Rows([])
+    priors = lookups(rows, max_reads=1)
+
+    async def buyer() -> list[tuple[Order | None, bool]]:
+        first = await priors.prior("a", "a.r1", "u1")
+        return [first, await priors.prior("a", "a.r2", "u2")]
+
+    rows.gate.set()
+    answers = await asyncio.wait_for(buyer(), timeout=5)
+
+    assert answers == [(None, False), (None, False)]
+    assert [ids for _, ids, _ in rows.reads] == [["a.r1"], ["a.r2"]]
