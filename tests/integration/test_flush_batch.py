@@ -9,6 +9,7 @@ instead of per purchase, or a decision out of arrival order, would show.
 from __future__ import annotations
 
 import asyncpg
+import pytest
 
 FLUSH = "SELECT * FROM flush_batch($1, $2, $3, $4, $5, $6, 2)"
 
@@ -89,3 +90,44 @@ async def test_one_batch_with_every_verdict(con: asyncpg.Connection, sku: str) -
         [f"{sku}.new", f"{sku}.small", f"{sku}.smaller"],
     )
     assert sorted(r["user_id"] for r in buyers) == ["b", "n1", "s"]
+
+
+async def test_an_unknown_skus_batch_is_sold_out_and_writes_nothing(
+    con: asyncpg.Connection, sku: str
+) -> None:
+    """No order without its sku: the function finds no inventory row to lock
+    and inserts nothing (sql/031_orders_sku_guard.sql: no foreign key checks
+    each order any more)."""
+    rows = await con.fetch(FLUSH, sku, [f"{sku}.a"], ["u"], [1], [1], None)
+    assert [(r["request_id"], r["verdict"], r["order_id"]) for r in rows] == [
+        (f"{sku}.a", "S", None)
+    ]
+    assert await con.fetchval("SELECT count(*) FROM orders WHERE sku = $1", sku) == 0
+
+
+async def test_a_sku_with_orders_is_neither_deleted_nor_renamed(
+    con: asyncpg.Connection, sku: str
+) -> None:
+    """What the foreign key on orders.sku promised, kept from inventory's side:
+    23503 for a DELETE, a rename and a TRUNCATE while orders exist; a sku
+    without orders goes, and a stock change of one with orders runs as ever."""
+    bare = f"{sku}-bare"
+    await con.execute("INSERT INTO inventory (sku, stock) VALUES ($1, 5), ($2, 5)", sku, bare)
+    await con.fetch(FLUSH, sku, [f"{sku}.a"], ["u"], [1], [1], None)
+    for statement in (
+        "DELETE FROM inventory WHERE sku = $1",
+        "UPDATE inventory SET sku = sku || '-renamed' WHERE sku = $1",
+    ):
+        with pytest.raises(asyncpg.ForeignKeyViolationError, match=f"sku {sku} has orders"):
+            await con.execute(statement, sku)
+    with pytest.raises(asyncpg.ForeignKeyViolationError, match="while orders exist"):
+        async with con.transaction():
+            await con.execute("SET LOCAL lock_timeout = '10s'")
+            await con.execute("TRUNCATE inventory CASCADE")
+    await con.execute("UPDATE inventory SET stock = stock + 1 WHERE sku = $1", sku)
+    assert await con.fetchval("SELECT stock FROM inventory WHERE sku = $1", sku) == 5
+    await con.execute("UPDATE inventory SET sku = $2 WHERE sku = $1", bare, f"{bare}-renamed")
+    assert (
+        await con.execute("DELETE FROM inventory WHERE sku = $1", f"{bare}-renamed") == "DELETE 1"
+    )
+    assert await con.fetchval("SELECT count(*) FROM orders WHERE sku = $1", sku) == 1
