@@ -106,3 +106,18 @@ def stop_if_cancelled(exc: BaseException) -> None:
     task = asyncio.current_task()
     if task is not None and task.cancelling():
         raise asyncio.CancelledError from exc
+
+
+async def rest(seconds: float) -> None:
+    """Sleep between a loop's passes, unless the running task is being cancelled:
+    then raise CancelledError. A client library can swallow a cancel mid-call:
+    redis-py sends each command through ``asyncio.wait_for`` when a socket
+    timeout is set, and on Python 3.11 ``wait_for`` returns the finished send's
+    result and drops a cancel that lands in the same turn (CPython gh-86296,
+    fixed in 3.12). The pass then ends as if nothing happened, and a loop that
+    only slept went on for good: a test's watcher of Redis keys did, until
+    pytest's timeout. Unlike :func:`stop_if_cancelled`, nothing failed here."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
+    await asyncio.sleep(seconds)

@@ -26,7 +26,7 @@ from redis.asyncio.client import PubSub
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import RedisError
 
-from gateway.lock.tasks import stop_if_cancelled
+from gateway.lock.tasks import rest, stop_if_cancelled
 from gateway.redis.connections import RedisClient
 from gateway.redis.layout import Change, parse_change
 
@@ -83,7 +83,7 @@ class ChangeFeed:
                 stop_if_cancelled(exc)
                 self.subscribed.clear()
                 log.warning("change_feed_down", cause=type(exc).__name__)
-                await asyncio.sleep(RETRY_S)
+                await rest(RETRY_S)
             except Exception as exc:
                 stop_if_cancelled(exc)
                 # Not a connection error we know, yet the feed must outlive it: a
@@ -92,7 +92,7 @@ class ChangeFeed:
                 # AttributeError or TypeError, redis/redis-py#4287.)
                 self.subscribed.clear()
                 log.exception("change_feed_failed")
-                await asyncio.sleep(RETRY_S)
+                await rest(RETRY_S)
 
     async def _pubsub(self) -> PubSub:
         if not isinstance(self._redis, RedisCluster):

@@ -19,7 +19,6 @@ since the deadlines live in PostgreSQL.
 
 from __future__ import annotations
 
-import asyncio
 import math
 import time
 from collections import defaultdict
@@ -57,7 +56,7 @@ from gateway.domain.model import (
 )
 from gateway.domain.payments import BuyerOrder, LatePayment, LateStatus, OrderCursor, Page
 from gateway.domain.stock import replayed
-from gateway.lock.tasks import stop_if_cancelled
+from gateway.lock.tasks import rest, stop_if_cancelled
 from gateway.usecases.ports import (
     HeldCounts,
     Listings,
@@ -299,7 +298,7 @@ class OrderLifecycle:
             except Exception as exc:
                 stop_if_cancelled(exc)
                 log.exception("expiry_sweep_failed")
-            await asyncio.sleep(wait)
+            await rest(wait)
 
     async def _return_units(self, closed: Iterable[Closed]) -> None:
         """Put closed orders' units back on sale in Redis (those owed to it), then

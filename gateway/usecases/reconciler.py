@@ -42,7 +42,6 @@ docs/performance.md ("A reconcile pass costs the active skus").
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Awaitable, Callable, Collection
 from dataclasses import asdict, dataclass
@@ -56,7 +55,7 @@ from gateway.domain.model import Verdict
 from gateway.domain.skus import SkuState
 from gateway.domain.stock import Settlement, StockLoad
 from gateway.lock import LockError
-from gateway.lock.tasks import stop_if_cancelled
+from gateway.lock.tasks import rest, stop_if_cancelled
 from gateway.usecases.catalog import Catalog
 from gateway.usecases.ports import (
     Counters,
@@ -154,7 +153,7 @@ class Reconciler:
         """Reconcile the active skus each interval until cancelled; a failed pass is
         logged and the next one tries again, so the task never dies quietly."""
         while True:
-            await asyncio.sleep(self._interval)
+            await rest(self._interval)
             try:
                 await self.reconcile_all()
             except Exception as exc:

@@ -32,7 +32,7 @@ from redis.backoff import AbstractBackoff, EqualJitterBackoff, ExponentialBackof
 from gateway.domain.errors import Unavailable
 from gateway.domain.events import EventSink, SinkStats
 from gateway.lock.backoff import DOUBLINGS, pause
-from gateway.lock.tasks import stop_if_cancelled
+from gateway.lock.tasks import rest, stop_if_cancelled
 from gateway.usecases.ports import Claimed, Deliveries
 
 log = structlog.get_logger(__name__)
@@ -154,15 +154,15 @@ class Relay:
             except Unavailable as exc:
                 stop_if_cancelled(exc)
                 log.warning("relay_failed", sink=sink.name, error=str(exc))
-                await asyncio.sleep(pause(OUTAGE_BACKOFF, failures))
+                await rest(pause(OUTAGE_BACKOFF, failures))
                 failures += 1
                 continue
             except Exception as exc:
                 stop_if_cancelled(exc)
                 log.exception("relay_failed", sink=sink.name)
-                await asyncio.sleep(pause(OUTAGE_BACKOFF, DOUBLINGS))
+                await rest(pause(OUTAGE_BACKOFF, DOUBLINGS))
                 continue
-            await asyncio.sleep(0 if claimed >= self._batch else self._poll_s)
+            await rest(0 if claimed >= self._batch else self._poll_s)
 
     async def upkeep(self) -> None:
         """Dead-letter what each sink with a max age was owed longer, then
@@ -184,4 +184,4 @@ class Relay:
             except Exception as exc:
                 stop_if_cancelled(exc)
                 log.exception("relay_upkeep_failed")
-            await asyncio.sleep(UPKEEP_S)
+            await rest(UPKEEP_S)

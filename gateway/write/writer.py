@@ -32,6 +32,7 @@ from gateway.domain.errors import Unavailable
 from gateway.domain.model import Verdict
 from gateway.lock import LockError
 from gateway.lock.backoff import pause
+from gateway.lock.tasks import rest
 from gateway.postgres.inventory import Inventory
 from gateway.redis.streams import Depth, Entry, StreamGone, Streams
 from gateway.write.flusher import Flusher
@@ -76,18 +77,13 @@ class QueueWriter:
 
     async def run(self) -> None:
         """Write every sku's stream until cancelled, starting skus as they appear."""
-        me = asyncio.current_task()
         try:
             while True:
                 try:
                     await self._discover()
                 except (Unavailable, LockError, RedisError) as exc:
                     log.warning("writer_discovery_failed", cause=repr(exc))
-                if me is not None and me.cancelling():
-                    # A cancel that a client library swallowed mid-call (seen at
-                    # shutdown) must still end the loop, or the stop waits forever.
-                    raise asyncio.CancelledError
-                await asyncio.sleep(DISCOVER_S)
+                await rest(DISCOVER_S)
         finally:
             await self.close()
 
@@ -151,7 +147,7 @@ class QueueWriter:
                     exc_info=None if expected else exc,
                 )
                 retry = True
-                await asyncio.sleep(pause(RETRY_BACKOFF, failures))
+                await rest(pause(RETRY_BACKOFF, failures))
                 failures += 1
 
     async def _apply(self, sku: str, entries: list[Entry]) -> None:

@@ -8,6 +8,7 @@ letters of a sink with a max age, and a word about a sink nobody serves."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -302,8 +303,38 @@ class Stalling(FakeSink):
         return []
 
 
+@dataclass
+class Swallowing(FakeSink):
+    """A sink whose delivery swallows the cancel that lands in it and answers
+    delivered, as redis-py's send does on Python 3.11: it goes through
+    asyncio.wait_for, which returns the finished send's result and drops a
+    cancel landing in the same turn (gateway.lock.tasks.rest)."""
+
+    calls: int = 0
+
+    async def deliver(self, events: Sequence[OrderEvent]) -> list[str | None]:
+        self.calls += 1
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.Event().wait()
+        return [None] * len(events)
+
+
 class TestStopping:
     """A relay stops when cancelled."""
+
+    async def test_a_relay_stops_though_its_sink_swallowed_the_cancel(self) -> None:
+        """The delivery ends as if nothing happened; the relay's next pass must
+        not start: its task ends cancelled (it polled on for good, and a
+        gateway's stop waited it out and logged it stuck)."""
+        outbox = FakeOutbox(owed=[Owed(event(1, "A", 1))])
+        sink = Swallowing()
+        task = asyncio.create_task(relay_of(outbox, sink).run())
+        await wait_for(lambda: sink.calls == 1, within=5, what="the first delivery")
+        claims = len(outbox.packed)
+        task.cancel()
+        done, _ = await asyncio.wait({task}, timeout=5)
+        assert done and task.cancelled(), "the relay went on after its cancel"
+        assert len(outbox.packed) == claims, "a pass started after the cancel"
 
     async def test_a_relay_cancelled_mid_delivery_stops_though_its_claim_fails(self) -> None:
         """Cancelled while the sink holds a claim whose transaction then fails
