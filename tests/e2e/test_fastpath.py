@@ -53,7 +53,7 @@ class TestSameAnswers:
         assert (await buy(client, sku, "first"))[0] == 201
         # The first refusal marks the sku sold out in-process (in the background).
         assert (await buy(client, sku, "second"))[0] == 409
-        await wait_sold_out_marked(client)
+        await wait_sold_out_marked(client, sku)
         body = f'{{"sku": "{sku}", "user_id": "late"}}'.encode()
         fast_answer, router_answer = await _both(client, body)
         assert fast_answer == router_answer

@@ -64,7 +64,7 @@ async def _sold_out_gateway(start_gateway: Any, sku: str) -> tuple[Client, str, 
     await put_sku(client, sku, 1)
     assert (await buy(client, sku, "first"))[0] == 201
     assert (await buy(client, sku, "second"))[0] == 409
-    await wait_sold_out_marked(client)
+    await wait_sold_out_marked(client, sku)
     host, port = client.server.host, client.server.port
     assert port is not None
     return client, host, port

@@ -123,7 +123,7 @@ class TestMismatch:
         status, first = await post(client, {"sku": sku, "user_id": "fay", "request_id": rid})
         assert status == 201
         assert (await buy(client, sku, "late"))[1] == {"status": "sold_out"}
-        await wait_sold_out_marked(client)
+        await wait_sold_out_marked(client, sku)
         status, body = await post(client, {"sku": sku, "user_id": "gus", "request_id": rid})
         assert (status, body["error"]) == (422, "idempotency_mismatch")
         assert await post(client, {"sku": sku, "user_id": "fay", "request_id": rid}) == (
@@ -194,7 +194,7 @@ class TestBigSale:
                 assert status == 201, body
                 first[body["request_id"]] = body["order_id"]
         assert (await buy(client, sku, "late"))[1] == {"status": "sold_out"}
-        await wait_sold_out_marked(client)
+        await wait_sold_out_marked(client, sku)
         sample = random.Random(7).sample(range(stock), 300)
         replays = await asyncio.gather(*(buy(client, sku, f"u{i}", f"r{i}") for i in sample))
         for status, body in replays:

@@ -164,7 +164,7 @@ class TestLostWrites:
         await lose_last_writes(redis, keys, sku)
         await redis.decrby(keys.stock, 1)
         assert (await buy(client, sku, "c", "rc"))[1]["status"] == "sold_out"
-        await wait_sold_out_marked(client)
+        await wait_sold_out_marked(client, sku)
 
         other = f"{sku}-other"
         await put_sku(client, other, 1)

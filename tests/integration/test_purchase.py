@@ -78,7 +78,7 @@ class TestIdempotency:
         assert status == 201
         assert (await buy(client, sku, "bob"))[0] == 201
         assert (await buy(client, sku, "carol"))[1] == {"status": "sold_out"}
-        await wait_sold_out_marked(client)
+        await wait_sold_out_marked(client, sku)
         # From here on the answers come from the process (and, for a replay
         # Redis no longer knows, the order rows): nothing is reloaded.
         keys = SkuKeys.of(key_prefix, sku)
@@ -268,7 +268,7 @@ class TestSoldOutStorm:
         assert (await buy(client, sku, "winner"))[0] == 201
         results = await asyncio.gather(*(buy(client, sku, f"late{i}") for i in range(200)))
         assert {body["status"] for _, body in results} == {"sold_out"}
-        await wait_sold_out_marked(client)
+        await wait_sold_out_marked(client, sku)
         more = await asyncio.gather(*(buy(client, sku, f"later{i}") for i in range(200)))
         assert {body["status"] for _, body in more} == {"sold_out"}
         assert await client_metric(client, "flashsale_confirmed_id_builds_total") == 1
