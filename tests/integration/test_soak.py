@@ -29,6 +29,7 @@ import asyncpg
 import pytest
 from redis.asyncio import Redis
 
+from gateway.lock.tasks import rest
 from gateway.ops.audit import audit
 from gateway.redis.layout import SkuKeys
 from gateway.settings import Settings
@@ -124,15 +125,15 @@ class Watch:
     def __init__(self) -> None:
         self.keys: set[str] = set()
         self.most: dict[str, int] = {}
-        self.stopped = False
 
     async def run(self, redis: Redis, prefix: str, con: asyncpg.Connection) -> None:
-        """Look every 0.1 s until stopped."""
-        while not self.stopped:
+        """Look every 0.1 s until cancelled (a cancel redis-py swallows included:
+        gateway.lock.tasks.rest)."""
+        while True:
             self.keys |= await keys_under(redis, prefix)
             for table, n in (await counts(con)).items():
                 self.most[table] = max(n, self.most.get(table, 0))
-            await asyncio.sleep(0.1)
+            await rest(0.1)
 
 
 @contextlib.asynccontextmanager
@@ -143,11 +144,6 @@ async def watching(redis: Redis, prefix: str, database_url: str) -> AsyncIterato
     try:
         yield watch
     finally:
-        # Stopped by a flag as well as cancelled: redis-py sends a command through
-        # asyncio.wait_for (a socket timeout is set), which on Python 3.11 swallows
-        # a cancel that lands as the send completes; the loop then went on looking,
-        # and the test hung until pytest's timeout (a CI run with a core burned).
-        watch.stopped = True
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
