@@ -41,7 +41,13 @@ class HolderStop:
 
 
 async def stop_lock_holder(
-    stack: Stack, sku: str, *, stop_s: float, within: float = 15.0, lane: int | None = None
+    stack: Stack,
+    sku: str,
+    *,
+    stop_s: float,
+    within: float = 15.0,
+    lane: int | None = None,
+    until_sold_s: float = 0.0,
 ) -> HolderStop:
     """Find the gateway holding ``sku``'s flush lock and SIGSTOP it for ``stop_s``;
     with ``lane``, a gateway's worker of that lane index (GATEWAY_WORKERS > 1)
@@ -50,6 +56,13 @@ async def stop_lock_holder(
     The holder is caught by :func:`_catch_holder`. While it is stopped the fence
     counter is read before and after: it only grows when someone acquires, so
     growth shows the lease ran out and another instance took over.
+
+    With ``until_sold_s``, a holder whose lock was taken over stays stopped
+    past ``stop_s``, up to that much longer, until an order of ``sku`` commits:
+    on a loaded machine the taker's first flush can land after ``stop_s``
+    (the lease runs out, then the taker must win a CPU to acquire and flush),
+    and a scenario asserting the other instance sold meanwhile would then
+    judge the machine, not the gateway.
     """
     key = lock_key(stack.key_prefix, sku)
     async with redis_client(await stack.redis_address(), within=2) as r:
@@ -65,6 +78,10 @@ async def stop_lock_holder(
                 await asyncio.sleep(0.01)
             fence_after = int(await r.get(key + ":fence") or 0)
             meanwhile = await stack.orders(sku) - orders_before
+            longest = time.monotonic() + until_sold_s
+            while fence_after > fence_before and not meanwhile and time.monotonic() < longest:
+                await asyncio.sleep(0.05)
+                meanwhile = await stack.orders(sku) - orders_before
         finally:
             gateway.resume(worker)
     return HolderStop(

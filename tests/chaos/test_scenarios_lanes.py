@@ -105,7 +105,8 @@ async def test_the_skus_owner_worker_stopped_past_its_lease(
     pg: PostgresCluster, diagnostics: Diagnostics
 ) -> None:
     """A gateway's owner of the sku, caught holding its flush lock (lease 0.5 s),
-    is SIGSTOPped for 2 s: what the other worker of its gateway passes it
+    is SIGSTOPped for 2 s (longer, up to 5 s more, until the other gateway sells
+    on a loaded machine): what the other worker of its gateway passes it
     meanwhile waits, and the other gateway's owner
     acquires the lock (the fence grows) and sells. On SIGCONT the stopped worker
     learns it lost the lock (flashsale_locks_lost_total) and answers what it was
@@ -115,7 +116,7 @@ async def test_the_skus_owner_worker_stopped_past_its_lease(
         stops = []
 
         async def pause_owner(stack: Stack, sku: str) -> str:
-            stop = await stop_lock_holder(stack, sku, stop_s=2.0, lane=OWNER)
+            stop = await stop_lock_holder(stack, sku, stop_s=2.0, lane=OWNER, until_sold_s=5.0)
             stops.append(stop)
             return (
                 f"SIGSTOP lock holder gw{stop.gateway.index} worker {OWNER} (the sku's owner)"

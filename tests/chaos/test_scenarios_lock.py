@@ -56,7 +56,7 @@ async def test_lock_holder_paused_past_its_lease(
                 finally:
                     stack.gateways[0].resume()
                 return f"SIGSTOP gw0 2.0s (no lock), {meanwhile[0]} orders meanwhile"
-            stop = await stop_lock_holder(stack, sku, stop_s=2.0)
+            stop = await stop_lock_holder(stack, sku, stop_s=2.0, until_sold_s=5.0)
             stops.append(stop)
             meanwhile.append(stop.orders_meanwhile)
             return (
