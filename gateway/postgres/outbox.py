@@ -15,6 +15,7 @@ errors become :class:`gateway.domain.errors.PostgresUnavailable`.
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -29,8 +30,15 @@ from gateway.postgres.database import Connection, as_unavailable
 REGISTER = "INSERT INTO event_sinks (name) VALUES ($1) ON CONFLICT DO NOTHING"
 # Up to $2 events due for sink $1, locked until the claim's transaction ends
 # (sql/functions/claim_events.sql): seq, fields or with $3 packed, attempts,
-# fresh, occurred.
-CLAIM = "SELECT seq, fields, packed, attempts, fresh, occurred FROM claim_events($1, $2, $3)"
+# fresh, and each event's age in seconds by PostgreSQL's clock once the claim
+# is made (the function has returned every row when the outer SELECT reads
+# the clock): the delivery lag is that age plus the delivery's own time, so
+# the record needs no round trip to read the clock again.
+CLAIM = """
+SELECT seq, fields, packed, attempts, fresh,
+    extract(epoch FROM clock_timestamp())::float8 - occurred
+FROM claim_events($1, $2, $3)
+"""
 # A batch's events a sink refused: owed one by one from now on, since their
 # write (the max age counts from there, as for any event). Each read by its own
 # probe (OFFSET 0: a join hashed the whole order_events; sql/functions/claim_events.sql).
@@ -42,12 +50,10 @@ SELECT $1, e.seq, e.order_id, e.version, e.occurred_at, e.occurred_at, 1,
 FROM unnest($2::bigint[], $3::float8[], $4::text[]) AS f(seq, delay, error)
 CROSS JOIN LATERAL (SELECT * FROM order_events o WHERE o.seq = f.seq OFFSET 0) e
 """
-# The events owed one by one ($2) delivered: forgotten. Returns PostgreSQL's
-# clock now (epoch seconds; not the transaction's start) for the lags.
-DELIVERED = """
-WITH gone AS (DELETE FROM event_deliveries WHERE sink = $1 AND seq = ANY($2::bigint[]))
-SELECT extract(epoch FROM clock_timestamp())::float8
-"""
+# The events owed one by one ($2) delivered: forgotten. Those of a batch went
+# with its row, deleted by the claim: a sale's claims, all batches, make no
+# round trip here.
+DELIVERED = "DELETE FROM event_deliveries WHERE sink = $1 AND seq = ANY($2::bigint[])"
 FAILED = """
 UPDATE event_deliveries d SET attempts = d.attempts + 1, last_error = f.error,
     due_at = now() + make_interval(secs => f.delay)
@@ -183,8 +189,10 @@ class Claim:
         # Failed attempts so far, per event: what the next backoff grows from.
         self.attempts = [r[3] for r in rows]
         self._fresh = frozenset(r[0] for r in rows if r[4])
-        # When each occurred, by PostgreSQL's clock: the delivery lag counts from there.
-        self._occurred = {r[0]: r[5] for r in rows}
+        # Each event's age when claimed (PostgreSQL's clock), and when that was
+        # by this process's: a delivered event's lag is its age plus the time since.
+        self._ages = {r[0]: r[5] for r in rows}
+        self._claimed_at = time.monotonic()
 
     async def record(
         self, delivered: Sequence[int], failed: Sequence[tuple[int, float, str]]
@@ -192,14 +200,16 @@ class Claim:
         """Forget the ``delivered`` seqs for this sink (those of a batch went
         with its row, deleted by the claim); try each ``failed`` (seq, delay in
         seconds, why) again after its delay. Returns the delivered events' lags
-        (from occurred_at to now, PostgreSQL's clock)."""
+        (from occurred_at, PostgreSQL's clock, to now)."""
         with as_unavailable:
             lags: list[float] = []
             if delivered:
+                waited = time.monotonic() - self._claimed_at
+                ages = self._ages
+                lags = [ages[seq] + waited for seq in delivered]
                 owed = [seq for seq in delivered if seq not in self._fresh]
-                now = await self._con.fetchval(DELIVERED, self._sink, owed)
-                occurred = self._occurred
-                lags = [now - occurred[seq] for seq in delivered]
+                if owed:
+                    await self._con.execute(DELIVERED, self._sink, owed)
             await self._refused(failed)
         return lags
 

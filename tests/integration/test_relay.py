@@ -317,6 +317,35 @@ class TestPacked:
         assert got == [list(events[0].fields), list(events[2].fields)]
 
 
+class TestLags:
+    """The delivery lag each delivered event is observed with."""
+
+    async def test_a_lag_runs_from_occurred_at_to_the_delivery(self, pool: asyncpg.Pool) -> None:
+        """Events that occurred 30 s ago (by PostgreSQL's clock), first versions
+        from a batch and later ones owed one by one, handed to a sink that takes
+        0.2 s: each is observed 30.2 s late or more, and no later than the
+        test's own clock allows; what was owed one by one is forgotten."""
+
+        class Slow(Recorder):
+            async def deliver(self, events: Sequence[OrderEvent]) -> Sequence[str | None]:
+                await asyncio.sleep(0.2)  # the sink's own time, part of the lag
+                return await super().deliver(events)
+
+        sink = Slow()
+        observed = Observed()
+        r = Relay(outbox=Outbox(pool), sinks=[sink], observer=observed, batch=50, poll_s=0.01)
+        await r.register()
+        await pool.execute(WRITE_EVENTS, 10, 2)
+        await pool.execute("UPDATE order_events SET occurred_at = occurred_at - interval '30 s'")
+        started = asyncio.get_running_loop().time()
+        await drain(r, sink)
+        took = asyncio.get_running_loop().time() - started
+        assert len(observed.lags) == len(sink.taken) == 20
+        assert {e.version for e in sink.taken} == {1, 2}
+        assert all(30.2 <= lag <= 30 + took + 1 for lag in observed.lags), observed.lags
+        assert await pool.fetchval("SELECT count(*) FROM events_owed") == 0
+
+
 class TestRetries:
     """A sink that refuses some first attempts."""
 
