@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import functools
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -30,7 +29,7 @@ from gateway.domain.events import EventSink, SinkName
 from gateway.domain.model import Strategy
 
 # Opened is imported from here by tests and benches: re-exported.
-from gateway.flushing import Flushing, build_flushing
+from gateway.flushing import Flushing, build_flushing, event_stream
 from gateway.flushing import Opened as Opened
 from gateway.http import admin_views, payment_views, views
 from gateway.http.admin_tokens import AdminTokens
@@ -79,7 +78,6 @@ from gateway.postgres.retention import Retention
 from gateway.postgres.sale_gate import PostgresSaleGate
 from gateway.redis.change_feed import ChangeFeed
 from gateway.redis.confirmed_scan import ConfirmedScan
-from gateway.redis.event_stream import EventStream
 from gateway.redis.identity import IdentityStamp
 from gateway.redis.layout import channel
 from gateway.redis.rebuild_lease import RebuildLease
@@ -419,6 +417,7 @@ def _background(
         asyncio.create_task(gateway.lifecycle.run(), name="expiry-sweep"),
         asyncio.create_task(_sample_backlog(gateway.batcher, backlog), name="backlog-sampler"),
         asyncio.create_task(answers.run(), name="answer-summary"),
+        *_handing_off(gateway.flushing),
     ]
     if gateway.writer is not None:
         tasks.append(asyncio.create_task(gateway.writer.run(), name="queue-writer"))
@@ -451,14 +450,7 @@ def build_relay(opened: Opened, outbound: Sequence[EventSink], pool: Pool[Any]) 
     outbox = Outbox(pool)
     # The webhook's backlog bounds the stream's trim.
     webhook = any(sink.name is SinkName.WEBHOOK for sink in outbound)
-    stream = EventStream(
-        opened.redis,
-        settings.events_stream,
-        max_len=settings.events_stream_max_len,
-        max_age_s=settings.events_stream_max_age_s,
-        webhook_owed=functools.partial(outbox.oldest_owed, SinkName.WEBHOOK) if webhook else None,
-        replicas=settings.stream_replicas,
-    )
+    stream = event_stream(opened.settings, opened.redis, outbox if webhook else None)
     return Relay(
         outbox=outbox,
         sinks=[stream, *outbound],
@@ -496,10 +488,17 @@ async def writer_ctx(app: web.Application) -> AsyncIterator[None]:
     flushing = build_flushing(opened)
     writer = _writer(opened, flushing, Inventory(opened.pool))
     await _load_scripts(opened, flushing)
-    task = asyncio.create_task(writer.run(), name="queue-writer")
+    tasks = [asyncio.create_task(writer.run(), name="queue-writer"), *_handing_off(flushing)]
     yield
-    await _stop([task])
+    await _stop(tasks)
     await flushing.lock_subscriber.aclose()
+
+
+def _handing_off(flushing: Flushing) -> list[asyncio.Task[None]]:
+    """The hand-off's loop, when the flushes hand their first events off."""
+    if flushing.handoff is None:
+        return []
+    return [asyncio.create_task(flushing.handoff.run(), name="events-handoff")]
 
 
 def create_writer_app(settings: Settings) -> web.Application:

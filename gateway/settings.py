@@ -415,6 +415,9 @@ class Settings:
     bot_check_secret: str | None = setting(None, _text)
     # Order events (gateway.usecases.relay): run the relay in this process.
     events_relay: bool = setting(True, _bool)
+    # A flush appends its new orders' first events to the stream itself, the
+    # relay the fallback (gateway.usecases.handoff); with the relay, on one Redis.
+    events_handoff: bool = setting(True, _bool)
     # The Redis Stream every event is appended to, and how it is trimmed: to
     # about this many entries when set, else to this many seconds of entries
     # (0: never); never past an event still owed to the webhook.

@@ -126,10 +126,10 @@ class TimedOrders(Orders):
         self._splits = splits
 
     async def commit_batch(
-        self, sku: str, batch: Sequence[Purchase], fence: int | None
+        self, sku: str, batch: Sequence[Purchase], fence: int | None, handoff: str | None = None
     ) -> BatchDecision:
         with self._splits.timing("sql_s"):
-            return await super().commit_batch(sku, batch, fence)
+            return await super().commit_batch(sku, batch, fence, handoff)
 
 
 class TimedReservations(Reservations):

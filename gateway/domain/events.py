@@ -16,7 +16,7 @@ from typing import Protocol
 
 import orjson
 
-from gateway.domain.model import Cause, OrderStatus
+from gateway.domain.model import Cause, Order, OrderStatus
 from gateway.domain.rules import rfc3339
 
 
@@ -174,6 +174,24 @@ class OrderEvent:
     def body(self) -> bytes:
         """The event's JSON, as POSTed to a webhook and published to RabbitMQ."""
         return orjson.dumps(self.payload())
+
+
+@dataclass(frozen=True, slots=True)
+class FirstEvents:
+    """A flush's new orders, whose first events the flushing gateway hands to a
+    sink itself (``gateway.usecases.handoff``; ``sql/032_event_handoff.sql``).
+
+    Each order's first event is made of the order as committed: its event id
+    is the order's id, its version 1, its cause ``buyer``, and it occurred at
+    ``occurred_at`` (the flush's ``now()``, RFC 3339 as the API shows it).
+    ``token`` names the flush's batch row in the outbox, which stays owed to
+    the sink until the hand-off is recorded, and a relay delivers it if that
+    never happens.
+    """
+
+    token: int
+    occurred_at: str
+    orders: Sequence[Order]
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,6 +19,7 @@ its typed errors.
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -35,6 +36,7 @@ from gateway.domain.errors import (
     StockGuardRefused,
     Unavailable,
 )
+from gateway.domain.events import FirstEvents
 from gateway.domain.model import (
     DUPLICATE,
     SOLD_OUT,
@@ -52,8 +54,11 @@ from gateway.postgres.database import DB_ERRORS, as_unavailable, cause
 LOCK_INVENTORY_ROW = "SELECT stock, fence FROM inventory WHERE sku = $1 FOR UPDATE"
 # A whole flush in one round trip: see sql/functions/flush_batch.sql, whose UPDATE
 # carries the stock >= guard and the fencing check.
+# With $7 (a sink's name) and $8 (the flush's token), the new orders' first
+# events are this gateway's to hand to that sink (sql/032_event_handoff.sql).
 FLUSH_BATCH = """
-SELECT * FROM flush_batch($1, $2::text[], $3::text[], $4::int[], $5::bigint[], $6::bigint, 2)
+SELECT * FROM flush_batch($1, $2::text[], $3::text[], $4::int[], $5::bigint[], $6::bigint, 2,
+    $7::text, $8::bigint)
 """
 # The reconciler's side of the same arbitration: under the row lock, stale
 # reservations without an order are recorded as released, so a flush still on
@@ -145,6 +150,9 @@ class BatchDecision:
     decisions: dict[str, Decision]
     # Database stock after the batch when it found too little stock, else None.
     short_stock_after: int | None
+    # The new orders whose first events this gateway hands off; None: none,
+    # or no hand-off was asked for.
+    handed: FirstEvents | None = None
 
 
 # A verdict's letter as its member: a dict lookup, not Verdict(letter), whose
@@ -159,15 +167,7 @@ def _decision_of(row: asyncpg.Record) -> Decision:
         # The request id holds another purchase's order: never answered with it.
         return Decision(IdempotencyMismatch(row["request_id"]), verdict)
     if verdict is Verdict.CONFIRMED:
-        order = Order(
-            row["order_id"],
-            row["request_id"],
-            row["order_sku"],
-            row["order_user"],
-            row["order_qty"],
-            row["order_status"],
-            pay_by_text(row["order_pay_by"]),
-        )
+        order = _flushed_order(row)
         return Decision(Result(Outcome.CONFIRMED, order.as_first_answered()), verdict)
     if verdict is Verdict.EXPIRED:
         # Already released by the reconciler: nothing to settle but the answer.
@@ -176,6 +176,26 @@ def _decision_of(row: asyncpg.Record) -> Decision:
         # The row names the group in order_status (sql/functions/flush_batch.sql).
         return Decision(GroupLimitReached(row["order_status"]), verdict)
     return Decision(DUPLICATE if verdict is Verdict.DUPLICATE else SOLD_OUT, verdict)
+
+
+def _new_order(decisions: dict[str, Decision], row: asyncpg.Record) -> Order:
+    """The order a ``flush_batch`` row of a new order was decided with."""
+    result = decisions[row["request_id"]].result
+    assert isinstance(result, Result) and result.order is not None
+    return result.order
+
+
+def _flushed_order(row: asyncpg.Record) -> Order:
+    """A ``flush_batch`` row of an order (C or R) as the order."""
+    return Order(
+        row["order_id"],
+        row["request_id"],
+        row["order_sku"],
+        row["order_user"],
+        row["order_qty"],
+        row["order_status"],
+        pay_by_text(row["order_pay_by"]),
+    )
 
 
 def pay_by_text(pay_by: datetime | None) -> str | None:
@@ -213,15 +233,21 @@ class Orders:
         self.pool = pool
 
     async def commit_batch(
-        self, sku: str, batch: Sequence[Purchase], fence: int | None
+        self, sku: str, batch: Sequence[Purchase], fence: int | None, handoff: str | None = None
     ) -> BatchDecision:
         """Decide a batch, insert its orders and take their stock: one statement.
+
+        With ``handoff`` (a sink's name), the new orders' first events are the
+        caller's to hand to that sink: they come back as the decision's
+        ``handed``, and the outbox waits for word that they landed.
 
         Raises :class:`FencedOut` when ``fence`` is older than the row's and
         :class:`Unavailable` when PostgreSQL refused or could not be reached;
         then nothing committed. Raises :class:`OutcomeUnknown` when the
         connection broke after the statement was sent: it may have committed.
         """
+        # Names this flush's batch row in the outbox while the hand-off runs.
+        token = secrets.randbits(63)
         args = (
             sku,
             [p.request_id for p in batch],
@@ -229,6 +255,8 @@ class Orders:
             [p.qty for p in batch],
             [p.reserved_at_ms for p in batch],
             fence,
+            handoff,
+            token,
         )
         with as_unavailable:
             async with self.pool.acquire() as con:
@@ -244,7 +272,16 @@ class Orders:
         decisions = {row["request_id"]: _decision_of(row) for row in rows}
         short = any(d.verdict is Verdict.SOLD_OUT for d in decisions.values())
         stock_after = rows[0]["stock_after"] if rows else None
-        return BatchDecision(decisions, stock_after if short else None)
+        handed = None
+        if handoff is not None:
+            fresh = [row for row in rows if row["order_fresh"]]
+            # One new order's row alone carries when (flush_batch.sql). Nothing
+            # here may raise: the batch is committed.
+            occurred = next((row["occurred"] for row in fresh if row["occurred"]), None)
+            if occurred is not None:
+                orders = [_new_order(decisions, row) for row in fresh]
+                handed = FirstEvents(token, rfc3339(occurred), orders)
+        return BatchDecision(decisions, stock_after if short else None, handed)
 
     async def release_stale(self, sku: str, stale: Sequence[tuple[str, int]]) -> dict[str, Order]:
         """Arbitrate stale reservations ``(request_id, reserved_at_ms)`` with flushes.

@@ -39,6 +39,10 @@ SELECT seq, fields, packed, attempts, fresh,
     extract(epoch FROM clock_timestamp())::float8 - occurred
 FROM claim_events($1, $2, $3)
 """
+# Flushes ($2, their tokens) that handed their new orders' first events to
+# sink $1 themselves (sql/032_event_handoff.sql): their batch rows go. A
+# token whose row a relay already took, after the grace, deletes nothing.
+HANDED_OFF = "DELETE FROM event_batches WHERE sink = $1 AND handoff = ANY($2::bigint[])"
 # A batch's events a sink refused: owed one by one from now on, since their
 # write (the max age counts from there, as for any event). Each read by its own
 # probe (OFFSET 0: a join hashed the whole order_events; sql/functions/claim_events.sql).
@@ -253,6 +257,11 @@ class Outbox:
         with as_unavailable:
             async with self._pool.acquire() as con, con.transaction():
                 yield Claim(con, sink, await con.fetch(CLAIM, sink, limit, packed))
+
+    async def handed_off(self, sink: str, tokens: Sequence[int]) -> int:
+        """The flushes of ``tokens`` handed their first events to ``sink``
+        themselves: their batch rows go; how many. Raises PostgresUnavailable."""
+        return _count(await self._execute(HANDED_OFF, sink, tokens))
 
     async def dead_letter(self, sink: str, max_age_s: float) -> int:
         """Dead-letter what ``sink`` was owed longer than ``max_age_s``; how many."""

@@ -43,7 +43,8 @@ from redis.asyncio import Redis
 from redis.exceptions import NoScriptError, RedisError
 
 from gateway.domain.errors import Unavailable
-from gateway.domain.events import OrderEvent, SinkName
+from gateway.domain.events import FirstEvents, OrderEvent, SinkName
+from gateway.domain.model import Order
 from gateway.lock import connection_errors
 from gateway.redis.connections import RedisClient
 from gateway.redis.scripts import commands_many, pack, packed_many, read_script
@@ -71,6 +72,51 @@ def _ms(entry_id: str | bytes) -> int:
     or not answers it)."""
     text = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
     return int(text.partition("-")[0])
+
+
+def _size(text: str) -> int:
+    """``text``'s length in bytes, as RESP counts it."""
+    return len(text) if text.isascii() else len(text.encode())
+
+
+def packed_firsts(flush: FirstEvents) -> list[str]:
+    """The first events of a flush's new orders, each as ``event_packed`` packs
+    the outbox's row of the same event (``sql/functions/event_packed.sql``;
+    ``sql/032_event_handoff.sql``: its id is the order's, its cause ``buyer``),
+    so a hand-off and a relay append the same entry. What a flush's orders
+    share (sku, status, pay_by, when) is packed once per flush."""
+    occurred = f"$7\r\nversion\r\n$1\r\n1\r\n$11\r\noccurred_at\r\n$24\r\n{flush.occurred_at}\r\n"
+    shared: dict[tuple[str, str, str | None], tuple[str, str, str, str]] = {}
+    texts = []
+    for order in flush.orders:
+        common = shared.get((order.sku, order.status, order.pay_by))
+        if common is None:
+            common = shared[order.sku, order.status, order.pay_by] = _shared(order, occurred)
+        count, kind, sku, rest = common
+        rid, uid, qty = order.request_id, order.user_id, str(order.qty)
+        texts.append(
+            f"{count}$8\r\nevent_id\r\n$36\r\n{order.order_id}\r\n{kind}"
+            f"$8\r\norder_id\r\n$36\r\n{order.order_id}\r\n"
+            f"$10\r\nrequest_id\r\n${_size(rid)}\r\n{rid}\r\n{sku}"
+            f"$7\r\nuser_id\r\n${_size(uid)}\r\n{uid}\r\n"
+            f"$3\r\nqty\r\n${len(qty)}\r\n{qty}\r\n{rest}"
+        )
+    return texts
+
+
+def _shared(order: Order, occurred: str) -> tuple[str, str, str, str]:
+    """What the first events of a flush's orders like ``order`` share: the count
+    of fields, the type, the sku, and the rest after qty (status, version,
+    occurred_at, pay_by, cause)."""
+    kind, status, pay_by = f"order.{order.status}", order.status, order.pay_by
+    return (
+        "$2\r\n22\r\n" if pay_by is None else "$2\r\n24\r\n",
+        f"$4\r\ntype\r\n${len(kind)}\r\n{kind}\r\n",
+        f"$3\r\nsku\r\n${_size(order.sku)}\r\n{order.sku}\r\n",
+        f"$6\r\nstatus\r\n${len(status)}\r\n{status}\r\n{occurred}"
+        + ("" if pay_by is None else f"$6\r\npay_by\r\n$24\r\n{pay_by}\r\n")
+        + "$5\r\ncause\r\n$5\r\nbuyer\r\n",
+    )
 
 
 def _xadd(key: str, trim: Trim) -> tuple[str | int, ...]:
@@ -128,22 +174,39 @@ class EventStream:
         else why not. Packed, a refused XADD does not stop the next: a claim
         holds one event of an order at most, and an order's next event waits
         for the refused one (the outbox's per-order order)."""
-        if not events:
+        packed = self.packed and all(e.packed for e in events)
+        return await self._deliver([e.packed for e in events] if packed else None, events)
+
+    async def hand_off(self, flushes: Sequence[FirstEvents]) -> list[bool]:
+        """Append the first events of each flush's new orders, all in one round
+        trip (as :meth:`deliver` appends packed events); per flush whether every
+        one of its events was appended. Only on one Redis (:attr:`packed`)."""
+        texts = [text for flush in flushes for text in packed_firsts(flush)]
+        answers = iter(await self._deliver(texts, ()))
+        return [all([next(answers) is None for _ in flush.orders]) for flush in flushes]
+
+    async def _deliver(
+        self, texts: Sequence[str] | None, events: Sequence[OrderEvent]
+    ) -> Sequence[str | None]:
+        """Append ``texts`` (packed events) or else ``events`` (as fields); see
+        :meth:`deliver`."""
+        count = len(events) if texts is None else len(texts)
+        if not count:
             return []
         trim = await self._trim()
         wait = (("WAIT", self._replicas, REPLICA_WAIT_MS),) if self._replicas else ()
         try:
             with connection_errors():
-                if self.packed and all(e.packed for e in events):
+                if texts is not None:
                     assert isinstance(self._redis, Redis)
-                    packed = self._packed(trim, events) + b"".join(map(pack, wait))
-                    replies = await packed_many(self._redis, packed, len(events) + len(wait))
-                    appended = replies[: len(events)]
+                    packed = self._packed(trim, texts) + b"".join(map(pack, wait))
+                    replies = await packed_many(self._redis, packed, count + len(wait))
+                    appended = replies[:count]
                 else:
                     replies = await self._append(trim, events, wait)
-                    appended = replies[:1] * len(events)
+                    appended = replies[:1] * count
         except RedisError as exc:
-            return [f"redis: {type(exc).__name__}"] * len(events)
+            return [f"redis: {type(exc).__name__}"] * count
         short = self._short_of_replicas(replies[-1]) if self._replicas else None
         # Each reply is an entry id, or the error Redis answered: looked at one
         # by one only when some error is among them (a pass in C otherwise).
@@ -175,14 +238,14 @@ class EventStream:
             replies = await commands_many(self._redis, commands, node_of=self._key)
         return replies
 
-    def _packed(self, trim: Trim, events: Sequence[OrderEvent]) -> bytes:
-        """The XADDs of events PostgreSQL packed: each event's fields as they
-        are, behind its XADD's head, packed here once per number of fields."""
+    def _packed(self, trim: Trim, texts: Sequence[str]) -> bytes:
+        """The XADDs of packed events (PostgreSQL's, or a hand-off's): each
+        event's fields as they are, behind its XADD's head, packed here once per
+        number of fields."""
         heads = self._heads
-        last = events[-1].packed
+        last = texts[-1]
         parts: list[str] = []
-        for event in events[:-1]:
-            packed = event.packed
+        for packed in texts[:-1]:
             head = heads.get(packed[:COUNT_PREFIX])
             if head is None:
                 head = heads[packed[:COUNT_PREFIX]] = self._head(packed, None)

@@ -16,7 +16,7 @@ from datetime import datetime
 from typing import Any, Protocol
 
 from gateway.domain.errors import Unavailable
-from gateway.domain.events import OrderEvent, SinkStats
+from gateway.domain.events import FirstEvents, OrderEvent, SinkStats
 from gateway.domain.model import (
     Cause,
     Closed,
@@ -322,6 +322,24 @@ class Deliveries(Protocol):
     ) -> AbstractAsyncContextManager[Claimed]: ...
     async def dead_letter(self, sink: str, max_age_s: float) -> int: ...
     async def stats(self) -> list[SinkStats]: ...
+
+
+class FirstEventsOut(Protocol):
+    """Where a flush's first events are handed (gateway.redis.event_stream.EventStream)."""
+
+    async def hand_off(self, flushes: Sequence[FirstEvents]) -> list[bool]:
+        """Append every flush's first events in one go; per flush whether all
+        of its events were appended."""
+        ...
+
+
+class HandOffRecords(Protocol):
+    """The outbox's side of a hand-off (gateway.postgres.outbox.Outbox)."""
+
+    async def handed_off(self, sink: str, tokens: Sequence[int]) -> int:
+        """The flushes named by ``tokens`` handed their first events to ``sink``:
+        it is owed them no more; how many batches that was."""
+        ...
 
 
 class Transitions(Protocol):

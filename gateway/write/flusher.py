@@ -36,6 +36,7 @@ import structlog
 from redis.exceptions import RedisError
 
 from gateway.domain.errors import FencedOut, OutcomeUnknown, Unavailable
+from gateway.domain.events import FirstEvents
 from gateway.domain.model import Purchase, Result, Verdict
 from gateway.domain.stock import Settlement
 from gateway.lock import LockError, LockLost, LockTimeout
@@ -83,6 +84,30 @@ class FlushObserver(Protocol):
     def fenced_out(self) -> None: ...
 
 
+class HandingOff(Protocol):
+    """Takes a flush's new orders, whose first events this gateway appends
+    itself (gateway.usecases.handoff.HandOff)."""
+
+    @property
+    def sink(self) -> str | None:
+        """The sink the flush hands them to; None: no hand-off."""
+
+    def give(self, flush: FirstEvents) -> None:
+        """A committed flush's new orders."""
+
+
+class _NoHandOff:
+    """No hand-off: the relay delivers every event."""
+
+    sink = None
+
+    def give(self, flush: FirstEvents) -> None:
+        """Never asked for."""
+
+
+NO_HANDOFF: HandingOff = _NoHandOff()
+
+
 def _unheard() -> None:
     """A Redis failure nobody is told of."""
 
@@ -114,11 +139,13 @@ class Flusher:
         locks: SkuLocks,
         observer: FlushObserver = UNOBSERVED,
         on_redis_failure: Callable[[], None] = _unheard,
+        handoff: HandingOff = NO_HANDOFF,
     ) -> None:
         self._reservations = reservations
         self._orders = orders
         self._locks = locks
         self._observer = observer
+        self._handoff = handoff
         # Told when Redis fails under a flush, a settle, a give-back or a lock
         # release (gateway.usecases.doubt.RedisDoubt.failed).
         self._on_redis_failure = on_redis_failure
@@ -227,13 +254,13 @@ class Flusher:
         await self._settled(sku)
         lock = self._locks.get(sku)
         if lock is None:
-            unlocked = await self._orders.commit_batch(sku, batch, None)
+            unlocked = await self._commit(sku, batch, None)
             await self._settle(sku, batch, unlocked)
             return unlocked
         await self._hold(sku, lock)
         decision: BatchDecision | None = None
         try:
-            decision = await self._orders.commit_batch(sku, batch, lock.fence)
+            decision = await self._commit(sku, batch, lock.fence)
             if answer is Answer.BEFORE_SETTLE:
                 self._settling[sku] = asyncio.ensure_future(self._settle_held(sku, batch, decision))
                 return decision
@@ -251,6 +278,15 @@ class Flusher:
             return decision
         if time.monotonic() - self._holding.get(sku, 0.0) >= HOLD_SLICE_S:
             await self._let_go(sku, lock)
+        return decision
+
+    async def _commit(
+        self, sku: str, batch: Sequence[Purchase], fence: int | None
+    ) -> BatchDecision:
+        """One ``flush_batch()`` call; its new orders' first events handed off."""
+        decision = await self._orders.commit_batch(sku, batch, fence, self._handoff.sink)
+        if decision.handed is not None:
+            self._handoff.give(decision.handed)
         return decision
 
     async def _settle_held(

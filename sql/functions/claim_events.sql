@@ -10,7 +10,8 @@
 -- first, the lowest version owed of each order; a later version waits out
 -- every batch older than it (its order's first version may be in one).
 -- Then batches (event_batches, a statement's new orders, never tried), the
--- oldest first, until p_limit events are claimed: the last one taken is split
+-- oldest first, but none a flush is still handing off itself (claimable_at,
+-- sql/032_event_handoff.sql), until p_limit events are claimed: the last one taken is split
 -- when it does not fit, its first events claimed and the rest left a batch of
 -- its own, which starts later (a later version of one of its orders still
 -- waits for it). So a claim never holds more than p_limit events, however
@@ -37,7 +38,7 @@
 -- taken, and a flush writes a batch per sku; the relay's round trips were a
 -- large part of what the events cost a durable order (issue 42).
 --
--- Needs migration 015 (through event_fields and event_packed).
+-- Needs migration 015 (through event_fields and event_packed) and 032.
 -- A function, not a migration: the migrations apply this file again whenever
 -- its text changes (gateway/postgres/database.py). p_packed made the return
 -- type grow (packed), which CREATE OR REPLACE cannot change: this version is an
@@ -84,6 +85,7 @@ BEGIN
         SELECT b.first_seq, b.seqs INTO next_first, next_seqs
         FROM event_batches b
         WHERE b.sink = p_sink AND b.first_seq > after
+            AND (b.claimable_at IS NULL OR b.claimable_at <= now())
         ORDER BY b.first_seq LIMIT 1
         FOR UPDATE SKIP LOCKED;
         EXIT WHEN NOT FOUND;

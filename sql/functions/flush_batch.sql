@@ -43,19 +43,24 @@
 -- in-stock throughput (make ab BASE=HEAD AB_ARGS=--head-limit-group=10).
 --
 -- Returns one row per distinct request id: request_id, verdict (C, R, D, S, X or L),
--- the order's id, sku, user, qty, status and pay_by (C and R), and the stock
--- after the batch.
--- p_lifecycle names this version (2) and is not read: the return type grew
--- (status, pay_by), which CREATE OR REPLACE cannot change, so this version is
--- an overload beside the six-argument one a gateway of the version before
--- calls, still running (or restarting, and applying its own text) during a
--- rolling upgrade.
+-- the order's id, sku, user, qty, status and pay_by (C and R), the stock
+-- after the batch, whether the order is new (inserted by this call: its first
+-- event was written now), and on the first new order's row only, the flush's
+-- now() (when those events occurred; a NULL costs the gateway no decoding).
+-- With p_handoff (a sink's name) and p_token, the new orders' first events are
+-- the flushing gateway's to hand to that sink (sql/032_event_handoff.sql):
+-- the sink's batch row of them carries p_token and waits out the grace.
+-- p_lifecycle is not read. The return type grew (order_fresh, occurred), which
+-- CREATE OR REPLACE cannot change, so this version is an overload beside the
+-- seven-argument one a gateway of the version before calls, still running
+-- during a rolling upgrade; that one is now this one without a hand-off.
 CREATE OR REPLACE FUNCTION flush_batch(
     p_sku text, p_request_ids text[], p_user_ids text[], p_qtys integer[],
-    p_reserved_at bigint[], p_fence bigint, p_lifecycle integer
+    p_reserved_at bigint[], p_fence bigint, p_lifecycle integer, p_handoff text, p_token bigint
 ) RETURNS TABLE (
     request_id text, verdict text, order_id text, order_sku text, order_user text,
-    order_qty integer, stock_after bigint, order_status text, order_pay_by timestamptz
+    order_qty integer, stock_after bigint, order_status text, order_pay_by timestamptz,
+    order_fresh boolean, occurred timestamptz
 ) LANGUAGE plpgsql AS $$
 DECLARE
     v_stock bigint;
@@ -79,12 +84,19 @@ DECLARE
     d_statuses text[] := '{}';
     d_pay_bys timestamptz[] := '{}';
 BEGIN
+    IF p_handoff IS NOT NULL THEN
+        -- Read by the outbox's trigger (order_events_owed); local to this
+        -- transaction, as the flush is one statement.
+        PERFORM set_config('flashsale.handoff', p_handoff, true),
+            set_config('flashsale.handoff_token', p_token::text, true);
+    END IF;
     SELECT inv.stock, inv.fence, inv.payment_window_s, inv.limit_group
     INTO v_stock, v_fence, v_window, v_group
     FROM inventory inv WHERE inv.sku = p_sku FOR UPDATE;
     IF NOT FOUND THEN
         RETURN QUERY SELECT DISTINCT r, 'S'::text, NULL::text, NULL::text, NULL::text,
-            NULL::integer, 0::bigint, NULL::text, NULL::timestamptz FROM unnest(p_request_ids) AS r;
+            NULL::integer, 0::bigint, NULL::text, NULL::timestamptz, false, NULL::timestamptz
+            FROM unnest(p_request_ids) AS r;
         RETURN;
     END IF;
     IF p_fence IS NOT NULL AND v_fence > p_fence THEN
@@ -197,10 +209,25 @@ BEGIN
             CASE WHEN v_window > 0 THEN now() + make_interval(secs => v_window) END
         FROM unnest(g_rids, g_users, g_qtys) AS t(r, u, q)
         RETURNING o.request_id, 'C'::text, o.order_id::text, o.sku, o.user_id, o.qty, v_stock,
-            o.status, o.pay_by;
+            o.status, o.pay_by, true, CASE WHEN o.request_id = g_rids[1] THEN now() END;
     END IF;
-    RETURN QUERY SELECT t.r, t.v, t.oid, t.s, t.u, t.q, v_stock, t.st, t.pb
+    RETURN QUERY SELECT t.r, t.v, t.oid, t.s, t.u, t.q, v_stock, t.st, t.pb, false,
+        NULL::timestamptz
         FROM unnest(d_rids, d_verdicts, d_orders, d_skus, d_users, d_qtys, d_statuses, d_pay_bys)
         AS t(r, v, oid, s, u, q, st, pb);
 END
+$$;
+
+-- The version before, as a gateway of that version calls it: no hand-off.
+CREATE OR REPLACE FUNCTION flush_batch(
+    p_sku text, p_request_ids text[], p_user_ids text[], p_qtys integer[],
+    p_reserved_at bigint[], p_fence bigint, p_lifecycle integer
+) RETURNS TABLE (
+    request_id text, verdict text, order_id text, order_sku text, order_user text,
+    order_qty integer, stock_after bigint, order_status text, order_pay_by timestamptz
+) LANGUAGE sql AS $$
+    SELECT f.request_id, f.verdict, f.order_id, f.order_sku, f.order_user, f.order_qty,
+        f.stock_after, f.order_status, f.order_pay_by
+    FROM flush_batch(p_sku, p_request_ids, p_user_ids, p_qtys, p_reserved_at, p_fence,
+        p_lifecycle, NULL, NULL) f
 $$;
