@@ -79,6 +79,8 @@ async def test_a_handed_off_flush_appends_what_the_relay_would_and_owes_nothing(
         assert again.handed is None, "a replay handed its order's first event off again"
     assert await owed(pool) == 6, "a handed-off flush owed nothing before it landed"
     await handoff.hand_off()
+    assert await owed(pool) == 6, "recorded before the record"
+    await handoff.record()
 
     rows = await pool.fetch(
         "SELECT event_id::text, order_id::text, event_fields(e), event_packed(e)"
@@ -142,6 +144,8 @@ async def test_a_later_version_waits_for_its_first_versions_hand_off(
     handoff = HandOff(sink="stream", out=stream, records=outbox, observer=Observed())
     handoff.give(decision.handed)
     await handoff.hand_off()
+    assert await relay.relay_once(stream) == 0, "version 2 went before the hand-off was recorded"
+    await handoff.record()
     assert await relay.relay_once(stream) == 1
     versions = [
         dict(zip(f[::2], f[1::2], strict=True))["version"] for f in await entries(redis, key)

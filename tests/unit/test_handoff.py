@@ -5,6 +5,8 @@ long ago)."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import Sequence
 
 from structlog.testing import capture_logs
@@ -14,6 +16,7 @@ from gateway.domain.events import FirstEvents
 from gateway.domain.model import Order
 from gateway.usecases.handoff import STALE_S, HandOff
 from testkit.order_events import Observed
+from testkit.polling import wait_for
 
 
 class Sink:
@@ -68,10 +71,13 @@ async def test_what_was_given_is_appended_in_one_go_and_recorded() -> None:
         h.give(flush(token))
     clock[0] += 0.25
     await h.hand_off()
-    assert sink.calls == [[1, 2, 3]] and records.landed == [1, 2, 3]
-    assert observed.lags == [0.25] * 6
+    assert sink.calls == [[1, 2, 3]] and observed.lags == [0.25] * 6
+    assert records.landed == [], "recorded before the record"
+    await h.record()
+    assert records.landed == [1, 2, 3]
     await h.hand_off()
-    assert sink.calls == [[1, 2, 3]]
+    await h.record()
+    assert sink.calls == [[1, 2, 3]] and records.landed == [1, 2, 3]
 
 
 async def test_a_refused_flush_is_not_recorded() -> None:
@@ -83,6 +89,7 @@ async def test_a_refused_flush_is_not_recorded() -> None:
         h.give(flush(token))
     with capture_logs() as logs:
         await h.hand_off()
+        await h.record()
     assert records.landed == [1, 3] and len(observed.lags) == 4
     assert [e["event"] for e in logs] == ["events_handoff_refused"]
 
@@ -95,6 +102,7 @@ async def test_appended_but_not_recorded_is_logged_and_counted() -> None:
     h.give(flush(1))
     with capture_logs() as logs:
         await h.hand_off()
+        await h.record()
     assert records.landed == [] and len(observed.lags) == 2
     assert [e["event"] for e in logs] == ["events_handoff_unrecorded"]
 
@@ -109,5 +117,26 @@ async def test_a_flush_given_too_long_ago_is_left_to_the_relay() -> None:
     h.give(flush(2))
     with capture_logs() as logs:
         await h.hand_off()
+        await h.record()
     assert sink.calls == [[2]] and records.landed == [2]
     assert [e["event"] for e in logs] == ["events_handoff_late"]
+
+
+async def test_the_loop_appends_what_is_given_and_records_it_soon_after() -> None:
+    """The loop, on the real clock: two flushes given one after the other go
+    in one append, and are recorded within about RECORD_S though nothing more
+    is given; a third given later goes in a pass of its own."""
+    sink, records, observed = Sink(), Records(), Observed()
+    h = HandOff(sink="stream", out=sink, records=records, observer=observed)
+    task = asyncio.create_task(h.run())
+    try:
+        h.give(flush(1))
+        h.give(flush(2))
+        assert await wait_for(lambda: records.landed == [1, 2], within=2, what="recorded")
+        h.give(flush(3))
+        assert await wait_for(lambda: records.landed == [1, 2, 3], within=2, what="recorded")
+        assert sink.calls == [[1, 2], [3]]
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
