@@ -152,3 +152,28 @@ async def test_a_later_version_waits_for_its_first_versions_hand_off(
     ]
     assert versions == ["1", "2"]
     assert await owed(pool) == 0
+
+
+async def test_appended_but_never_recorded_comes_again_with_the_same_event_ids(
+    pool: asyncpg.Pool, redis: Redis, key_prefix: str
+) -> None:
+    """The gateway appends a flush's first events and dies before it records
+    them: once the grace is over a relay appends them again, each entry the
+    same as the first copy (same event_id, same fields), so a consumer that
+    drops an event_id it has seen sees each event once."""
+    key = f"{key_prefix}:events"
+    stream = EventStream(redis, key, max_len=0, max_age_s=0, webhook_owed=None)
+    outbox = Outbox(pool)
+    decision = await Orders(pool).commit_batch("handoff-plain", purchases("z", 3), None, "stream")
+    assert decision.handed is not None
+    handoff = HandOff(sink="stream", out=stream, records=outbox, observer=Observed())
+    handoff.give(decision.handed)
+    await handoff.hand_off()
+    await pool.execute("UPDATE event_batches SET claimable_at = now() - interval '1 ms'")
+    relay = Relay(outbox=outbox, sinks=[stream], observer=Observed(), batch=50, poll_s=0.01)
+    assert await relay.relay_once(stream) == 3
+    got = await entries(redis, key)
+    assert len(got) == 6 and sorted(map(tuple, got[:3])) == sorted(map(tuple, got[3:]))
+    assert len({fields[1] for fields in got}) == 3
+    await handoff.record()
+    assert await owed(pool) == 0
