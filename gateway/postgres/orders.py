@@ -256,7 +256,7 @@ class Orders:
             [p.reserved_at_ms for p in batch],
             fence,
             handoff,
-            token,
+            None if handoff is None else token,
         )
         with as_unavailable:
             async with self.pool.acquire() as con:
