@@ -3,7 +3,7 @@
 --
 -- The relay reads each event back from order_events, has PostgreSQL pack it
 -- and hands it on: about 11 µs of the stack's CPU an event (docs/performance.md,
--- "Order events"). A flush's new orders are already in the flushing gateway's
+-- "The whole stack on one core"). A flush's new orders are already in the flushing gateway's
 -- hands when the flush commits, and their first events are made of what it
 -- holds: so the gateway appends them to the stream straight after the commit
 -- (gateway/usecases/handoff.py), and then tells the outbox they landed. The

@@ -3,10 +3,10 @@ the flushing gateway, straight after the commit, with the outbox as the fallback
 (issue 42; ``sql/032_event_handoff.sql``).
 
 The relay reads every event back from the outbox, has PostgreSQL pack it and
-hands it on: about 11 µs of the stack's CPU an event, most of a sale's cost of
-its events (docs/performance.md, "Order events"). A flush's new orders are in
-the flushing gateway's hands when it commits, and their first events are made
-of what it holds. So the flush asks ``flush_batch()`` to mark the stream's
+hands it on: about 11 µs of the stack's CPU an event, most of a sale's cost
+of its events (docs/performance.md, "The whole stack on one core"). A flush's
+new orders are in the flushing gateway's hands when it commits, and their
+first events are made of what it holds. So the flush asks ``flush_batch()`` to mark the stream's
 batch row of them with a token and keep it from the relays for
 :data:`GRACE_S`, and gives the orders here (:meth:`HandOff.give`). The loop
 appends what was given since its last pass in one round trip; the rows of the
@@ -52,7 +52,7 @@ STALE_S = GRACE_S / 2
 RECORD_S = 0.25
 # How long a pass waits after the first flush given, for more to go with it: a
 # pass a flush cost the stack 29.5 µs an order more than no events, 20 ms
-# 16.6, 50 ms 16.5 (docs/performance.md, "Order events").
+# 16.6, 50 ms 16.5 (docs/performance.md, "The whole stack on one core").
 PACE_S = 0.02
 
 
