@@ -123,6 +123,9 @@ if TYPE_CHECKING:
 BACKLOG_SAMPLE_S = 0.5
 # The relay's connections besides one per outbound sink: the stream's and the upkeep's.
 RELAY_CONNECTIONS = 2
+# Longest a stopping gateway waits for its last flushes' first events to be
+# handed off (a pass and a record take about 0.3 s; what is left goes to a relay).
+HANDOFF_FINISH_S = 1.0
 # Longest a stopping gateway waits for its background loops to end once cancelled.
 TASK_STOP_S = 2.0
 
@@ -391,6 +394,8 @@ async def service_ctx(app: web.Application) -> AsyncIterator[None]:
         await gateway.lanes.close()
     await gateway.rebuilds.close()
     await flushing.lock_subscriber.aclose()
+    if flushing.handoff is not None:
+        await flushing.handoff.finish(HANDOFF_FINISH_S)
     await _stop(tasks)
     await flushing.group_tags.close()
 
@@ -490,6 +495,8 @@ async def writer_ctx(app: web.Application) -> AsyncIterator[None]:
     await _load_scripts(opened, flushing)
     tasks = [asyncio.create_task(writer.run(), name="queue-writer"), *_handing_off(flushing)]
     yield
+    if flushing.handoff is not None:
+        await flushing.handoff.finish(HANDOFF_FINISH_S)
     await _stop(tasks)
     await flushing.lock_subscriber.aclose()
 

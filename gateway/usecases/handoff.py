@@ -118,6 +118,15 @@ class HandOff:
                 # What was taken is the relay's once the grace is over.
                 log.exception("events_handoff_failed", sink=self.sink)
 
+    async def finish(self, within: float) -> None:
+        """Wait, at most ``within`` seconds, until everything given has been
+        appended and recorded by the loop: a stopping gateway's last flushes
+        reach the stream now, not a relay after the grace."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(within):
+                while self._given or self._landed:
+                    await rest(PACE_S)
+
     async def record(self) -> None:
         """Tell the outbox which flushes' events landed: their rows go."""
         landed, self._landed = self._landed, []

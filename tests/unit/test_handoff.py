@@ -140,3 +140,23 @@ async def test_the_loop_appends_what_is_given_and_records_it_soon_after() -> Non
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+
+
+async def test_a_stop_waits_until_what_was_given_is_recorded() -> None:
+    """A stopping gateway's last flush: finish() returns once its events are
+    appended and recorded by the loop (not left to a relay's grace), and
+    returns all the same, bounded, when the loop is not running."""
+    sink, records, observed = Sink(), Records(), Observed()
+    h = HandOff(sink="stream", out=sink, records=records, observer=observed)
+    task = asyncio.create_task(h.run())
+    try:
+        h.give(flush(1))
+        await h.finish(within=5)
+        assert sink.calls == [[1]] and records.landed == [1]
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    h.give(flush(2))
+    await h.finish(within=0.1)
+    assert records.landed == [1]
