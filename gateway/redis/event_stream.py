@@ -35,6 +35,7 @@ Driver errors are answered per event, never raised (``EventSink``).
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
 from typing import Any
@@ -56,6 +57,8 @@ from gateway.redis.scripts import commands_many, pack, packed_many, read_script
 SKEW_MARGIN_S = 60.0
 # How long a batch waits for its replicas before it is refused and retried.
 REPLICA_WAIT_MS = 1000
+# A hand-off's appends trim the stream at most this often (a relay's every batch).
+HANDOFF_TRIM_S = 1.0
 
 # What a batch's last XADD trims by: MAXLEN or MINID and the threshold; None: nothing.
 Trim = tuple[str, int] | None
@@ -161,6 +164,10 @@ class EventStream:
         self._script = read_script("append_events")
         # The newest entry's milliseconds: where an age trim counts back from.
         self._newest_ms: int | None = None
+        # When a hand-off's append last trimmed (monotonic): at most once a
+        # HANDOFF_TRIM_S, not every pass (with a webhook, each trim asks
+        # PostgreSQL for its oldest owed event).
+        self._handoff_trimmed = -math.inf
 
     @property
     def packed(self) -> bool:
@@ -182,18 +189,22 @@ class EventStream:
         trip (as :meth:`deliver` appends packed events); per flush whether every
         one of its events was appended. Only on one Redis (:attr:`packed`)."""
         texts = [text for flush in flushes for text in packed_firsts(flush)]
-        answers = iter(await self._deliver(texts, ()))
+        now = time.monotonic()
+        trimming = now - self._handoff_trimmed >= HANDOFF_TRIM_S
+        if trimming:
+            self._handoff_trimmed = now
+        answers = iter(await self._deliver(texts, (), trimming=trimming))
         return [all([next(answers) is None for _ in flush.orders]) for flush in flushes]
 
     async def _deliver(
-        self, texts: Sequence[str] | None, events: Sequence[OrderEvent]
+        self, texts: Sequence[str] | None, events: Sequence[OrderEvent], *, trimming: bool = True
     ) -> Sequence[str | None]:
-        """Append ``texts`` (packed events) or else ``events`` (as fields); see
-        :meth:`deliver`."""
+        """Append ``texts`` (packed events) or else ``events`` (as fields), the
+        last one trimming the stream unless not ``trimming``; see :meth:`deliver`."""
         count = len(events) if texts is None else len(texts)
         if not count:
             return []
-        trim = await self._trim()
+        trim = await self._trim() if trimming else None
         wait = (("WAIT", self._replicas, REPLICA_WAIT_MS),) if self._replicas else ()
         try:
             with connection_errors():

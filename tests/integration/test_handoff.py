@@ -8,6 +8,7 @@ over; a later version of an order waits for its first version's hand-off."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from datetime import datetime
 
 import asyncpg
 import pytest
@@ -177,3 +178,32 @@ async def test_appended_but_never_recorded_comes_again_with_the_same_event_ids(
     assert len({fields[1] for fields in got}) == 3
     await handoff.record()
     assert await owed(pool) == 0
+
+
+async def test_hand_offs_trim_the_stream_at_most_once_a_second(
+    pool: asyncpg.Pool, redis: Redis, key_prefix: str
+) -> None:
+    """With a webhook configured each trim asks for the webhook's oldest owed
+    event: passes of a hand-off, back to back, ask once, not once a pass; a
+    relay's batch still asks every time."""
+    asked: list[int] = []
+    outbox = Outbox(pool)
+
+    async def webhook_owed() -> datetime | None:
+        asked.append(1)
+        return await outbox.oldest_owed("webhook")
+
+    key = f"{key_prefix}:events"
+    stream = EventStream(redis, key, max_len=100, max_age_s=0, webhook_owed=webhook_owed)
+    handoff = HandOff(sink="stream", out=stream, records=outbox, observer=Observed())
+    orders = Orders(pool)
+    for n in range(3):
+        decision = await orders.commit_batch("handoff-plain", purchases(f"t{n}", 2), None, "stream")
+        assert decision.handed is not None
+        handoff.give(decision.handed)
+        await handoff.hand_off()
+    assert await redis.xlen(key) == 6 and len(asked) == 1
+    await handoff.record()
+    await orders.commit_batch("handoff-plain", purchases("t9", 2), None, None)
+    relay = Relay(outbox=outbox, sinks=[stream], observer=Observed(), batch=50, poll_s=0.01)
+    assert await relay.relay_once(stream) == 2 and len(asked) == 2
