@@ -247,7 +247,7 @@ class Orders:
         connection broke after the statement was sent: it may have committed.
         """
         # Names this flush's batch row in the outbox while the hand-off runs.
-        token = secrets.randbits(63)
+        token = None if handoff is None else secrets.randbits(63)
         args = (
             sku,
             [p.request_id for p in batch],
@@ -256,7 +256,7 @@ class Orders:
             [p.reserved_at_ms for p in batch],
             fence,
             handoff,
-            None if handoff is None else token,
+            token,
         )
         with as_unavailable:
             async with self.pool.acquire() as con:
@@ -273,7 +273,7 @@ class Orders:
         short = any(d.verdict is Verdict.SOLD_OUT for d in decisions.values())
         stock_after = rows[0]["stock_after"] if rows else None
         handed = None
-        if handoff is not None:
+        if token is not None:
             fresh = [row for row in rows if row["order_fresh"]]
             # One new order's row alone carries when (flush_batch.sql). Nothing
             # here may raise: the batch is committed.
