@@ -16,11 +16,10 @@ and the relay's catch-up, over which the CPU time of each process
 (``/proc``; ``loadtests.lib.proc_cpu``) is divided by the orders made. The
 bare aiohttp handler (``loadtests.baselines.bare --minimal``, answering
 sold out) runs on the same core before and after each round: the reference
-of the ratios, round by round. While the relay runs, a reader of the stream
-on core 0 (``loadtests.lib.stream_lag``) takes each event's delivery lag
-from its ``occurred_at``; Redis's command time answering it is taken out of
-Redis's CPU (``INFO commandstats``), its writes of the answers not (under 1 µs
-an event: ``loadtests.lib.stream_lag``).
+of the ratios, round by round. Each event's delivery lag is read from the
+stream once the window is closed (``loadtests.lib.stream_lag``: its entry id,
+Redis's clock at the append, less its ``occurred_at``), so no reader costs
+the stack anything while it is measured.
 
 Output: a table per mode (req/s, p99, µs of CPU per order of the gateway,
 PostgreSQL and Redis, their total and ratios to the bare handler, the
@@ -218,7 +217,7 @@ def bench(stack: Stack, config: StackConfig, pinning: Pinning) -> dict[str, Any]
         "config": {k: str(v) for k, v in asdict(config).items()},
         "machine": machine.describe(),
         "pinning": f"stack (gateway, PostgreSQL, Redis) on core {pinning.servers}, "
-        f"wrk -t1 -c{config.connections} and the stream reader on core {pinning.load}",
+        f"wrk -t1 -c{config.connections} on core {pinning.load}",
         "load_average": {"before": load_before, "after": machine.load_average()},
         "bare": [b.as_json() for b in bares],
         "rounds": [r.as_json() for r in rounds],

@@ -276,9 +276,7 @@ def report(results: dict[str, Any], out_dir: Path) -> int:
     print("µs of CPU per durable order, each process (median of the rounds, min-max):")
     print(process_table(results))
     print()
-    print(
-        "Redis's own time per order by command (INFO commandstats, µs; xread is the lag reader's):"
-    )
+    print("Redis's own time per order by command (INFO commandstats, µs):")
     print(command_table(results))
     statements = statement_table(results)
     if statements:

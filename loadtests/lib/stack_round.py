@@ -13,13 +13,8 @@ PostgreSQL. The gateway is stopped and the database dropped at the end.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import json
-import select
-import subprocess
-import sys
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,16 +28,13 @@ from loadtests.lib.pinning import Pinning
 from loadtests.lib.stack_profile import profiling
 from loadtests.lib.stack_servers import Stack
 from loadtests.lib.storage import drop_database
-from loadtests.lib.stream_lag import MARKER as LAG_MARKER
+from loadtests.lib.stream_lag import percentiles, read_lags
 from loadtests.lib.targets import Target
 from testkit.processes import stop_process
 
 SKU = "bench-stack"
 # The warm-up's events delivered before the measured window opens, within this.
 DRAIN_S = 15.0
-# The stream reader reports ready within this, and ends this long after its window.
-READER_READY_S = 10.0
-READER_MARGIN_S = 0.5
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,20 +130,22 @@ def _measure(
 ) -> RoundResult:
     roots = {"gateway": gateway.pid, "postgres": stack.pg_pid, "redis": stack.redis_pid}
     window = plan.load_s + plan.catchup_s
-    with _lag_reader(stack.redis_url, stream, window, pinning, plan.relayed) as reader:
-        orders_before = _orders(db_url)
-        commands_before = _command_usec(stack.redis_url)
-        if plan.statements:
-            _statements(stack.pg_url, None)
-        batches_before = gateway.scrape("flashsale_batch_size")
-        started = time.time()
-        before = {group: proc_cpu.snapshot(pid) for group, pid in roots.items()}
-        name = f"{plan.mode}{plan.round}"
-        with profiling(plan.profile_dir, name, gateway.pid, pinning, window):
-            raw = _wrk(gateway, tag, plan.load_s, plan, pinning)
-            time.sleep(plan.catchup_s)
-        after = {group: proc_cpu.snapshot(pid) for group, pid in roots.items()}
-        lag = reader.result() if reader is not None else {}
+    orders_before = _orders(db_url)
+    commands_before = _command_usec(stack.redis_url)
+    if plan.statements:
+        _statements(stack.pg_url, None)
+    batches_before = gateway.scrape("flashsale_batch_size")
+    started = time.time()
+    before = {group: proc_cpu.snapshot(pid) for group, pid in roots.items()}
+    name = f"{plan.mode}{plan.round}"
+    with profiling(plan.profile_dir, name, gateway.pid, pinning, window):
+        raw = _wrk(gateway, tag, plan.load_s, plan, pinning)
+        time.sleep(plan.catchup_s)
+    after = {group: proc_cpu.snapshot(pid) for group, pid in roots.items()}
+    ended = time.time()
+    commands = _delta(commands_before, _command_usec(stack.redis_url))
+    # Read once the window is closed: the reading costs the measured stack nothing.
+    lag = percentiles(read_lags(stack.redis_url, stream, started, ended)) if plan.relayed else {}
     batches = _delta(batches_before, gateway.scrape("flashsale_batch_size"))
     flushes = batches.get("flashsale_batch_size_count", 0.0)
     if gateway.process.poll() is not None:
@@ -161,10 +155,6 @@ def _measure(
         "postgres": proc_cpu.spent(before["postgres"], after["postgres"], _pg_label(stack.pg_pid)),
         "redis": {"redis": sum(proc_cpu.spent(before["redis"], after["redis"]).values())},
     }
-    commands = _delta(commands_before, _command_usec(stack.redis_url))
-    # The lag reader is the bench's, not the stack's: its reads leave Redis's figure.
-    reads = commands.get("xread", 0.0) / 1e6
-    cpu_s["redis"]["redis"] -= reads
     return RoundResult(
         mode=plan.mode,
         round=plan.round,
@@ -193,60 +183,6 @@ def _wrk(
         threads=1,
         pinning=pinning,
     )
-
-
-class _Reader:
-    """The stream-lag reader subprocess (loadtests.lib.stream_lag)."""
-
-    def __init__(self, process: subprocess.Popen[str], seconds: float) -> None:
-        self.process = process
-        self.seconds = seconds
-
-    def result(self) -> dict[str, float]:
-        try:
-            out, _ = self.process.communicate(timeout=self.seconds + 30)
-        except subprocess.TimeoutExpired:
-            return {}
-        for line in out.splitlines():
-            if line.startswith(LAG_MARKER):
-                parsed: dict[str, float] = json.loads(line[len(LAG_MARKER) :])
-                return parsed
-        return {}
-
-
-@contextlib.contextmanager
-def _lag_reader(
-    redis_url: str, stream: str, window_s: float, pinning: Pinning, enabled: bool
-) -> Iterator[_Reader | None]:
-    if not enabled:
-        yield None
-        return
-    seconds = window_s + READER_MARGIN_S
-    cmd = [
-        sys.executable,
-        "-m",
-        "loadtests.lib.stream_lag",
-        "--redis-url",
-        redis_url,
-        "--stream",
-        stream,
-        "--seconds",
-        f"{seconds:g}",
-    ]
-    process = subprocess.Popen(
-        pinning.load_command(cmd), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
-    )
-    try:
-        assert process.stdout is not None
-        ready, _, _ = select.select([process.stdout], [], [], READER_READY_S)
-        line = process.stdout.readline() if ready else ""
-        if not line.startswith("READY"):
-            raise RuntimeError(f"the stream-lag reader did not start: {line!r}")
-        yield _Reader(process, seconds)
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait(10)
 
 
 def _pg_label(postmaster: int) -> Any:

@@ -1,37 +1,30 @@
-"""The order events' delivery lag, as a consumer of the stream sees it.
+"""The order events' delivery lag, read from the stream once the window is over.
 
-``python -m loadtests.lib.stream_lag --redis-url URL --stream KEY --seconds S``
-reads the stream from its end (``XREAD BLOCK``, up to 1,000 entries a call)
-for ``S`` seconds at most, and takes each entry's lag: the moment the read
-returned it less its ``occurred_at`` (PostgreSQL's clock at the start of the
-transaction that made the order, in milliseconds; the same machine's clock).
-Entries that occurred before the reader started (a warm-up's) are left out.
-It prints ``READY`` once it is reading, then, at the end, one line
-``LAG_JSON {...}``: the count and the p50, p90, p99 and max in ms.
+An entry's id is Redis's clock, in milliseconds, when the entry was appended:
+the moment a consumer blocked on the stream is handed it. Its ``occurred_at``
+is PostgreSQL's clock at the start of the transaction that made the event
+(the same machine's clock). So each entry's delivery lag is its id's
+milliseconds less its ``occurred_at``, to the millisecond, whenever it is read.
 
-``loadtests.bench_stack`` runs it on the load generator's core beside wrk, so
-the reading costs the stack's core nothing but Redis's answers. The bench takes
-their command time out of Redis's CPU (``INFO commandstats``), not Redis's
-writes of them: 0.4-0.95 µs an event more, which the relay-on rounds' Redis
-share still carries (a private Redis, 60,000 XADDs of 10 fields in pipelines
-of 200, with and without this reader, 3 rounds each, 2026-12-07: 2.8-3.2 µs
-an event without, 4.7-5.2 with, of which XREAD's command time 1.3-1.4).
+``loadtests.bench_stack`` reads the round's entries after its CPU window has
+closed, so the reading costs the measured stack nothing. A reader beside the
+load (``XREAD BLOCK`` on the load generator's core, before 2026-12-07) cost
+Redis 0.4-0.95 µs an event in its writes of the answers even with XREAD's
+command time taken out, charged to the relay-on rounds (a private Redis,
+60,000 XADDs of 10 fields in pipelines of 200, 3 rounds each: 2.8-3.2 µs an
+event without a reader, 4.7-5.2 with, of which XREAD's command time 1.3-1.4).
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import time
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
 import redis
 
-MARKER = "LAG_JSON "
-READ_COUNT = 1000
-BLOCK_MS = 100
+# Entries read a call; a round's are read in calls of this many.
+READ_COUNT = 5000
 
 
 def percentiles(values: Sequence[float]) -> dict[str, float]:
@@ -52,54 +45,32 @@ def percentiles(values: Sequence[float]) -> dict[str, float]:
     }
 
 
-def _occurred(fields: dict[bytes, bytes]) -> float | None:
+def entry_lag_ms(entry_id: bytes, fields: dict[bytes, bytes]) -> tuple[float, float] | None:
+    """(occurred_at in epoch ms, lag in ms) of one entry; None without ``occurred_at``."""
     raw = fields.get(b"occurred_at")
     if raw is None:
         return None
-    return datetime.fromisoformat(raw.decode()).timestamp()
+    occurred = datetime.fromisoformat(raw.decode()).timestamp() * 1000
+    return occurred, int(entry_id.partition(b"-")[0]) - occurred
 
 
-def read_lags(url: str, stream: str, seconds: float) -> list[float]:
-    """Lags in ms of the entries appended to ``stream`` within ``seconds`` from now."""
-    client = redis.Redis.from_url(url, socket_timeout=5.0)
+def read_lags(url: str, stream: str, since: float, until: float) -> list[float]:
+    """Lags in ms of the entries of ``stream`` whose events occurred from
+    ``since`` to ``until`` (epoch seconds): the window's, not a warm-up's."""
+    client = redis.Redis.from_url(url, socket_timeout=30.0)
     lags: list[float] = []
+    # Appended at or after it occurred: the window's entries have ids from its start.
+    start: bytes | str = str(int(since * 1000))
     try:
-        # From the newest entry now (XREAD's "$" again at each call would skip
-        # what was appended between two calls).
-        newest: Any = client.xrevrange(stream, count=1)
-        last = newest[0][0] if newest else "0-0"
-        began = time.time()
-        deadline = time.monotonic() + seconds
-        print("READY", flush=True)
-        # Bounded by the deadline: each call blocks at most BLOCK_MS.
-        while time.monotonic() < deadline:
-            answer: Any = client.xread({stream: last}, count=READ_COUNT, block=BLOCK_MS)
-            if not answer:
-                continue
-            now = time.time()
-            entries = answer[0][1]
-            last = entries[-1][0]
-            for _id, fields in entries:
-                occurred = _occurred(fields)
-                if occurred is not None and occurred >= began:
-                    lags.append((now - occurred) * 1000)
+        # Bounded: each call takes READ_COUNT entries further, up to the end.
+        while True:
+            entries: Any = client.xrange(stream, min=start, count=READ_COUNT)
+            for entry_id, fields in entries:
+                lag = entry_lag_ms(entry_id, fields)
+                if lag is not None and since * 1000 <= lag[0] <= until * 1000:
+                    lags.append(lag[1])
+            if len(entries) < READ_COUNT:
+                return lags
+            start = b"(" + entries[-1][0]
     finally:
         client.close()
-    return lags
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point: read, then print the ``LAG_JSON`` line."""
-    parser = argparse.ArgumentParser(prog="python -m loadtests.lib.stream_lag")
-    parser.add_argument("--redis-url", required=True)
-    parser.add_argument("--stream", required=True)
-    parser.add_argument("--seconds", type=float, required=True)
-    args = parser.parse_args(argv)
-    lags = read_lags(args.redis_url, args.stream, args.seconds)
-    summary = {k: round(v, 2) for k, v in percentiles(lags).items()}
-    print(MARKER + json.dumps(summary), flush=True)
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
