@@ -60,7 +60,7 @@ from gateway.usecases.relay import Relay
 from loadtests.lib.machine import describe, load_average
 from loadtests.lib.options import PG_URL, REDIS_URL, REPO_ROOT, RESULTS_DIR
 from loadtests.lib.pinning import Pinning, choose
-from loadtests.lib.proc_cpu import snapshot
+from loadtests.lib.proc_cpu import local_pid, snapshot
 from loadtests.lib.targets import Target, wait_ready
 from testkit.ports import free_port
 from testkit.processes import die_with_parent, stop_process
@@ -125,11 +125,6 @@ async def drain(
     return events / elapsed, cpu / events * 1e6, None if served is None else served / events * 1e6
 
 
-def local(pid: int) -> int | None:
-    """``pid`` when it is a process of this machine (its /proc readable)."""
-    return pid if Path(f"/proc/{pid}/stat").exists() else None
-
-
 @contextlib.asynccontextmanager
 async def opened(
     name: str, redis: Redis, key: str, url: str | None, replicas: int
@@ -175,7 +170,7 @@ async def rounds(
 ) -> list[dict[str, Any]]:
     """The rounds of drains, each round's order shifted by one cell."""
     cells = [(s, r, b) for s in config.sinks for r in config.relays for b in config.batches]
-    server = local(int((await redis.info("server"))["process_id"]))
+    server = local_pid(int((await redis.info("server"))["process_id"]))
     drains: list[dict[str, Any]] = []
     for round_ in range(config.rounds):
         shift = round_ % len(cells)

@@ -40,6 +40,12 @@ class Snapshot:
         return sum(self.by_pid.values()) + self.reaped_s
 
 
+def local_pid(pid: int) -> int | None:
+    """``pid`` when it is a process of this machine (its /proc readable): a
+    server's, as it tells its own (``INFO server``'s process_id)."""
+    return pid if Path(f"/proc/{pid}/stat").exists() else None
+
+
 def snapshot(root: int) -> Snapshot:
     """The CPU seconds of ``root``, each descendant, and ``root``'s reaped children."""
     pids = [root, *descendants_of(root)]

@@ -8,7 +8,13 @@ from typing import Any
 
 from loadtests.bench_stack import parse_mode, schedule
 from loadtests.lib.proc_cpu import REAPED, Snapshot, snapshot, spent
-from loadtests.lib.stack_report import events_cost, format_table, mode_rows, problems
+from loadtests.lib.stack_report import (
+    events_cost,
+    format_table,
+    median_interval,
+    mode_rows,
+    problems,
+)
 from loadtests.lib.stream_lag import percentiles
 
 
@@ -103,13 +109,25 @@ class TestReport:
         assert table.count("\n") == 4 and "| relay off | 1 | 8,000 |" in table
         assert (
             "relay on, paired with the same round's relay off: 20.0 µs of CPU per order more, "
-            "15.4 % (over the 5 % target)" in events_cost(RESULTS)
+            "15.4 % (over the 5 % target; the median's 95 % interval 15.4 to 15.4 %)"
+            in events_cost(RESULTS)
         )
 
     def test_events_left_owed_are_a_problem(self) -> None:
         """A relay that did not catch up is reported: the CPU would be undercounted."""
         late = {**RESULTS, "rounds": [_round("relay_on", 0, 0.9, 6_400.0, owed_after=12)]}
         assert problems(late) == ["relay_on round 0: 12 events still owed after the catch-up"]
+
+
+def test_the_medians_interval_holds_the_median_and_widens_with_the_spread() -> None:
+    """Pairs all alike: an interval of that value alone; pairs spread from -10
+    to +30 %: an interval round their median (10), within the pairs' range and
+    wider than nothing, the same from one call to the next."""
+    assert median_interval([4.0] * 9) == (4.0, 4.0)
+    spread = [-10.0, -5.0, 0.0, 5.0, 10.0, 15.0, 20.0, 25.0, 30.0]
+    low, high = median_interval(spread)
+    assert -10.0 <= low < 10.0 < high <= 30.0
+    assert median_interval(spread) == (low, high)
 
 
 def test_a_further_mode_joins_the_rotation() -> None:
