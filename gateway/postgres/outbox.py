@@ -39,6 +39,19 @@ SELECT seq, fields, packed, attempts, fresh,
     extract(epoch FROM clock_timestamp())::float8 - occurred
 FROM claim_events($1, $2, $3)
 """
+# Whether sink $1 may be owed anything due now: what a claim would look at,
+# without its order rules (a later version waiting behind an earlier one still
+# says yes, and its claim then takes nothing). A relay that found nothing asks
+# this first: one round trip out of a transaction, where an empty claim took
+# three and a call of claim_events (docs/performance.md, "An idle relay").
+DUE = """
+SELECT EXISTS (
+        SELECT 1 FROM event_deliveries
+        WHERE sink = $1 AND dead_at IS NULL AND due_at <= now())
+    OR EXISTS (
+        SELECT 1 FROM event_batches
+        WHERE sink = $1 AND (claimable_at IS NULL OR claimable_at <= now()))
+"""
 # Flushes ($2, their tokens) that handed their new orders' first events to
 # sink $1 themselves (sql/032_event_handoff.sql): their batch rows go. A
 # token whose row a relay already took, after the grace, deletes nothing.
@@ -257,6 +270,14 @@ class Outbox:
         with as_unavailable:
             async with self._pool.acquire() as con, con.transaction():
                 yield Claim(con, sink, await con.fetch(CLAIM, sink, limit, packed))
+
+    async def due(self, sink: str) -> bool:
+        """Whether ``sink`` may be owed an event due now: never false when a
+        claim would take one (it may be true when a claim takes nothing).
+        Raises PostgresUnavailable."""
+        with as_unavailable:
+            async with self._pool.acquire() as con:
+                return bool(await con.fetchval(DUE, sink))
 
     async def handed_off(self, sink: str, tokens: Sequence[int]) -> int:
         """The flushes of ``tokens`` handed their first events to ``sink``

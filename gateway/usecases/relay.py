@@ -116,10 +116,14 @@ class Relay:
                 tasks.create_task(self._loop(sink), name=f"relay-{sink.name}")
             tasks.create_task(self._upkeep(), name="relay-upkeep")
 
-    async def relay_once(self, sink: EventSink) -> int:
+    async def relay_once(self, sink: EventSink, *, probe: bool = False) -> int:
         """One pass for ``sink``: claim a batch, deliver it, record what the sink
-        took; returns
-        how many events it claimed. Raises PostgresUnavailable."""
+        took; returns how many events it claimed. With ``probe`` (the last pass
+        took nothing), a claim is made only once the outbox says something may
+        be due: an idle relay's pass is one round trip, not a claim's
+        transaction. Raises PostgresUnavailable."""
+        if probe and not await self._outbox.due(sink.name):
+            return 0
         async with self._outbox.claim(sink.name, self._batch, packed=sink.packed) as claim:
             if not claim.events:
                 return 0
@@ -147,9 +151,10 @@ class Relay:
         """Pass after pass for ``sink``: at once while batches come full, after
         the poll interval when idle, after a growing pause while failing."""
         failures = 0
+        claimed = 0
         while True:
             try:
-                claimed = await self.relay_once(sink)
+                claimed = await self.relay_once(sink, probe=claimed == 0)
                 failures = 0
             except Unavailable as exc:
                 stop_if_cancelled(exc)

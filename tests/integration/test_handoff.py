@@ -207,3 +207,41 @@ async def test_hand_offs_trim_the_stream_at_most_once_a_second(
     await orders.commit_batch("handoff-plain", purchases("t9", 2), None, None)
     relay = Relay(outbox=outbox, sinks=[stream], observer=Observed(), batch=50, poll_s=0.01)
     assert await relay.relay_once(stream) == 2 and len(asked) == 2
+
+
+async def test_an_idle_relays_probe_says_due_whenever_a_claim_takes_something(
+    pool: asyncpg.Pool, redis: Redis, key_prefix: str
+) -> None:
+    """``Outbox.due``, an idle relay's one round trip before a claim: false
+    while nothing is owed, while a flush's batch waits out its hand-off's grace,
+    while an event waits out its backoff and for a dead letter; true as soon as
+    the grace or the backoff is over. It may say yes when the claim takes
+    nothing (a later version behind its first's batch), never the other way."""
+    key = f"{key_prefix}:events"
+    stream = EventStream(redis, key, max_len=0, max_age_s=0, webhook_owed=None)
+    outbox = Outbox(pool)
+    relay = Relay(outbox=outbox, sinks=[stream], observer=Observed(), batch=50, poll_s=0.01)
+
+    async def probed_then_claimed() -> tuple[bool, int]:
+        return await outbox.due("stream"), await relay.relay_once(stream)
+
+    assert await probed_then_claimed() == (False, 0)
+    decision = await Orders(pool).commit_batch("handoff-window", purchases("p", 2), None, "stream")
+    assert decision.handed is not None
+    first = decision.handed.orders[0]
+    await pool.execute(
+        "UPDATE orders SET status = 'paid', payment_id = 'pay-p' WHERE order_id = $1::uuid",
+        first.order_id,
+    )
+    # Version 2 of the first order is due, behind its batch in the grace.
+    assert await probed_then_claimed() == (True, 0)
+    await pool.execute("UPDATE event_deliveries SET due_at = now() + interval '1 hour'")
+    assert await probed_then_claimed() == (False, 0), "a batch in its grace or a backoff is due"
+    await pool.execute("UPDATE event_batches SET claimable_at = now() - interval '1 ms'")
+    assert await probed_then_claimed() == (True, 2)
+    await pool.execute("UPDATE event_deliveries SET dead_at = now(), due_at = now()")
+    assert await probed_then_claimed() == (False, 0), "a dead letter is due"
+    await pool.execute("UPDATE event_deliveries SET dead_at = NULL")
+    assert await probed_then_claimed() == (True, 1)
+    assert await probed_then_claimed() == (False, 0)
+    assert await owed(pool) == 0

@@ -80,14 +80,22 @@ class FakeOutbox:
     others: list[SinkStats] = field(default_factory=list)
     # Per claim, whether it asked for the events packed.
     packed: list[bool] = field(default_factory=list)
+    # What the relay asked, in order: "due" (the probe) or "claim".
+    asked: list[str] = field(default_factory=list)
 
     async def register(self, sink: str) -> None:
         self.registered.append(sink)
+
+    async def due(self, sink: str) -> bool:
+        """Anything not dead and due now, whatever its order's lower versions."""
+        self.asked.append("due")
+        return any(not o.dead and o.due_at <= self.now for o in self.owed)
 
     @asynccontextmanager
     async def claim(self, sink: str, limit: int, *, packed: bool) -> AsyncIterator[FakeClaim]:
         """Due now, oldest due first, of each order its lowest owed version."""
         self.packed.append(packed)
+        self.asked.append("claim")
         lowest: dict[str, int] = {}
         for o in self.owed:
             lowest[o.event.order_id] = min(o.event.version, lowest.get(o.event.order_id, 1 << 30))
@@ -317,6 +325,39 @@ class Swallowing(FakeSink):
         with contextlib.suppress(asyncio.CancelledError):
             await asyncio.Event().wait()
         return [None] * len(events)
+
+
+class TestIdle:
+    """An idle relay asks whether anything is due before it claims."""
+
+    async def test_an_idle_relays_passes_are_probes_until_something_is_due(self) -> None:
+        """Nothing owed: pass after pass asks the outbox whether anything is due,
+        and claims nothing (an empty claim is a transaction: three round trips).
+        Five events owed, in claims of 2: one probe, then a claim a pass while
+        the last one took something (2, 2, 1, then none), and probes again."""
+        outbox, sink = FakeOutbox(), FakeSink()
+        relay = Relay(
+            outbox=outbox, sinks=[sink], observer=Observed(), batch=2, poll_s=0.001, backoff=BACKOFF
+        )
+        task = asyncio.create_task(relay.run())
+        try:
+            await wait_for(lambda: len(outbox.asked) >= 3, what="three idle passes")
+            assert set(outbox.asked) == {"due"}, "an idle relay claimed"
+            idle = len(outbox.asked)
+            outbox.owed = [Owed(event(seq, f"o{seq}", 1)) for seq in range(1, 6)]
+            await wait_for(
+                lambda: "due" in outbox.asked[idle + 1 :], what="a probe after the claims"
+            )
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        assert [e.seq for e in sink.taken] == [1, 2, 3, 4, 5]
+        after = outbox.asked[idle:]
+        start = after.index("claim")
+        assert set(after[:start]) == {"due"}
+        assert after[start : start + 5] == ["claim"] * 4 + ["due"], (
+            "a claim of nothing, or a probe too many"
+        )
 
 
 class TestStopping:
