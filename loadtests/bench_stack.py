@@ -28,7 +28,9 @@ lag), the CPU per order of each process, Redis's time per command, and
 
 Environment (or flags): ``BENCH_QUICK=1`` (2 rounds of 3 s each mode),
 ``BENCH_STACK_ROUNDS`` (6 each mode), ``BENCH_STACK_SECONDS`` (8s),
-``BENCH_STACK_CATCHUP`` (1.5s), ``BENCH_STACK_WARMUP`` (1s),
+``BENCH_STACK_CATCHUP`` (1.5s), ``BENCH_STACK_WARMUP`` (1s), ``BENCH_STACK_IDLE``
+(0s; ``--idle 8s``: each round first measures the stack with no load, what
+a gateway costs between sales, its relay's polls included),
 ``BENCH_STACK_BARE`` (3s, each bare run), ``BENCH_STACK_STOCK`` (50000000),
 ``BENCH_CONNECTIONS`` (64), ``BENCH_OUT``; ``--pg-stat-statements`` loads that
 extension (for a profile: it costs each statement a little), ``--profile DIR``
@@ -89,6 +91,7 @@ class StackConfig:
     statements: bool
     out_dir: Path
     profile_dir: Path | None = None
+    idle_s: float = 0.0
     modes: tuple[tuple[str, dict[str, str]], ...] = tuple(MODES.items())
 
 
@@ -104,6 +107,11 @@ def config_from(argv: Sequence[str] | None) -> StackConfig:
     parser.add_argument("--seconds", default=env("BENCH_STACK_SECONDS", "3s" if quick else "8s"))
     parser.add_argument("--catchup", default=env("BENCH_STACK_CATCHUP", "1.5s"))
     parser.add_argument("--warmup", default=env("BENCH_STACK_WARMUP", "1s"))
+    parser.add_argument(
+        "--idle",
+        default=env("BENCH_STACK_IDLE", "0s"),
+        help="each round also measures the stack this long with no load (0s: not at all)",
+    )
     parser.add_argument("--bare", default=env("BENCH_STACK_BARE", "2s" if quick else "3s"))
     parser.add_argument("--stock", type=int, default=int(env("BENCH_STACK_STOCK", "50000000")))
     parser.add_argument("--connections", type=int, default=int(env("BENCH_CONNECTIONS", "64")))
@@ -130,6 +138,7 @@ def config_from(argv: Sequence[str] | None) -> StackConfig:
         statements=args.pg_stat_statements,
         out_dir=args.out,
         profile_dir=args.profile,
+        idle_s=parse_seconds(args.idle),
         modes=(*MODES.items(), *args.mode),
     )
 
@@ -174,6 +183,7 @@ def plan_of(mode: str, round_: int, config: StackConfig) -> RoundPlan:
         relayed=dict(config.modes)[mode] != RELAY_OFF,
         statements=config.statements,
         profile_dir=config.profile_dir,
+        idle_s=config.idle_s,
     )
 
 

@@ -266,6 +266,44 @@ def statement_table(results: Mapping[str, Any], top: int = 12) -> str:
     return "\n".join(lines)
 
 
+def idle_table(results: Mapping[str, Any]) -> str:
+    """Each process's CPU with no load, ms a second, per mode, and what each
+    relayed mode's idle stack costs more than the same round's relay off;
+    empty when no round measured it (``--idle``)."""
+    rounds = [r for r in results["rounds"] if r.get("idle_ms_s")]
+    if not rounds:
+        return ""
+    modes = list(dict.fromkeys(r["mode"] for r in rounds))
+
+    def cell(mode: str, group: str | None) -> list[float]:
+        return [
+            r["idle_ms_s"][group] if group else sum(r["idle_ms_s"].values())
+            for r in rounds
+            if r["mode"] == mode
+        ]
+
+    lines = [
+        "| process | " + " | ".join(m.replace("_", " ") for m in modes) + " |",
+        "|---|" + "--:|" * len(modes),
+    ]
+    for group in (*GROUPS, None):
+        name = GROUP_TITLES[group] if group else "total"
+        lines.append(f"| {name} | " + " | ".join(_med(cell(m, group), 1) for m in modes) + " |")
+    by = {(r["mode"], r["round"]): sum(r["idle_ms_s"].values()) for r in rounds}
+    for mode in modes:
+        extra = [
+            idle - by[("relay_off", n)]
+            for (m, n), idle in by.items()
+            if m == mode != "relay_off" and ("relay_off", n) in by
+        ]
+        if extra:
+            lines.append(
+                f"{mode.replace('_', ' ')} idle, paired with the same round's relay off: "
+                f"{_med(extra, 1)} ms of CPU a second more"
+            )
+    return "\n".join(lines)
+
+
 def problems(results: Mapping[str, Any]) -> list[str]:
     """Rounds with errors, 5xx, no orders, or events the relay left owed."""
     out = []
@@ -299,6 +337,11 @@ def report(results: dict[str, Any], out_dir: Path) -> int:
     print()
     print("Redis's own time per order by command (INFO commandstats, µs):")
     print(command_table(results))
+    idle = idle_table(results)
+    if idle:
+        print()
+        print("The stack with no load, ms of CPU a second (median of the rounds, min-max):")
+        print(idle)
     statements = statement_table(results)
     if statements:
         print()

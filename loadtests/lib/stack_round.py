@@ -52,6 +52,9 @@ class RoundPlan:
     relayed: bool
     statements: bool = False
     profile_dir: Path | None = None
+    # Seconds of the stack measured idle, the warm-up's events delivered and
+    # before the load: what a gateway costs between sales (0: not measured).
+    idle_s: float = 0.0
 
 
 @dataclass
@@ -73,6 +76,8 @@ class RoundResult:
     # Warnings and errors the gateway logged, by event (a relay that fell
     # behind says why here).
     problems: dict[str, int] = field(default_factory=dict)
+    # Each process's CPU while the stack was idle, ms a second (RoundPlan.idle_s).
+    idle_ms_s: dict[str, float] = field(default_factory=dict)
 
     def per_order_us(self, group: str) -> float:
         """µs of CPU per order of one group (gateway, postgres, redis)."""
@@ -93,6 +98,7 @@ class RoundResult:
             "statements": self.statements,
             "mean_batch": self.mean_batch,
             "problems": self.problems,
+            "idle_ms_s": self.idle_ms_s,
         }
 
 
@@ -107,15 +113,30 @@ def run_round(harness: Harness, stack: Stack, plan: RoundPlan, pinning: Pinning)
         if plan.warmup_s > 0:
             _wrk(gateway, f"{harness.run_id}{name}w", plan.warmup_s, plan, pinning)
         _drain(url)
+        idle = _idle(gateway, stack, plan.idle_s) if plan.idle_s > 0 else {}
         stream = f"{harness.key_prefix}:{name}:events"
-        return _measure(
+        result = _measure(
             gateway, stack, url, db_name, stream, plan, pinning, f"{harness.run_id}{name}"
         )
+        result.idle_ms_s = idle
+        return result
     finally:
         stop_process(gateway.process)
         harness.targets.remove(gateway)
         drop_database(db_name, stack.pg_url)
         harness.databases.remove(db_name)
+
+
+def _idle(gateway: Target, stack: Stack, seconds: float) -> dict[str, float]:
+    """Each process's CPU over ``seconds`` of no load, in ms a second."""
+    roots = {"gateway": gateway.pid, "postgres": stack.pg_pid, "redis": stack.redis_pid}
+    before = {group: proc_cpu.snapshot(pid) for group, pid in roots.items()}
+    time.sleep(seconds)
+    after = {group: proc_cpu.snapshot(pid) for group, pid in roots.items()}
+    return {
+        group: sum(proc_cpu.spent(before[group], after[group]).values()) / seconds * 1e3
+        for group in roots
+    }
 
 
 def _measure(

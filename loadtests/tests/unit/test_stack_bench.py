@@ -11,6 +11,7 @@ from loadtests.lib.proc_cpu import REAPED, Snapshot, snapshot, spent
 from loadtests.lib.stack_report import (
     events_cost,
     format_table,
+    idle_table,
     median_interval,
     mode_rows,
     problems,
@@ -111,6 +112,26 @@ class TestReport:
             "relay on, paired with the same round's relay off: 20.0 µs of CPU per order more, "
             "15.4 % (over the 5 % target; the median's 95 % interval 15.4 to 15.4 %)"
             in events_cost(RESULTS)
+        )
+
+    def test_the_idle_stack_by_process_and_paired_by_round(self) -> None:
+        """With --idle each process's ms a second per mode, their total, and a
+        relayed mode's idle cost paired with the same round's relay off; without
+        it, no table."""
+        assert idle_table(RESULTS) == ""
+        idle = {"gateway": 16.0, "postgres": 7.0, "redis": 2.0}
+        rounds = [
+            _round("relay_on", 0, 0.9, 6_400.0, idle_ms_s=idle),
+            _round("relay_off", 0, 0.7, 8_000.0, idle_ms_s={**idle, "gateway": 10.0}),
+            _round("relay_off", 1, 0.7, 8_000.0, idle_ms_s={**idle, "postgres": 4.0}),
+            _round("relay_on", 1, 0.9, 6_400.0, idle_ms_s={**idle, "gateway": 18.0}),
+        ]
+        table = idle_table({**RESULTS, "rounds": rounds})
+        assert "| gateway | 17.0 (16.0-18.0) | 13.0 (10.0-16.0) |" in table
+        assert "| total | 26.0 (25.0-27.0) | 20.5 (19.0-22.0) |" in table
+        assert table.endswith(
+            "relay on idle, paired with the same round's relay off: "
+            "5.5 (5.0-6.0) ms of CPU a second more"
         )
 
     def test_events_left_owed_are_a_problem(self) -> None:
