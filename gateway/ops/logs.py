@@ -5,6 +5,13 @@ configured level, cached on first use, contextvars merged (the request id and
 sku are bound there), the caller's own processors (the gateway's adds the
 request's client address, worked out only when a line is rendered:
 ``gateway.http.clients.add_client``), orjson rendering to a bytes logger.
+
+A traceback is rendered without its source lines (:func:`traceback_text`):
+the standard formatting reads each frame's file through ``linecache``, a
+blocking read on the event loop the first time a file appears. Under a Redis
+failover on a loaded machine that read held two gateways' loops for about a
+second (the chaos suite's lag check, 2026-12-07). File, line and function
+name say where; the source is in the deployed release.
 """
 
 from __future__ import annotations
@@ -16,7 +23,8 @@ from typing import Any
 
 import orjson
 import structlog
-from structlog.typing import Processor
+from structlog.tracebacks import Stack, extract
+from structlog.typing import ExcInfo, Processor
 
 _LEVELS = {
     "debug": logging.DEBUG,
@@ -24,6 +32,42 @@ _LEVELS = {
     "warning": logging.WARNING,
     "error": logging.ERROR,
 }
+
+
+def traceback_text(exc_info: ExcInfo) -> str:
+    """``exc_info`` as Python prints a traceback, the chain of causes first,
+    each frame's file, line and function without its source line: nothing
+    is read from disk (structlog's ``extract`` walks the frames alone)."""
+    exc_type, exc_value, tb = exc_info
+    if exc_type is None or exc_value is None:
+        return "NoneType: None"
+    stacks = extract(exc_type, exc_value, tb, show_locals=False).stacks
+    parts: list[str] = []
+    for i, stack in enumerate(reversed(stacks)):
+        if i:
+            parts.append(_LINK[stacks[len(stacks) - i].is_cause])
+        parts.append(_stack_text(stack))
+    return "".join(parts).rstrip("\n")
+
+
+# Between a cause and the exception after it, by whether it was raised ``from`` it.
+_LINK = {
+    True: "\nThe above exception was the direct cause of the following exception:\n\n",
+    False: "\nDuring handling of the above exception, another exception occurred:\n\n",
+}
+
+
+def _stack_text(stack: Stack) -> str:
+    lines = ["Traceback (most recent call last):\n"] if stack.frames else []
+    lines += [f'  File "{f.filename}", line {f.lineno}, in {f.name}\n' for f in stack.frames]
+    lines.append(
+        f"{stack.exc_type}: {stack.exc_value}\n" if stack.exc_value else f"{stack.exc_type}\n"
+    )
+    lines += [f"{note}\n" for note in stack.exc_notes]
+    for n, group in enumerate(stack.exceptions, 1):
+        inner = "".join(_stack_text(s) for s in group.stacks)
+        lines.append(f"+---- {n} ----\n" + "".join(f"| {line}\n" for line in inner.splitlines()))
+    return "".join(lines)
 
 
 def configure(
@@ -39,7 +83,7 @@ def configure(
         *context,
         structlog.processors.add_log_level,
         structlog.processors.TimeStamper(fmt="iso", utc=True),
-        structlog.processors.format_exc_info,
+        structlog.processors.ExceptionRenderer(traceback_text),
     ]
     if json:
         processors.append(structlog.processors.JSONRenderer(serializer=orjson.dumps))
@@ -74,7 +118,7 @@ def _route_stdlib(level: str, *, json: bool, context: Sequence[Processor]) -> No
         ],
         processors=[
             structlog.stdlib.ProcessorFormatter.remove_processors_meta,
-            structlog.processors.format_exc_info,
+            structlog.processors.ExceptionRenderer(traceback_text),
             renderer,
         ],
     )
