@@ -41,16 +41,16 @@ def traceback_text(exc_info: ExcInfo) -> str:
     exc_type, exc_value, tb = exc_info
     if exc_type is None or exc_value is None:
         return "NoneType: None"
+    # The raised exception first, then its cause, its cause's cause...
     stacks = extract(exc_type, exc_value, tb, show_locals=False).stacks
     parts: list[str] = []
-    for i, stack in enumerate(reversed(stacks)):
-        if i:
-            parts.append(_LINK[stacks[len(stacks) - i].is_cause])
-        parts.append(_stack_text(stack))
+    for cause in reversed(stacks[1:]):
+        parts += (_stack_text(cause), _LINK[cause.is_cause])
+    parts.append(_stack_text(stacks[0]))
     return "".join(parts).rstrip("\n")
 
 
-# Between a cause and the exception after it, by whether it was raised ``from`` it.
+# After a cause, by whether the exception after it was raised ``from`` it.
 _LINK = {
     True: "\nThe above exception was the direct cause of the following exception:\n\n",
     False: "\nDuring handling of the above exception, another exception occurred:\n\n",

@@ -127,9 +127,14 @@ def run_round(harness: Harness, stack: Stack, plan: RoundPlan, pinning: Pinning)
         harness.databases.remove(db_name)
 
 
+def _roots(gateway: Target, stack: Stack) -> dict[str, int]:
+    """The process (tree) of each group whose CPU is measured."""
+    return {"gateway": gateway.pid, "postgres": stack.pg_pid, "redis": stack.redis_pid}
+
+
 def _idle(gateway: Target, stack: Stack, seconds: float) -> dict[str, float]:
     """Each process's CPU over ``seconds`` of no load, in ms a second."""
-    roots = {"gateway": gateway.pid, "postgres": stack.pg_pid, "redis": stack.redis_pid}
+    roots = _roots(gateway, stack)
     before = {group: proc_cpu.snapshot(pid) for group, pid in roots.items()}
     time.sleep(seconds)
     after = {group: proc_cpu.snapshot(pid) for group, pid in roots.items()}
@@ -149,7 +154,7 @@ def _measure(
     pinning: Pinning,
     tag: str,
 ) -> RoundResult:
-    roots = {"gateway": gateway.pid, "postgres": stack.pg_pid, "redis": stack.redis_pid}
+    roots = _roots(gateway, stack)
     window = plan.load_s + plan.catchup_s
     orders_before = _orders(db_url)
     commands_before = _command_usec(stack.redis_url)
